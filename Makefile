@@ -1,0 +1,36 @@
+# htcondor-jobstore developer targets.  Quick start: `make demo`, `make test`.
+
+# The virtualenv is made from the system Python on purpose.  The hooks run as the condor
+# service account and as job users, so they must be able to execute the venv's interpreter.
+# A venv made from a Python under a private home directory (e.g. /root/.pyenv, mode 700)
+# cannot be executed by those accounts: the exec fails and, for FETCH_WORK, the slot never
+# fetches again (htcondor-hook-protocol.md 2.9).  Only fall back to `python3` on PATH when
+# /usr/bin/python3 does not exist.
+PYTHON_FOR_VENV := $(shell if [ -x /usr/bin/python3 ]; then echo /usr/bin/python3; else echo python3; fi)
+
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint bench
+
+venv: $(VENV)/.installed
+
+# Re-runs only when pyproject.toml changes (or the venv is missing).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON_FOR_VENV) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+demo: venv
+	$(VENV)/bin/jobstore demo
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+bench: venv
+	$(PY) bench/run.py

@@ -1,0 +1,149 @@
+"""Keywords and per-keyword settings, read from HTCondor configuration and the environment.
+
+Every setting `X` is looked up as `<KEYWORD>_JOBSTORE_X`, then `JOBSTORE_X`, then a default.
+The database URL is special: the environment variable JOBSTORE_DATABASE_URL wins over the
+configuration (an explicit `--db` wins over both, in the CLI).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_QUEUE = "default"
+DEFAULT_KEYWORD = "JOBSTORE"
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used."""
+
+
+def _param(name: str) -> str | None:
+    """One HTCondor configuration value (None when unset); htcondor2 is imported on first use."""
+    import htcondor2
+
+    value = htcondor2.param.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def slot_id_from_name(slot_name: str) -> str:
+    """`slot1_2@host` -> `slot1_2`: the id string the startd uses for per-slot settings."""
+    return slot_name.split("@", 1)[0]
+
+
+def slot_keyword(slot_name: str, slot_type_id: int | None = None) -> str | None:
+    """The hook keyword of a slot, resolved as `Resource::getHookKeyword` does (section 5.1)."""
+    slot_id = slot_id_from_name(slot_name)
+    names = [f"{slot_id}_JOB_HOOK_KEYWORD"]
+    if slot_type_id:
+        names.append(f"SLOT_TYPE_{slot_type_id}_STARTD_JOB_HOOK_KEYWORD")
+    names.append("STARTD_JOB_HOOK_KEYWORD")
+    for name in names:
+        value = _param(name)
+        if value:
+            return value
+    return None
+
+
+def starter_keyword(job_hook_keyword: str | None) -> str | None:
+    """The keyword of the starter hooks: STARTER_JOB_HOOK_KEYWORD, else the job's HookKeyword."""
+    return _param("STARTER_JOB_HOOK_KEYWORD") or job_hook_keyword
+
+
+def default_sqlite_url() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return "sqlite:///" + os.path.join(base, "htcondor-jobstore", "jobstore.db")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one keyword's hooks need to know."""
+
+    keyword: str
+    database_url: str
+    queue: str = DEFAULT_QUEUE
+    allowed_owners: tuple[str, ...] = ("*",)
+    uid_domain: str = "localdomain"
+    lease_duration: int = 900
+    claim_lease: int = 120
+    max_attempts: int = 5
+    fetch_deadline: float = 10.0
+    connect_timeout: int = 3
+    statement_timeout_ms: int = 5000
+    hook_log: str | None = None
+    job_lease_duration: int = 2400
+
+    def owner_allowed(self, owner: str) -> bool:
+        """Is `owner` on this keyword's allow-list? (System accounts are checked elsewhere.)"""
+        return "*" in self.allowed_owners or owner in self.allowed_owners
+
+
+def _setting(keyword: str, name: str) -> str | None:
+    return _param(f"{keyword}_JOBSTORE_{name}") or _param(f"JOBSTORE_{name}")
+
+
+def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:
+    raw = _setting(keyword, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{keyword}_JOBSTORE_{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{keyword}_JOBSTORE_{name} must be at least {minimum}")
+    return value
+
+
+def _read_password_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the database password file {path}: {exc.strerror}"
+        ) from None
+
+
+def database_url(keyword: str | None = None, override: str | None = None) -> str:
+    """The SQLAlchemy URL: `override`, else $JOBSTORE_DATABASE_URL, else configuration, else SQLite."""
+    kw = keyword or DEFAULT_KEYWORD
+    url = override or os.environ.get("JOBSTORE_DATABASE_URL") or _setting(kw, "DATABASE_URL")
+    url = url or default_sqlite_url()
+    password_file = _setting(kw, "DATABASE_PASSWORD_FILE")
+    if password_file and url.startswith("postgresql"):
+        from sqlalchemy.engine import make_url
+
+        url = (
+            make_url(url)
+            .set(password=_read_password_file(password_file))
+            .render_as_string(hide_password=False)
+        )
+    return url
+
+
+def load_settings(keyword: str | None, db_override: str | None = None) -> Settings:
+    """All settings of `keyword` (the default keyword when None)."""
+    kw = (keyword or DEFAULT_KEYWORD).upper()
+    owners = _setting(kw, "ALLOWED_OWNERS")
+    allowed = tuple(o for o in re.split(r"[\s,]+", owners or "*") if o)
+    return Settings(
+        keyword=kw,
+        database_url=database_url(kw, db_override),
+        queue=_setting(kw, "QUEUE") or DEFAULT_QUEUE,
+        allowed_owners=allowed or ("*",),
+        uid_domain=_setting(kw, "UID_DOMAIN") or _param("UID_DOMAIN") or "localdomain",
+        lease_duration=_int(kw, "LEASE_DURATION", 900, minimum=10),
+        claim_lease=_int(kw, "CLAIM_LEASE", 120, minimum=5),
+        max_attempts=_int(kw, "MAX_ATTEMPTS", 5),
+        fetch_deadline=float(_int(kw, "FETCH_DEADLINE", 10)),
+        connect_timeout=_int(kw, "CONNECT_TIMEOUT", 3),
+        statement_timeout_ms=_int(kw, "STATEMENT_TIMEOUT_MS", 5000, minimum=100),
+        hook_log=_setting(kw, "HOOK_LOG"),
+        job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
+    )

@@ -1,0 +1,94 @@
+"""Engines and schema upgrades: one way to connect, tuned per backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be used; the message is safe to show (no password)."""
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password masked, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+def make_engine(url: str, *, connect_timeout: int = 5, pool: bool = False) -> Engine:
+    """An engine for `url`. Hooks use no pool (one short connection); a service may pool.
+
+    PostgreSQL: no server-side prepared statements and no startup parameters, so that the same
+    code works behind PgBouncer in transaction pooling mode; statement timeouts are set per
+    transaction with SET LOCAL. SQLite: every transaction is BEGIN IMMEDIATE, so that claims from
+    several processes serialise instead of failing on lock upgrades.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise DatabaseError("the database URL cannot be parsed") from None
+    backend = parsed.get_backend_name()
+    kwargs: dict = {} if pool else {"poolclass": NullPool}
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": max(connect_timeout, 30)}, **kwargs)
+        _sqlite_immediate(engine)
+        return engine
+    if backend == "postgresql":
+        if parsed.get_driver_name() != "psycopg":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        connect_args = {"connect_timeout": connect_timeout, "prepare_threshold": None}
+        return create_engine(parsed, connect_args=connect_args, **kwargs)
+    raise DatabaseError(f"unsupported database backend {backend!r} (use postgresql or sqlite)")
+
+
+def _sqlite_immediate(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" below issue BEGIN
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def alembic_config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["database_url"] = url
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Create or upgrade the schema (what `jobstore init` does)."""
+    from alembic import command
+
+    if is_sqlite(url):
+        database = make_url(url).database or ""
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+            existed = os.path.exists(database)
+    command.upgrade(alembic_config(url), revision)
+    if is_sqlite(url) and database and database != ":memory:" and not existed:
+        os.chmod(database, 0o660)

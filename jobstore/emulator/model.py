@@ -1,0 +1,82 @@
+"""Configuration and report types of the emulator."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .spawn import HookCall
+
+STARTD_HOOKS = ("FETCH_WORK", "REPLY_FETCH", "EVICT_CLAIM")
+STARTER_HOOKS = ("PREPARE_JOB", "UPDATE_JOB_INFO", "JOB_EXIT")
+
+# (index of the job among the jobs that started running, job ad as a dict) -> seconds or None
+VacateCallback = Callable[[int, dict[str, object]], float | None]
+
+
+@dataclass
+class EmulatorConfig:
+    """What would be the node's HTCondor configuration."""
+
+    hooks: dict[str, str]  # hook name ("FETCH_WORK", ...) -> executable path
+    work_dir: str  # log/ and execute/ are made under it
+    keyword: str = "JOBSTORE"
+    static_slots: int = 4  # ignored when partitionable
+    partitionable: bool = False
+    cpus: int = 4
+    memory: int = 4096  # MiB, machine total
+    disk: int = 10_000_000  # KiB, machine total
+    fetch_work_delay: str = 'ifThenElse(State == "Claimed" && Activity == "Idle",0,2)'
+    min_rearm: float = 1.0  # the startd's max(FetchWorkDelay, 1) re-arm floor
+    initial_update_interval: float = 8.0
+    update_interval: float = 300.0
+    job_exit_timeout: float = 30.0
+    uid_domain: str = "localdomain"
+    host: str = "node01.example.org"
+    env: dict[str, str] = field(default_factory=dict)  # the condor_master's environment
+    condor_user: str | None = None  # with euid 0: run as root (startd hooks as this account)
+    start: str = "true"
+    rank: str = "0"
+    call_evict_claim: bool = False  # True: the documented (never observed) EVICT_CLAIM call
+    reproduce_keyword_bug: bool = True  # 5.2: unknown HookKeyword -> no starter hooks at all
+    claim_lease: float = 1200.0  # default JobLeaseDuration of a fetch claim in Claimed/Idle
+    vacate_after: dict[int, float] | VacateCallback | None = None  # dict keys: ClusterId
+    vacate_fast: bool = False  # automatic vacates use SIGKILL
+    keep_sandboxes: bool = False
+
+
+@dataclass
+class JobRun:
+    """One job the startd handed to a starter."""
+
+    slot: str
+    ad: str  # the job ad the starter received (sPrintAd text)
+    cluster_id: int | None = None
+    proc_id: int | None = None
+    outcome: str = "pending"  # starter_failed | prepare_failed | spawn_failed | exited | evicted
+    error: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    evicted: bool = False
+    started: float | None = None  # when the job process was spawned
+    ended: float | None = None
+    final_ad: str | None = None  # JOB_EXIT stdin, or the starter's ad when no JOB_EXIT ran
+    done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+
+@dataclass
+class EmulatorReport:
+    hook_calls: list[HookCall] = field(default_factory=list)
+    jobs: list[JobRun] = field(default_factory=list)
+    dropped_replies: int = 0  # FETCH_WORK outputs thrown away as invalid
+    lost_accepts: int = 0  # rank-accepted fetched jobs that never ran (10c)
+    refused_hooks: dict[str, str] = field(default_factory=dict)  # hook -> reason
+
+    def calls(self, hook: str | None = None, slot: str | None = None) -> list[HookCall]:
+        """Hook calls in start order, optionally filtered."""
+        return [
+            c
+            for c in list(self.hook_calls)
+            if (hook is None or c.hook == hook) and (slot is None or c.slot == slot)
+        ]

@@ -1,0 +1,367 @@
+"""One handler per hook: parsed input -> job store calls -> output bytes.
+
+Nothing here knows about processes, file descriptors or signals: the hook executables and a
+per-node service call the same `handle`.
+"""
+
+from __future__ import annotations
+
+import pwd
+import random
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from classad2 import ClassAd
+
+from . import classads, config, policy
+from .classads import AdError, get_bool, get_float, get_int, get_str
+from .db import DatabaseError
+from .jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
+from .matching import matches, slot_offer, why_slot_cannot_take
+from .states import Event
+from .store import ClaimRequest, JobStore, UnknownJob, Verdict
+
+HOOKS = ("fetch_job", "reply_fetch", "evict_claim", "prepare_job", "update_job_info", "job_exit")
+# The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
+MIN_USER_UID = 1000
+NOBODY_UID = 65534
+# Fraction of fetches that also recover expired leases, so no extra daemon is needed.
+REAP_PROBABILITY = 0.05
+
+
+@dataclass
+class HookRequest:
+    hook: str
+    argv: list[str]
+    stdin: bytes
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class HookResponse:
+    stdout: bytes = b""
+    error: str | None = None
+    exit_code: int = 0
+    log: list[str] = field(default_factory=list)
+    stale: bool = False  # the report was about a superseded attempt
+
+
+class HookError(Exception):
+    """A one-line, user-facing reason why a hook did nothing."""
+
+
+# ---- stores, cached per URL so a long-running caller keeps its engine -----------------------
+
+_stores: dict[str, JobStore] = {}
+_stores_lock = threading.Lock()
+
+
+def store_for(settings: config.Settings) -> JobStore:
+    with _stores_lock:
+        store = _stores.get(settings.database_url)
+        if store is None:
+            store = JobStore.from_url(
+                settings.database_url,
+                connect_timeout=settings.connect_timeout,
+                statement_timeout_ms=settings.statement_timeout_ms,
+            )
+            _stores[settings.database_url] = store
+        return store
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+
+def handle(request: HookRequest) -> HookResponse:
+    """Run one hook. Never raises: failures come back as `error` with empty stdout."""
+    handler = _HANDLERS.get(request.hook)
+    if handler is None:
+        return HookResponse(error=f"unknown hook {request.hook!r}")
+    try:
+        return handler(request)
+    except (HookError, AdError, DatabaseError, config.ConfigError) as exc:
+        return HookResponse(error=f"{request.hook}: {exc}", exit_code=_failure_code(request))
+    except Exception as exc:  # a bug: report one line, never a traceback on the hook's stderr
+        return HookResponse(
+            error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}",
+            exit_code=_failure_code(request),
+        )
+
+
+def _failure_code(request: HookRequest) -> int:
+    # Only PREPARE_JOB's exit status matters to HTCondor; a failed report must not stop the job.
+    return 0
+
+
+# ---- FETCH_WORK -----------------------------------------------------------------------------
+
+
+def fetch_job(request: HookRequest) -> HookResponse:
+    if request.argv:
+        raise HookError(f"FETCH_WORK takes no arguments, got {len(request.argv)}")
+    slot = classads.parse_ad(classads.decode(request.stdin))
+    name = get_str(slot, "Name")
+    if not name:
+        raise HookError("slot ad has no Name")
+    busy = why_slot_cannot_take(slot)
+    if busy:
+        return HookResponse(log=[f"{name}: no fetch, {busy}"])
+    keyword = config.slot_keyword(name, get_int(slot, "SlotTypeID"))
+    if not keyword:
+        raise HookError(
+            f"no STARTD_JOB_HOOK_KEYWORD or {config.slot_id_from_name(name)}"
+            "_JOB_HOOK_KEYWORD for this slot"
+        )
+    settings = config.load_settings(keyword)
+    store = store_for(settings)
+    if random.random() < REAP_PROBABILITY:
+        store.reap(limit=50)
+    offer = slot_offer(slot)
+    assert offer is not None  # why_slot_cannot_take checked it
+    ad_kw = {
+        "keyword": settings.keyword,
+        "uid_domain": settings.uid_domain,
+        "job_lease_duration": settings.job_lease_duration,
+    }
+
+    def judge(job: Mapping[str, Any]) -> Verdict:
+        refused = owner_refusal(job["owner"], settings)
+        if refused:
+            return Verdict(hold_reason=refused)
+        if not _account_exists(job["owner"]):
+            return Verdict()
+        return Verdict(take=matches(job_classad(job, **ad_kw), slot))
+
+    request_ = ClaimRequest(
+        queue=settings.queue,
+        offer=offer,
+        slot=name,
+        host=get_str(slot, "Machine"),
+        keyword=settings.keyword,
+        claim_lease=settings.claim_lease,
+    )
+    job = store.claim(request_, judge)
+    if job is None:
+        return HookResponse()
+    try:
+        text = render_job(job, **ad_kw)
+    except AdError as exc:
+        store.report(
+            job["id"],
+            Event.HOLD,
+            token=job["token"],
+            attempt=job["claims"],
+            attrs={"error": str(exc)},
+        )
+        raise HookError(f"job {job['id']} put on hold: {exc}") from None
+    return HookResponse(
+        stdout=text.encode("utf-8", "surrogateescape"),
+        log=[f"{name}: fetched job {job['id']} attempt {job['claims']}"],
+    )
+
+
+def owner_refusal(owner: str, settings: config.Settings) -> str | None:
+    """Why `owner` may not run jobs through this keyword, or None."""
+    if owner == "root":
+        return "jobs may not run as root"
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        uid = None
+    if uid is not None and (uid < MIN_USER_UID or uid >= NOBODY_UID):
+        return f"account {owner} is a system account (uid {uid})"
+    if not settings.owner_allowed(owner):
+        return f"owner {owner} is not in {settings.keyword}_JOBSTORE_ALLOWED_OWNERS"
+    return None
+
+
+def _account_exists(owner: str) -> bool:
+    try:
+        pwd.getpwnam(owner)
+    except KeyError:
+        return False
+    return True
+
+
+# ---- REPLY_FETCH and EVICT_CLAIM (startd side) ---------------------------------------------
+
+
+def reply_fetch(request: HookRequest) -> HookResponse:
+    if len(request.argv) != 1 or request.argv[0] not in ("accept", "reject"):
+        raise HookError("REPLY_FETCH needs one argument, accept or reject")
+    reply = classads.split_reply_fetch(classads.decode(request.stdin))
+    event = Event.ACCEPT if request.argv[0] == "accept" else Event.REJECT
+    return _report(
+        reply.job, event, slot=get_str(reply.slot, "Name"), host=get_str(reply.slot, "Machine")
+    )
+
+
+def evict_claim(request: HookRequest) -> HookResponse:
+    if request.argv:
+        raise HookError("EVICT_CLAIM takes no arguments")
+    reply = classads.split_reply_fetch(classads.decode(request.stdin))
+    return _report(reply.job, Event.CLAIM_EVICTED, slot=get_str(reply.slot, "Name"))
+
+
+# ---- starter hooks --------------------------------------------------------------------------
+
+_USAGE = (
+    "JobPid",
+    "NumPids",
+    "JobStartDate",
+    "RemoteSysCpu",
+    "RemoteUserCpu",
+    "ImageSize",
+    "ResidentSetSize",
+    "MemoryUsage",
+    "JobState",
+    "JobDuration",
+    "ExitCode",
+    "ExitBySignal",
+    "ExitSignal",
+    "ExitReason",
+    "JobCoreDumped",
+    "VacateReason",
+    "VacateReasonCode",
+    "VacateReasonSubCode",
+)
+
+
+def prepare_job(request: HookRequest) -> HookResponse:
+    job = _starter_ad(request)
+    if job is None:
+        return HookResponse()
+    resp = _report(job, Event.PREPARE, slot=request.env.get("_CONDOR_SLOT"))
+    if resp.exit_code:
+        return resp
+    if resp.stale:
+        # This attempt was superseded (lease expired, held, removed): stop it before it runs,
+        # so the job never runs twice. HTCondor then runs JOB_EXIT evict.
+        msg = "superseded attempt; the job store gave this job to another slot or stopped it"
+        out = f'HookStatusCode = 301\nHookStatusMessage = "{msg}"\n'
+        return HookResponse(
+            stdout=out.encode(), error=f"prepare_job: {msg}", exit_code=1, log=resp.log
+        )
+    return resp
+
+
+def update_job_info(request: HookRequest) -> HookResponse:
+    job = _starter_ad(request)
+    if job is None:
+        return HookResponse()
+    event = Event.START if get_int(job, "JobPid") else Event.UPDATE
+    return _report(job, event, slot=request.env.get("_CONDOR_SLOT"), changes=_usage_changes(job))
+
+
+def job_exit(request: HookRequest) -> HookResponse:
+    if len(request.argv) != 1 or request.argv[0] not in ("exit", "evict", "hold", "remove"):
+        raise HookError("JOB_EXIT needs one argument: exit, evict, hold or remove")
+    job = _starter_ad(request)
+    if job is None:
+        return HookResponse()
+    event = {
+        "exit": Event.EXIT,
+        "evict": Event.EVICT,
+        "hold": Event.HOOK_HOLD,
+        "remove": Event.HOOK_REMOVE,
+    }[request.argv[0]]
+    changes = _usage_changes(job)
+    by_signal = get_bool(job, "ExitBySignal")
+    changes.update(
+        exit_by_signal=by_signal,
+        exit_code=get_int(job, "ExitCode"),
+        exit_signal=get_int(job, "ExitSignal"),
+    )
+    return _report(
+        job,
+        event,
+        slot=request.env.get("_CONDOR_SLOT"),
+        changes=changes,
+        exit_policy=lambda row: policy.exit_verdict(row, job),
+    )
+
+
+def _starter_ad(request: HookRequest) -> ClassAd | None:
+    if request.hook != "job_exit" and request.argv:
+        raise HookError(f"{request.hook} takes no arguments")
+    return classads.parse_ad(classads.decode(request.stdin))
+
+
+def _usage_changes(job: ClassAd) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    pid = get_int(job, "JobPid")
+    if pid:
+        changes["job_pid"] = pid
+    for col, attr in (("remote_user_cpu", "RemoteUserCpu"), ("remote_sys_cpu", "RemoteSysCpu")):
+        value = get_float(job, attr)
+        if value is not None:
+            changes[col] = value
+    for col, attr in (("image_size", "ImageSize"), ("memory_usage", "MemoryUsage")):
+        value = get_int(job, attr)
+        if value is not None:
+            changes[col] = value
+    return changes
+
+
+def _report_attrs(job: ClassAd) -> dict[str, Any]:
+    attrs = {}
+    for name in _USAGE:
+        value = classads.get(job, name)
+        if isinstance(value, str | int | float | bool):
+            attrs[name] = value
+    return attrs
+
+
+def _report(
+    job: ClassAd,
+    event: Event,
+    *,
+    slot: str | None,
+    host: str | None = None,
+    changes: dict[str, Any] | None = None,
+    exit_policy: Callable[[Mapping[str, Any]], tuple[bool, bool]] | None = None,
+) -> HookResponse:
+    """Send one report about the attempt named in the job ad; other systems' jobs are left alone."""
+    job_id, attempt, token = (
+        get_int(job, ATTR_JOB_ID),
+        get_int(job, ATTR_ATTEMPT),
+        get_str(job, ATTR_TOKEN),
+    )
+    if job_id is None or token is None:
+        return HookResponse(log=["not a job store job; left alone"])
+    keyword = config.starter_keyword(get_str(job, "HookKeyword"))
+    settings = config.load_settings(keyword)
+    lease = settings.claim_lease if event in (Event.ACCEPT,) else settings.lease_duration
+    if event in (Event.REJECT, Event.CLAIM_EVICTED):
+        lease = None
+    try:
+        outcome = store_for(settings).report(
+            job_id,
+            event,
+            token=token,
+            attempt=attempt,
+            changes=changes,
+            attrs=_report_attrs(job),
+            lease=lease,
+            slot=slot,
+            host=host,
+            exit_policy=exit_policy,
+        )
+    except UnknownJob:
+        raise HookError(f"job {job_id} is not in the job store") from None
+    note = f"job {job_id} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
+    if outcome.stale:
+        note += " (stale report, recorded only)"
+    return HookResponse(log=[note], stale=outcome.stale)
+
+
+_HANDLERS: dict[str, Callable[[HookRequest], HookResponse]] = {
+    "fetch_job": fetch_job,
+    "reply_fetch": reply_fetch,
+    "evict_claim": evict_claim,
+    "prepare_job": prepare_job,
+    "update_job_info": update_job_info,
+    "job_exit": job_exit,
+}

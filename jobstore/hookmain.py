@@ -1,0 +1,144 @@
+"""The process side of a hook: make the process sane, read stdin, call the handler, print once.
+
+HTCondor starts hooks with every signal blocked and, for REPLY_FETCH, EVICT_CLAIM and
+UPDATE_JOB_INFO, with fds 1 and 2 closed (protocol document, 2.4 and 2.7). A hung FETCH_WORK
+stops its slot from ever fetching again, so every hook runs under a hard deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+# Seconds before a hook gives up. JOB_EXIT must end well inside the starter's 30 s timeout.
+DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
+DEFAULT_DEADLINE = 20.0
+MAX_STDIN = 4 * 1024 * 1024
+
+
+def _prologue() -> bool:
+    """Unblock signals and give fds 1 and 2 a home; returns whether stderr reaches HTCondor."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    stderr_open = True
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            if fd == 2:
+                stderr_open = False
+            n = os.open(os.devnull, os.O_WRONLY)  # lowest free fd, i.e. `fd` itself
+            if n != fd:
+                os.dup2(n, fd)
+                os.close(n)
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+    return stderr_open
+
+
+def _arm_deadline(hook: str, seconds: float) -> None:
+    """Exit silently (stdout untouched) once `seconds` have passed, whatever the main thread does.
+
+    A thread, because a signal handler would wait for a C call (a TCP connect) to return; SIGALRM
+    with its default action is the backstop should the interpreter itself be stuck.
+    """
+
+    def expire() -> None:
+        _log_line(hook, f"{hook}: gave up after {seconds:g} s (deadline)", to_stderr=True)
+        os._exit(0)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(int(seconds) + 2)
+
+
+_stderr_open = True
+
+
+def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
+    """Write one line to stderr (where HTCondor keeps it) and to JOBSTORE_HOOK_LOG if set."""
+    line = message.replace("\n", " ")[:2000]
+    if to_stderr and _stderr_open:
+        try:
+            os.write(2, (line + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass
+    path = os.environ.get("JOBSTORE_HOOK_LOG") or _configured_log()
+    if path:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            with open(path, "a", encoding="utf-8", errors="replace") as fh:
+                fh.write(f"{stamp} {hook}[{os.getpid()}] {line}\n")
+        except OSError:
+            pass
+
+
+def _configured_log() -> str | None:
+    if "htcondor2" not in sys.modules:  # never import HTCondor just to log
+        return None
+    from .config import _param
+
+    try:
+        return _param("JOBSTORE_HOOK_LOG")
+    except Exception:
+        return None
+
+
+def _read_stdin() -> bytes:
+    try:
+        data = os.read(0, MAX_STDIN + 1)
+        chunks = [data]
+        total = len(data)
+        while data and total <= MAX_STDIN:
+            data = os.read(0, MAX_STDIN + 1 - total)
+            chunks.append(data)
+            total += len(data)
+    except OSError:
+        return b""
+    return b"".join(chunks)
+
+
+def main(hook: str) -> None:
+    """Entry point of the hook executables."""
+    global _stderr_open
+    _stderr_open = _prologue()
+    _arm_deadline(hook, DEADLINES.get(hook, DEFAULT_DEADLINE))
+    code = 0
+    try:
+        stdin = _read_stdin()
+        if len(stdin) > MAX_STDIN:
+            _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
+        else:
+            from .handlers import HookRequest, handle
+
+            response = handle(
+                HookRequest(hook=hook, argv=sys.argv[1:], stdin=stdin, env=dict(os.environ))
+            )
+            for note in response.log:
+                _log_line(hook, f"{hook}: {note}")
+            if response.error:
+                _log_line(hook, response.error, to_stderr=True)
+            if response.stdout:
+                _write_all(response.stdout)
+            code = response.exit_code
+    except BaseException as exc:  # noqa: BLE001 - a hook must never show a traceback
+        _log_line(hook, f"{hook}: internal error: {type(exc).__name__}: {exc}", to_stderr=True)
+        code = 0
+    os._exit(code)
+
+
+def _write_all(data: bytes) -> None:
+    """One write of the whole output; the job ad is at most 10 KiB, below any pipe buffer."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(1, view)
+        except OSError:
+            return
+        view = view[n:]

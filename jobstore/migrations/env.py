@@ -1,0 +1,19 @@
+"""Alembic environment: the URL comes from the caller (jobstore.db.upgrade), never from a file."""
+
+from alembic import context
+
+from jobstore.db import make_engine
+from jobstore.schema import metadata
+
+config = context.config
+url = config.attributes["database_url"]
+engine = make_engine(url)
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+engine.dispose()

@@ -1,0 +1,39 @@
+"""The job's retry policy at exit: HTCondor's max_retries, success_exit_code and retry_until."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from classad2 import ClassAd, ExprTree
+
+from .classads import get_bool, get_int
+
+
+def exit_verdict(job: Mapping[str, Any], exit_ad: ClassAd) -> tuple[bool, bool]:
+    """(did the job succeed, does its policy want another run) for a JOB_EXIT `exit`."""
+    by_signal = bool(get_bool(exit_ad, "ExitBySignal"))
+    code = get_int(exit_ad, "ExitCode")
+    succeeded = not by_signal and code == job["success_exit_code"]
+    if succeeded or job["max_retries"] is None:
+        return succeeded, False
+    return succeeded, not _retry_until_met(job["retry_until"], exit_ad, code, by_signal)
+
+
+def _retry_until_met(
+    retry_until: str | None, exit_ad: ClassAd, code: int | None, by_signal: bool
+) -> bool:
+    """HTCondor's retry_until: an exit code, or an expression over the exit attributes."""
+    if not retry_until:
+        return False
+    text = retry_until.strip()
+    if text.lstrip("-").isdigit():
+        return not by_signal and code == int(text)
+    ad = ClassAd()
+    for name in ("ExitCode", "ExitBySignal", "ExitSignal"):
+        if name in exit_ad:
+            ad[name] = exit_ad.lookup(name)
+    try:
+        return ExprTree(text).eval(scope=ad) is True
+    except Exception:
+        return False

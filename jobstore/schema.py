@@ -1,0 +1,133 @@
+"""The job database schema, defined once; Alembic migrations are checked against it."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# SQLite only autoincrements INTEGER PRIMARY KEY, PostgreSQL wants BIGINT for big tables.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def Epoch() -> Float:  # noqa: N802 - reads like a type in the table definitions
+    """A point in time: float seconds since the epoch (UTC), the same on every backend."""
+    return Float(precision=53)
+
+
+clusters = Table(
+    "clusters",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("owner", String(64), nullable=False),
+    Column("queue", String(64), nullable=False),
+    Column("submit_file", Text),
+    Column("num_procs", Integer, nullable=False),
+    Column("submitted_at", Epoch(), nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("cluster_id", BigId, ForeignKey("clusters.id"), nullable=False),
+    Column("proc_id", Integer, nullable=False),
+    Column("queue", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("owner", String(64), nullable=False),
+    # The job as submitted: attribute name -> ClassAd expression text (old syntax).
+    Column("ad", JSON, nullable=False),
+    Column("cmd", Text, nullable=False),
+    Column("request_cpus", Integer, nullable=False),
+    Column("request_memory", Integer, nullable=False),
+    Column("request_disk", BigInteger, nullable=False),
+    Column("requirements", Text),
+    Column("max_attempts", Integer, nullable=False),
+    Column("success_exit_code", Integer, nullable=False, server_default=text("0")),
+    Column("retry_until", Text),
+    Column("max_retries", Integer),
+    Column("user_log", Text),
+    # Attempt bookkeeping: `claims` is the fencing counter, `attempts` counts tries against the limit.
+    Column("claims", Integer, nullable=False, server_default=text("0")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("token", String(64)),
+    Column("lease_expires_at", Epoch()),
+    Column("keyword", String(64)),
+    Column("slot", String(255)),
+    Column("host", String(255)),
+    Column("job_pid", Integer),
+    Column("exit_code", Integer),
+    Column("exit_signal", Integer),
+    Column("exit_by_signal", Boolean),
+    Column("remote_user_cpu", Float),
+    Column("remote_sys_cpu", Float),
+    Column("image_size", BigInteger),
+    Column("memory_usage", BigInteger),
+    Column("reason", Text),
+    Column("submitted_at", Epoch(), nullable=False),
+    Column("fetched_at", Epoch()),
+    Column("started_at", Epoch()),
+    Column("finished_at", Epoch()),
+    Column("updated_at", Epoch(), nullable=False),
+    UniqueConstraint("cluster_id", "proc_id"),
+    # The claim path: the idle jobs of a queue in claim order. Partial, so finished jobs cost nothing.
+    Index(
+        "ix_jobs_claim",
+        "queue",
+        text("priority DESC"),
+        "id",
+        postgresql_where=text("status = 'idle'"),
+        sqlite_where=text("status = 'idle'"),
+    ),
+    # The reaper's path: handed-out jobs by lease expiry.
+    Index(
+        "ix_jobs_lease",
+        "lease_expires_at",
+        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
+        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
+    ),
+    Index("ix_jobs_status_queue", "status", "queue"),
+    Index("ix_jobs_owner", "owner"),
+)
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("job_id", BigId, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("time", Epoch(), nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("from_status", String(16)),
+    Column("to_status", String(16)),
+    Column("attempt", Integer),
+    Column("slot", String(255)),
+    Column("host", String(255)),
+    Column("reason", Text),
+    Column("attrs", JSON),
+    Index("ix_job_events_job_id", "job_id", "id"),
+)
+
+__all__ = ["metadata", "clusters", "jobs", "job_events", "Epoch", "BigId"]

@@ -1,0 +1,543 @@
+"""The only module that talks SQL: submit, claim, transitions, queries, lease recovery.
+
+Every change of a job's state goes through `_apply`, which updates the row and appends its event
+in the same transaction. Reports carry the attempt's token; a report from a superseded attempt is
+recorded as an event and changes nothing (fencing).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from .db import DatabaseError, make_engine, safe_url
+from .schema import clusters, job_events, jobs
+from .states import FINAL, Decision, Event, Status, decide
+
+Job = Mapping[str, Any]
+
+
+class UnknownJob(LookupError):
+    """No job with that id."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a slot can give a job: CPUs, memory in MiB, disk in KiB."""
+
+    cpus: int
+    memory: int
+    disk: int
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate job judged for a slot: take it, skip it, or put it on hold with a reason."""
+
+    take: bool = False
+    hold_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    queue: str
+    offer: Offer
+    slot: str
+    host: str | None
+    keyword: str
+    claim_lease: int
+    scan_limit: int = 200
+    batch: int = 16
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of an event: the job's status before and after, and whether it changed."""
+
+    job_id: int
+    event: str
+    before: str | None
+    after: str | None
+    changed: bool
+    stale: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class NewJob:
+    """A job row to insert; `ad` maps attribute names to values (see classads.Value)."""
+
+    proc_id: int
+    cmd: str
+    ad: dict[str, Any]
+    request_cpus: int
+    request_memory: int
+    request_disk: int
+    requirements: str | None = None
+    priority: int = 0
+    max_retries: int | None = None
+    success_exit_code: int = 0
+    retry_until: str | None = None
+    user_log: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
+ExitPolicy = Callable[[Job], tuple[bool, bool]]
+
+
+class JobStore:
+    """The job database. Thread-safe as far as the engine is; holds no session state."""
+
+    def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
+        self.engine = engine
+        self.statement_timeout_ms = statement_timeout_ms
+        self._pg = engine.dialect.name == "postgresql"
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, connect_timeout: int = 5, statement_timeout_ms: int | None = 5000
+    ) -> JobStore:
+        return cls(make_engine(url, connect_timeout=connect_timeout), statement_timeout_ms)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                if self._pg and self.statement_timeout_ms:
+                    # SET LOCAL, not a startup option: PgBouncer in transaction mode allows it.
+                    conn.execute(
+                        text(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
+                    )
+                yield conn
+        except (OperationalError, DBAPIError) as exc:
+            raise DatabaseError(_db_message(exc, self.engine.url)) from None
+
+    # ---- submit -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        new_jobs: Sequence[NewJob],
+        *,
+        owner: str,
+        queue: str,
+        max_attempts: int,
+        submit_file: str | None = None,
+        now: float | None = None,
+    ) -> tuple[int, list[int]]:
+        """Insert one cluster of jobs, each with its `submit` event. Returns (cluster, job ids)."""
+        now = now or time.time()
+        with self._tx() as conn:
+            cluster_id = conn.execute(
+                insert(clusters)
+                .values(
+                    owner=owner,
+                    queue=queue,
+                    submit_file=submit_file,
+                    num_procs=len(new_jobs),
+                    submitted_at=now,
+                )
+                .returning(clusters.c.id)
+            ).scalar_one()
+            ids = []
+            for nj in new_jobs:
+                attempts = nj.max_retries + 1 if nj.max_retries is not None else max_attempts
+                job_id = conn.execute(
+                    insert(jobs)
+                    .values(
+                        cluster_id=cluster_id,
+                        proc_id=nj.proc_id,
+                        queue=queue,
+                        status=Status.IDLE.value,
+                        priority=nj.priority,
+                        owner=owner,
+                        ad=nj.ad,
+                        cmd=nj.cmd,
+                        request_cpus=nj.request_cpus,
+                        request_memory=nj.request_memory,
+                        request_disk=nj.request_disk,
+                        requirements=nj.requirements,
+                        max_attempts=max(1, attempts),
+                        success_exit_code=nj.success_exit_code,
+                        retry_until=nj.retry_until,
+                        max_retries=nj.max_retries,
+                        user_log=nj.user_log,
+                        submitted_at=now,
+                        updated_at=now,
+                    )
+                    .returning(jobs.c.id)
+                ).scalar_one()
+                self._event(conn, job_id, Event.SUBMIT, None, Status.IDLE, now, attempt=0)
+                ids.append(job_id)
+        return cluster_id, ids
+
+    # ---- claim --------------------------------------------------------------------------
+
+    def claim(self, req: ClaimRequest, judge: Callable[[Job], Verdict]) -> Job | None:
+        """Hand the best fitting idle job of `req.queue` to a slot, atomically.
+
+        Candidates come in claim order (priority, then age) from the partial claim index,
+        prefiltered by the slot's resources and locked with SKIP LOCKED on PostgreSQL; `judge`
+        evaluates what SQL cannot (Requirements, owner rules). At most `scan_limit` are judged.
+        """
+        now = time.time()
+        o = req.offer
+        base = select(jobs).where(
+            jobs.c.status == Status.IDLE.value,
+            jobs.c.queue == req.queue,
+            jobs.c.request_cpus <= o.cpus,
+            jobs.c.request_memory <= o.memory,
+            jobs.c.request_disk <= o.disk,
+        )
+        with self._tx() as conn:
+            scanned = 0
+            after: Job | None = None
+            while scanned < req.scan_limit:
+                q = base
+                if after is not None:
+                    p = after["priority"]
+                    q = q.where(
+                        or_(
+                            jobs.c.priority < p, and_(jobs.c.priority == p, jobs.c.id > after["id"])
+                        )
+                    )
+                q = q.order_by(jobs.c.priority.desc(), jobs.c.id).limit(req.batch)
+                rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
+                for row in rows:
+                    scanned += 1
+                    verdict = judge(row)
+                    if verdict.hold_reason:
+                        self._apply(
+                            conn,
+                            row,
+                            Event.HOLD,
+                            decide_args={},
+                            now=now,
+                            reason=verdict.hold_reason,
+                            slot=req.slot,
+                            host=req.host,
+                        )
+                    elif verdict.take:
+                        token = secrets.token_hex(16)
+                        changes = {
+                            "token": token,
+                            "claims": row["claims"] + 1,
+                            "lease_expires_at": now + req.claim_lease,
+                            "slot": req.slot,
+                            "host": req.host,
+                            "keyword": req.keyword,
+                            "fetched_at": now,
+                            "job_pid": None,
+                            "reason": None,
+                        }
+                        self._apply(
+                            conn,
+                            row,
+                            Event.FETCH,
+                            decide_args={},
+                            now=now,
+                            changes=changes,
+                            slot=req.slot,
+                            host=req.host,
+                            attempt=row["claims"] + 1,
+                        )
+                        return {**row, **changes, "status": Status.FETCHED.value}
+                if len(rows) < req.batch:
+                    return None
+                after = rows[-1]
+        return None
+
+    # ---- reports and admin events -------------------------------------------------------
+
+    def report(
+        self,
+        job_id: int,
+        event: Event,
+        *,
+        token: str | None,
+        attempt: int | None,
+        changes: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        lease: int | None = None,
+        slot: str | None = None,
+        host: str | None = None,
+        exit_policy: ExitPolicy | None = None,
+        now: float | None = None,
+    ) -> Outcome:
+        """Apply a hook's report about one attempt; a superseded attempt is only recorded."""
+        now = now or time.time()
+        with self._tx() as conn:
+            job = self._lock(conn, job_id)
+            if job is None:
+                raise UnknownJob(job_id)
+            current = (
+                job["token"] is not None
+                and secrets.compare_digest(str(token or ""), job["token"])
+                and attempt == job["claims"]
+            )
+            if not current:
+                reason = f"report from attempt {attempt}, current attempt is {job['claims']}"
+                if job["token"] is None:
+                    reason = f"report from attempt {attempt}; the job is {job['status']}"
+                self._event(
+                    conn,
+                    job_id,
+                    event,
+                    job["status"],
+                    None,
+                    now,
+                    attempt=attempt,
+                    slot=slot,
+                    host=host,
+                    reason="stale: " + reason,
+                    attrs=attrs,
+                )
+                return Outcome(job_id, event, job["status"], job["status"], False, True, reason)
+            decide_args: dict[str, Any] = {}
+            if event == Event.EXIT and exit_policy is not None:
+                succeeded, retry = exit_policy(job)
+                decide_args = {"exit_succeeded": succeeded, "retry_wanted": retry}
+            all_changes = dict(changes or {})
+            if lease is not None:
+                all_changes["lease_expires_at"] = now + lease
+            return self._apply(
+                conn,
+                job,
+                event,
+                decide_args=decide_args,
+                now=now,
+                changes=all_changes,
+                attrs=attrs,
+                slot=slot,
+                host=host,
+                attempt=attempt,
+            )
+
+    def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
+        """An administrator's hold, release or rm of one job."""
+        now = time.time()
+        with self._tx() as conn:
+            job = self._lock(conn, job_id)
+            if job is None:
+                raise UnknownJob(job_id)
+            return self._apply(
+                conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False
+            )
+
+    def reap(self, *, now: float | None = None, limit: int = 500) -> list[Outcome]:
+        """Send jobs whose lease ran out back to idle (or to failed, out of attempts)."""
+        now = now or time.time()
+        q = (
+            select(jobs)
+            .where(
+                jobs.c.status.in_(
+                    [s.value for s in (Status.FETCHED, Status.ACCEPTED, Status.RUNNING)]
+                ),
+                jobs.c.lease_expires_at < now,
+            )
+            .order_by(jobs.c.lease_expires_at)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
+            return [
+                self._apply(
+                    conn,
+                    row,
+                    Event.LEASE_EXPIRED,
+                    decide_args={},
+                    now=now,
+                    reason=f"lease of attempt {row['claims']} expired",
+                    attempt=row["claims"],
+                    slot=row["slot"],
+                    host=row["host"],
+                )
+                for row in rows
+            ]
+
+    # ---- the one place a transition is written ------------------------------------------
+
+    def _apply(
+        self,
+        conn: Connection,
+        job: Job,
+        event: Event,
+        *,
+        decide_args: Mapping[str, Any],
+        now: float,
+        changes: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        slot: str | None = None,
+        host: str | None = None,
+        attempt: int | None = None,
+        record_ignored: bool = True,
+    ) -> Outcome:
+        before = Status(job["status"])
+        d: Decision = decide(
+            event,
+            before,
+            attempts=job["attempts"],
+            max_attempts=job["max_attempts"],
+            **decide_args,
+        )
+        attempt = job["claims"] if attempt is None else attempt
+        why = reason if d.reason is None else (f"{reason}; {d.reason}" if reason else d.reason)
+        if d.to_status is None:
+            if record_ignored:
+                self._event(
+                    conn,
+                    job["id"],
+                    event,
+                    before,
+                    None,
+                    now,
+                    attempt=attempt,
+                    slot=slot,
+                    host=host,
+                    reason=why,
+                    attrs=attrs,
+                )
+            return Outcome(job["id"], event, before, before, False, reason=why)
+        values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
+        if d.counts_attempt:
+            values["attempts"] = job["attempts"] + 1
+        if d.ends_attempt:
+            values.update(token=None, lease_expires_at=None)
+        if d.to_status in FINAL:
+            values["finished_at"] = now
+        if d.to_status in (Status.HELD, Status.FAILED) or (why and d.to_status == Status.IDLE):
+            values["reason"] = why
+        if d.to_status == Status.RUNNING and before != Status.RUNNING:
+            values.setdefault("started_at", now)
+        result = conn.execute(
+            update(jobs)
+            .where(
+                jobs.c.id == job["id"],
+                jobs.c.status == before.value,
+                jobs.c.claims == job["claims"],
+            )
+            .values(**values)
+        )
+        if result.rowcount != 1:  # cannot happen while the row is locked; refuse to guess
+            raise DatabaseError(f"job {job['id']} changed under a locked transition")
+        self._event(
+            conn,
+            job["id"],
+            event,
+            before,
+            d.to_status,
+            now,
+            attempt=attempt,
+            slot=slot,
+            host=host,
+            reason=why,
+            attrs=attrs,
+        )
+        return Outcome(job["id"], event, before, d.to_status, True, reason=why)
+
+    def _event(
+        self,
+        conn: Connection,
+        job_id: int,
+        event: Event | str,
+        before: Status | str | None,
+        after: Status | str | None,
+        now: float,
+        *,
+        attempt: int | None = None,
+        slot: str | None = None,
+        host: str | None = None,
+        reason: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> None:
+        conn.execute(
+            insert(job_events).values(
+                job_id=job_id,
+                time=now,
+                event=str(event),
+                from_status=None if before is None else str(before),
+                to_status=None if after is None else str(after),
+                attempt=attempt,
+                slot=slot,
+                host=host,
+                reason=reason,
+                attrs=dict(attrs) if attrs else None,
+            )
+        )
+
+    def _lock(self, conn: Connection, job_id: int) -> Job | None:
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
+        return None if row is None else row._mapping
+
+    # ---- queries ------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job:
+        with self._tx() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise UnknownJob(job_id)
+        return dict(row._mapping)
+
+    def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
+        q = select(jobs).where(jobs.c.cluster_id == cluster_id)
+        if proc_id is not None:
+            q = q.where(jobs.c.proc_id == proc_id)
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
+
+    def list_jobs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        limit: int | None = None,
+    ) -> list[Job]:
+        q = select(jobs)
+        if statuses:
+            q = q.where(jobs.c.status.in_(list(statuses)))
+        elif final_only:
+            q = q.where(jobs.c.status.in_([s.value for s in FINAL]))
+        elif not include_final:
+            q = q.where(jobs.c.status.not_in([s.value for s in FINAL]))
+        if owners:
+            q = q.where(jobs.c.owner.in_(list(owners)))
+        if queues:
+            q = q.where(jobs.c.queue.in_(list(queues)))
+        q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
+        if limit:
+            q = q.limit(limit)
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[Job]:
+        q = select(job_events).where(job_events.c.id > after_id)
+        if job_id is not None:
+            q = q.where(job_events.c.job_id == job_id)
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(q.order_by(job_events.c.id))]
+
+    def stats(self) -> list[tuple[str, str, int]]:
+        q = (
+            select(jobs.c.queue, jobs.c.status, func.count())
+            .group_by(jobs.c.queue, jobs.c.status)
+            .order_by(jobs.c.queue, jobs.c.status)
+        )
+        with self._tx() as conn:
+            return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
+
+
+def _db_message(exc: Exception, url: Any) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return f"database {safe_url(str(url))}: {first}"

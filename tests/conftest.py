@@ -1,0 +1,112 @@
+"""Shared test fixtures: databases (SQLite and a throw-away PostgreSQL database per test),
+a minimal HTCondor configuration file and the shared reference directory."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://...``) as a libpq connection URI."""
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Let .ci/run exit with pytest's own status (make turns every failure into 2)."""
+    status_file = os.environ.get("JOBSTORE_PYTEST_STATUS_FILE")
+    if status_file:
+        Path(status_file).write_text(f"{int(exitstatus)}\n")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url() -> str:
+    """SQLAlchemy URL of a PostgreSQL account allowed to create and drop databases.
+
+    ``JOBSTORE_TEST_DATABASE_URL`` if set, else the local server as ``postgres``. An unreachable
+    server fails the tests that need it: it is never skipped silently.
+    """
+    url = os.environ.get("JOBSTORE_TEST_DATABASE_URL") or DEFAULT_PG_ADMIN_URL
+    shown = make_url(url).render_as_string(hide_password=True)
+    error = None
+    try:
+        with psycopg.connect(libpq_url(url), connect_timeout=5, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        error = str(exc).strip()
+    if error is not None:
+        pytest.fail(
+            f"PostgreSQL is not reachable at {shown}: {error}\n"
+            "Start it (e.g. `pg_ctlcluster --skip-systemctl-redirect <version> main start`, "
+            "or run .ci/run) or point JOBSTORE_TEST_DATABASE_URL at a server where this "
+            "account may CREATE DATABASE.",
+            pytrace=False,
+        )
+    return url
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str):
+    """SQLAlchemy URL of a fresh, empty PostgreSQL database, dropped after the test."""
+    name = f"jobstore_test_{uuid.uuid4().hex}"
+    admin = libpq_url(pg_admin_url)
+    with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """SQLAlchemy URL of a new SQLite database file in the test's tmp_path."""
+    return f"sqlite:///{tmp_path / 'jobstore.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Runs the test once on SQLite and once on PostgreSQL (`-k sqlite` to skip the server)."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def condor_config(tmp_path: Path) -> Path:
+    """Path of a minimal HTCondor configuration file (point CONDOR_CONFIG at it)."""
+    log_dir = tmp_path / "log"
+    log_dir.mkdir(exist_ok=True)
+    path = tmp_path / "condor_config"
+    path.write_text(
+        "UID_DOMAIN = localdomain\n"
+        "STARTD_JOB_HOOK_KEYWORD = JOBSTORE\n"
+        f"LOG = {log_dir}\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The `shared` directory next to the repository (protocol notes, real transcripts)."""
+    path = REPO_ROOT.parent / "shared"
+    if not path.is_dir():
+        pytest.fail(
+            f"shared reference directory not found: {path} (expected next to the repository "
+            f"root {REPO_ROOT})",
+            pytrace=False,
+        )
+    return path
