@@ -77,6 +77,14 @@ _DEFAULT_REQUEST_MEMORY = 128
 _DEFAULT_REQUEST_DISK = 1024
 
 
+class _FieldError(ValueError):
+    """A bad value, with the command or attribute it belongs to."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
 class SubmitError(Exception):
     """A submit description or ClassAd file cannot be turned into jobs."""
 
@@ -192,7 +200,7 @@ def _split_v1_wacked(value: str) -> list[str]:
                 i += 2
             elif token[i] == '"':
                 raise ValueError(
-                    'unescaped double quote in old-syntax arguments '
+                    "unescaped double quote in old-syntax arguments "
                     '(write \\" or put the whole value in double quotes)'
                 )
             else:
@@ -245,7 +253,7 @@ def _parse_int(value: str, minimum: int | None = None) -> int:
         raise ValueError(f"{value!r} is not an integer")
     number = int(value)
     if minimum is not None and number < minimum:
-        raise ValueError(f"{number} is less than {minimum}")
+        raise ValueError(f"must be at least {minimum}, not {number}")
     return number
 
 
@@ -256,7 +264,9 @@ def _parse_size(value: str, base_bytes: int) -> int:
         raise ValueError(f"{value!r} is not a non-negative size like 512, 2G or 1.5GB")
     unit = match.group(2).lower()
     if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {value!r} (use K, KB, M, MB, G, GB, T or TB)")
+        raise ValueError(
+            f"unknown unit {match.group(2)!r} in {value!r} (use K, KB, M, MB, G, GB, T or TB)"
+        )
     try:
         number = Decimal(match.group(1))
     except InvalidOperation as exc:  # pragma: no cover - the regex already checked it
@@ -318,12 +328,15 @@ def _retry_until(value: str) -> str:
 def _check_value(what: str, value: str, *, is_string: bool = True) -> str:
     """Refuse values an old-syntax job ad cannot carry."""
     if _CONTROL.search(value):
-        raise ValueError(
-            f"{what} contains a newline or other control character, which HTCondor's old "
-            "ClassAd syntax cannot carry in a job ad"
+        raise _FieldError(
+            what,
+            "contains a newline or other control character, which HTCondor's old ClassAd "
+            "syntax cannot carry in a job ad",
         )
     if is_string and value.endswith("\\"):
-        raise ValueError(f"{what} ends in a backslash, which cannot be written as an old ClassAd string")
+        raise _FieldError(
+            what, "ends in a backslash, which cannot be written as an old ClassAd string"
+        )
     return value
 
 
@@ -352,7 +365,7 @@ def _check_spec(spec: JobSpec) -> None:
 def _check_custom_name(name: str) -> None:
     """Custom attribute names must be identifiers and not the job store's own."""
     if not _IDENT.fullmatch(name):
-        raise ValueError(f"attribute name {name!r} is not a valid identifier ([A-Za-z_][A-Za-z0-9_]*)")
+        raise ValueError(f"attribute name {name!r} is not a valid identifier")
     lower = name.lower()
     if lower.startswith(RESERVED_PREFIX) or lower in RESERVED_ATTRS:
         raise ValueError(f"attribute {name} is reserved for the job store")
@@ -421,7 +434,9 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def parse_submit_file(path: str | Path, *, extra_vars: dict[str, str] | None = None) -> list[JobSpec]:
+def parse_submit_file(
+    path: str | Path, *, extra_vars: dict[str, str] | None = None
+) -> list[JobSpec]:
     """Read a submit description file; ``extra_vars`` are macros set after the file's own."""
     path = Path(path)
     text = _read_text(path)
@@ -471,7 +486,9 @@ def _check_submit_lines(source: str, text: str) -> None:
         if re.match(r"(?i)include\s+command\b", line) or (
             re.match(r"(?i)include\s*:", line) and line.endswith("|")
         ):
-            raise SubmitError(f"{source}: line {number}: 'include' of a command's output is not supported")
+            raise SubmitError(
+                f"{source}: line {number}: 'include' of a command's output is not supported"
+            )
         if _QUEUE_LINE.match(line):
             queues.append(number)
             in_block = line.endswith("(")
@@ -519,7 +536,9 @@ def _set_extra_var(source: str, submit: htcondor2.Submit, name: str, value: str)
     if not _IDENT.fullmatch(name):
         raise SubmitError(f"{source}: variable name {name!r} is not a valid identifier")
     if _CONTROL.search(value):
-        raise SubmitError(f"{source}: variable {name} contains a newline or other control character")
+        raise SubmitError(
+            f"{source}: variable {name} contains a newline or other control character"
+        )
     submit[name] = value
 
 
@@ -604,7 +623,9 @@ class _SubmitExpander:
         """One JobSpec per (item, step)."""
         total = len(items) * count
         if total > MAX_PROCS:
-            raise SubmitError(f"{self.source}: queue: {total} procs is more than the limit of {MAX_PROCS}")
+            raise SubmitError(
+                f"{self.source}: queue: {total} procs is more than the limit of {MAX_PROCS}"
+            )
         if total == 0:
             raise SubmitError(f"{self.source}: the queue statement produces no jobs")
         specs: list[JobSpec] = []
@@ -612,7 +633,10 @@ class _SubmitExpander:
         for row, item in enumerate(items):
             for step in range(count):
                 if specs and not self.dynamic:
-                    specs.append(dataclasses.replace(specs[0], proc_id=proc, custom=dict(specs[0].custom)))
+                    first = specs[0]
+                    specs.append(
+                        dataclasses.replace(first, proc_id=proc, custom=dict(first.custom))
+                    )
                 else:
                     self._set_proc_vars(item, proc, step, row)
                     specs.append(self._spec(proc))
@@ -637,9 +661,8 @@ class _SubmitExpander:
         except Exception as exc:
             raise self._error(what, f"cannot expand macros: {exc}", proc) from None
         if _CLUSTER_SENTINEL in value:
-            raise self._error(
-                what, "$(Cluster)/$(ClusterId) is not known when jobs are read for the job store", proc
-            )
+            message = "$(Cluster)/$(ClusterId) is not known when jobs are read for the job store"
+            raise self._error(what, message, proc)
         return value
 
     def _error(self, what: str, message: str, proc: int) -> SubmitError:
@@ -686,7 +709,9 @@ class _SubmitExpander:
                 request_memory=conv(
                     "request_memory", lambda v: _parse_size(v, 1 << 20), _DEFAULT_REQUEST_MEMORY
                 ),
-                request_disk=conv("request_disk", lambda v: _parse_size(v, 1 << 10), _DEFAULT_REQUEST_DISK),
+                request_disk=conv(
+                    "request_disk", lambda v: _parse_size(v, 1 << 10), _DEFAULT_REQUEST_DISK
+                ),
                 requirements=conv("requirements", _old_expr),
                 priority=conv("priority", _parse_int, 0),
                 max_retries=conv("max_retries", lambda v: _parse_int(v, 0)),
@@ -695,14 +720,9 @@ class _SubmitExpander:
                 user_log=conv("log", lambda v: _abspath(iwd, v)),
                 proc_id=proc,
             )
-            current = "arguments"
             _check_spec(spec)
         except ValueError as exc:
-            message = str(exc)
-            what = message.split(" ", 1)[0] if message.split(" ", 1)[0] in _COMMANDS else current
-            if what != current:
-                message = message.split(" ", 1)[1]
-            raise self._error(what, message, proc) from None
+            raise self._error(getattr(exc, "what", current), str(exc), proc) from None
         spec.custom = self._custom(custom, proc)
         return spec
 
@@ -711,13 +731,16 @@ class _SubmitExpander:
         """Universe other than vanilla and file transfer cannot be honoured."""
         universe = values.get("universe", "vanilla")
         if universe.lower() != "vanilla":
-            raise ValueError(
-                f"universe {universe!r} is not supported; fetched jobs run in the vanilla universe"
+            raise _FieldError(
+                "universe",
+                f"{universe!r} is not supported; jobs fetched from the job store run in the "
+                "vanilla universe",
             )
         if values.get("transfer_input_files"):
-            raise ValueError(
-                "transfer_input_files is not supported: jobs fetched from the job store have no "
-                "file transfer (use a shared file system)"
+            raise _FieldError(
+                "transfer_input_files",
+                "is not supported: jobs fetched from the job store have no file transfer "
+                "(use a shared file system)",
             )
 
     def _custom(self, custom: dict[str, str], proc: int) -> dict[str, str]:
@@ -729,7 +752,7 @@ class _SubmitExpander:
                 _check_value(f"+{name}", value, is_string=False)
                 result[name] = _old_expr(value)
             except ValueError as exc:
-                raise self._error(f"+{name}", str(exc), proc) from None
+                raise self._error(getattr(exc, "what", f"+{name}"), str(exc), proc) from None
         return result
 
 
@@ -845,7 +868,7 @@ def _split_new_ads(source: str, text: str) -> list[str]:
     depth, start, i, n = 0, 0, 0, len(text)
     while i < n:
         c = text[i]
-        if c in "\"'":
+        if c in "\"'" and depth > 0:
             i = _skip_quoted(source, text, i)
             continue
         if text.startswith("//", i) or (c == "#" and depth == 0):
@@ -908,9 +931,10 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
         current = attr
         if attr.lower() not in lower:
             return default
+        text = attrs[lower[attr.lower()]]
         value = ad.eval(lower[attr.lower()])
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"must be {'an integer' if kind is int else 'a string'}, not {attrs[lower[attr.lower()]]}")
+        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+            raise ValueError(f"must be {'an integer' if kind is int else 'a string'}, not {text}")
         return value
 
     try:
@@ -944,7 +968,7 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
         _check_spec(spec)
         spec.custom = _ad_custom(attrs)
     except ValueError as exc:
-        raise SubmitError(f"{where}: {current}: {exc}") from None
+        raise SubmitError(f"{where}: {getattr(exc, 'what', current)}: {exc}") from None
     return spec
 
 
@@ -989,7 +1013,11 @@ def _ad_custom(attrs: dict[str, str]) -> dict[str, str]:
     for name, expr in attrs.items():
         if name.lower() in _AD_FIELDS:
             continue
-        _check_custom_name(name)
+        try:
+            _check_custom_name(name)
+        except ValueError as exc:
+            raise _FieldError(name, str(exc)) from None
+        _check_value(name, expr, is_string=False)
         custom[name] = expr
     return custom
 

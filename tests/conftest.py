@@ -110,3 +110,28 @@ def shared_dir() -> Path:
             pytrace=False,
         )
     return path
+
+
+@pytest.fixture(scope="session")
+def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The six hook executables, installed with this interpreter as HTCondor would run them."""
+    import sys
+
+    from jobstore.hooktemplates import install_hooks
+
+    directory = tmp_path_factory.mktemp("hooks")
+    os.chmod(directory, 0o755)
+    install_hooks(directory, sys.executable)
+    return directory
+
+
+@pytest.fixture
+def store(db_url: str):
+    """A migrated, empty job store on SQLite and on PostgreSQL."""
+    from jobstore.db import upgrade
+    from jobstore.store import JobStore
+
+    upgrade(db_url)
+    s = JobStore.from_url(db_url)
+    yield s
+    s.engine.dispose()

@@ -393,11 +393,11 @@ class Starter:
     def _job_stdio(self) -> list:
         files = []
         try:
-            for attr, mode in (("In", "rb"), ("Out", "ab"), ("Err", "ab")):
+            for attr, mode in (("In", "rb"), ("Out", "wb"), ("Err", "wb")):
                 value = wire.eval_attr(self.ad, attr)
                 path = value if type(value) is str and value else os.devnull
                 path = os.path.join(self.iwd, path)
-                if mode == "ab" and path != os.devnull:
+                if mode == "wb" and path != os.devnull:
                     f = open(path, "wb")
                     if self.account is not None:
                         os.fchown(f.fileno(), self.account.uid, self.account.gid)
@@ -413,9 +413,8 @@ class Starter:
     def _wait_job(self, proc: subprocess.Popen) -> tuple[int, object]:
         pidfd = open_pidfd(proc.pid)
         try:
-            next_update = time.monotonic() + self.config.initial_update_interval
-            interval = min(self.config.update_interval, self.config.initial_update_interval)
             interval = self.config.update_interval
+            next_update = time.monotonic() + min(self.config.initial_update_interval, interval)
             while True:
                 left = max(0.0, next_update - time.monotonic())
                 if wait_pid_exit(proc.pid, pidfd, left):

@@ -1,0 +1,138 @@
+"""How jobs and events look to people and scripts: condor_q-like tables, ClassAds, JSON."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from classad2 import ClassAd, ExprTree
+
+from .classads import Expr, sprint_ad
+from .jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
+
+Job = Mapping[str, Any]
+
+# HTCondor's JobStatus numbers, so that `-l` output reads like condor_q -l.
+JOB_STATUS = {"idle": 1, "fetched": 1, "accepted": 2, "running": 2, "removed": 3,
+              "completed": 4, "held": 5, "failed": 4}
+
+
+def job_id(job: Job) -> str:
+    return f"{job['cluster_id']}.{job['proc_id']}"
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    """The machine-readable form (`jobstore q --json`). Never includes the attempt token."""
+    return {
+        "id": job_id(job),
+        "job_id": job["id"],
+        "cluster_id": job["cluster_id"],
+        "proc_id": job["proc_id"],
+        "status": job["status"],
+        "owner": job["owner"],
+        "queue": job["queue"],
+        "priority": job["priority"],
+        "attempts": job["attempts"],
+        "claims": job["claims"],
+        "exit_code": job["exit_code"],
+        "exit_signal": job["exit_signal"],
+        "exit_by_signal": job["exit_by_signal"],
+        "slot": job["slot"],
+        "host": job["host"],
+        "cmd": job["cmd"],
+        "request_cpus": job["request_cpus"],
+        "request_memory": job["request_memory"],
+        "request_disk": job["request_disk"],
+        "reason": job["reason"],
+        "submitted_at": job["submitted_at"],
+        "started_at": job["started_at"],
+        "finished_at": job["finished_at"],
+    }
+
+
+def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
+    """`-l`: the job as a ClassAd, sorted like condor_q -l, without secrets."""
+    attrs = job_attrs(job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain,
+                      job_lease_duration=0)
+    attrs.pop(ATTR_TOKEN, None)
+    attrs.pop(ATTR_ATTEMPT, None)
+    attrs.pop("JobLeaseDuration", None)
+    extra = {
+        "JobStatus": JOB_STATUS[job["status"]],
+        "JobstoreStatus": job["status"],
+        "NumJobStarts": job["attempts"],
+        "JobstoreClaims": job["claims"],
+        "EnteredCurrentStatus": int(job["updated_at"]),
+        "ExitCode": job["exit_code"],
+        "ExitSignal": job["exit_signal"],
+        "ExitBySignal": job["exit_by_signal"],
+        "RemoteHost": job["slot"],
+        "JobPid": job["job_pid"],
+        "RemoteUserCpu": job["remote_user_cpu"],
+        "RemoteSysCpu": job["remote_sys_cpu"],
+        "ImageSize": job["image_size"],
+        "MemoryUsage": job["memory_usage"],
+        "JobStartDate": None if job["started_at"] is None else int(job["started_at"]),
+        "CompletionDate": None if job["finished_at"] is None else int(job["finished_at"]),
+        "HoldReason" if job["status"] == "held" else "LastReason": job["reason"],
+    }
+    attrs.update({k: v for k, v in extra.items() if v is not None})
+    ad = ClassAd()
+    for name, value in attrs.items():
+        ad[name] = ExprTree(str(value)) if isinstance(value, Expr) else value
+    return sprint_ad(ad)
+
+
+def _when(epoch: float | None) -> str:
+    return "" if epoch is None else time.strftime("%m/%d %H:%M", time.localtime(epoch))
+
+
+def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the `jobstore q` table."""
+    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "TRIES", "PRIO", "SLOT", "EXIT",
+              "CMD"]
+    rows = []
+    for job in jobs:
+        if job["exit_by_signal"]:
+            exit_text = f"sig {job['exit_signal']}"
+        else:
+            exit_text = "" if job["exit_code"] is None else str(job["exit_code"])
+        rows.append([
+            job_id(job), job["owner"], job["queue"], _when(job["submitted_at"]), job["status"],
+            str(job["attempts"]), str(job["priority"]), job["slot"] or "", exit_text,
+            _short(job["cmd"]),
+        ])
+    return header, rows
+
+
+def event_rows(events: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+    header = ["TIME", "EVENT", "FROM", "TO", "ATTEMPT", "SLOT", "REASON"]
+    rows = [
+        [
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), e["event"],
+            e["from_status"] or "", e["to_status"] or "-", "" if e["attempt"] is None
+            else str(e["attempt"]), e["slot"] or "", e["reason"] or "",
+        ]
+        for e in events
+    ]
+    return header, rows
+
+
+def event_json(e: Job) -> dict[str, Any]:
+    return {k: e[k] for k in ("id", "job_id", "time", "event", "from_status", "to_status",
+                              "attempt", "slot", "host", "reason", "attrs")}
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns, like condor_q: easy to read and to grep."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return "\n".join(lines)

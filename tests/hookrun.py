@@ -1,0 +1,63 @@
+"""Run the hook executables as HTCondor does: a separate process, stdin closed after writing,
+signals blocked, and for REPLY_FETCH, EVICT_CLAIM and UPDATE_JOB_INFO fds 1 and 2 closed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobstore.hooktemplates import CONDOR_HOOK_NAMES
+
+# HTCondor hook name -> our executable name.
+BY_CONDOR_NAME = {v: k for k, v in CONDOR_HOOK_NAMES.items()}
+CLOSED_OUTPUT = {"reply_fetch", "evict_claim", "update_job_info"}
+
+
+@dataclass
+class HookResult:
+    stdout: bytes
+    stderr: bytes
+    returncode: int
+
+
+def _blocked_signals(close_output: bool):  # type: ignore[no-untyped-def]
+    def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        if close_output:
+            os.close(1)
+            os.close(2)
+
+    return preexec
+
+
+def run_hook(hook_dir: Path, name: str, stdin: bytes, *, argv: list[str] | None = None,
+             env: dict[str, str], cwd: Path | None = None, timeout: float = 60) -> HookResult:
+    """Run hook `name` (our name, e.g. "fetch_job") like the startd or starter would."""
+    close_output = name in CLOSED_OUTPUT
+    proc = subprocess.run(
+        [str(hook_dir / name), *(argv or [])],
+        input=stdin,
+        capture_output=not close_output,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        preexec_fn=_blocked_signals(close_output),
+    )
+    return HookResult(proc.stdout or b"", proc.stderr or b"", proc.returncode)
+
+
+def hook_env(db_url: str, condor_config: Path, **extra: str) -> dict[str, str]:
+    """A hook environment: what the condor_master passes, plus our database URL."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/root",
+        "CONDOR_CONFIG": str(condor_config),
+        "JOBSTORE_DATABASE_URL": db_url,
+        "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
+    }
+    env.update(extra)
+    return env
