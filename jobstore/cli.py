@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from . import config, views
+from .demo import demo, emulate
 from .db import DatabaseError, safe_url, upgrade
 from .states import Event
 from .store import JobStore, UnknownJob
@@ -275,14 +276,5 @@ def install_hooks_cmd(directory: str, python: str | None) -> None:
         click.echo(f"JOBSTORE_HOOK_{name} = {path}")
 
 
-def _add_late_commands() -> None:
-    """Commands that live with the emulator; imported lazily so `q` stays fast."""
-    try:
-        from .demo import demo, emulate
-    except ImportError:  # pragma: no cover - the emulator is part of the package
-        return
-    main.add_command(demo)
-    main.add_command(emulate)
-
-
-_add_late_commands()
+main.add_command(demo)
+main.add_command(emulate)

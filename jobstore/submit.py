@@ -340,24 +340,42 @@ def _check_value(what: str, value: str, *, is_string: bool = True) -> str:
     return value
 
 
-def _check_spec(spec: JobSpec) -> None:
-    """Apply :func:`_check_value` to every text field of a finished spec."""
-    strings = {
-        "executable": spec.cmd,
-        "arguments": spec.args,
-        "environment": spec.env,
-        "initialdir": spec.iwd,
-        "input": spec.input,
-        "output": spec.output,
-        "error": spec.error,
-        "log": spec.user_log,
-    }
-    for what, value in strings.items():
+_SUBMIT_NAMES = {
+    "cmd": "executable",
+    "args": "arguments",
+    "env": "environment",
+    "iwd": "initialdir",
+    "input": "input",
+    "output": "output",
+    "error": "error",
+    "user_log": "log",
+    "requirements": "requirements",
+    "retry_until": "retry_until",
+}
+_AD_NAMES = {
+    "cmd": "Cmd",
+    "args": "Arguments",
+    "env": "Environment",
+    "iwd": "Iwd",
+    "input": "In",
+    "output": "Out",
+    "error": "Err",
+    "user_log": "UserLog",
+    "requirements": "Requirements",
+    "retry_until": "RetryUntil",
+}
+_EXPR_FIELDS = ("requirements", "retry_until")
+
+
+def _check_spec(spec: JobSpec, names: dict[str, str]) -> None:
+    """Apply :func:`_check_value` to every text field of a finished spec.
+
+    ``names`` maps field names to the command or attribute names used in messages.
+    """
+    for attr, what in names.items():
+        value = getattr(spec, attr)
         if value is not None:
-            _check_value(what, value)
-    for what, value in {"requirements": spec.requirements, "retry_until": spec.retry_until}.items():
-        if value is not None:
-            _check_value(what, value, is_string=False)
+            _check_value(what, value, is_string=attr not in _EXPR_FIELDS)
     for name, value in spec.custom.items():
         _check_value(name, value, is_string=False)
 
@@ -475,9 +493,12 @@ def parse_submit_text(
 def _check_submit_lines(source: str, text: str) -> None:
     """Exactly one queue statement; no commands run while parsing."""
     queues: list[int] = []
-    in_block = False
+    in_block = continued = False
     for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
+        was_continued, continued = continued, line.endswith("\\")
+        if was_continued:
+            continue
         if in_block:
             in_block = not line.startswith(")")
             continue
@@ -579,7 +600,7 @@ def _queue_count(source: str, submit: htcondor2.Submit, text: str) -> int:
         value = classad2.ExprTree(expanded).eval()
     except Exception:
         value = None
-    if isinstance(value, int) and not isinstance(value, bool):
+    if type(value) is int:  # not bool, not classad2.Value (an IntEnum)
         return _check_count(source, value, expanded)
     raise SubmitError(f"{source}: queue: count {expanded!r} is not an integer")
 
@@ -655,7 +676,9 @@ class _SubmitExpander:
             self.submit["Item"] = ""
 
     def _expand(self, key: str, what: str, proc: int) -> str:
-        """Expand one command for the current proc."""
+        """Expand one command for the current proc (an empty value counts as unset)."""
+        if not self.submit.get(key, "").strip():
+            return ""
         try:
             value = self.submit.expand(key).strip()
         except Exception as exc:
@@ -720,7 +743,7 @@ class _SubmitExpander:
                 user_log=conv("log", lambda v: _abspath(iwd, v)),
                 proc_id=proc,
             )
-            _check_spec(spec)
+            _check_spec(spec, _SUBMIT_NAMES)
         except ValueError as exc:
             raise self._error(getattr(exc, "what", current), str(exc), proc) from None
         spec.custom = self._custom(custom, proc)
@@ -749,6 +772,8 @@ class _SubmitExpander:
         for name, value in custom.items():
             try:
                 _check_custom_name(name)
+                if name.lower() in _AD_FIELDS:
+                    raise ValueError(f"{name} is set by a submit command; use the command instead")
                 _check_value(f"+{name}", value, is_string=False)
                 result[name] = _old_expr(value)
             except ValueError as exc:
@@ -933,7 +958,7 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
             return default
         text = attrs[lower[attr.lower()]]
         value = ad.eval(lower[attr.lower()])
-        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+        if type(value) is not kind:  # bool and classad2.Value are int subclasses
             raise ValueError(f"must be {'an integer' if kind is int else 'a string'}, not {text}")
         return value
 
@@ -965,7 +990,7 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
         spec.requirements = attrs.get(lower.get("requirements", ""))
         spec.retry_until = _ad_retry_until(attrs.get(lower.get("retryuntil", "")))
         current = "Requirements"
-        _check_spec(spec)
+        _check_spec(spec, _AD_NAMES)
         spec.custom = _ad_custom(attrs)
     except ValueError as exc:
         raise SubmitError(f"{where}: {getattr(exc, 'what', current)}: {exc}") from None
@@ -1000,11 +1025,13 @@ def _ad_retry_until(expr: str | None) -> str | None:
 def _check_ad_numbers(spec: JobSpec) -> None:
     """The same bounds as the submit commands."""
     if spec.request_cpus < 1:
-        raise ValueError(f"RequestCpus {spec.request_cpus} is less than 1")
-    if spec.request_memory < 0 or spec.request_disk < 0:
-        raise ValueError("RequestMemory and RequestDisk must not be negative")
+        raise _FieldError("RequestCpus", f"must be at least 1, not {spec.request_cpus}")
+    if spec.request_memory < 0:
+        raise _FieldError("RequestMemory", f"must not be negative, not {spec.request_memory}")
+    if spec.request_disk < 0:
+        raise _FieldError("RequestDisk", f"must not be negative, not {spec.request_disk}")
     if spec.max_retries is not None and spec.max_retries < 0:
-        raise ValueError(f"MaxRetries {spec.max_retries} is negative")
+        raise _FieldError("MaxRetries", f"must not be negative, not {spec.max_retries}")
 
 
 def _ad_custom(attrs: dict[str, str]) -> dict[str, str]:
@@ -1037,8 +1064,17 @@ def load_jobs(path: str | Path) -> list[JobSpec]:
 
 
 def _looks_like_classad(text: str) -> bool:
-    """New syntax, or only ``Name = <ClassAd expression>`` lines including a Cmd."""
+    """New syntax, or only ``Name = <ClassAd expression>`` lines including a Cmd.
+
+    A file with a ``Cmd = ...`` line and no queue statement is read as a (broken) ClassAd file
+    too, so that its error message points at the bad line instead of the missing queue.
+    """
     if _first_content(text).startswith("["):
+        return True
+    lines = [raw.strip() for _, raw in _strip_comment_lines(text)]
+    if any(re.match(r"(?i)cmd\s*=", line) for line in lines) and not any(
+        _QUEUE_LINE.match(line) for line in lines
+    ):
         return True
     names = []
     for _, raw in _strip_comment_lines(text):

@@ -90,7 +90,7 @@ def _when(epoch: float | None) -> str:
 
 def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of the `jobstore q` table."""
-    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "TRIES", "PRIO", "SLOT", "EXIT",
+    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "RUNS", "PRIO", "SLOT", "EXIT",
               "CMD"]
     rows = []
     for job in jobs:
@@ -100,7 +100,7 @@ def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
             exit_text = "" if job["exit_code"] is None else str(job["exit_code"])
         rows.append([
             job_id(job), job["owner"], job["queue"], _when(job["submitted_at"]), job["status"],
-            str(job["attempts"]), str(job["priority"]), job["slot"] or "", exit_text,
+            str(job["claims"]), str(job["priority"]), job["slot"] or "", exit_text,
             _short(job["cmd"]),
         ])
     return header, rows

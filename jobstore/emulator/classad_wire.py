@@ -27,7 +27,7 @@ def value_text(ad: classad2.ClassAd, name: str) -> str:
 
 def sprint_ad(ad: classad2.ClassAd) -> str:
     """Serialise like sPrintAd: `Name = value` lines sorted by name in byte order."""
-    names = sorted((k for k in ad.keys() if not is_private(k)), key=lambda n: n.encode())
+    names = sorted((k for k in ad if not is_private(k)), key=lambda n: n.encode())
     return "".join(f"{name} = {value_text(ad, name)}\n" for name in names)
 
 
@@ -97,7 +97,7 @@ def parse_job_ad(text: str) -> classad2.ClassAd:
 
 def copy_ad(ad: classad2.ClassAd) -> classad2.ClassAd:
     out = classad2.ClassAd()
-    for name in ad.keys():
+    for name in ad:
         out[name] = ad.lookup(name)
     return out
 
@@ -129,7 +129,7 @@ def as_number(value: object) -> float | None:
 def to_dict(ad: classad2.ClassAd) -> dict[str, object]:
     """Evaluated attribute values (expressions that do not evaluate stay as text)."""
     out: dict[str, object] = {}
-    for name in ad.keys():
+    for name in ad:
         value = eval_attr(ad, name)
         if type(value) in (bool, int, float, str):
             out[name] = value

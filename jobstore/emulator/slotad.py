@@ -140,7 +140,7 @@ def base_ad(host: str, sinful: str, port: int) -> classad2.ClassAd:
     if _template_ad is None:
         _template_ad = classad2.parseOne(STATIC_TEMPLATE, classad2.ParserType.Old)
     ad = classad2.ClassAd()
-    for name in _template_ad.keys():
+    for name in _template_ad:
         ad[name] = _template_ad.lookup(name)
     ad["UtsnameNodename"] = host
     ad["PrivateNetworkName"] = host
@@ -158,7 +158,7 @@ def internal_ad(public: classad2.ClassAd, start: str, fetch_work_delay: str) -> 
     ad = classad2.parseOne(CONFIG_ATTRS, classad2.ParserType.Old)
     ad["START"] = classad2.ExprTree(start)  # first spelling wins: `START`, not `Start`
     ad["FetchWorkDelay"] = classad2.ExprTree(fetch_work_delay)
-    for name in public.keys():
+    for name in public:
         if name not in FETCH_ONLY_ATTRS and not is_private(name):
             ad[name] = public.lookup(name)
     return ad

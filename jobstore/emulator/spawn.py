@@ -207,7 +207,9 @@ def run_hook(
     return call
 
 
-def _finish(proc: subprocess.Popen, call: HookCall, kill_family: bool, reg: ProcessRegistry) -> None:
+def _finish(
+    proc: subprocess.Popen, call: HookCall, kill_family: bool, reg: ProcessRegistry
+) -> None:
     if kill_family:
         kill_group(proc.pid, signal.SIGKILL)
     call.exit_status = proc.wait()
@@ -216,7 +218,9 @@ def _finish(proc: subprocess.Popen, call: HookCall, kill_family: bool, reg: Proc
     call.done.set()
 
 
-def _reap_later(proc: subprocess.Popen, call: HookCall, pidfd: int | None, reg: ProcessRegistry) -> None:
+def _reap_later(
+    proc: subprocess.Popen, call: HookCall, pidfd: int | None, reg: ProcessRegistry
+) -> None:
     try:
         call.exit_status = proc.wait()
         call.ended = time.time()

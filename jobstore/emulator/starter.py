@@ -63,7 +63,9 @@ class Starter:
         self._vacate: tuple[str, int, int] | None = None
         self._pid: int | None = None
         self._exited = False
-        self.thread = threading.Thread(target=self._thread, name=f"starter-{slot_name}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._thread, name=f"starter-{slot_name}", daemon=True
+        )
         self.ad = classad2.ClassAd()
         self.hooks: dict[str, str] = {}
         self.account: Account | None = None
@@ -248,7 +250,9 @@ class Starter:
         env.update(extra)
         return env
 
-    def _call(self, hook: str, argv: list[str], ad: classad2.ClassAd, env: dict[str, str]) -> HookCall:
+    def _call(
+        self, hook: str, argv: list[str], ad: classad2.ClassAd, env: dict[str, str]
+    ) -> HookCall:
         call = HookCall(
             hook=hook,
             argv=[self.hooks[hook], *argv],
@@ -291,7 +295,7 @@ class Starter:
                 status = code
         if status != 0:
             return False
-        for name in update.keys():
+        for name in update:
             self.ad[name] = update.lookup(name)
         return True
 
@@ -322,8 +326,8 @@ class Starter:
             }
         with self._lock:
             if self._vacate is not None:
-                for f in stdio:
-                    f.close()
+                for fd in stdio:
+                    os.close(fd)
                 return None
             try:
                 proc = subprocess.Popen(
@@ -342,8 +346,8 @@ class Starter:
                 self.run.error = f"cannot start job: {exc}"
                 return None
             finally:
-                for f in stdio:
-                    f.close()
+                for fd in stdio:
+                    os.close(fd)
             self._pid = proc.pid
         self.registry.add(proc.pid)
         self.run.started = time.time()
@@ -390,25 +394,31 @@ class Starter:
         env.update(job_env)
         return [cmd, *args], env
 
-    def _job_stdio(self) -> list:
-        files = []
+    def _job_stdio(self) -> list[int]:
+        """Open In/Out/Err (relative to Iwd) as fds; Out and Err may name the same file."""
+        fds: list[int] = []
+        opened: dict[str, int] = {}
         try:
-            for attr, mode in (("In", "rb"), ("Out", "wb"), ("Err", "wb")):
+            for attr in ("In", "Out", "Err"):
                 value = wire.eval_attr(self.ad, attr)
                 path = value if type(value) is str and value else os.devnull
                 path = os.path.join(self.iwd, path)
-                if mode == "wb" and path != os.devnull:
-                    f = open(path, "wb")
-                    if self.account is not None:
-                        os.fchown(f.fileno(), self.account.uid, self.account.gid)
+                if attr != "In" and path in opened:
+                    fds.append(os.dup(opened[path]))
+                    continue
+                if attr == "In" or path == os.devnull:
+                    fd = os.open(path, os.O_RDONLY if attr == "In" else os.O_WRONLY)
                 else:
-                    f = open(path, mode)
-                files.append(f)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    if self.account is not None:
+                        os.fchown(fd, self.account.uid, self.account.gid)
+                    opened[path] = fd
+                fds.append(fd)
         except OSError:
-            for f in files:
-                f.close()
+            for fd in fds:
+                os.close(fd)
             raise
-        return files
+        return fds
 
     def _wait_job(self, proc: subprocess.Popen) -> tuple[int, object]:
         pidfd = open_pidfd(proc.pid)
