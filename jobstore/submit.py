@@ -42,6 +42,7 @@ __all__ = [
     "SubmitError",
     "join_args_v2",
     "load_jobs",
+    "old_expr_to_new",
     "parse_classad_file",
     "parse_submit_file",
     "parse_submit_text",
@@ -677,12 +678,13 @@ class _SubmitExpander:
 
     def _expand(self, key: str, what: str, proc: int) -> str:
         """Expand one command for the current proc (an empty value counts as unset)."""
-        if not self.submit.get(key, "").strip():
+        raw = self.submit.get(key, "").strip()
+        if not raw:
             return ""
         try:
             value = self.submit.expand(key).strip()
-        except Exception as exc:
-            raise self._error(what, f"cannot expand macros: {exc}", proc) from None
+        except Exception:
+            raise self._error(what, f"cannot expand the macros in {raw!r}", proc) from None
         if _CLUSTER_SENTINEL in value:
             message = "$(Cluster)/$(ClusterId) is not known when jobs are read for the job store"
             raise self._error(what, message, proc)

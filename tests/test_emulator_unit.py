@@ -31,7 +31,11 @@ s=""
 for fd in 0 1 2; do
   if [ -e /proc/$$/fd/$fd ]; then s="$s fd$fd=open"; else s="$s fd$fd=closed"; fi
 done
-{ grep -E '^Sig(Blk|Ign)' /proc/$$/status; echo "$s"; } > "$PROBE/$name.$$" 2>/dev/null
+# read with builtins only: while dash waits for a child its mask is sigsuspend's
+while read -r key value; do
+  case "$key" in SigBlk:|SigIgn:) s="$s $key $value";; esac
+done < /proc/$$/status
+echo "$s" > "$PROBE/$name.$$" 2>/dev/null
 cat > /dev/null
 """
 PREPARE = PROBE + 'echo "HookPrepared = true"\n'

@@ -397,6 +397,11 @@ def test_macros(tmp_path: Path) -> None:
     ]
 
 
+def test_bad_macro(tmp_path: Path) -> None:
+    message = submit_error(tmp_path, "executable = /bin/true\narguments = $INT(zz)\nqueue\n")
+    assert "arguments" in message and "cannot expand the macros in '$INT(zz)'" in message
+
+
 def test_cluster_macro_rejected(tmp_path: Path) -> None:
     message = submit_error(tmp_path, "executable = /bin/true\noutput = o.$(Cluster)\nqueue\n")
     assert "output" in message and "$(Cluster)" in message
