@@ -16,6 +16,8 @@ _SEPARATOR = "-----"
 # no ClassAd parser can read it, hence this regular expression.
 _CLAIM_ID_LINE = re.compile(r'^ClaimId = "(.*)"$')
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Bytes that were not UTF-8, as `decode` keeps them (lone surrogates); classad2 cannot take them.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
 PRIVATE_ATTRS = frozenset(
     n.lower()
     for n in ("Capability", "ChildClaimIds", "ClaimId", "ClaimIdList", "ClaimIds", "TransferKey")
@@ -42,6 +44,9 @@ def parse_ad(text: str) -> ClassAd:
     """Parse one old-syntax ad (`Name = value` lines) as HTCondor writes it for hooks."""
     if "\x00" in text:
         raise AdError("ClassAd contains a NUL byte")
+    # A job's values may hold any bytes (HTCondor passes them on as they are): read such a byte
+    # as U+FFFD rather than refuse the whole ad and lose the report about the job.
+    text = _UNDECODABLE.sub("\ufffd", text)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise AdError("empty ClassAd")

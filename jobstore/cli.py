@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from . import config, views
-from .demo import demo, emulate
 from .db import DatabaseError, safe_url, upgrade
+from .demo import demo, emulate
 from .states import Event
 from .store import JobStore, UnknownJob
 from .submit import SubmitError
@@ -62,11 +62,16 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", metavar="URL", help="SQLAlchemy database URL (default: $JOBSTORE_DATABASE_URL, "
-              "then <KEYWORD>_JOBSTORE_DATABASE_URL / JOBSTORE_DATABASE_URL in HTCondor "
-              "configuration, then a SQLite file under ~/.local/share/htcondor-jobstore).")
-@click.option("--keyword", "-k", metavar="KW", help="Hook keyword whose settings to use "
-              "(default JOBSTORE).")
+@click.option(
+    "--db",
+    metavar="URL",
+    help="SQLAlchemy database URL (default: $JOBSTORE_DATABASE_URL, "
+    "then <KEYWORD>_JOBSTORE_DATABASE_URL / JOBSTORE_DATABASE_URL in HTCondor "
+    "configuration, then a SQLite file under ~/.local/share/htcondor-jobstore).",
+)
+@click.option(
+    "--keyword", "-k", metavar="KW", help="Hook keyword whose settings to use (default JOBSTORE)."
+)
 @click.version_option(package_name="htcondor-jobstore")
 @click.pass_context
 def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
@@ -86,8 +91,12 @@ def init(ctx: Context) -> None:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--owner", metavar="USER", help="Run the jobs as USER (root only; default: you).")
-@click.option("--queue", "-q", metavar="Q", help="Queue to put the jobs in (default: the "
-              "keyword's JOBSTORE_QUEUE).")
+@click.option(
+    "--queue",
+    "-q",
+    metavar="Q",
+    help="Queue to put the jobs in (default: the keyword's JOBSTORE_QUEUE).",
+)
 @pass_ctx
 @_guard
 def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> None:
@@ -118,8 +127,11 @@ def _print_jobs(ctx: Context, jobs: list[dict[str, Any]], as_json: bool, long: b
         click.echo(json.dumps([views.job_json(j) for j in jobs], indent=1))
     elif long:
         for job in jobs:
-            click.echo(views.job_long(job, keyword=ctx.settings.keyword,
-                                      uid_domain=ctx.settings.uid_domain))
+            click.echo(
+                views.job_long(
+                    job, keyword=ctx.settings.keyword, uid_domain=ctx.settings.uid_domain
+                )
+            )
     else:
         click.echo(views.format_table(*views.job_rows(jobs)))
         counts: dict[str, int] = {}
@@ -130,8 +142,14 @@ def _print_jobs(ctx: Context, jobs: list[dict[str, Any]], as_json: bool, long: b
 
 
 _FILTERS = [
-    click.option("--status", "-s", "statuses", multiple=True, metavar="S",
-                 help="Only jobs in status S (repeatable)."),
+    click.option(
+        "--status",
+        "-s",
+        "statuses",
+        multiple=True,
+        metavar="S",
+        help="Only jobs in status S (repeatable).",
+    ),
     click.option("--owner", "owners", multiple=True, metavar="USER", help="Only USER's jobs."),
     click.option("--queue", "-q", "queues", multiple=True, metavar="Q", help="Only queue Q."),
     click.option("--json", "as_json", is_flag=True, help="JSON list of jobs."),
@@ -151,14 +169,23 @@ def _filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 @_filters
 @pass_ctx
 @_guard
-def q(ctx: Context, ids: tuple[str, ...], include_final: bool, statuses: tuple[str, ...],
-      owners: tuple[str, ...], queues: tuple[str, ...], as_json: bool, long: bool) -> None:
+def q(
+    ctx: Context,
+    ids: tuple[str, ...],
+    include_final: bool,
+    statuses: tuple[str, ...],
+    owners: tuple[str, ...],
+    queues: tuple[str, ...],
+    as_json: bool,
+    long: bool,
+) -> None:
     """List the jobs not yet finished, like condor_q (JOB is CLUSTER or CLUSTER.PROC)."""
     if ids:
         jobs = _select(ctx, ids)
     else:
-        jobs = ctx.store.list_jobs(statuses=statuses, owners=owners, queues=queues,
-                                   include_final=include_final)
+        jobs = ctx.store.list_jobs(
+            statuses=statuses, owners=owners, queues=queues, include_final=include_final
+        )
     _print_jobs(ctx, jobs, as_json, long)
 
 
@@ -166,8 +193,14 @@ def q(ctx: Context, ids: tuple[str, ...], include_final: bool, statuses: tuple[s
 @_filters
 @pass_ctx
 @_guard
-def history(ctx: Context, statuses: tuple[str, ...], owners: tuple[str, ...],
-            queues: tuple[str, ...], as_json: bool, long: bool) -> None:
+def history(
+    ctx: Context,
+    statuses: tuple[str, ...],
+    owners: tuple[str, ...],
+    queues: tuple[str, ...],
+    as_json: bool,
+    long: bool,
+) -> None:
     """List finished jobs (completed, failed, removed), like condor_history."""
     jobs = ctx.store.list_jobs(statuses=statuses, owners=owners, queues=queues, final_only=True)
     _print_jobs(ctx, jobs, as_json, long)
@@ -198,8 +231,9 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
             click.echo(f"Job {views.job_id(job)}: {outcome.before} -> {outcome.after}")
         else:
             failed = True
-            click.echo(f"jobstore: job {views.job_id(job)} is {outcome.before}; cannot {event}",
-                       err=True)
+            click.echo(
+                f"jobstore: job {views.job_id(job)} is {outcome.before}; cannot {event}", err=True
+            )
     if failed:
         sys.exit(1)
 
@@ -249,8 +283,9 @@ def stats(ctx: Context, as_json: bool) -> None:
             out.setdefault(queue, {})[status] = n
         click.echo(json.dumps(out, indent=1))
     else:
-        click.echo(views.format_table(["QUEUE", "STATUS", "JOBS"],
-                                      [[q_, s, str(n)] for q_, s, n in rows]))
+        click.echo(
+            views.format_table(["QUEUE", "STATUS", "JOBS"], [[q_, s, str(n)] for q_, s, n in rows])
+        )
 
 
 @main.command()
@@ -278,3 +313,7 @@ def install_hooks_cmd(directory: str, python: str | None) -> None:
 
 main.add_command(demo)
 main.add_command(emulate)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -17,7 +18,10 @@ class DatabaseError(RuntimeError):
 
 
 def is_sqlite(url: str) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
+    try:
+        return make_url(url).get_backend_name() == "sqlite"
+    except Exception:
+        raise DatabaseError("the database URL cannot be parsed") from None
 
 
 def safe_url(url: str) -> str:
@@ -89,6 +93,11 @@ def upgrade(url: str, revision: str = "head") -> None:
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
             existed = os.path.exists(database)
-    command.upgrade(alembic_config(url), revision)
+    try:
+        command.upgrade(alembic_config(url), revision)
+    except DBAPIError as exc:  # e.g. the server is unreachable: one line, no traceback
+        orig = exc.orig or exc
+        first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+        raise DatabaseError(f"database {safe_url(url)}: {first}") from None
     if is_sqlite(url) and database and database != ":memory:" and not existed:
         os.chmod(database, 0o660)

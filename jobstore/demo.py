@@ -59,41 +59,83 @@ def demo_owner(requested: str | None) -> str:
     found = _ordinary_account()
     if found:
         return found
-    click.echo("jobstore demo: no ordinary account on this machine; creating 'jobstore-demo' "
-               "(jobs never run as root)")
+    click.echo(
+        "jobstore demo: no ordinary account on this machine; creating 'jobstore-demo' "
+        "(jobs never run as root)"
+    )
     subprocess.run(["useradd", "--create-home", "jobstore-demo"], check=True)
     return "jobstore-demo"
 
 
-def _run_emulator(hook_dir: Path, work: Path, db_url: str, condor_config: Path, *, slots: int,
-                  partitionable: bool, cpus: int, memory: int, timeout: float,
-                  condor_user: str | None, until_done: bool):  # type: ignore[no-untyped-def]
+def _run_emulator(
+    hook_dir: Path,
+    work: Path,
+    db_url: str,
+    condor_config: Path,
+    *,
+    slots: int,
+    partitionable: bool,
+    cpus: int,
+    memory: int,
+    timeout: float,
+    condor_user: str | None,
+    until_done: bool,
+):  # type: ignore[no-untyped-def]
     from .emulator import Emulator, EmulatorConfig
     from .hooktemplates import CONDOR_HOOK_NAMES
     from .store import JobStore
 
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"),
-           "CONDOR_CONFIG": str(condor_config), "JOBSTORE_DATABASE_URL": db_url}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/"),
+        "CONDOR_CONFIG": str(condor_config),
+        "JOBSTORE_DATABASE_URL": db_url,
+    }
     cfg = EmulatorConfig(
         hooks={condor: str(hook_dir / ours) for ours, condor in CONDOR_HOOK_NAMES.items()},
-        work_dir=str(work), keyword=KEYWORD, static_slots=slots, partitionable=partitionable,
-        cpus=cpus, memory=memory, initial_update_interval=1.0, update_interval=5.0,
+        work_dir=str(work),
+        keyword=KEYWORD,
+        static_slots=slots,
+        partitionable=partitionable,
+        cpus=cpus,
+        memory=memory,
+        initial_update_interval=1.0,
+        update_interval=5.0,
         fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
-        env=env, condor_user=condor_user,
+        env=env,
+        condor_user=condor_user,
     )
     store = JobStore.from_url(db_url)
 
     def all_done() -> bool:
         return not store.list_jobs()
 
-    report = Emulator(cfg).run(until=all_done if until_done else None, timeout=timeout,
-                               idle_exit_after=None if until_done else 5.0, wait_for_jobs=True)
+    report = Emulator(cfg).run(
+        until=all_done if until_done else None,
+        timeout=timeout,
+        idle_exit_after=None if until_done else 5.0,
+        wait_for_jobs=True,
+    )
     return report, store
 
 
+def _check_traversable(path: Path, who: str) -> None:
+    """As root the hooks run as `who`: every parent directory must let others through."""
+    for parent in path.parents:
+        if not parent.stat().st_mode & 0o001:
+            raise click.ClickException(
+                f"{parent} is not searchable by other accounts, so {who} cannot reach the demo "
+                f"node in {path}; use --dir somewhere else (for example under /tmp)"
+            )
+
+
 @click.command()
-@click.option("--dir", "directory", type=click.Path(file_okay=False),
-              help="Where to keep the demo node (default: a new temporary directory).")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    help="Where to keep the demo node (default: a new temporary directory).",
+)
 @click.option("--slots", default=2, show_default=True, help="Static slots of the node.")
 @click.option("--owner", metavar="USER", help="Account the demo jobs run as.")
 def demo(directory: str | None, slots: int, owner: str | None) -> None:
@@ -117,6 +159,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     upgrade(db_url)
     as_root = os.geteuid() == 0
     if as_root:
+        _check_traversable(base, who)
         # The hooks and jobs run as `who` (HTCondor never runs them as root): give it the node.
         for path in (base, base / "submit", base / "jobstore.db"):
             os.chown(path, account.pw_uid, account.pw_gid)
@@ -128,21 +171,35 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     store = JobStore.from_url(db_url)
     cluster, ids = submit_path(store, submit_file, settings, owner=who if as_root else None)
     click.echo(f"Submitted {len(ids)} jobs (cluster {cluster}) as {who} to {db_url}")
-    click.echo(f"Running an emulated execute node with {slots} static slots and the real hooks "
-               f"from {hook_dir} ...")
+    click.echo(
+        f"Running an emulated execute node with {slots} static slots and the real hooks "
+        f"from {hook_dir} ..."
+    )
     started = time.monotonic()
-    report, store = _run_emulator(hook_dir, base / "node", db_url, condor_config, slots=slots,
-                                  partitionable=False, cpus=slots, memory=1024 * slots,
-                                  timeout=120, condor_user=who if as_root else None,
-                                  until_done=True)
+    report, store = _run_emulator(
+        hook_dir,
+        base / "node",
+        db_url,
+        condor_config,
+        slots=slots,
+        partitionable=False,
+        cpus=slots,
+        memory=1024 * slots,
+        timeout=120,
+        condor_user=who if as_root else None,
+        until_done=True,
+    )
     jobs = store.list_jobs(include_final=True)
     click.echo("")
     click.echo(views.format_table(*views.job_rows(jobs)))
     hooks = len(report.hook_calls)
-    click.echo(f"\n{sum(j['status'] == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
-               f"in {time.monotonic() - started:.1f} s; {hooks} hook calls.")
-    click.echo(f"Job output: {base / 'submit'}/out.N   events: jobstore --db {db_url} events "
-               f"{cluster}.0")
+    click.echo(
+        f"\n{sum(j['status'] == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
+        f"in {time.monotonic() - started:.1f} s; {hooks} hook calls."
+    )
+    click.echo(
+        f"Job output: {base / 'submit'}/out.N   events: jobstore --db {db_url} events {cluster}.0"
+    )
     if any(j["status"] != "completed" for j in jobs):
         sys.exit(1)
 
@@ -156,8 +213,16 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
 @click.option("--condor-user", metavar="USER", help="As root: run the startd hooks as USER.")
 @click.option("--keep", is_flag=True, help="Keep the node's work directory.")
 @click.pass_obj
-def emulate(obj, slots: int, partitionable: bool, cpus: int, memory: int, timeout: float,
-            condor_user: str | None, keep: bool) -> None:  # type: ignore[no-untyped-def]
+def emulate(
+    obj,
+    slots: int,
+    partitionable: bool,
+    cpus: int,
+    memory: int,
+    timeout: float,
+    condor_user: str | None,
+    keep: bool,
+) -> None:  # type: ignore[no-untyped-def]
     """Run an emulated execute node against the job store until no job is left."""
     from .hooktemplates import install_hooks
 
@@ -168,10 +233,19 @@ def emulate(obj, slots: int, partitionable: bool, cpus: int, memory: int, timeou
         hook_dir = work / "hooks"
         install_hooks(hook_dir, sys.executable)
         condor_config = write_node_config(work, db_url)
-        report, store = _run_emulator(hook_dir, work / "node", db_url, condor_config,
-                                      slots=slots, partitionable=partitionable, cpus=cpus,
-                                      memory=memory, timeout=timeout, condor_user=condor_user,
-                                      until_done=True)
+        report, store = _run_emulator(
+            hook_dir,
+            work / "node",
+            db_url,
+            condor_config,
+            slots=slots,
+            partitionable=partitionable,
+            cpus=cpus,
+            memory=memory,
+            timeout=timeout,
+            condor_user=condor_user,
+            until_done=True,
+        )
         click.echo(f"{len(report.jobs)} job runs, {len(report.hook_calls)} hook calls")
     finally:
         if not keep:

@@ -208,7 +208,9 @@ class JobStore:
                             jobs.c.priority < p, and_(jobs.c.priority == p, jobs.c.id > after["id"])
                         )
                     )
-                q = q.order_by(jobs.c.priority.desc(), jobs.c.id).limit(req.batch)
+                # never judge more than scan_limit candidates, whatever the batch size
+                size = min(req.batch, req.scan_limit - scanned)
+                q = q.order_by(jobs.c.priority.desc(), jobs.c.id).limit(size)
                 rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
                 for row in rows:
                     scanned += 1
@@ -249,7 +251,7 @@ class JobStore:
                             attempt=row["claims"] + 1,
                         )
                         return {**row, **changes, "status": Status.FETCHED.value}
-                if len(rows) < req.batch:
+                if len(rows) < size:
                     return None
                 after = rows[-1]
         return None

@@ -28,7 +28,9 @@ def choose_owner(requested: str | None, settings: config.Settings) -> str:
     if requested and requested != me and os.getuid() != 0:
         raise SubmitError(f"only root may submit jobs for another user ({requested})")
     if owner == "root" and not requested:
-        raise SubmitError("jobs may not run as root: submit as a user, or as root with --owner USER")
+        raise SubmitError(
+            "jobs may not run as root: submit as a user, or as root with --owner USER"
+        )
     refused = owner_refusal(owner, settings)
     if refused:
         raise SubmitError(refused)
@@ -83,14 +85,27 @@ def _check_renders(new_jobs: list[NewJob], owner: str, settings: config.Settings
     """Render every job's ad as FETCH_WORK would, so a job that cannot be sent is refused now."""
     for nj in new_jobs:
         row = {
-            "ad": nj.ad, "owner": owner, "cluster_id": 1, "proc_id": nj.proc_id, "id": 1,
-            "submitted_at": 0, "priority": nj.priority, "request_cpus": nj.request_cpus,
-            "request_memory": nj.request_memory, "request_disk": nj.request_disk,
-            "queue": settings.queue, "claims": 1, "token": "0" * 32,
+            "ad": nj.ad,
+            "owner": owner,
+            "cluster_id": 1,
+            "proc_id": nj.proc_id,
+            "id": 1,
+            "submitted_at": 0,
+            "priority": nj.priority,
+            "request_cpus": nj.request_cpus,
+            "request_memory": nj.request_memory,
+            "request_disk": nj.request_disk,
+            "queue": settings.queue,
+            "claims": 1,
+            "token": "0" * 32,
         }
         try:
-            render_job(row, keyword=settings.keyword, uid_domain=settings.uid_domain,
-                       job_lease_duration=settings.job_lease_duration)
+            render_job(
+                row,
+                keyword=settings.keyword,
+                uid_domain=settings.uid_domain,
+                job_lease_duration=settings.job_lease_duration,
+            )
         except AdError as exc:
             raise SubmitError(f"proc {nj.proc_id}: {exc}") from None
 

@@ -14,8 +14,16 @@ from .jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
 Job = Mapping[str, Any]
 
 # HTCondor's JobStatus numbers, so that `-l` output reads like condor_q -l.
-JOB_STATUS = {"idle": 1, "fetched": 1, "accepted": 2, "running": 2, "removed": 3,
-              "completed": 4, "held": 5, "failed": 4}
+JOB_STATUS = {
+    "idle": 1,
+    "fetched": 1,
+    "accepted": 2,
+    "running": 2,
+    "removed": 3,
+    "completed": 4,
+    "held": 5,
+    "failed": 4,
+}
 
 
 def job_id(job: Job) -> str:
@@ -53,8 +61,9 @@ def job_json(job: Job) -> dict[str, Any]:
 
 def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
     """`-l`: the job as a ClassAd, sorted like condor_q -l, without secrets."""
-    attrs = job_attrs(job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain,
-                      job_lease_duration=0)
+    attrs = job_attrs(
+        job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain, job_lease_duration=0
+    )
     attrs.pop(ATTR_TOKEN, None)
     attrs.pop(ATTR_ATTEMPT, None)
     attrs.pop("JobLeaseDuration", None)
@@ -90,19 +99,27 @@ def _when(epoch: float | None) -> str:
 
 def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of the `jobstore q` table."""
-    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "RUNS", "PRIO", "SLOT", "EXIT",
-              "CMD"]
+    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "RUNS", "PRIO", "SLOT", "EXIT", "CMD"]
     rows = []
     for job in jobs:
         if job["exit_by_signal"]:
             exit_text = f"sig {job['exit_signal']}"
         else:
             exit_text = "" if job["exit_code"] is None else str(job["exit_code"])
-        rows.append([
-            job_id(job), job["owner"], job["queue"], _when(job["submitted_at"]), job["status"],
-            str(job["claims"]), str(job["priority"]), job["slot"] or "", exit_text,
-            _short(job["cmd"]),
-        ])
+        rows.append(
+            [
+                job_id(job),
+                job["owner"],
+                job["queue"],
+                _when(job["submitted_at"]),
+                job["status"],
+                str(job["claims"]),
+                str(job["priority"]),
+                job["slot"] or "",
+                exit_text,
+                _short(job["cmd"]),
+            ]
+        )
     return header, rows
 
 
@@ -110,9 +127,13 @@ def event_rows(events: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
     header = ["TIME", "EVENT", "FROM", "TO", "ATTEMPT", "SLOT", "REASON"]
     rows = [
         [
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), e["event"],
-            e["from_status"] or "", e["to_status"] or "-", "" if e["attempt"] is None
-            else str(e["attempt"]), e["slot"] or "", e["reason"] or "",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])),
+            e["event"],
+            e["from_status"] or "",
+            e["to_status"] or "-",
+            "" if e["attempt"] is None else str(e["attempt"]),
+            e["slot"] or "",
+            e["reason"] or "",
         ]
         for e in events
     ]
@@ -120,18 +141,33 @@ def event_rows(events: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
 
 
 def event_json(e: Job) -> dict[str, Any]:
-    return {k: e[k] for k in ("id", "job_id", "time", "event", "from_status", "to_status",
-                              "attempt", "slot", "host", "reason", "attrs")}
+    return {
+        k: e[k]
+        for k in (
+            "id",
+            "job_id",
+            "time",
+            "event",
+            "from_status",
+            "to_status",
+            "attempt",
+            "slot",
+            "host",
+            "reason",
+            "attrs",
+        )
+    }
 
 
 def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
     """Plain aligned columns, like condor_q: easy to read and to grep."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

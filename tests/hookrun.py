@@ -34,8 +34,16 @@ def _blocked_signals(close_output: bool):  # type: ignore[no-untyped-def]
     return preexec
 
 
-def run_hook(hook_dir: Path, name: str, stdin: bytes, *, argv: list[str] | None = None,
-             env: dict[str, str], cwd: Path | None = None, timeout: float = 60) -> HookResult:
+def run_hook(
+    hook_dir: Path,
+    name: str,
+    stdin: bytes,
+    *,
+    argv: list[str] | None = None,
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout: float = 60,
+) -> HookResult:
     """Run hook `name` (our name, e.g. "fetch_job") like the startd or starter would."""
     close_output = name in CLOSED_OUTPUT
     proc = subprocess.run(

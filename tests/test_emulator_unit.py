@@ -136,7 +136,7 @@ def test_fetch_output_parsing() -> None:
     kind, ad = parse_fetch_output(b"\n")
     assert kind == "job" and ad is not None and len(ad) == 0
     assert parse_fetch_output(b"Cmd = /bin/true\n")[0] == "invalid"
-    assert parse_fetch_output(b'A = 1\nthis is not a classad\n')[0] == "invalid"
+    assert parse_fetch_output(b"A = 1\nthis is not a classad\n")[0] == "invalid"
     kind, ad = parse_fetch_output(b'  Cmd = "/bin/x" junk \r\n\nRequestMemory = 512 MB\n')
     assert kind == "job" and ad is not None
     assert ad["Cmd"] == "/bin/x" and ad["RequestMemory"] == 512
@@ -237,7 +237,8 @@ def test_no_work_bad_line_and_empty_job(env: dict[str, Path]) -> None:
     assert [c.argv[1] for c in reply] == ["accept"]
     assert ad_of(reply[0].stdin)["RequestCpus"] == "1"  # static-slot defaults
     assert report.jobs[0].outcome == "starter_failed"
-    assert not any(c.hook in ("PREPARE_JOB", "UPDATE_JOB_INFO", "JOB_EXIT") for c in report.hook_calls)
+    starter_hooks = ("PREPARE_JOB", "UPDATE_JOB_INFO", "JOB_EXIT")
+    assert not any(c.hook in starter_hooks for c in report.hook_calls)
 
 
 def test_zero_bytes_means_no_reply(env: dict[str, Path]) -> None:
@@ -285,7 +286,7 @@ def test_pslot(env: dict[str, Path]) -> None:
 def test_fds_signals_and_output_cap(env: dict[str, Path]) -> None:
     big = write_hook(
         env["hooks"] / "big_fetch",
-        '#!/bin/sh\ncat >/dev/null\nprintf \'A = "%020000d"\\n\' 0\n',
+        "#!/bin/sh\ncat >/dev/null\nprintf 'A = \"%020000d\"\\n' 0\n",
     )
     emu = Emulator(make_config(env, hooks={"FETCH_WORK": big}))
     report = emu.run(timeout=0.5)

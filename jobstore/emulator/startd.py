@@ -17,7 +17,14 @@ import classad2
 from . import classad_wire as wire
 from .model import STARTD_HOOKS, STARTER_HOOKS, EmulatorConfig, EmulatorReport, JobRun
 from .slotad import WITHIN_RESOURCE_LIMITS, base_ad, internal_ad
-from .spawn import HookCall, ProcessRegistry, check_hook_path, lookup_account, run_hook
+from .spawn import (
+    HookCall,
+    ProcessRegistry,
+    check_hook_path,
+    current_account,
+    lookup_account,
+    run_hook,
+)
 from .starter import Starter
 
 SHUTDOWN_REASON = ("Startd was shutdown", 1013)
@@ -437,7 +444,7 @@ class Emulator:
             stdin=stdin,
             env=env,
             cwd=self.log_dir,
-            user=acct.name if acct else "",
+            user=acct.name if acct else current_account().name,
         )
         self.record(call)
         return call

@@ -1,0 +1,252 @@
+"""The Alembic migrations produce exactly the schema of jobstore.schema, on both backends."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from jobstore.db import alembic_config, make_engine, upgrade
+from jobstore.schema import metadata
+
+JOBSTORE_CLI = Path("/work/main/.venv/bin/jobstore")
+if not JOBSTORE_CLI.exists():  # another checkout: the venv next to this repository
+    JOBSTORE_CLI = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "jobstore"
+
+
+def _diffs(conn: sa.Connection, target: sa.MetaData = metadata) -> list:
+    mc = MigrationContext.configure(
+        conn, opts={"compare_type": True, "compare_server_default": True}
+    )
+    return compare_metadata(mc, target)
+
+
+def _flatten(diffs: list) -> list:
+    """compare_metadata nests column modifications in lists; flatten them to tuples."""
+    out = []
+    for d in diffs:
+        if isinstance(d, list):
+            out.extend(d)
+        else:
+            out.append(d)
+    return out
+
+
+def _metadata_index(name: str) -> sa.Index:
+    return next(ix for t in metadata.tables.values() for ix in t.indexes if ix.name == name)
+
+
+def _sqlite_desc_false_positive(conn: sa.Connection, diffs: list) -> list:
+    """SQLite's reflection drops the DESC of `ix_jobs_claim (queue, priority DESC, id)`, so
+    alembic reports remove+add of that one index. Accept exactly that pair, and only after
+    checking with PRAGMA index_xinfo that the real index has those columns and sort orders."""
+    if conn.dialect.name != "sqlite":
+        return diffs
+    pair = [
+        d for d in diffs if d[0] in ("remove_index", "add_index") and d[1].name == "ix_jobs_claim"
+    ]
+    if len(pair) != 2 or {d[0] for d in pair} != {"remove_index", "add_index"}:
+        return diffs
+    removed = next(d[1] for d in pair if d[0] == "remove_index")
+    assert [c.name for c in removed.columns] == ["queue", "priority", "id"]
+    xinfo = conn.exec_driver_sql("PRAGMA index_xinfo(ix_jobs_claim)").fetchall()
+    keys = [(row[2], row[3]) for row in xinfo if row[5]]  # (column, desc) of key columns
+    assert keys == [("queue", 0), ("priority", 1), ("id", 0)]
+    return [d for d in diffs if d not in pair]
+
+
+def test_migrated_schema_matches_metadata(db_url):
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = _sqlite_desc_false_positive(conn, _flatten(_diffs(conn)))
+            assert diffs == []
+            # at head
+            head = ScriptDirectory.from_config(alembic_config(db_url)).get_current_head()
+            assert MigrationContext.configure(conn).get_current_revision() == head
+    finally:
+        engine.dispose()
+
+
+def test_comparison_is_live(db_url):
+    """A control: the comparison used above does see a column, index and default difference."""
+    upgrade(db_url)
+    target = sa.MetaData(naming_convention=metadata.naming_convention)
+    for table in metadata.tables.values():
+        table.to_metadata(target)
+    jobs = target.tables["jobs"]
+    jobs.append_column(sa.Column("extra", sa.Integer))
+    sa.Index("ix_jobs_extra", jobs.c.extra)
+    jobs.c.claims.server_default = sa.DefaultClause(sa.text("7"))
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            diffs = _sqlite_desc_false_positive(conn, _flatten(_diffs(conn, target)))
+            kinds = {d[0] for d in diffs}
+    finally:
+        engine.dispose()
+    assert {"add_column", "add_index", "modify_default"} <= kinds
+
+
+def _normalise_predicate(where) -> str | None:  # type: ignore[no-untyped-def]
+    return None if where is None else re.sub(r"\s+", " ", str(where)).strip()
+
+
+def _index_details(conn: sa.Connection, schema: str | None = None) -> dict:
+    insp = sa.inspect(conn)
+    out = {}
+    for table in sorted(metadata.tables):
+        for ix in insp.get_indexes(table, schema=schema):
+            opts = ix.get("dialect_options", {})
+            where = opts.get("postgresql_where", opts.get("sqlite_where"))
+            out[ix["name"]] = (
+                tuple(ix["column_names"]),
+                bool(ix["unique"]),
+                {k: tuple(v) for k, v in (ix.get("column_sorting") or {}).items()},
+                _normalise_predicate(where),
+            )
+    return out
+
+
+def test_partial_index_predicates_and_sorting(db_url, tmp_path):
+    """alembic's comparison ignores partial-index predicates: compare them against what the
+    same database makes of `metadata.create_all` instead."""
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    try:
+        if engine.dialect.name == "postgresql":
+            with engine.begin() as conn:
+                conn.exec_driver_sql("CREATE SCHEMA ref")
+                metadata.create_all(conn.execution_options(schema_translate_map={None: "ref"}))
+            with engine.connect() as conn:
+                migrated, reference = _index_details(conn), _index_details(conn, "ref")
+        else:
+            ref_engine = make_engine(f"sqlite:///{tmp_path / 'reference.db'}")
+            metadata.create_all(ref_engine)
+            with engine.connect() as conn:
+                migrated = _index_details(conn)
+                # SQLite does not reflect DESC; compare the key columns' sort order directly
+                xinfo = conn.exec_driver_sql("PRAGMA index_xinfo(ix_jobs_claim)").fetchall()
+            with ref_engine.connect() as conn:
+                reference = _index_details(conn)
+                ref_xinfo = conn.exec_driver_sql("PRAGMA index_xinfo(ix_jobs_claim)").fetchall()
+            ref_engine.dispose()
+            assert xinfo == ref_xinfo
+    finally:
+        engine.dispose()
+    assert migrated == reference
+    assert "idle" in migrated["ix_jobs_claim"][3]
+    for status in ("fetched", "accepted", "running"):
+        assert status in migrated["ix_jobs_lease"][3]
+    names = {ix.name for t in metadata.tables.values() for ix in t.indexes}
+    assert names <= set(migrated)
+    if db_url.startswith("postgresql"):
+        assert migrated["ix_jobs_claim"][2] == {"priority": ("desc",)}
+
+
+def _plain(reflected: dict) -> str:
+    """A reflected index as text (SQLite reflects predicates as TextClause objects)."""
+    opts = {k: str(v) for k, v in reflected.get("dialect_options", {}).items()}
+    return repr(sorted({**reflected, "dialect_options": opts}.items()))
+
+
+def _snapshot(url: str) -> dict:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            insp = sa.inspect(conn)
+            snap: dict = {}
+            for table in sorted(insp.get_table_names()):
+                snap[table] = {
+                    "columns": [
+                        (c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                        for c in insp.get_columns(table)
+                    ],
+                    "pk": insp.get_pk_constraint(table)["constrained_columns"],
+                    "fks": sorted(str(fk) for fk in insp.get_foreign_keys(table)),
+                    "uniques": sorted(str(u) for u in insp.get_unique_constraints(table)),
+                    "indexes": sorted(_plain(ix) for ix in insp.get_indexes(table)),
+                }
+            snap["alembic_version"]["rows"] = conn.exec_driver_sql(
+                "SELECT version_num FROM alembic_version"
+            ).fetchall()
+            snap["clusters_rows"] = conn.exec_driver_sql(
+                "SELECT id, owner FROM clusters"
+            ).fetchall()
+        return snap
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_twice_is_a_noop(db_url):
+    upgrade(db_url)
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(
+            metadata.tables["clusters"].insert().values(
+                owner="alice", queue="default", num_procs=0, submitted_at=1.0
+            )
+        )
+    engine.dispose()
+    before = _snapshot(db_url)
+    upgrade(db_url)
+    after = _snapshot(db_url)
+    assert after == before
+    assert len(after["alembic_version"]["rows"]) == 1
+    assert after["clusters_rows"] == before["clusters_rows"] != []
+    assert set(after) - {"clusters_rows"} == {"alembic_version", *metadata.tables}
+
+
+def test_sqlite_file_mode(sqlite_url, tmp_path):
+    upgrade(sqlite_url)
+    assert (tmp_path / "jobstore.db").stat().st_mode & 0o777 == 0o660
+
+
+def _cli(url: str, condor_config: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "CONDOR_CONFIG": str(condor_config),
+    }
+    return subprocess.run(
+        [str(JOBSTORE_CLI), "--db", url, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_cli_init(db_url, condor_config):
+    for _ in range(2):  # a second init upgrades nothing and still succeeds
+        proc = _cli(db_url, condor_config, "init")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("job store ready: ")
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            head = ScriptDirectory.from_config(alembic_config(db_url)).get_current_head()
+            assert MigrationContext.configure(conn).get_current_revision() == head
+            assert _sqlite_desc_false_positive(conn, _flatten(_diffs(conn))) == []
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://u@h/db", "not a url", "postgresql+psycopg://postgres@127.0.0.1:1/unreachable"],
+    ids=["mysql", "unparseable", "unreachable"],
+)
+def test_cli_init_refuses_unusable_urls(url, condor_config):
+    proc = _cli(url, condor_config, "init")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("jobstore: ")
+    assert "Traceback" not in proc.stderr
