@@ -170,7 +170,7 @@ def render_ad(attrs: dict[str, Value]) -> str:
 
 
 def sprint_ad(ad: ClassAd) -> str:
-    """HTCondor's sPrintAd form: `Name = value` lines sorted by name, private attributes left out."""
+    """HTCondor's sPrintAd form: sorted `Name = value` lines, private attributes left out."""
     out = []
     for name in sorted(ad.keys()):
         if name.lower() in PRIVATE_ATTRS or name.lower().startswith("_condor_priv"):

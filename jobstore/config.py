@@ -111,7 +111,7 @@ def _read_password_file(path: str) -> str:
 
 
 def database_url(keyword: str | None = None, override: str | None = None) -> str:
-    """The SQLAlchemy URL: `override`, else $JOBSTORE_DATABASE_URL, else configuration, else SQLite."""
+    """The URL: `override`, else $JOBSTORE_DATABASE_URL, else configuration, else SQLite."""
     kw = keyword or DEFAULT_KEYWORD
     url = override or os.environ.get("JOBSTORE_DATABASE_URL") or _setting(kw, "DATABASE_URL")
     url = url or default_sqlite_url()

@@ -70,7 +70,7 @@ jobs = Table(
     Column("retry_until", Text),
     Column("max_retries", Integer),
     Column("user_log", Text),
-    # Attempt bookkeeping: `claims` is the fencing counter, `attempts` counts tries against the limit.
+    # `claims` is the fencing counter, `attempts` counts tries against the limit.
     Column("claims", Integer, nullable=False, server_default=text("0")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("token", String(64)),
@@ -93,7 +93,7 @@ jobs = Table(
     Column("finished_at", Epoch()),
     Column("updated_at", Epoch(), nullable=False),
     UniqueConstraint("cluster_id", "proc_id"),
-    # The claim path: the idle jobs of a queue in claim order. Partial, so finished jobs cost nothing.
+    # The claim path: idle jobs of a queue in claim order; partial, so finished jobs cost nothing.
     Index(
         "ix_jobs_claim",
         "queue",
