@@ -100,10 +100,7 @@ def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  #
 @pytest.mark.slow
 def test_fifty_jobs_on_four_slots_with_evictions(node_db) -> None:  # type: ignore[no-untyped-def]
     store, tmp = node_db
-    if os.geteuid() == 0:
-        owner = _ensure_account(JOB_USERS[0]).pw_name
-    else:
-        owner = None
+    owner = _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
     ids = _submit(store, tmp, FIFTY, owner)
     evicted: list[int] = []
 
