@@ -299,6 +299,29 @@ def reap(ctx: Context) -> None:
     click.echo(f"{len(outcomes)} expired lease(s) recovered.")
 
 
+@main.command()
+@click.option(
+    "--spool",
+    "spool_dir",
+    metavar="DIR",
+    help="Spool directory (default: the keyword's JOBSTORE_SPOOL).",
+)
+@pass_ctx
+@_guard
+def replay(ctx: Context, spool_dir: str | None) -> None:
+    """Send the hook reports kept in the local spool while the database was away."""
+    from pathlib import Path
+
+    from .handlers import send_record
+    from .spool import replay as replay_spool
+
+    directory = Path(spool_dir or ctx.settings.spool)
+    sent, left = replay_spool(directory, send_record, limit=1_000_000)
+    click.echo(f"{sent} report(s) sent, {left} left in {directory}")
+    if left:
+        sys.exit(1)
+
+
 @main.command("install-hooks")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--python", metavar="PATH", help="Interpreter for the hooks (default: this one).")

@@ -77,6 +77,7 @@ class Settings:
     statement_timeout_ms: int = 5000
     hook_log: str | None = None
     job_lease_duration: int = 2400
+    spool: str = "/var/tmp/jobstore-spool"
 
     def owner_allowed(self, owner: str) -> bool:
         """Is `owner` on this keyword's allow-list? (System accounts are checked elsewhere.)"""
@@ -146,4 +147,5 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         statement_timeout_ms=_int(kw, "STATEMENT_TIMEOUT_MS", 5000, minimum=100),
         hook_log=_setting(kw, "HOOK_LOG"),
         job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
+        spool=_setting(kw, "SPOOL") or os.environ.get("JOBSTORE_SPOOL") or Settings.spool,
     )

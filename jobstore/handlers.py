@@ -9,19 +9,21 @@ from __future__ import annotations
 import pwd
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from classad2 import ClassAd
 
-from . import classads, config, policy
+from . import classads, config, policy, spool
 from .classads import AdError, get_bool, get_float, get_int, get_str
 from .db import DatabaseError
 from .jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
 from .matching import matches, slot_offer, why_slot_cannot_take
 from .states import Event
-from .store import ClaimRequest, JobStore, UnknownJob, Verdict
+from .store import ClaimRequest, JobStore, Outcome, UnknownJob, Verdict
 
 HOOKS = ("fetch_job", "reply_fetch", "evict_claim", "prepare_job", "update_job_info", "job_exit")
 # The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
@@ -274,13 +276,7 @@ def job_exit(request: HookRequest) -> HookResponse:
         exit_code=get_int(job, "ExitCode"),
         exit_signal=get_int(job, "ExitSignal"),
     )
-    return _report(
-        job,
-        event,
-        slot=request.env.get("_CONDOR_SLOT"),
-        changes=changes,
-        exit_policy=lambda row: policy.exit_verdict(row, job),
-    )
+    return _report(job, event, slot=request.env.get("_CONDOR_SLOT"), changes=changes)
 
 
 def _starter_ad(request: HookRequest) -> ClassAd | None:
@@ -321,9 +317,12 @@ def _report(
     slot: str | None,
     host: str | None = None,
     changes: dict[str, Any] | None = None,
-    exit_policy: Callable[[Mapping[str, Any]], tuple[bool, bool]] | None = None,
 ) -> HookResponse:
-    """Send one report about the attempt named in the job ad; other systems' jobs are left alone."""
+    """Send one report about the attempt named in the job ad; other systems' jobs are left alone.
+
+    The report goes to the local spool first and leaves it once the database has it, so that a
+    database outage or a killed hook loses nothing (replayed by the next call or `jobstore replay`).
+    """
     job_id, attempt, token = (
         get_int(job, ATTR_JOB_ID),
         get_int(job, ATTR_ATTEMPT),
@@ -333,28 +332,78 @@ def _report(
         return HookResponse(log=["not a job store job; left alone"])
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
-    lease = settings.claim_lease if event in (Event.ACCEPT,) else settings.lease_duration
-    if event in (Event.REJECT, Event.CLAIM_EVICTED):
-        lease = None
+    record = {
+        "keyword": settings.keyword,
+        "job_id": job_id,
+        "event": str(event),
+        "token": token,
+        "attempt": attempt,
+        "changes": changes or {},
+        "attrs": _report_attrs(job),
+        "slot": slot,
+        "host": host,
+        "time": time.time(),
+    }
+    log: list[str] = []
+    spool_dir = Path(settings.spool)
     try:
-        outcome = store_for(settings).report(
-            job_id,
-            event,
-            token=token,
-            attempt=attempt,
-            changes=changes,
-            attrs=_report_attrs(job),
-            lease=lease,
-            slot=slot,
-            host=host,
-            exit_policy=exit_policy,
-        )
+        sent, left = spool.replay(spool_dir, send_record, limit=20)
+        if sent or left:
+            log.append(f"replayed {sent} spooled report(s), {left} left")
+        spooled = spool.put(spool_dir, record)
+    except OSError as exc:
+        spooled = None
+        log.append(f"spool unusable, reporting directly: {exc}")
+    try:
+        outcome = send_record(record)
     except UnknownJob:
+        if spooled:
+            spool.done(spooled)
         raise HookError(f"job {job_id} is not in the job store") from None
+    except DatabaseError as exc:
+        if spooled is None:
+            raise
+        return HookResponse(
+            log=[*log, f"job {job_id}: {event} spooled in {spool_dir} ({exc})"],
+            error=f"{event} for job {job_id} kept in the spool: {exc}",
+        )
+    if spooled:
+        spool.done(spooled)
     note = f"job {job_id} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
     if outcome.stale:
         note += " (stale report, recorded only)"
-    return HookResponse(log=[note], stale=outcome.stale)
+    return HookResponse(log=[*log, note], stale=outcome.stale)
+
+
+def send_record(record: Mapping[str, Any]) -> Outcome:
+    """Apply one report (fresh or spooled) to the job store of its keyword."""
+    settings = config.load_settings(record["keyword"])
+    event = Event(record["event"])
+    if event in (Event.REJECT, Event.CLAIM_EVICTED):
+        lease = None
+    elif event == Event.ACCEPT:
+        lease = settings.claim_lease
+    else:
+        lease = settings.lease_duration
+    attrs = dict(record["attrs"])
+    exit_policy = None
+    if event == Event.EXIT:
+
+        def exit_policy(row: Mapping[str, Any]) -> tuple[bool, bool]:
+            return policy.exit_verdict(row, attrs)
+
+    return store_for(settings).report(
+        record["job_id"],
+        event,
+        token=record["token"],
+        attempt=record["attempt"],
+        changes=record["changes"],
+        attrs={**attrs, "ReportedAt": record["time"]},
+        lease=lease,
+        slot=record["slot"],
+        host=record["host"],
+        exit_policy=exit_policy,
+    )
 
 
 _HANDLERS: dict[str, Callable[[HookRequest], HookResponse]] = {
