@@ -1,0 +1,173 @@
+"""The `jobstore` command as an admin uses it: real processes, real databases."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hookrun import hook_env, run_hook
+
+JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
+
+
+def _owner() -> str:
+    """An ordinary account to own jobs: ourselves, or (as root) `alice`, created if needed."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.getuid()).pw_name
+    try:
+        pwd.getpwnam("alice")
+    except KeyError:
+        subprocess.run(["useradd", "-u", "1001", "--create-home", "alice"], check=True)
+    return "alice"
+
+
+def cli(db_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, **(env or {})}
+    full.pop("JOBSTORE_DATABASE_URL", None)
+    return subprocess.run(
+        [*JOBSTORE, "--db", db_url, *args], capture_output=True, text=True, timeout=120, env=full
+    )
+
+
+def submit(db_url: str, path: Path, *extra: str) -> subprocess.CompletedProcess:
+    owner = ["--owner", _owner()] if os.geteuid() == 0 else []
+    return cli(db_url, "submit", str(path), *owner, *extra)
+
+
+@pytest.fixture
+def db(db_url: str, condor_config: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
+    assert cli(db_url, "init").returncode == 0
+    return db_url
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
+    sub = _write(
+        tmp_path,
+        "a.sub",
+        "executable = /bin/echo\narguments = hi\n"
+        'request_memory = 1GB\npriority = 7\n+Project = "x"\nqueue 3\n',
+    )
+    r = submit(db, sub)
+    assert r.returncode == 0, r.stderr
+    assert "3 job(s) submitted to cluster 1" in r.stdout
+    jobs = json.loads(cli(db, "q", "--json").stdout)
+    assert [j["id"] for j in jobs] == ["1.0", "1.1", "1.2"]
+    for j in jobs:
+        assert {"id", "status", "owner", "queue", "attempts", "exit_code"} <= set(j)
+        assert j["status"] == "idle" and j["owner"] == _owner() and j["attempts"] == 0
+        assert j["request_memory"] == 1024
+    long = cli(db, "q", "1.1", "-l").stdout
+    assert 'Cmd = "/bin/echo"' in long and "JobPrio = 7" in long and 'Project = "x"' in long
+    assert "JobstoreToken" not in long
+    table = cli(db, "q").stdout
+    assert "1.2" in table and "idle" in table and "Total: 3 jobs" in table
+
+
+def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
+    submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue 2\n"))
+    assert cli(db, "hold", "1.0", "-r", "maintenance").returncode == 0
+    held = json.loads(cli(db, "q", "--json", "-s", "held").stdout)
+    assert [j["id"] for j in held] == ["1.0"] and held[0]["reason"] == "maintenance"
+    assert cli(db, "release", "1.0").returncode == 0
+    assert cli(db, "rm", "1").returncode == 0
+    assert json.loads(cli(db, "q", "--json").stdout) == []
+    gone = json.loads(cli(db, "history", "--json").stdout)
+    assert {j["status"] for j in gone} == {"removed"} and len(gone) == 2
+    stats = json.loads(cli(db, "stats", "--json").stdout)
+    assert stats == {"default": {"removed": 2}}
+    events = [json.loads(x) for x in cli(db, "events", "1.0", "--json").stdout.splitlines()]
+    assert [(e["event"], e["to_status"]) for e in events] == [
+        ("submit", "idle"),
+        ("hold", "held"),
+        ("release", "idle"),
+        ("remove", "removed"),
+    ]
+    again = cli(db, "release", "1.0")
+    assert again.returncode == 1 and "cannot release" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("executable = /bin/true\nrequest_cpus = many\nqueue\n", "request_cpus"),
+        ("arguments = x\nqueue\n", "executable"),
+        ("executable = /bin/true\nrequirements = (((\nqueue\n", "requirements"),
+        ('executable = /bin/true\n+HookKeyword = "OTHER"\nqueue\n', "HookKeyword"),
+        ("executable = /bin/true\nuniverse = docker\nqueue\n", "universe"),
+    ],
+)
+def test_bad_submit_files_change_nothing(db: str, tmp_path: Path, text: str, message: str) -> None:
+    r = submit(db, _write(tmp_path, "bad.sub", text))
+    assert r.returncode != 0
+    assert message.lower() in r.stderr.lower()
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert json.loads(cli(db, "q", "--json", "--all").stdout) == []
+
+
+def test_errors_are_one_line(db: str, tmp_path: Path) -> None:
+    for args in (("q", "42.0"), ("rm", "nope"), ("events", "9"), ("submit", "/nonexistent")):
+        r = cli(db, *args)
+        assert r.returncode == 1, args
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_root_jobs_are_refused(db: str, tmp_path: Path) -> None:
+    sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
+    r = cli(db, "submit", str(sub), "--owner", "root")
+    assert r.returncode == 1 and "root" in r.stderr
+    r = cli(db, "submit", str(sub), "--owner", "daemon")
+    assert r.returncode == 1 and "system account" in r.stderr
+
+
+def test_bad_database_url_is_one_line(condor_config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
+    r = cli("postgresql+psycopg://u:topsecret@127.0.0.1:1/x", "q")
+    assert r.returncode == 1 and "topsecret" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_evict_claim_requeues_a_fetched_job(
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path, shared_dir: Path
+) -> None:
+    """EVICT_CLAIM is never called by HTCondor 25, but if it comes, the job goes back."""
+    submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
+    env = hook_env(db, condor_config)
+    slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+    ad = run_hook(hook_dir, "fetch_job", slot, env=env).stdout
+    assert b"JobstoreToken" in ad
+    claim = b'ClaimId = "<127.0.0.1:1>#1#1#[Encryption="NO";]abc"\n'
+    run_hook(hook_dir, "evict_claim", ad + b"-----\n" + slot + claim, env=env)
+    (job,) = json.loads(cli(db, "q", "--json").stdout)
+    assert job["status"] == "idle" and job["attempts"] == 0
+
+
+def test_fetch_never_hangs_on_a_silent_database(
+    hook_dir: Path, condor_config: Path, shared_dir: Path
+) -> None:
+    """A server that accepts TCP but never answers: fetch_job gives up, prints nothing."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        url = f"postgresql+psycopg://u:pw@127.0.0.1:{port}/x"
+        slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+        started = time.monotonic()
+        r = run_hook(hook_dir, "fetch_job", slot, env=hook_env(url, condor_config), timeout=60)
+        took = time.monotonic() - started
+    assert r.stdout == b""
+    assert took < 15, f"fetch_job took {took:.1f} s"
+    assert r.stderr.count(b"\n") <= 1 and b"Traceback" not in r.stderr
