@@ -10,11 +10,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from .errors import DatabaseError
+
+__all__ = ["DatabaseError", "make_engine", "upgrade", "safe_url", "is_sqlite"]
+
 MIGRATIONS = Path(__file__).with_name("migrations")
-
-
-class DatabaseError(RuntimeError):
-    """The database cannot be used; the message is safe to show (no password)."""
 
 
 def is_sqlite(url: str) -> bool:

@@ -13,17 +13,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from classad2 import ClassAd
 
 from . import classads, config, policy, spool
+from .claims import ClaimRequest, Verdict
 from .classads import AdError, get_bool, get_float, get_int, get_str
-from .db import DatabaseError
+from .errors import DatabaseError, UnknownJob
 from .jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
 from .matching import matches, slot_offer, why_slot_cannot_take
 from .states import Event
-from .store import ClaimRequest, JobStore, Outcome, UnknownJob, Verdict
+
+if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
+    from .store import JobStore, Outcome
 
 HOOKS = ("fetch_job", "reply_fetch", "evict_claim", "prepare_job", "update_job_info", "job_exit")
 # The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
@@ -39,6 +42,7 @@ class HookRequest:
     argv: list[str]
     stdin: bytes
     env: Mapping[str, str] = field(default_factory=dict)
+    set_deadline: Callable[[float], None] | None = None  # a process caller's hard time limit
 
 
 @dataclass
@@ -61,6 +65,8 @@ _stores_lock = threading.Lock()
 
 
 def store_for(settings: config.Settings) -> JobStore:
+    from .store import JobStore
+
     with _stores_lock:
         store = _stores.get(settings.database_url)
         if store is None:
@@ -117,6 +123,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
             "_JOB_HOOK_KEYWORD for this slot"
         )
     settings = config.load_settings(keyword)
+    if request.set_deadline is not None:
+        request.set_deadline(settings.fetch_deadline)
     store = store_for(settings)
     if random.random() < REAP_PROBABILITY:
         store.reap(limit=50)

@@ -40,22 +40,32 @@ def _prologue() -> bool:
     return stderr_open
 
 
-def _arm_deadline(hook: str, seconds: float) -> None:
-    """Exit silently (stdout untouched) once `seconds` have passed, whatever the main thread does.
+class _Deadline:
+    """Exit silently (stdout untouched) once the deadline passes, whatever the main thread does.
 
     A thread, because a signal handler would wait for a C call (a TCP connect) to return; SIGALRM
     with its default action is the backstop should the interpreter itself be stuck.
     """
 
-    def expire() -> None:
-        _log_line(hook, f"{hook}: gave up after {seconds:g} s (deadline)", to_stderr=True)
-        os._exit(0)
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+        self.started = time.monotonic()
+        self.timer: threading.Timer | None = None
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    signal.alarm(int(seconds) + 2)
+    def set(self, seconds: float) -> None:
+        """(Re)arm: the hook ends `seconds` after it started."""
+        if self.timer is not None:
+            self.timer.cancel()
+        left = max(0.1, seconds - (time.monotonic() - self.started))
+        self.timer = threading.Timer(left, self._expire, args=(seconds,))
+        self.timer.daemon = True
+        self.timer.start()
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(left) + 2)
+
+    def _expire(self, seconds: float) -> None:
+        _log_line(self.hook, f"{self.hook}: gave up after {seconds:g} s (deadline)", to_stderr=True)
+        os._exit(0)
 
 
 _stderr_open = True
@@ -108,7 +118,8 @@ def main(hook: str) -> None:
     """Entry point of the hook executables."""
     global _stderr_open
     _stderr_open = _prologue()
-    _arm_deadline(hook, DEADLINES.get(hook, DEFAULT_DEADLINE))
+    deadline = _Deadline(hook)
+    deadline.set(DEADLINES.get(hook, DEFAULT_DEADLINE))
     code = 0
     try:
         stdin = _read_stdin()
@@ -118,7 +129,13 @@ def main(hook: str) -> None:
             from .handlers import HookRequest, handle
 
             response = handle(
-                HookRequest(hook=hook, argv=sys.argv[1:], stdin=stdin, env=dict(os.environ))
+                HookRequest(
+                    hook=hook,
+                    argv=sys.argv[1:],
+                    stdin=stdin,
+                    env=dict(os.environ),
+                    set_deadline=deadline.set,
+                )
             )
             for note in response.log:
                 _log_line(hook, f"{hook}: {note}")

@@ -17,44 +17,23 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from .db import DatabaseError, make_engine, safe_url
+from .claims import ClaimRequest, Offer, Verdict
+from .db import make_engine, safe_url
+from .errors import DatabaseError, UnknownJob
 from .schema import clusters, job_events, jobs
 from .states import FINAL, Decision, Event, Status, decide
 
 Job = Mapping[str, Any]
-
-
-class UnknownJob(LookupError):
-    """No job with that id."""
-
-
-@dataclass(frozen=True)
-class Offer:
-    """What a slot can give a job: CPUs, memory in MiB, disk in KiB."""
-
-    cpus: int
-    memory: int
-    disk: int
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A candidate job judged for a slot: take it, skip it, or put it on hold with a reason."""
-
-    take: bool = False
-    hold_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class ClaimRequest:
-    queue: str
-    offer: Offer
-    slot: str
-    host: str | None
-    keyword: str
-    claim_lease: int
-    scan_limit: int = 200
-    batch: int = 16
+__all__ = [
+    "JobStore",
+    "NewJob",
+    "Outcome",
+    "ClaimRequest",
+    "Offer",
+    "Verdict",
+    "UnknownJob",
+    "DatabaseError",
+]
 
 
 @dataclass(frozen=True)
