@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from jobstore.db import make_engine
+from jobstore.db import DatabaseError, make_engine
 from jobstore.states import Event
 from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
 
@@ -23,15 +23,34 @@ def main(url: str, slot: str) -> None:
     print("ready", flush=True)
     sys.stdin.readline()
     ids = []
+    locked = 0
+
+    def retry(fn):  # type: ignore[no-untyped-def]
+        # SQLite's busy handler is not fair: under heavy load a process can wait out the 30 s
+        # busy timeout at BEGIN IMMEDIATE. Nothing was written then, so trying again is safe
+        # (a hook would simply run again later); the count is reported.
+        nonlocal locked
+        while True:
+            try:
+                return fn()
+            except DatabaseError as exc:
+                if "database is locked" not in str(exc):
+                    raise
+                locked += 1
+
+    def take(_row):  # type: ignore[no-untyped-def]
+        return Verdict(take=True)
+
     start = time.time()
-    while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
-        out = store.report(job["id"], Event.EXIT, token=job["token"], attempt=job["claims"])
+    while (job := retry(lambda: store.claim(req, take))) is not None:
+        out = retry(lambda job=job: store.report(
+            job["id"], Event.EXIT, token=job["token"], attempt=job["claims"]))
         if out.after != "completed" or out.stale:
             raise SystemExit(f"job {job['id']}: EXIT gave {out}")
         ids.append(job["id"])
     end = time.time()
     store.engine.dispose()
-    print(json.dumps({"ids": ids, "start": start, "end": end}), flush=True)
+    print(json.dumps({"ids": ids, "start": start, "end": end, "locked": locked}), flush=True)
 
 
 if __name__ == "__main__":

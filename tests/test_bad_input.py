@@ -155,14 +155,11 @@ def bad_inputs(hook: str, argv: list[str], identity: list[bytes]) -> dict[str, t
     mid = len(rec) // 2
     cases: dict[str, tuple] = {
         "empty": (b"", argv),
-        "newlines": (b"\n\n\n", argv),
         "garbage": (b"this is not a classad\n{ garbage ]]\n", argv),
-        "binary": (bytes(range(256)) * 4, argv),
         "non-utf8": (rec.replace(b'"/bin/sleep"', b'"/bin/sl\xff\xfeep"')
                      .replace(b'"slot2@', b'"slot\xe92@'), argv),
         "nul": (ours[:mid] + b"\x00" + ours[mid:], argv),
         "huge": (ours + b'Huge = "' + b"x" * (5 * 1024 * 1024) + b'"\n', argv),
-        "huge-lines": (ours + b"".join(b"A%d = %d\n" % (i, i) for i in range(300_000)), argv),
         "foreign-ad": (FOREIGN_JOB_AD, argv),
         "unknown-job": (FOREIGN_JOB_AD + b'JobstoreAttempt = 1\nJobstoreJobId = 999999\n'
                         b'JobstoreToken = "0123456789abcdef0123456789abcdef"\n', argv),
@@ -238,7 +235,7 @@ def test_non_utf8_job_ad_is_still_a_report(world: World) -> None:
 
 
 SETTINGS = settings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     derandomize=True,
     database=None,
