@@ -11,7 +11,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
@@ -65,7 +65,6 @@ class NewJob:
     success_exit_code: int = 0
     retry_until: str | None = None
     user_log: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
