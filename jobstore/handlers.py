@@ -6,6 +6,7 @@ per-node service call the same `handle`.
 
 from __future__ import annotations
 
+import hashlib
 import pwd
 import random
 import threading
@@ -351,6 +352,7 @@ def _report(
         "slot": slot,
         "host": host,
         "time": time.time(),
+        "store": store_identity(settings.database_url),
     }
     log: list[str] = []
     spool_dir = Path(settings.spool)
@@ -358,7 +360,8 @@ def _report(
         sent, left = spool.replay(spool_dir, send_record, limit=20)
         if sent or left:
             log.append(f"replayed {sent} spooled report(s), {left} left")
-        spooled = spool.put(spool_dir, record)
+        # held by this process while it sends: a concurrent replayer must not send it too
+        spooled = spool.hold(spool_dir, record)
     except OSError as exc:
         spooled = None
         log.append(f"spool unusable, reporting directly: {exc}")
@@ -366,26 +369,38 @@ def _report(
         outcome = send_record(record)
     except UnknownJob:
         if spooled:
-            spool.done(spooled)
+            spool.done(spooled.path)
         raise HookError(f"job {job_id} is not in the job store") from None
     except DatabaseError as exc:
         if spooled is None:
             raise
+        spool.release(spooled)
         return HookResponse(
             log=[*log, f"job {job_id}: {event} spooled in {spool_dir} ({exc})"],
             error=f"{event} for job {job_id} kept in the spool: {exc}",
         )
+    except BaseException:
+        if spooled:
+            spool.release(spooled)
+        raise
     if spooled:
-        spool.done(spooled)
+        spool.done(spooled.path)
     note = f"job {job_id} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
     if outcome.stale:
         note += " (stale report, recorded only)"
     return HookResponse(log=[*log, note], stale=outcome.stale)
 
 
+def store_identity(url: str) -> str:
+    """A fingerprint of the database a report belongs to (not the URL: it may hold a password)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
 def send_record(record: Mapping[str, Any]) -> Outcome:
     """Apply one report (fresh or spooled) to the job store of its keyword."""
     settings = config.load_settings(record["keyword"])
+    if record.get("store") != store_identity(settings.database_url):
+        raise spool.NotMine(record["job_id"])
     event = Event(record["event"])
     if event in (Event.REJECT, Event.CLAIM_EVICTED):
         lease = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import stat
 import time
@@ -24,10 +25,16 @@ from typing import Any
 
 SUFFIX = ".report"
 DIR_MODE = 0o1733
+# A report taken by a process (a replayer, or the hook that wrote it and is sending it now).
+_TAKEN = re.compile(r"^\.(.+\.report)\.(\d+)\.taking$")
 
 
 class SpoolError(OSError):
     """The spool directory cannot be used safely."""
+
+
+class NotMine(Exception):
+    """Raised by a sender for a report that belongs to another job store: leave it, go on."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,20 @@ def put(directory: Path, record: dict[str, Any]) -> Path:
     return final
 
 
+def hold(directory: Path, record: dict[str, Any]) -> Spooled:
+    """Write `record` durably, held by this process while it sends the report itself: replayers
+    leave it alone until it is `release`d (sending failed) or its writer dies (killed)."""
+    path = put(directory, record)
+    taken = path.with_name(f".{path.name}.{os.getpid()}.taking")
+    os.rename(path, taken)
+    return Spooled(taken, path, record)
+
+
+def release(item: Spooled) -> None:
+    """Sending failed: leave the report in the spool for the next replay."""
+    _put_back(item)
+
+
 def done(path: Path) -> None:
     """The database has the report: forget it."""
     try:
@@ -85,17 +106,27 @@ def pending(directory: Path) -> Iterator[Spooled]:
     """The reports this account may replay, oldest first; each is taken (renamed) before use,
     so two replayers never send the same file."""
     try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
+        listing = os.listdir(directory)
     except OSError:
         return
+    # (original name, current name): waiting reports, and reports taken by a process that died
+    # (a hook killed while sending or replaying) which would otherwise never be sent.
+    entries = []
+    for n in listing:
+        if n.endswith(SUFFIX) and not n.startswith("."):
+            entries.append((n, n))
+            continue
+        m = _TAKEN.match(n)
+        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
+            entries.append((m.group(1), n))
     me = os.geteuid()
-    for name in names:
+    for name, current in sorted(entries):
         path = directory / name
         try:
-            if me != 0 and path.lstat().st_uid != me:
+            if me != 0 and (directory / current).lstat().st_uid != me:
                 continue
             taken = path.with_name(f".{name}.{os.getpid()}.taking")
-            os.rename(path, taken)
+            os.rename(directory / current, taken)
         except OSError:
             continue
         try:
@@ -122,6 +153,10 @@ def replay(
             break
         try:
             send(item.record)
+        except NotMine:
+            _put_back(item)
+            left += 1
+            continue
         except Exception:
             _put_back(item)
             left += 1
@@ -129,6 +164,16 @@ def replay(
         done(item.path)
         sent += 1
     return sent, left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another account's process
+    return True
 
 
 def _put_back(item: Spooled) -> None:

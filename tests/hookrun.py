@@ -66,6 +66,7 @@ def hook_env(db_url: str, condor_config: Path, **extra: str) -> dict[str, str]:
         "CONDOR_CONFIG": str(condor_config),
         "JOBSTORE_DATABASE_URL": db_url,
         "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
+        "JOBSTORE_SPOOL": str(condor_config.parent / "spool"),
     }
     env.update(extra)
     return env
