@@ -43,12 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobstore.emulator.spawn import OUTPUT_HOOKS, hook_preexec
+from jobstore.hooktemplates import CONDOR_HOOK_NAMES
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 DEFAULT_TRANSCRIPT = REPO.parent / "shared" / "htcondor-transcripts" / "01-normal-job"
 KEYWORD = "TEST"  # the keyword of the recording node; the recorded ads say HookKeyword = "TEST"
 OWNER = "alice"  # the recorded job owner (uid 1001 on the recording node)
-CLOSED_OUTPUT = {"reply_fetch", "evict_claim", "update_job_info"}
+CLOSED_OUTPUT = {ours for ours, condor in CONDOR_HOOK_NAMES.items() if condor not in OUTPUT_HOOKS}
 IDENTITY = (b"JobstoreAttempt", b"JobstoreJobId", b"JobstoreToken")
 # (label, executable, transcript file, argv); the order of one job's life
 LIFE = (
@@ -270,17 +273,6 @@ def insert_identity(stdin: bytes, identity: list[bytes], *, reply_fetch: bool) -
     return b"\n".join(lines)
 
 
-def _preexec(close_output: bool):  # type: ignore[no-untyped-def]
-    def preexec() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        if close_output:
-            os.close(1)
-            os.close(2)
-
-    return preexec
-
-
 def spawn(
     argv: list[str], stdin: bytes, env: dict[str, str], close_output: bool
 ) -> tuple[float, float, subprocess.CompletedProcess]:
@@ -294,7 +286,7 @@ def spawn(
         env=env,
         cwd="/tmp",
         timeout=60,
-        preexec_fn=_preexec(close_output),
+        preexec_fn=hook_preexec(close_output),
     )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -84,24 +84,17 @@ def store_for(settings: config.Settings) -> JobStore:
 
 
 def handle(request: HookRequest) -> HookResponse:
-    """Run one hook. Never raises: failures come back as `error` with empty stdout."""
+    """Run one hook. Never raises: failures come back as `error` with empty stdout and exit 0
+    (only PREPARE_JOB's status matters to HTCondor, and a failed report must not stop a job)."""
     handler = _HANDLERS.get(request.hook)
     if handler is None:
         return HookResponse(error=f"unknown hook {request.hook!r}")
     try:
         return handler(request)
     except (HookError, AdError, DatabaseError, config.ConfigError) as exc:
-        return HookResponse(error=f"{request.hook}: {exc}", exit_code=_failure_code(request))
+        return HookResponse(error=f"{request.hook}: {exc}")
     except Exception as exc:  # a bug: report one line, never a traceback on the hook's stderr
-        return HookResponse(
-            error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}",
-            exit_code=_failure_code(request),
-        )
-
-
-def _failure_code(request: HookRequest) -> int:
-    # Only PREPARE_JOB's exit status matters to HTCondor; a failed report must not stop the job.
-    return 0
+        return HookResponse(error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}")
 
 
 # ---- FETCH_WORK -----------------------------------------------------------------------------

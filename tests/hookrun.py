@@ -3,17 +3,16 @@ signals blocked, and for REPLY_FETCH, EVICT_CLAIM and UPDATE_JOB_INFO fds 1 and 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobstore.emulator.spawn import OUTPUT_HOOKS, hook_preexec
 from jobstore.hooktemplates import CONDOR_HOOK_NAMES
 
 # HTCondor hook name -> our executable name.
 BY_CONDOR_NAME = {v: k for k, v in CONDOR_HOOK_NAMES.items()}
-CLOSED_OUTPUT = {"reply_fetch", "evict_claim", "update_job_info"}
+CLOSED_OUTPUT = {ours for ours, condor in CONDOR_HOOK_NAMES.items() if condor not in OUTPUT_HOOKS}
 
 
 @dataclass
@@ -21,17 +20,6 @@ class HookResult:
     stdout: bytes
     stderr: bytes
     returncode: int
-
-
-def _blocked_signals(close_output: bool):  # type: ignore[no-untyped-def]
-    def preexec() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        if close_output:
-            os.close(1)
-            os.close(2)
-
-    return preexec
 
 
 def run_hook(
@@ -53,7 +41,7 @@ def run_hook(
         env=env,
         cwd=cwd,
         timeout=timeout,
-        preexec_fn=_blocked_signals(close_output),
+        preexec_fn=hook_preexec(close_output),
     )
     return HookResult(proc.stdout or b"", proc.stderr or b"", proc.returncode)
 

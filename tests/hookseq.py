@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hookrun import CLOSED_OUTPUT, _blocked_signals
+from hookrun import CLOSED_OUTPUT, hook_preexec
 
 from jobstore import classads
 from jobstore.store import JobStore, NewJob
@@ -71,7 +71,7 @@ def run_hook_killable(hook_dir: Path, name: str, stdin: bytes, *, argv: list[str
     start = time.monotonic()
     proc = subprocess.Popen([str(hook_dir / name), *(argv or [])], stdin=subprocess.PIPE,
                             stdout=pipe, stderr=pipe, env=env,
-                            preexec_fn=_blocked_signals(close_output))
+                            preexec_fn=hook_preexec(close_output))
     killed = False
     try:
         if kill_after is None:

@@ -112,9 +112,13 @@ def kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _hook_preexec(close_std: bool) -> Callable[[], None]:
+def hook_preexec(close_std: bool) -> Callable[[], None]:
+    """How DaemonCore starts a hook: every signal blocked, SIGPIPE ignored, and for the hooks
+    without captured output (REPLY_FETCH, EVICT_CLAIM, UPDATE_JOB_INFO) fds 1 and 2 closed."""
+
     def prepare() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         if close_std:
             os.close(1)
             os.close(2)
@@ -176,7 +180,7 @@ def run_hook(
             env=call.env,
             start_new_session=True,
             restore_signals=False,  # keeps SIGPIPE and SIGXFSZ ignored, as Python has them
-            preexec_fn=_hook_preexec(close_std=not capture),
+            preexec_fn=hook_preexec(close_std=not capture),
             close_fds=True,
             **creds,  # type: ignore[arg-type]
         )
