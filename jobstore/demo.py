@@ -68,7 +68,7 @@ def demo_owner(requested: str | None) -> str:
 
 
 def _run_emulator(
-    hook_dir: Path,
+    hooks: dict[str, str],
     work: Path,
     db_url: str,
     condor_config: Path,
@@ -82,7 +82,6 @@ def _run_emulator(
     until_done: bool,
 ):  # type: ignore[no-untyped-def]
     from .emulator import Emulator, EmulatorConfig
-    from .hooktemplates import CONDOR_HOOK_NAMES
     from .store import JobStore
 
     env = {
@@ -92,7 +91,7 @@ def _run_emulator(
         "JOBSTORE_DATABASE_URL": db_url,
     }
     cfg = EmulatorConfig(
-        hooks={condor: str(hook_dir / ours) for ours, condor in CONDOR_HOOK_NAMES.items()},
+        hooks=hooks,
         work_dir=str(work),
         keyword=KEYWORD,
         static_slots=slots,
@@ -155,7 +154,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     submit_file = base / "submit" / "demo.sub"
     submit_file.write_text(DEMO_SUBMIT)
     hook_dir = base / "hooks"
-    install_hooks(hook_dir, sys.executable)
+    hooks = install_hooks(hook_dir, sys.executable)
     upgrade(db_url)
     as_root = os.geteuid() == 0
     if as_root:
@@ -177,7 +176,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     )
     started = time.monotonic()
     report, store = _run_emulator(
-        hook_dir,
+        hooks,
         base / "node",
         db_url,
         condor_config,
@@ -230,11 +229,10 @@ def emulate(
     work = Path(tempfile.mkdtemp(prefix="jobstore-node-"))
     os.chmod(work, 0o755)
     try:
-        hook_dir = work / "hooks"
-        install_hooks(hook_dir, sys.executable)
+        hooks = install_hooks(work / "hooks", sys.executable)
         condor_config = write_node_config(work, db_url)
         report, store = _run_emulator(
-            hook_dir,
+            hooks,
             work / "node",
             db_url,
             condor_config,

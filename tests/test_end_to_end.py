@@ -16,7 +16,7 @@ from jobstore import config
 from jobstore.db import upgrade
 from jobstore.demo import write_node_config
 from jobstore.emulator import Emulator, EmulatorConfig
-from jobstore.hooktemplates import CONDOR_HOOK_NAMES, install_hooks
+from jobstore.hooktemplates import install_hooks
 from jobstore.store import JobStore
 from jobstore.submission import submit_path
 
@@ -33,11 +33,10 @@ def _ensure_account(name: str) -> pwd.struct_passwd:
 
 
 def _node(tmp: Path, db_url: str, **overrides) -> tuple[EmulatorConfig, Path]:  # type: ignore[no-untyped-def]
-    hook_dir = tmp / "hooks"
-    install_hooks(hook_dir, sys.executable)
+    hooks = install_hooks(tmp / "hooks", sys.executable)
     condor_config = write_node_config(tmp, db_url)
     cfg = EmulatorConfig(
-        hooks={condor: str(hook_dir / ours) for ours, condor in CONDOR_HOOK_NAMES.items()},
+        hooks=hooks,
         work_dir=str(tmp / "node"),
         keyword="JOBSTORE",
         static_slots=4,
