@@ -359,7 +359,7 @@ def _report(
         spooled = None
         log.append(f"spool unusable, reporting directly: {exc}")
     try:
-        outcome = send_record(record)
+        outcome = send_record(record, settings)
     except UnknownJob:
         if spooled:
             spool.done(spooled.path)
@@ -389,9 +389,11 @@ def store_identity(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def send_record(record: Mapping[str, Any]) -> Outcome:
-    """Apply one report (fresh or spooled) to the job store of its keyword."""
-    settings = config.load_settings(record["keyword"])
+def send_record(record: Mapping[str, Any], settings: config.Settings | None = None) -> Outcome:
+    """Apply one report (fresh or spooled) to the job store of its keyword; `settings` are that
+    keyword's, when the caller has them already."""
+    if settings is None or settings.keyword != record["keyword"]:
+        settings = config.load_settings(record["keyword"])
     if record.get("store") != store_identity(settings.database_url):
         raise spool.NotMine(record["job_id"])
     event = Event(record["event"])
