@@ -27,6 +27,8 @@ SUFFIX = ".report"
 DIR_MODE = 0o1733
 # A report taken by a process (a replayer, or the hook that wrote it and is sending it now).
 _TAKEN = re.compile(r"^\.(.+\.report)\.(\d+)\.taking$")
+# A report being written by `put` (name: time-pid-random), not yet renamed into place.
+_WRITING = re.compile(r"^\.(\d+-(\d+)-[0-9a-f]+)\.tmp$")
 
 
 class SpoolError(OSError):
@@ -119,6 +121,12 @@ def pending(directory: Path) -> Iterator[Spooled]:
         m = _TAKEN.match(n)
         if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
             entries.append((m.group(1), n))
+            continue
+        m = _WRITING.match(n)
+        if m and int(m.group(2)) != os.getpid() and not _alive(int(m.group(2))):
+            recovered = _finish_write(directory, n, m.group(1) + SUFFIX)
+            if recovered:
+                entries.append((recovered, recovered))
     me = os.geteuid()
     for name, current in sorted(entries):
         path = directory / name
@@ -174,6 +182,27 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another account's process
     return True
+
+
+def _finish_write(directory: Path, tmp_name: str, final_name: str) -> str | None:
+    """A writer killed before its rename: keep a complete report, drop a half-written one
+    (its hook died before it could send anything)."""
+    tmp = directory / tmp_name
+    try:
+        if os.geteuid() != 0 and tmp.lstat().st_uid != os.geteuid():
+            return None
+        json.loads(tmp.read_bytes())
+    except (OSError, ValueError):
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return None
+    try:
+        os.rename(tmp, directory / final_name)
+    except OSError:
+        return None
+    return final_name
 
 
 def _put_back(item: Spooled) -> None:

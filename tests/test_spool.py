@@ -1,0 +1,56 @@
+"""The local report spool: what a killed hook leaves behind is sent once or cleaned up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from jobstore import spool
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_writer_killed_before_rename(tmp_path: Path) -> None:
+    """A complete report whose writer died before its rename is sent; a half-written one is
+    dropped; one still being written by a live process is left alone."""
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    dead = _dead_pid()
+    (d / f".00000000000000000001-{dead}-abcd.tmp").write_text(json.dumps({"n": 1}))
+    (d / f".00000000000000000002-{dead}-beef.tmp").write_text('{"n": ')
+    live = d / f".00000000000000000003-{os.getppid()}-cafe.tmp"
+    live.write_text("{}")
+    sent: list[dict] = []
+    assert spool.replay(d, sent.append) == (1, 0)
+    assert sent == [{"n": 1}]
+    assert os.listdir(d) == [live.name]
+
+
+def test_taker_killed_while_sending(tmp_path: Path) -> None:
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    path = spool.put(d, {"n": 2})
+    os.rename(path, d / f".{path.name}.{_dead_pid()}.taking")
+    sent: list[dict] = []
+    assert spool.replay(d, sent.append) == (1, 0)
+    assert sent == [{"n": 2}] and os.listdir(d) == []
+
+
+def test_failed_send_keeps_order(tmp_path: Path) -> None:
+    d = tmp_path / "spool"
+    first, second = spool.put(d, {"n": 1}), spool.put(d, {"n": 2})
+
+    def down(_record: dict) -> None:
+        raise ConnectionError("database away")
+
+    assert spool.replay(d, down) == (0, 1)
+    assert sorted(os.listdir(d)) == sorted([first.name, second.name])
+    sent: list[dict] = []
+    assert spool.replay(d, sent.append) == (2, 0)
+    assert sent == [{"n": 1}, {"n": 2}]
