@@ -63,6 +63,11 @@ LIFE = (
     ("job_exit exit", "job_exit", "08-JOB_EXIT", ["exit"]),
 )
 EMPTY_FETCH = "fetch_job (no work)"
+TP_CLAIMERS = (1, 8, 32)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
 
 
 # ---- small helpers -----------------------------------------------------------------------------
@@ -170,6 +175,7 @@ class Env:
     pg_name: str | None = None
     sqlite_url: str | None = None
     workers: list[Any] = field(default_factory=list)
+    agents: list[Any] = field(default_factory=list)
 
 
 def make_env(admin_url: str) -> Env:
@@ -214,6 +220,9 @@ def create_sqlite(env: Env) -> None:
 
 
 def cleanup(env: Env) -> None:
+    for proc in list(env.agents):
+        with suppress(Exception):
+            stop_agent(env, proc)
     for p in env.workers:
         with suppress(Exception):
             if p.is_alive():
@@ -294,8 +303,65 @@ def spawn(
     return wall, cpu, proc
 
 
+# how the hooks reach the database in this part of the run: JOBSTORE_HOOK_MODE=direct, or
+# JOBSTORE_AGENT_SOCKET of the agent started by the bench
+HOOK_MODE_ENV: dict[str, str] = {}
+JOBSTORE_EXE = Path(sys.executable).with_name("jobstore")
+
+
+def agent_missing() -> str | None:
+    """None when `jobstore agent` exists, else why agent mode is not measured."""
+    try:
+        r = subprocess.run([str(JOBSTORE_EXE), "agent", "--help"], capture_output=True,
+                           timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"jobstore agent --help failed: {exc}"
+    return None if r.returncode == 0 else "`jobstore agent --help` fails: no agent in this tree"
+
+
+def start_agent(env: Env, db_url: str) -> subprocess.Popen:
+    """`jobstore agent --socket S` in the foreground, as a subprocess; waits for its socket."""
+    sock = env.tmp / "agent.sock"
+    log = open(env.tmp / "agent.log", "ab")  # noqa: SIM115 - lives as long as the agent
+    proc = subprocess.Popen(
+        [str(JOBSTORE_EXE), "agent", "--socket", str(sock), "--foreground"],
+        env={**hook_env(env, db_url, {}), "JOBSTORE_AGENT_SOCKET": str(sock)},
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/tmp",
+    )
+    env.agents.append(proc)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = (env.tmp / "agent.log").read_text(errors="replace")[-300:]
+            raise RuntimeError(f"the agent did not start (exit {proc.poll()}): {tail}")
+        time.sleep(0.05)
+    HOOK_MODE_ENV.clear()
+    HOOK_MODE_ENV["JOBSTORE_AGENT_SOCKET"] = str(sock)
+    return proc
+
+
+def stop_agent(env: Env, proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    with suppress(ValueError):
+        env.agents.remove(proc)
+    HOOK_MODE_ENV.clear()
+    HOOK_MODE_ENV["JOBSTORE_HOOK_MODE"] = "direct"
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def hook_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
     return {
+        **HOOK_MODE_ENV,
         "PATH": "/usr/bin:/bin",
         "HOME": "/root",
         "CONDOR_CONFIG": str(env.condor_config),
@@ -352,12 +418,16 @@ def run_empty_fetch(env: Env, db_url: str, calls: dict[str, Call]) -> tuple[floa
 
 
 def section_hooks(
-    env: Env, backends: list[tuple[str, str]], runs: int, calls, budget: float
+    env: Env, backends: list[tuple[str, str]], runs: int, calls, budget: float,
+    mode: str = "direct", agent_pid: int | None = None,
 ) -> dict:
     from jobstore.store import JobStore
 
-    say("== 1. Hook cost: one process per call, as HTCondor runs it "
-        f"(median of {runs}; baseline `{Path(sys.executable).name} -c pass`, spawned the same way)")
+    say(f"== 1{'ab'[mode != 'direct']}. Hook cost, {mode} mode ("
+        + ("JOBSTORE_HOOK_MODE=direct" if mode == "direct" else
+           "`jobstore agent` subprocess, hooks get JOBSTORE_AGENT_SOCKET")
+        + f"): one process per call, as HTCondor runs it (median of {runs}; baseline"
+        f" `{Path(sys.executable).name} -c pass`, spawned the same way)")
     results: dict[str, dict] = {}
     for name, url in backends:
         store = JobStore.from_url(url)
@@ -365,6 +435,7 @@ def section_hooks(
         base_open: list[tuple[float, float]] = []
         base_closed: list[tuple[float, float]] = []
         imports: list[tuple[float, float]] = []
+        agent_cpu: list[float] = []
         pass_env = hook_env(env, url, {})
         driver = "psycopg" if name == "postgresql" else "sqlite3"
         import_only = f"import jobstore.hookmain, jobstore.handlers, htcondor2, {driver}"
@@ -380,7 +451,10 @@ def section_hooks(
                 bucket.append((w, c))
             w, c, _ = spawn([sys.executable, "-c", import_only], b"", pass_env, False)
             imports.append((w, c))
+            a0 = proc_cpu(agent_pid) if agent_pid else 0.0
             run_life(env, url, store, calls, samples)
+            if agent_pid:
+                agent_cpu.append(proc_cpu(agent_pid) - a0)
             samples.setdefault(EMPTY_FETCH, []).append(run_empty_fetch(env, url, calls))
             for closed, bucket in ((False, base_open), (True, base_closed)):
                 w, c, _ = spawn([sys.executable, "-c", "pass"], b"", pass_env, closed)
@@ -407,10 +481,14 @@ def section_hooks(
         life_wall = sum(per[label][0] for label, *_ in LIFE)
         rows.append(["whole job life (6 calls)", ms(life_wall), ms(life_cpu),
                      f"{life_wall / bo[0]:.1f}", f"{life_cpu / bo[1]:.1f}"])
-        say(f"-- {name}")
+        say(f"-- {name}, {mode} mode")
+        if agent_pid:
+            say(f"   the agent process itself used {ms(statistics.mean(agent_cpu))} ms CPU per"
+                " job life (mean; the work moved there from the hooks)")
         say(table(["hook", "wall ms", "CPU ms", "x base wall", "x base CPU"], rows))
-        results[name] = {"per": per, "base": bo, "imports": im, "life_cpu": life_cpu,
-                         "life_wall": life_wall}
+        results[f"{name} {mode}"] = {
+            "per": per, "base": bo, "imports": im, "life_cpu": life_cpu, "life_wall": life_wall,
+            "agent_cpu": statistics.mean(agent_cpu) if agent_cpu else None}
     say("   (whole job life = fetch with work + reply accept + 2 updates + prepare + job_exit;"
         " ratios against the fds-open baseline)")
     return results
@@ -419,28 +497,52 @@ def section_hooks(
 # ---- section 2: claim throughput -------------------------------------------------------------
 
 
-BARE_CLAIM = (
-    "SELECT * FROM jobs WHERE status = 'idle' AND queue = %s AND request_cpus <= %s"
-    " AND request_memory <= %s AND request_disk <= %s"
-    " ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED"
-)
-BARE_FETCH = (
-    "UPDATE jobs SET status = 'fetched', token = %s, claims = claims + 1,"
-    " lease_expires_at = %s, slot = %s, host = %s, keyword = %s, fetched_at = %s,"
-    " job_pid = NULL, reason = NULL, updated_at = %s WHERE id = %s"
-)
-BARE_DONE = (
-    "UPDATE jobs SET status = 'completed', token = NULL, lease_expires_at = NULL,"
-    " finished_at = %s, updated_at = %s WHERE id = %s AND token = %s AND status = 'fetched'"
-)
-BARE_EVENT = (
-    "INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-)
+def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
+    """The statements one claim + EXIT issues through the pooled JobStore, with their
+    parameters, split into transactions (each starts with SET LOCAL statement_timeout)."""
+    import sqlalchemy as sa
+
+    from jobstore.db import make_engine
+    from jobstore.states import Event
+    from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+
+    store = JobStore(make_engine(url, pool=True))
+    seen: list[tuple[str, dict]] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda _c, _cur, stmt, params, *_a: seen.append((stmt, dict(params or {}))))
+    req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                       slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
+    job = store.claim(req, lambda _row: Verdict(take=True))
+    store.report(job["id"], Event.EXIT, token=job["token"], attempt=job["claims"])
+    store.engine.dispose()
+    txs: list[list[tuple[str, dict]]] = []
+    for stmt, params in seen:
+        if stmt.startswith("SET LOCAL") or not txs:
+            txs.append([])
+        txs[-1].append((stmt, params))
+    return txs
+
+
+def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str) -> dict:
+    """A captured parameter set for another job, slot and time (by parameter name)."""
+    out = {}
+    for k, v in tpl.items():
+        if k in ("id_1", "job_id") and job_id is not None:
+            v = job_id
+        elif k == "p" and job_id is not None:
+            v = str(job_id)
+        elif k == "token" and v is not None:
+            v = token
+        elif k == "slot" and v is not None:
+            v = slot
+        elif isinstance(v, float):
+            v = now + 600 if k == "lease_expires_at" else now
+        out[k] = v
+    return out
 
 
 def tp_worker(  # type: ignore[no-untyped-def]
-    mode: str, url: str, queue: str, slot: str, seconds: float, barrier, results
+    mode: str, url: str, queue: str, slot: str, seconds: float, barrier, results, cycle
 ):
     """One claiming process: claim + complete until `seconds` have passed or the queue is empty."""
     count, t0, t1, err = 0, 0.0, 0.0, None
@@ -462,25 +564,27 @@ def tp_worker(  # type: ignore[no-untyped-def]
         t0 = time.monotonic()
         stop = t0 + seconds
         while time.monotonic() < stop:
-            if mode == "bare":
-                now = time.time()
-                row = conn.execute(BARE_CLAIM, (queue, 1, 1024, 1 << 20)).fetchone()
-                if row is None:
-                    conn.rollback()
+            if mode == "bare":  # the package's own statements, replayed
+                job_id, token, now = None, secrets.token_hex(16), time.time()
+                for tx in cycle:
+                    for stmt, tpl in tx:
+                        params = fill(tpl, job_id, token, now, slot)
+                        if "queue" in params:
+                            params["queue"] = queue
+                        cur = conn.execute(stmt, params)
+                        if stmt.startswith("WITH cand"):
+                            row = cur.fetchone()
+                            if row is None:
+                                break
+                            job_id = row[0]
+                        elif stmt.startswith("UPDATE") and cur.rowcount != 1:
+                            raise RuntimeError(f"job {job_id}: {cur.rowcount} rows updated")
+                    conn.commit()
+                    if job_id is None:
+                        break
+                    now = time.time()
+                if job_id is None:
                     break
-                job_id, token = row[0], secrets.token_hex(16)
-                conn.execute(BARE_FETCH, (token, now + 600, slot, "node", KEYWORD, now, now,
-                                          job_id))
-                conn.execute(BARE_EVENT, (job_id, now, "fetch", "idle", "fetched", 1, slot,
-                                          "node"))
-                conn.commit()
-                now = time.time()
-                cur = conn.execute(BARE_DONE, (now, now, job_id, token))
-                if cur.rowcount != 1:
-                    raise RuntimeError(f"job {job_id}: completion updated {cur.rowcount} rows")
-                conn.execute(BARE_EVENT, (job_id, now, "exit", "fetched", "completed", 1, slot,
-                                          "node"))
-                conn.commit()
             else:
                 job = store.claim(req, lambda _row: take)
                 if job is None:
@@ -509,9 +613,7 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
     say("")
     say(f"== 2. Claim throughput on PostgreSQL: claim + EXIT per second, {seconds:g} s per cell")
     ctx = mp.get_context("fork")
-    modes = [("store", "JobStore, hook engine (NullPool)"),
-             ("pooled", "JobStore, pooled engine"),
-             ("bare", "bare psycopg, persistent conn")]
+    modes = [("pooled", "JobStore, pooled engine"), ("bare", "bare psycopg, persistent conn")]
     rates: dict[tuple[str, int], float] = {}
     errors: list[str] = []
     exhausted: list[str] = []
@@ -520,7 +622,9 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
             s: admin.execute(f"SHOW {s}").fetchone()[0]
             for s in ("synchronous_commit", "fsync", "full_page_writes", "wal_sync_method")
         }
-        for n in (1, 8, 16, 32):
+        populate(admin, "tp_capture", 1, ad)
+        cycle = capture_cycle(env.pg_url, "tp_capture")
+        for n in TP_CLAIMERS:
             for mode, _ in modes:
                 queue = f"tp_{mode}_{n}"
                 populate(admin, queue, jobs_per_run, ad)
@@ -530,7 +634,7 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
                 procs = [
                     ctx.Process(target=tp_worker,
                                 args=(mode, env.pg_url, queue, f"slot{i}@node", seconds,
-                                      barrier, results), daemon=True)
+                                      barrier, results, cycle), daemon=True)
                     for i in range(n)
                 ]
                 env.workers = procs
@@ -551,25 +655,25 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
                 if total >= jobs_per_run:
                     exhausted.append(f"{mode} x{n}")
     rows = []
-    for n in (1, 8, 16, 32):
+    for n in TP_CLAIMERS:
         bare = rates[("bare", n)]
-        rows.append([
-            str(n),
-            f"{rates[('store', n)]:.0f}", f"{rates[('pooled', n)]:.0f}", f"{bare:.0f}",
-            f"{rates[('store', n)] / bare:.2f}" if bare else "-",
-            f"{rates[('pooled', n)] / bare:.2f}" if bare else "-",
-        ])
-    say(table(["procs", "store/s", "pooled/s", "bare/s", "store/bare", "pooled/bare"], rows))
-    say("   store = JobStore as the hooks use it (one connection per transaction, SET LOCAL"
-        " statement_timeout, batch-16 SKIP LOCKED scan); pooled = same API, pooled engine;")
-    say("   bare = LIMIT 1 FOR UPDATE SKIP LOCKED; UPDATE; INSERT event; COMMIT; UPDATE to"
-        " completed; INSERT event; COMMIT. Judge: take every job (no ClassAd matching).")
+        r = rates[("pooled", n)] / bare if bare else 0.0
+        rows.append([str(n), f"{rates[('pooled', n)]:.0f}", f"{bare:.0f}", f"{r:.2f}",
+                     verdict(r >= 0.9)])
+    say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90"], rows))
+    nstmt = sum(len(tx) for tx in cycle)
+    say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job) +"
+        f" report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
+        " transactions, text captured from the package in this run, replayed by a psycopg loop"
+        " on one persistent connection per claimer:")
+    for tx in cycle:
+        say("     tx: " + "; ".join(" ".join(st.split())[:60] for st, _ in tx) + "; COMMIT")
     say("   durability: " + ", ".join(f"{k}={v}" for k, v in durability.items()))
     if exhausted:
         say("   queue ran dry (rate measured up to that point): " + ", ".join(exhausted))
     for e in errors:
         say(f"   ERROR {e}")
-    return {"rates": rates, "durability": durability, "errors": errors}
+    return {"rates": rates, "durability": durability, "errors": errors, "cycle": cycle}
 
 
 # ---- section 3: fetch latency ----------------------------------------------------------------
@@ -736,6 +840,58 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
     return res
 
 
+# ---- section 5: emulated node ----------------------------------------------------------------
+
+
+def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
+    """`jobs` jobs of `sleep 0.1` through jobstore.emulator with 8 static slots: (jobs finished
+    per s, finished, max and median connections to the bench database held meanwhile)."""
+    import psycopg
+
+    from jobstore.emulator import Emulator, EmulatorConfig
+    from jobstore.hooktemplates import CONDOR_HOOK_NAMES
+    from jobstore.store import JobStore
+    from jobstore.submission import specs_to_new_jobs
+    from jobstore.submit import JobSpec
+
+    store = JobStore.from_url(env.pg_url)
+    spec = JobSpec(cmd="/bin/sleep", args="0.1", iwd="/tmp", request_memory=64, request_disk=1024)
+    queue = "default"  # the agent reads its own configuration: keep the default queue
+    new = specs_to_new_jobs([spec] * jobs)
+    for i, nj in enumerate(new):
+        nj.proc_id = i
+    store.submit(new, owner=OWNER, queue=queue, max_attempts=3)
+    store.engine.dispose()
+    hooks = {condor: str(env.hooks / ours) for ours, condor in CONDOR_HOOK_NAMES.items()}
+    cfg = EmulatorConfig(
+        hooks=hooks, work_dir=str(env.tmp / f"node-{mode}"), keyword=KEYWORD, static_slots=8,
+        cpus=8, memory=8192, initial_update_interval=1.0, update_interval=5.0,
+        fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
+        env=hook_env(env, env.pg_url, {}),
+    )
+    counts: list[int] = []
+    with psycopg.connect(libpq(env.pg_url), autocommit=True) as mon:
+
+        def done() -> bool:
+            n = mon.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND pid <> pg_backend_pid()").fetchone()[0]
+            counts.append(int(n))
+            left = mon.execute("SELECT count(*) FROM jobs WHERE queue = %s AND status NOT IN"
+                               " ('completed', 'failed', 'held', 'removed')",
+                               (queue,)).fetchone()[0]
+            return left == 0
+
+        completed = ("SELECT count(*) FROM jobs WHERE queue = %s AND status = 'completed'"
+                     " AND cmd = '/bin/sleep' AND ad::text LIKE '%%0.1%%'")
+        before = mon.execute(completed, (queue,)).fetchone()[0]  # earlier runs' jobs
+        t0 = time.monotonic()
+        Emulator(cfg).run(until=done, timeout=150, wait_for_jobs=True)
+        span = time.monotonic() - t0
+        finished = mon.execute(completed, (queue,)).fetchone()[0] - before
+    counts = counts[len(counts) // 5:] or [0]  # steady state: skip the start
+    return finished / span, finished, max(counts), int(statistics.median(counts))
+
+
 # ---- main ------------------------------------------------------------------------------------
 
 
@@ -754,7 +910,7 @@ def main() -> int:
     tp_jobs = 20_000 if quick else 60_000
     big = 100_000 if quick else 1_000_000
     lat_samples = 300 if quick else 1000
-    conn_jobs = 3 if quick else 5
+    conn_jobs = 2 if quick else 5
     # soft time budgets (s): on a loaded machine fewer samples are taken, never fewer than a floor
     hooks_budget = 80 if quick else 240
     lat_budget = 30 if quick else 90
@@ -789,7 +945,28 @@ def main() -> int:
             f"{safe_url(env.pg_url)}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
             f"ratios against baselines measured in this run")
         say("")
+        HOOK_MODE_ENV["JOBSTORE_HOOK_MODE"] = "direct"
         hooks = section_hooks(env, backends, runs, calls, hooks_budget)
+        missing = agent_missing()
+        emu: dict[str, tuple[float, int, int, int]] = {}
+        emu_jobs = 80 if quick else 300
+        if missing:
+            say(f"== 1b. Hook cost, agent mode: not available ({missing})")
+        else:
+            agent = start_agent(env, env.pg_url)
+            hooks.update(section_hooks(env, backends[:1], runs, calls, hooks_budget / 2,
+                                       mode="agent", agent_pid=agent.pid))
+            progress("emulator, agent mode")
+            emu["agent"] = emulate_rate(env, emu_jobs, "agent")
+            stop_agent(env, agent)
+        progress("emulator, direct mode")
+        emu["direct"] = emulate_rate(env, emu_jobs, "direct")
+        say("")
+        say(f"== 5. Emulated node: 8 static slots, {emu_jobs} jobs of `sleep 0.1`, PostgreSQL")
+        say(table(["hooks", "jobs/s", "finished", "db conns max", "db conns median"],
+                  [[m, f"{r[0]:.2f}", str(r[1]), str(r[2]), str(r[3])] for m, r in emu.items()]))
+        say("   db conns = pg_stat_activity rows of the bench database while the node runs"
+            " (the monitor excluded)")
         tp = section_throughput(env, tp_seconds, tp_jobs, job_ad_json())
         lat = section_latency(env, big, lat_samples, job_ad_json(), lat_budget)
         conns = section_connections(env, backends, calls, conn_jobs)
@@ -803,40 +980,42 @@ def main() -> int:
             say(f"hook log: {len(log_errors)} error line(s), first: {log_errors[0]}")
 
         say("")
-        say("SUMMARY:")
+        say("SUMMARY (targets of issue 5, ratios from this run):")
+        rows = []
         for name, r in hooks.items():
             per = r["per"]
-            worst = max(per, key=lambda k: per[k][3])
-            mean_cpu = statistics.mean(p[1] for p in per.values())
-            say(f"  hooks/{name}: one job's life (6 calls) costs {ms(r['life_cpu'])} ms CPU, "
-                f"{ms(r['life_wall'])} ms wall ({r['life_cpu'] / r['base'][1]:.0f}x the CPU of"
-                f" `python -c pass`); per call {min(p[3] for p in per.values()):.1f}-"
-                f"{max(p[3] for p in per.values()):.1f}x the baseline CPU (worst: {worst});"
-                f" empty fetch {ms(per[EMPTY_FETCH][0])} ms wall, {ms(per[EMPTY_FETCH][1])} ms"
-                f" CPU ({per[EMPTY_FETCH][3]:.1f}x); importing jobstore.handlers + htcondor2"
-                f" + the driver alone is {100 * r['imports'][1] / mean_cpu:.0f}% of a call's CPU")
+            rows.append([f"{name}: empty fetch CPU x python -c pass",
+                         f"{per[EMPTY_FETCH][3]:.2f}", "<= 2.5",
+                         verdict(per[EMPTY_FETCH][3] <= 2.5)])
+            worst = max((k for k in per if k != EMPTY_FETCH), key=lambda k: per[k][3])
+            rows.append([f"{name}: worst other hook CPU x ({worst})", f"{per[worst][3]:.2f}",
+                         "<= 3", verdict(per[worst][3] <= 3)])
+            rows.append([f"{name}: one job's life, CPU in hook processes (ms)",
+                         ms(r["life_cpu"]), "<= 100", verdict(r["life_cpu"] <= 0.1)])
+            if r.get("agent_cpu") is not None:
+                rows.append([f"{name}: agent process CPU per job life (ms)",
+                             ms(r["agent_cpu"]), "-", "info"])
         rates = tp["rates"]
-        say("  claim throughput (claim+EXIT/s, JobStore hook engine vs bare psycopg): "
-            + ", ".join(f"{n} procs {rates[('store', n)]:.0f} vs {rates[('bare', n)]:.0f}"
-                        f" ({rates[('store', n)] / rates[('bare', n)]:.2f}x)"
-                        for n in (1, 8, 16, 32) if rates[("bare", n)]))
-        say("    pooled engine vs bare: "
-            + ", ".join(f"{n}: {rates[('pooled', n)] / rates[('bare', n)]:.2f}x"
-                        for n in (1, 8, 16, 32) if rates[("bare", n)])
-            + "; durability " + ", ".join(f"{k}={v}" for k, v in tp["durability"].items()))
-        if tp["errors"]:
-            say(f"    {len(tp['errors'])} worker error(s), first: {tp['errors'][0]}")
-        l10, lbig = lat["lat"][10], lat["lat"][big]
-        say(f"  fetch latency: p50 {ms(l10[0])} -> {ms(lbig[0])} ms, p99 {ms(l10[1])} -> "
-            f"{ms(lbig[1])} ms from 10 to {big:,} idle jobs (p99 ratio x{lat['r99']:.2f})")
-        parts = []
+        for n in TP_CLAIMERS:
+            if rates[("bare", n)]:
+                rr = rates[("pooled", n)] / rates[("bare", n)]
+                rows.append([f"claim+EXIT throughput, {n} claimers, package / bare SQL",
+                             f"{rr:.2f}", ">= 0.90", verdict(rr >= 0.9)])
+        rows.append([f"fetch latency p99, {lat['big']:,} / 10 idle jobs", f"{lat['r99']:.2f}",
+                     "<= 1.5", verdict(lat["r99"] <= 1.5)])
         if "pg_processes" in conns:
-            parts.append(f"{conns['pg_processes'][0]:.1f} per job life with real hook processes"
-                         f" on PostgreSQL (+{conns['pg_processes'][1]:.1f} per empty fetch)")
-        for name, _ in backends:
-            life, _empty, breakdown = conns[f"{name}_inproc"]
-            parts.append(f"{name} in-process {life:.1f} ({breakdown})")
-        say("  connections: " + "; ".join(parts))
+            rows.append(["db connections opened per job life, direct hooks",
+                         f"{conns['pg_processes'][0]:.1f}", "-", "info"])
+        if "agent" in emu:
+            rows.append(["db connections held by the node, 8 slots, agent (max)",
+                         str(emu["agent"][2]), "<= 1", verdict(emu["agent"][2] <= 1)])
+            er = emu["agent"][0] / emu["direct"][0] if emu["direct"][0] else 0.0
+            rows.append([f"emulator jobs/s agent / direct ({emu['agent'][0]:.2f} /"
+                         f" {emu['direct'][0]:.2f})", f"{er:.2f}", ">= 1", verdict(er >= 1)])
+        else:
+            rows.append(["agent mode", "not available", "-", "MISS"])
+        say(table(["figure", "value", "target", "result"], rows))
+        say("  durability: " + ", ".join(f"{k}={v}" for k, v in tp["durability"].items()))
         say(f"  total bench time {time.monotonic() - started:.0f} s")
         return 0
     except KeyboardInterrupt:

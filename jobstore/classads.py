@@ -133,7 +133,8 @@ def render_line(name: str, value: Value) -> str:
     """One `Name = value` line that reads back as exactly `value` and nothing else.
 
     classad2 prints the value; we check what it printed, because old-syntax strings cannot hold
-    a newline and cannot end in a backslash, and classad2 prints those anyway.
+    a newline (nor anything else a line reader splits on) and cannot end in a backslash, and
+    classad2 prints those anyway.
     """
     if not _NAME.match(name) or name.lower() in PRIVATE_ATTRS:
         raise AdError(f"invalid attribute name {name!r}")
@@ -146,7 +147,9 @@ def render_line(name: str, value: Value) -> str:
     else:
         ad[name] = value
     line = ad.printOld()
-    if line.count("\n") != 1 or not line.endswith("\n"):
+    # A carriage return, U+0085, U+2028 ... end a line for many readers (Python's splitlines,
+    # which the starter hooks use, among them): refuse them like a newline.
+    if len(line.splitlines()) != 1 or not line.endswith("\n"):
         raise AdError(f"{name}: value cannot be written on one ClassAd line")
     back = classad2.parseOne(line, ParserType.Old)
     if list(back.keys()) != [name] or not _same(back, ad, name, value):

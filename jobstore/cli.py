@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
+from classad2 import ExprTree
 
 from . import config, views
 from .db import DatabaseError, safe_url, upgrade
 from .demo import demo, emulate
-from .states import Event
+from .states import Event, Status
 from .store import JobStore, UnknownJob
 from .submit import SubmitError
+
+ADMIN_STATEMENT_TIMEOUT_MS = 300_000
 
 
 class Context:
@@ -31,9 +35,20 @@ class Context:
         return self._settings
 
     @property
+    def database_url(self) -> str:
+        """The URL with its password; ConfigError when the password file cannot be read."""
+        if self.settings.credentials_error:
+            raise config.ConfigError(self.settings.credentials_error)
+        return self.settings.database_url
+
+    @property
     def store(self) -> JobStore:
         if self._store is None:
-            self._store = JobStore.from_url(self.settings.database_url)
+            # Admin queries scan whole queues (q -autocluster over 1M jobs takes seconds); the
+            # hooks' tight statement timeout protects slots, not an admin's terminal.
+            self._store = JobStore.from_url(
+                self.database_url, statement_timeout_ms=ADMIN_STATEMENT_TIMEOUT_MS
+            )
         return self._store
 
 
@@ -61,7 +76,38 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _UsageLine(click.ClickException):
+    """A usage error shown as one line (click's own form takes four), exit status 2."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"jobstore: {self.message}", err=True)
+
+
+def _usage_line(exc: click.UsageError) -> _UsageLine:
+    sub = exc.ctx is not None and exc.ctx.parent is not None
+    where = f"{exc.ctx.info_name}: " if sub and exc.ctx is not None else ""
+    return _UsageLine(f"{where}{exc.format_message()} (see --help)")
+
+
+class _Group(click.Group):
+    """The `jobstore` group: usage errors of the group and its commands in one line."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
     metavar="URL",
@@ -84,8 +130,8 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 @_guard
 def init(ctx: Context) -> None:
     """Create or upgrade the job database schema (runs the Alembic migrations)."""
-    upgrade(ctx.settings.database_url)
-    click.echo(f"job store ready: {safe_url(ctx.settings.database_url)}")
+    upgrade(ctx.database_url)
+    click.echo(f"job store ready: {safe_url(ctx.database_url)}")
 
 
 @main.command()
@@ -147,7 +193,7 @@ _FILTERS = [
         "-s",
         "statuses",
         multiple=True,
-        metavar="S",
+        type=click.Choice([s.value for s in Status]),
         help="Only jobs in status S (repeatable).",
     ),
     click.option("--owner", "owners", multiple=True, metavar="USER", help="Only USER's jobs."),
@@ -163,38 +209,150 @@ def _filters(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+_QUERY = [
+    click.option(
+        "-constraint",
+        "--constraint",
+        "constraint",
+        metavar="EXPR",
+        help="Only jobs for which the ClassAd expression EXPR is true (evaluated in the "
+        "database where it can be).",
+    ),
+    click.option(
+        "-af",
+        "-autoformat",
+        "--autoformat",
+        "autoformat",
+        is_flag=True,
+        help="Print the job attributes (or ClassAd expressions) given as arguments, one line "
+        "per job, like condor_q -af.",
+    ),
+]
+
+
+def _query_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(_QUERY):
+        fn = opt(fn)
+    return _filters(fn)
+
+
+def _split_args(args: tuple[str, ...], autoformat: bool) -> tuple[tuple[str, ...], list[str]]:
+    """Job ids and, with -af, the attributes to print (anything that is not a job id)."""
+    if not autoformat:
+        return args, []
+    ids = tuple(a for a in args if re.fullmatch(r"\d+(\.\d+)?", a))
+    attrs = [a for a in args if a not in ids]
+    if not attrs:
+        raise ValueError("-af needs at least one attribute name")
+    return ids, attrs
+
+
+def _query(
+    ctx: Context, ids: tuple[str, ...], constraint: str | None, **filters: Any
+) -> list[dict[str, Any]]:
+    """The jobs that `q`/`history` show: constraint conjuncts that translate filter in SQL,
+    the rest is evaluated by classad2 on each job's ad."""
+    from .constraint import matches, plan
+
+    p = plan(constraint) if constraint else None
+    if ids:
+        jobs = _select(ctx, ids)
+        residual = p and ExprTree(p.text)
+    else:
+        jobs = ctx.store.list_jobs(where=p and p.where, **filters)
+        residual = p and p.residual
+    if residual is not None:
+        jobs = [j for j in jobs if matches(residual, _ad(ctx, j))]
+    return jobs
+
+
+def _ad(ctx: Context, job: dict[str, Any]) -> Any:
+    return views.job_ad(job, keyword=ctx.settings.keyword, uid_domain=ctx.settings.uid_domain)
+
+
+def _print_autoformat(ctx: Context, jobs: list[dict[str, Any]], attrs: list[str]) -> None:
+    exprs = []
+    for a in attrs:
+        try:
+            exprs.append(ExprTree(a))
+        except Exception:  # classad2 raises ClassAdException
+            raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
+    for job in jobs:
+        click.echo(views.autoformat(_ad(ctx, job), exprs))
+
+
+def _print_autoclusters(
+    ctx: Context, ids: tuple[str, ...], constraint: str | None, as_json: bool, **filters: Any
+) -> None:
+    from .constraint import plan
+    from .store import AUTOCLUSTER_KEY
+
+    p = plan(constraint) if constraint else None
+    if ids or (p and p.residual is not None):  # not all in SQL: group what _query found
+        jobs = _query(ctx, ids, constraint, **filters)
+        groups = views.group_jobs(jobs, AUTOCLUSTER_KEY)
+    else:
+        groups = ctx.store.autoclusters(where=p and p.where, **filters)
+    if as_json:
+        click.echo(json.dumps(groups, indent=1))
+        return
+    click.echo(views.format_table(*views.autocluster_rows(groups)))
+    total = sum(g["jobs"] for g in groups)
+    click.echo(f"\nTotal: {total} jobs in {len(groups)} autoclusters")
+
+
 @main.command()
-@click.argument("ids", nargs=-1, metavar="[JOB]...")
+@click.argument("ids", nargs=-1, metavar="[JOB]... [ATTR]...")
 @click.option("--all", "-a", "include_final", is_flag=True, help="Include finished jobs.")
-@_filters
+@click.option(
+    "-autocluster",
+    "--autocluster",
+    "autocluster",
+    is_flag=True,
+    help="Count jobs by autocluster (owner, queue, requests, Requirements) and status.",
+)
+@_query_options
 @pass_ctx
 @_guard
 def q(
     ctx: Context,
     ids: tuple[str, ...],
     include_final: bool,
+    autocluster: bool,
+    constraint: str | None,
+    autoformat: bool,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
     as_json: bool,
     long: bool,
 ) -> None:
-    """List the jobs not yet finished, like condor_q (JOB is CLUSTER or CLUSTER.PROC)."""
-    if ids:
-        jobs = _select(ctx, ids)
+    """List the jobs not yet finished, like condor_q (JOB is CLUSTER or CLUSTER.PROC).
+
+    With -af, the arguments that are not job ids are the attributes to print.
+    """
+    ids, attrs = _split_args(ids, autoformat)
+    filters = dict(statuses=statuses, owners=owners, queues=queues, include_final=include_final)
+    if autocluster:
+        _print_autoclusters(ctx, ids, constraint, as_json, **filters)
+        return
+    jobs = _query(ctx, ids, constraint, **filters)
+    if attrs:
+        _print_autoformat(ctx, jobs, attrs)
     else:
-        jobs = ctx.store.list_jobs(
-            statuses=statuses, owners=owners, queues=queues, include_final=include_final
-        )
-    _print_jobs(ctx, jobs, as_json, long)
+        _print_jobs(ctx, jobs, as_json, long)
 
 
 @main.command()
-@_filters
+@click.argument("attrs", nargs=-1, metavar="[ATTR]...")
+@_query_options
 @pass_ctx
 @_guard
 def history(
     ctx: Context,
+    attrs: tuple[str, ...],
+    constraint: str | None,
+    autoformat: bool,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
@@ -202,8 +360,17 @@ def history(
     long: bool,
 ) -> None:
     """List finished jobs (completed, failed, removed), like condor_history."""
-    jobs = ctx.store.list_jobs(statuses=statuses, owners=owners, queues=queues, final_only=True)
-    _print_jobs(ctx, jobs, as_json, long)
+    if attrs and not autoformat:
+        raise ValueError("attribute names need -af")
+    jobs = _query(
+        ctx, (), constraint, statuses=statuses, owners=owners, queues=queues, final_only=True
+    )
+    if autoformat:
+        if not attrs:
+            raise ValueError("-af needs at least one attribute name")
+        _print_autoformat(ctx, jobs, list(attrs))
+    else:
+        _print_jobs(ctx, jobs, as_json, long)
 
 
 @main.command()
@@ -221,6 +388,98 @@ def events(ctx: Context, job: str, as_json: bool) -> None:
         else:
             click.echo(f"Job {views.job_id(row)} ({row['status']})")
             click.echo(views.format_table(*views.event_rows(evs)))
+
+
+@main.command()
+@click.argument("ids", nargs=-1, metavar="[JOB]...")
+@click.option("--owner", "owners", multiple=True, metavar="USER", help="Only USER's jobs.")
+@click.option("--queue", "-q", "queues", multiple=True, metavar="Q", help="Only queue Q.")
+@click.option(
+    "--status",
+    "-s",
+    "statuses",
+    multiple=True,
+    type=click.Choice([s.value for s in Status]),
+    help="Only transitions into status S (repeatable); `finished` lines always show.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--until-done",
+    is_flag=True,
+    help="Exit when every named job (or every unfinished job matching --owner/--queue at "
+    "start) has finished: status 0 if all completed with their success exit code, else 1.",
+)
+@click.option(
+    "--since",
+    metavar="EVENT_ID|AGE|TIME",
+    help="Replay from after event EVENT_ID (0: everything), or from AGE ago (10m, 2h) or an "
+    "ISO TIME, then follow.",
+)
+@click.option(
+    "--poll",
+    is_flag=True,
+    envvar="JOBSTORE_WATCH_POLL",
+    help="Poll instead of LISTEN (behind PgBouncer in transaction mode; also "
+    "JOBSTORE_WATCH_POLL=1). Chosen anyway when notifications do not arrive.",
+)
+@click.option(
+    "--interval", type=click.FloatRange(0.05), default=0.25, show_default=True,
+    help="Seconds between polls (SQLite, --poll).",
+)
+@click.option("--catch-up", type=click.FloatRange(0.1), default=5.0, hidden=True)
+@pass_ctx
+@_guard
+def watch(
+    ctx: Context,
+    ids: tuple[str, ...],
+    owners: tuple[str, ...],
+    queues: tuple[str, ...],
+    statuses: tuple[str, ...],
+    as_json: bool,
+    until_done: bool,
+    since: str | None,
+    poll: bool,
+    interval: float,
+    catch_up: float,
+) -> None:
+    """Print job transitions as they happen (JOB is CLUSTER or CLUSTER.PROC), then a
+    `finished` line per job. PostgreSQL pushes them (LISTEN/NOTIFY); SQLite is polled.
+
+    Exit status: 0, or with --until-done 0 only if all jobs completed successfully and 1 if
+    any failed, was removed or exited with another code; 1 on errors, 2 on usage errors.
+    """
+    from .watch import parse_since, subscribe
+
+    def note(message: str) -> None:
+        click.echo(f"jobstore: watch: {message}", err=True)
+
+    sub = subscribe(
+        ctx.database_url,
+        jobs=ids or None,
+        owner=owners,
+        queue=queues,
+        statuses=statuses,
+        since=None if since is None else parse_since(since),
+        until_done=until_done,
+        poll=True if poll else None,
+        interval=interval,
+        catch_up=catch_up,
+        on_retry=note,
+    )
+    try:
+        for record in sub:
+            data = record.to_json()
+            click.echo(json.dumps(data) if as_json else views.watch_line(data))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader left (e.g. `| head`): no complaint at exit
+        sys.exit(0)
+    finally:
+        sub.close()
+    if until_done and not sub.all_succeeded:
+        sys.exit(1)
 
 
 def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None) -> None:
@@ -325,13 +584,35 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
 @main.command("install-hooks")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--python", metavar="PATH", help="Interpreter for the hooks (default: this one).")
+@click.option(
+    "--agent-socket",
+    metavar="PATH",
+    help="The agent's socket baked into the hooks ($JOBSTORE_AGENT_SOCKET still wins).",
+)
 @_guard
-def install_hooks_cmd(directory: str, python: str | None) -> None:
+def install_hooks_cmd(directory: str, python: str | None, agent_socket: str | None) -> None:
     """Write the six hook executables into DIRECTORY, for <KEYWORD>_HOOK_* settings."""
     from .hooktemplates import install_hooks
 
-    for name, path in install_hooks(directory, python).items():
+    for name, path in install_hooks(directory, python, agent_socket).items():
         click.echo(f"JOBSTORE_HOOK_{name} = {path}")
+
+
+@main.command()
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="Unix socket to listen on (default: JOBSTORE_AGENT_SOCKET).")
+@click.option("-f", "--foreground", is_flag=True,
+              help="Log to stderr, not to JOBSTORE_AGENT_LOG.")
+@_guard
+def agent(socket_path: str | None, foreground: bool) -> None:
+    """Run the per-node agent that serves the hooks (condor_master starts it)."""
+    from .agent.server import AgentError, run_agent
+
+    try:
+        code = run_agent(socket_path, foreground=foreground)
+    except AgentError as exc:
+        _fail(str(exc))
+    sys.exit(code)
 
 
 main.add_command(demo)

@@ -78,6 +78,9 @@ class Settings:
     hook_log: str | None = None
     job_lease_duration: int = 2400
     spool: str = "/var/tmp/jobstore-spool"
+    # Why the database password could not be read (e.g. a starter hook running as the job's
+    # user): the store cannot be used, but reports can still be spooled for the agent.
+    credentials_error: str | None = None
 
     def owner_allowed(self, owner: str) -> bool:
         """Is `owner` on this keyword's allow-list? (System accounts are checked elsewhere.)"""
@@ -112,7 +115,16 @@ def _read_password_file(path: str) -> str:
 
 
 def database_url(keyword: str | None = None, override: str | None = None) -> str:
-    """The URL: `override`, else $JOBSTORE_DATABASE_URL, else configuration, else SQLite."""
+    """The URL: `override`, else $JOBSTORE_DATABASE_URL, else configuration, else SQLite; with
+    the password of DATABASE_PASSWORD_FILE (ConfigError when it cannot be read)."""
+    url, error = _database_url(keyword, override)
+    if error:
+        raise ConfigError(error)
+    return url
+
+
+def _database_url(keyword: str | None, override: str | None) -> tuple[str, str | None]:
+    """(URL, None), or (URL without the password, why the password file cannot be read)."""
     kw = keyword or DEFAULT_KEYWORD
     url = override or os.environ.get("JOBSTORE_DATABASE_URL") or _setting(kw, "DATABASE_URL")
     url = url or default_sqlite_url()
@@ -120,12 +132,12 @@ def database_url(keyword: str | None = None, override: str | None = None) -> str
     if password_file and url.startswith("postgresql"):
         from sqlalchemy.engine import make_url
 
-        url = (
-            make_url(url)
-            .set(password=_read_password_file(password_file))
-            .render_as_string(hide_password=False)
-        )
-    return url
+        try:
+            password = _read_password_file(password_file)
+        except ConfigError as exc:
+            return url, str(exc)
+        url = make_url(url).set(password=password).render_as_string(hide_password=False)
+    return url, None
 
 
 def load_settings(keyword: str | None, db_override: str | None = None) -> Settings:
@@ -133,9 +145,11 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
     kw = (keyword or DEFAULT_KEYWORD).upper()
     owners = _setting(kw, "ALLOWED_OWNERS")
     allowed = tuple(o for o in re.split(r"[\s,]+", owners or "*") if o)
+    url, credentials_error = _database_url(kw, db_override)
     return Settings(
         keyword=kw,
-        database_url=database_url(kw, db_override),
+        database_url=url,
+        credentials_error=credentials_error,
         queue=_setting(kw, "QUEUE") or DEFAULT_QUEUE,
         allowed_owners=allowed or ("*",),
         uid_domain=_setting(kw, "UID_DOMAIN") or _param("UID_DOMAIN") or "localdomain",
@@ -148,4 +162,69 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         hook_log=_setting(kw, "HOOK_LOG"),
         job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
         spool=_setting(kw, "SPOOL") or os.environ.get("JOBSTORE_SPOOL") or Settings.spool,
+    )
+
+
+# ---- the per-node agent ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What `jobstore agent` reads from the configuration (JOBSTORE_AGENT_*)."""
+
+    socket: str
+    startd_users: tuple[str, ...]
+    log: str | None
+    workers: int = 8
+    max_clients: int = 128
+    max_clients_per_uid: int = 32
+    read_timeout: float = 5.0
+    replay_interval: int = 60
+    db_overflow: int = 0
+
+
+def agent_socket(override: str | None = None) -> str:
+    """`override`, else $JOBSTORE_AGENT_SOCKET, else JOBSTORE_AGENT_SOCKET, else the default."""
+    from .agent.protocol import DEFAULT_SOCKET
+
+    return (
+        override
+        or os.environ.get("JOBSTORE_AGENT_SOCKET")
+        or _param("JOBSTORE_AGENT_SOCKET")
+        or DEFAULT_SOCKET
+    )
+
+
+def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
+    """The agent's settings. STARTD_USERS defaults to the agent's own account and `condor`."""
+    import pwd
+
+    users = _param("JOBSTORE_AGENT_STARTD_USERS")
+    if users:
+        startd = tuple(u for u in re.split(r"[\s,]+", users) if u)
+    else:
+        startd = tuple(dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
+
+    def number(name: str, default: int, minimum: int = 1) -> int:
+        raw = _param(f"JOBSTORE_AGENT_{name}")
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"JOBSTORE_AGENT_{name} must be an integer, not {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(f"JOBSTORE_AGENT_{name} must be at least {minimum}")
+        return value
+
+    return AgentSettings(
+        socket=agent_socket(socket_override),
+        startd_users=startd,
+        log=_param("JOBSTORE_AGENT_LOG"),
+        workers=number("WORKERS", 8),
+        max_clients=number("MAX_CLIENTS", 128),
+        max_clients_per_uid=number("MAX_CLIENTS_PER_UID", 32),
+        read_timeout=float(number("READ_TIMEOUT", 5)),
+        replay_interval=number("REPLAY_INTERVAL", 60),
+        db_overflow=number("DB_OVERFLOW", 0, minimum=0),
     )

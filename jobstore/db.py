@@ -32,8 +32,18 @@ def safe_url(url: str) -> str:
         return "<unparseable database URL>"
 
 
-def make_engine(url: str, *, connect_timeout: int = 5, pool: bool = False) -> Engine:
-    """An engine for `url`. Hooks use no pool (one short connection); a service may pool.
+def make_engine(
+    url: str,
+    *,
+    connect_timeout: int = 5,
+    pool: bool = False,
+    pool_size: int = 1,
+    max_overflow: int = 0,
+) -> Engine:
+    """An engine for `url`. Hooks use no pool (one short connection); a service may pool:
+    `pool_size` connections kept open (checked with a ping before use, so that a restarted
+    server costs no failed call), plus at most `max_overflow` more under load, closed as soon
+    as they are returned.
 
     PostgreSQL: no server-side prepared statements and no startup parameters, so that the same
     code works behind PgBouncer in transaction pooling mode; statement timeouts are set per
@@ -45,7 +55,16 @@ def make_engine(url: str, *, connect_timeout: int = 5, pool: bool = False) -> En
     except Exception:
         raise DatabaseError("the database URL cannot be parsed") from None
     backend = parsed.get_backend_name()
-    kwargs: dict = {} if pool else {"poolclass": NullPool}
+    kwargs: dict = (
+        {
+            "pool_size": pool_size,
+            "max_overflow": max_overflow,
+            "pool_pre_ping": True,
+            "pool_timeout": 5,
+        }
+        if pool
+        else {"poolclass": NullPool}
+    )
     if backend == "sqlite":
         database = parsed.database or ""
         if database and database != ":memory:":

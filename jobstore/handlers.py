@@ -63,19 +63,53 @@ class HookError(Exception):
 
 _stores: dict[str, JobStore] = {}
 _stores_lock = threading.Lock()
+# None: one short connection per call (a hook process). An int: a long-running caller (the
+# agent) keeps one pooled connection per database plus this many overflow connections, which
+# are closed as soon as they are returned.
+_pool_overflow: int | None = None
+
+
+def use_pool(overflow: int) -> None:
+    """Keep one pooled connection per database from now on (for the agent)."""
+    global _pool_overflow
+    _pool_overflow = overflow
+    drop_stores()
+
+
+def drop_stores() -> None:
+    """Forget the cached stores and close their connections (configuration reloaded)."""
+    with _stores_lock:
+        stores = list(_stores.values())
+        _stores.clear()
+    for store in stores:
+        store.engine.dispose()
 
 
 def store_for(settings: config.Settings) -> JobStore:
+    if settings.credentials_error:
+        raise config.ConfigError(settings.credentials_error)
     from .store import JobStore
 
     with _stores_lock:
         store = _stores.get(settings.database_url)
         if store is None:
-            store = JobStore.from_url(
-                settings.database_url,
-                connect_timeout=settings.connect_timeout,
-                statement_timeout_ms=settings.statement_timeout_ms,
-            )
+            if _pool_overflow is None:
+                store = JobStore.from_url(
+                    settings.database_url,
+                    connect_timeout=settings.connect_timeout,
+                    statement_timeout_ms=settings.statement_timeout_ms,
+                )
+            else:
+                from .db import make_engine
+
+                engine = make_engine(
+                    settings.database_url,
+                    connect_timeout=settings.connect_timeout,
+                    pool=True,
+                    pool_size=1,
+                    max_overflow=_pool_overflow,
+                )
+                store = JobStore(engine, settings.statement_timeout_ms)
             _stores[settings.database_url] = store
         return store
 
@@ -158,6 +192,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
             token=job["token"],
             attempt=job["claims"],
             attrs={"error": str(exc)},
+            reason=f"job ad cannot be sent: {exc}",
         )
         raise HookError(f"job {job['id']} put on hold: {exc}") from None
     return HookResponse(
@@ -364,7 +399,7 @@ def _report(
         if spooled:
             spool.done(spooled.path)
         raise HookError(f"job {job_id} is not in the job store") from None
-    except DatabaseError as exc:
+    except (DatabaseError, config.ConfigError) as exc:
         if spooled is None:
             raise
         spool.release(spooled)
@@ -385,7 +420,15 @@ def _report(
 
 
 def store_identity(url: str) -> str:
-    """A fingerprint of the database a report belongs to (not the URL: it may hold a password)."""
+    """A fingerprint of the database a report belongs to: of the URL without its password, so
+    that a report spooled by a hook that could not read the password is still recognised (and
+    never the URL itself, which may hold the password)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(url)._replace(password=None).render_as_string(hide_password=False)
+    except Exception:
+        pass
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 

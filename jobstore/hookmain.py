@@ -47,9 +47,9 @@ class _Deadline:
     with its default action is the backstop should the interpreter itself be stuck.
     """
 
-    def __init__(self, hook: str) -> None:
+    def __init__(self, hook: str, started: float | None = None) -> None:
         self.hook = hook
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.timer: threading.Timer | None = None
 
     def set(self, seconds: float) -> None:
@@ -114,15 +114,17 @@ def _read_stdin() -> bytes:
     return b"".join(chunks)
 
 
-def main(hook: str) -> None:
-    """Entry point of the hook executables."""
+def main(hook: str, *, stdin: bytes | None = None, started: float | None = None) -> None:
+    """Entry point of the direct (in-process) hooks. The thin client passes the `stdin` it read
+    already and the time the hook `started`, so that the deadline counts from the real start."""
     global _stderr_open
     _stderr_open = _prologue()
-    deadline = _Deadline(hook)
+    deadline = _Deadline(hook, started)
     deadline.set(DEADLINES.get(hook, DEFAULT_DEADLINE))
     code = 0
     try:
-        stdin = _read_stdin()
+        if stdin is None:
+            stdin = _read_stdin()
         if len(stdin) > MAX_STDIN:
             _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
         else:

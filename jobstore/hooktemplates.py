@@ -27,26 +27,59 @@ CONDOR_HOOK_NAMES = {
 REPO_SHEBANG = "#!/usr/bin/env python3"
 
 
-def hook_text(name: str, python: str = REPO_SHEBANG[2:]) -> str:
-    """The source of hook `name`; LF line endings, since a CRLF shebang cannot be executed."""
+def hook_text(
+    name: str,
+    python: str = REPO_SHEBANG[2:],
+    *,
+    package_root: str | None = None,
+    agent_socket: str | None = None,
+) -> str:
+    """The source of hook `name`: a thin client of the jobstore agent (falls back to the direct
+    handlers when no agent runs). LF line endings, since a CRLF shebang cannot be executed.
+
+    With `package_root` (where the `jobstore` package of `python` lives) the hook runs with
+    `-sS`: no site import, so the hot path costs little more than the interpreter's start.
+    """
+    flags = " -sS" if package_root else ""
+    path_line = f"sys.path.insert(0, {package_root!r})\n" if package_root else ""
     return (
-        f"#!{python}\n"
+        f"#!{python}{flags}\n"
         f'"""HTCondor {CONDOR_HOOK_NAMES[name]} hook of htcondor-jobstore (generated)."""\n'
         "import sys\n"
         "\n"
+        f"{path_line}"
         "try:\n"
-        "    from jobstore.hookmain import main\n"
+        "    from jobstore.agent.client import main\n"
         "except ImportError as exc:  # the wrong interpreter: say so in one line, print nothing\n"
         "    if sys.stderr is not None:\n"
         '        print(f"jobstore hook: cannot import jobstore ({exc})", file=sys.stderr)\n'
         "    raise SystemExit(0) from None\n"
         "\n"
-        f'main("{name}")\n'
+        f"main({name!r}, {agent_socket!r})\n"
     )
 
 
-def install_hooks(directory: str | Path, python: str | None = None) -> dict[str, str]:
-    """Write the six hooks into `directory` with `python` as interpreter (default: this one).
+def _compile_client() -> None:
+    """Byte-compile the hot-path modules now, so that no hook has to (job users cannot write
+    the package's __pycache__)."""
+    import py_compile
+
+    import jobstore
+    from jobstore.agent import client, protocol
+
+    for module in (jobstore, sys.modules["jobstore.agent"], client, protocol):
+        try:
+            py_compile.compile(module.__file__, doraise=True)
+        except (OSError, py_compile.PyCompileError):
+            pass
+
+
+def install_hooks(
+    directory: str | Path, python: str | None = None, agent_socket: str | None = None
+) -> dict[str, str]:
+    """Write the six hooks into `directory` with `python` as interpreter (default: this one)
+    and `agent_socket` as the agent's socket (default: $JOBSTORE_AGENT_SOCKET when the hook
+    runs, else the documented default).
 
     Returns HTCondor hook name -> path. Refuses a world-writable directory, as HTCondor would.
     """
@@ -55,11 +88,20 @@ def install_hooks(directory: str | Path, python: str | None = None) -> dict[str,
     if target.stat().st_mode & stat.S_IWOTH:
         raise ValueError(f"{target} is world-writable; HTCondor refuses hooks there")
     interpreter = python or sys.executable
+    # The package's location is known only for this interpreter; another one imports it the
+    # usual way (site-packages).
+    package_root = None
+    if interpreter == sys.executable:
+        package_root = str(Path(__file__).resolve().parent.parent)
+    _compile_client()
     paths = {}
     for name in HOOK_NAMES:
         path = target / name
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(hook_text(name, interpreter), encoding="utf-8")
+        text = hook_text(
+            name, interpreter, package_root=package_root, agent_socket=agent_socket
+        )
+        tmp.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
         paths[CONDOR_HOOK_NAMES[name]] = str(path)

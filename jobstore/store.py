@@ -7,6 +7,7 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -14,9 +15,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from . import userlog
 from .claims import ClaimRequest, Offer, Verdict
 from .db import make_engine, safe_url
 from .errors import DatabaseError, UnknownJob
@@ -24,6 +38,8 @@ from .schema import clusters, job_events, jobs
 from .states import FINAL, Decision, Event, Status, decide
 
 Job = Mapping[str, Any]
+# PostgreSQL channel notified (payload: the job id) for every event row; see jobstore/watch.py.
+NOTIFY_CHANNEL = "jobstore_events"
 __all__ = [
     "JobStore",
     "NewJob",
@@ -69,6 +85,47 @@ class NewJob:
 
 # Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
 ExitPolicy = Callable[[Job], tuple[bool, bool]]
+# Called just before a transaction that wrote events commits, with those events in order: each a
+# dict of the job_events columns plus "job", the job row before the transition (None when not
+# known). It may return a callable, called with True once the commit succeeded (False if it
+# failed): so a listener can take a lock before the commit and act after it, keeping the
+# database's order (jobstore.userlog). Exceptions are logged in one line, never affect the
+# transition.
+AfterCommit = Callable[[bool], None]
+CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
+_PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
+_log = logging.getLogger(__name__)
+
+# The claim's fast path on PostgreSQL, one statement: lock the best idle candidate of the queue
+# that fits the slot (the partial index ix_jobs_claim gives the order), hand it out, append its
+# `fetch` event and notify `jobstore watch`; returns the row as it was before (or nothing).
+_FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
+CLAIM_FIRST_SQL = f"""\
+WITH cand AS (
+    SELECT * FROM jobs
+    WHERE status = '{Status.IDLE.value}' AND queue = %(queue)s AND request_cpus <= %(cpus)s
+      AND request_memory <= %(memory)s AND request_disk <= %(disk)s
+    ORDER BY priority DESC, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE jobs SET status = '{_FETCHED}', token = %(token)s, claims = jobs.claims + 1,
+        lease_expires_at = %(lease_expires_at)s, slot = %(slot)s, host = %(host)s,
+        keyword = %(keyword)s, fetched_at = %(fetched_at)s, job_pid = %(job_pid)s,
+        reason = %(reason)s, updated_at = %(now)s
+    FROM cand WHERE jobs.id = cand.id AND jobs.status = '{Status.IDLE.value}'
+    RETURNING jobs.id, jobs.claims
+), ev AS (
+    INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host)
+    SELECT id, %(now)s, '{Event.FETCH}', '{Status.IDLE.value}', '{_FETCHED}', claims,
+        %(slot)s, %(host)s
+    FROM upd
+)
+SELECT cand.*, pg_notify(%(channel)s, cand.id::text) AS notified FROM cand CROSS JOIN upd"""
+
+
+class _NotTaken(Exception):
+    """The fast path's candidate was not taken by the judge: roll its claim back."""
 
 
 class JobStore:
@@ -78,6 +135,10 @@ class JobStore:
         self.engine = engine
         self.statement_timeout_ms = statement_timeout_ms
         self._pg = engine.dialect.name == "postgresql"
+        # (queue, slot)s whose best candidate was not taken last time: claim scans directly
+        self._scan_first: set[tuple[str, str]] = set()
+        # Commit listeners (see CommitListener); the job event log writer is always one.
+        self.listeners: list[CommitListener] = [userlog.on_commit]
 
     @classmethod
     def from_url(
@@ -87,6 +148,8 @@ class JobStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
+        pending: list[dict[str, Any]] = []
+        after: list[AfterCommit] = []
         try:
             with self.engine.begin() as conn:
                 if self._pg and self.statement_timeout_ms:
@@ -94,9 +157,32 @@ class JobStore:
                     conn.execute(
                         text(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
                     )
-                yield conn
+                conn.info[_PENDING] = pending  # conn.info outlives the checkout: always reset
+                try:
+                    yield conn
+                finally:
+                    conn.info.pop(_PENDING, None)
+                if pending:
+                    after = self._before_commit(pending)
         except (OperationalError, DBAPIError) as exc:
+            _after_commit(after, False)
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
+        except BaseException:
+            _after_commit(after, False)
+            raise
+        _after_commit(after, True)
+
+    def _before_commit(self, events: list[dict[str, Any]]) -> list[AfterCommit]:
+        after = []
+        for listener in self.listeners:
+            try:
+                then = listener(events)
+            except Exception as exc:  # a listener never breaks a transition
+                _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
+            else:
+                if then is not None:
+                    after.append(then)
+        return after
 
     # ---- submit -------------------------------------------------------------------------
 
@@ -152,7 +238,11 @@ class JobStore:
                     )
                     .returning(jobs.c.id)
                 ).scalar_one()
-                self._event(conn, job_id, Event.SUBMIT, None, Status.IDLE, now, attempt=0)
+                new = {"id": job_id, "cluster_id": cluster_id, "proc_id": nj.proc_id}
+                new.update(owner=owner, queue=queue, user_log=nj.user_log)
+                self._event(
+                    conn, job_id, Event.SUBMIT, None, Status.IDLE, now, attempt=0, job=new
+                )
                 ids.append(job_id)
         return cluster_id, ids
 
@@ -164,8 +254,89 @@ class JobStore:
         Candidates come in claim order (priority, then age) from the partial claim index,
         prefiltered by the slot's resources and locked with SKIP LOCKED on PostgreSQL; `judge`
         evaluates what SQL cannot (Requirements, owner rules). At most `scan_limit` are judged.
+
+        PostgreSQL first tries the best candidate in one statement (lock, update, event); when
+        `judge` does not take that job, the attempt is rolled back and the general scan below
+        runs (reusing that verdict), and this slot scans directly until its first candidate is
+        taken again.
         """
         now = time.time()
+        known: dict[tuple[int, int], Verdict] = {}
+        if self._pg and (req.queue, req.slot) not in self._scan_first:
+            try:
+                with self._tx() as conn:
+                    return self._claim_first(conn, req, judge, now, known)
+            except _NotTaken:
+                self._scan_first.add((req.queue, req.slot))
+        return self._claim_scan(req, judge, now, known)
+
+    def _claim_first(
+        self,
+        conn: Connection,
+        req: ClaimRequest,
+        judge: Callable[[Job], Verdict],
+        now: float,
+        known: dict[tuple[int, int], Verdict],
+    ) -> Job | None:
+        """One round trip: lock the best candidate, hand it out, write its `fetch` event (and
+        the watch notification); raises _NotTaken, rolling it all back, if `judge` says no."""
+        o = req.offer
+        changes = {
+            "token": secrets.token_hex(16),
+            "lease_expires_at": now + req.claim_lease,
+            "slot": req.slot,
+            "host": req.host,
+            "keyword": req.keyword,
+            "fetched_at": now,
+            "job_pid": None,
+            "reason": None,
+        }
+        params = {
+            **changes,
+            "queue": req.queue,
+            "cpus": o.cpus,
+            "memory": o.memory,
+            "disk": o.disk,
+            "now": now,
+            "channel": NOTIFY_CHANNEL,
+        }
+        found = conn.exec_driver_sql(CLAIM_FIRST_SQL, params).mappings().first()
+        if found is None:
+            return None
+        row = {k: v for k, v in found.items() if k != "notified"}
+        verdict = judge(row)
+        known[(row["id"], row["claims"])] = verdict
+        if verdict.hold_reason or not verdict.take:
+            raise _NotTaken
+        attempt = row["claims"] + 1
+        pending = conn.info.get(_PENDING)
+        if pending is not None:  # the commit listeners see it as if _event had written it
+            pending.append(
+                {
+                    "job_id": row["id"],
+                    "time": now,
+                    "event": str(Event.FETCH),
+                    "from_status": Status.IDLE.value,
+                    "to_status": _FETCHED,
+                    "attempt": attempt,
+                    "slot": req.slot,
+                    "host": req.host,
+                    "reason": None,
+                    "attrs": None,
+                    "job": row,
+                }
+            )
+        return {**row, **changes, "claims": attempt, "status": _FETCHED}
+
+    def _claim_scan(
+        self,
+        req: ClaimRequest,
+        judge: Callable[[Job], Verdict],
+        now: float,
+        known: dict[tuple[int, int], Verdict],
+    ) -> Job | None:
+        """The general claim: candidates in pages of `req.batch`, each judged (or its verdict
+        taken from `known`), refused owners held, the first taken job handed out."""
         o = req.offer
         base = select(jobs).where(
             jobs.c.status == Status.IDLE.value,
@@ -192,7 +363,7 @@ class JobStore:
                 rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
                 for row in rows:
                     scanned += 1
-                    verdict = judge(row)
+                    verdict = known.get((row["id"], row["claims"])) or judge(row)
                     if verdict.hold_reason:
                         self._apply(
                             conn,
@@ -228,6 +399,8 @@ class JobStore:
                             host=req.host,
                             attempt=row["claims"] + 1,
                         )
+                        if scanned == 1:  # the best candidate fits again: try it first next time
+                            self._scan_first.discard((req.queue, req.slot))
                         return {**row, **changes, "status": Status.FETCHED.value}
                 if len(rows) < size:
                     return None
@@ -250,6 +423,7 @@ class JobStore:
         host: str | None = None,
         exit_policy: ExitPolicy | None = None,
         now: float | None = None,
+        reason: str | None = None,
     ) -> Outcome:
         """Apply a hook's report about one attempt; a superseded attempt is only recorded."""
         now = now or time.time()
@@ -295,6 +469,7 @@ class JobStore:
                 now=now,
                 changes=all_changes,
                 attrs=attrs,
+                reason=reason,
                 slot=slot,
                 host=host,
                 attempt=attempt,
@@ -420,6 +595,7 @@ class JobStore:
             host=host,
             reason=why,
             attrs=attrs,
+            job=job,
         )
         return Outcome(job["id"], event, before, d.to_status, True, reason=why)
 
@@ -437,21 +613,26 @@ class JobStore:
         host: str | None = None,
         reason: str | None = None,
         attrs: Mapping[str, Any] | None = None,
+        job: Job | None = None,
     ) -> None:
-        conn.execute(
-            insert(job_events).values(
-                job_id=job_id,
-                time=now,
-                event=str(event),
-                from_status=None if before is None else str(before),
-                to_status=None if after is None else str(after),
-                attempt=attempt,
-                slot=slot,
-                host=host,
-                reason=reason,
-                attrs=dict(attrs) if attrs else None,
-            )
+        values = dict(
+            job_id=job_id,
+            time=now,
+            event=str(event),
+            from_status=None if before is None else str(before),
+            to_status=None if after is None else str(after),
+            attempt=attempt,
+            slot=slot,
+            host=host,
+            reason=reason,
+            attrs=dict(attrs) if attrs else None,
         )
+        conn.execute(insert(job_events).values(**values))
+        pending = conn.info.get(_PENDING)
+        if pending is not None:  # handed to the commit listeners when the transaction commits
+            pending.append({**values, "job": job})
+        if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
+            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": str(job_id)})
 
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
@@ -482,23 +663,51 @@ class JobStore:
         include_final: bool = False,
         final_only: bool = False,
         limit: int | None = None,
+        where: ColumnElement[bool] | None = None,
     ) -> list[Job]:
-        q = select(jobs)
-        if statuses:
-            q = q.where(jobs.c.status.in_(list(statuses)))
-        elif final_only:
-            q = q.where(jobs.c.status.in_([s.value for s in FINAL]))
-        elif not include_final:
-            q = q.where(jobs.c.status.not_in([s.value for s in FINAL]))
-        if owners:
-            q = q.where(jobs.c.owner.in_(list(owners)))
-        if queues:
-            q = q.where(jobs.c.queue.in_(list(queues)))
+        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.constraint)."""
+        q = select(jobs).where(
+            *_job_filter(statuses, owners, queues, include_final, final_only, where)
+        )
         q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
         if limit:
             q = q.limit(limit)
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(q)]
+
+    def autoclusters(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        where: ColumnElement[bool] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs grouped like HTCondor's autoclusters (same owner, queue, requests and
+        Requirements), counted by status with one GROUP BY in the database."""
+        key = AUTOCLUSTER_KEY
+        counts = [
+            func.sum(case((jobs.c.status == s.value, 1), else_=0)).label(s.value) for s in Status
+        ]
+        q = (
+            select(*(jobs.c[k] for k in key), func.count().label("jobs"), *counts)
+            .where(*_job_filter(statuses, owners, queues, include_final, final_only, where))
+            .group_by(*(jobs.c[k] for k in key))
+            .order_by(*(jobs.c[k] for k in key))
+        )
+        with self._tx() as conn:
+            rows = [r._mapping for r in conn.execute(q)]
+        return [
+            {
+                "id": n,
+                **{k: r[k] for k in key},
+                "jobs": int(r["jobs"]),
+                "status": {s.value: int(r[s.value] or 0) for s in Status if r[s.value]},
+            }
+            for n, r in enumerate(rows, 1)
+        ]
 
     def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[Job]:
         q = select(job_events).where(job_events.c.id > after_id)
@@ -506,6 +715,61 @@ class JobStore:
             q = q.where(job_events.c.job_id == job_id)
         with self._tx() as conn:
             return [dict(r._mapping) for r in conn.execute(q.order_by(job_events.c.id))]
+
+    # ---- following job_events (jobstore watch) -------------------------------------------
+
+    def last_event_id(self, before: float | None = None) -> int:
+        """The highest event id (0 if none); with `before`, of the events before that time."""
+        q = select(func.max(job_events.c.id))
+        if before is not None:
+            q = q.where(job_events.c.time < before)
+        with self._tx() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
+    def event_feed(
+        self, after_id: int, *, gaps: Sequence[tuple[int, int]] = (), limit: int = 1000
+    ) -> list[Job]:
+        """Events with id > `after_id` or in one of the `gaps` (lo, hi) id ranges, in id order,
+        each with its job's cluster_id, proc_id, owner, queue and outcome columns (job_status,
+        exit_code, exit_signal, exit_by_signal, success_exit_code); all events, the caller
+        filters (it must see every id)."""
+        wanted = or_(
+            job_events.c.id > after_id, *(job_events.c.id.between(lo, hi) for lo, hi in gaps)
+        )
+        q = (
+            select(
+                job_events,
+                jobs.c.cluster_id,
+                jobs.c.proc_id,
+                jobs.c.owner,
+                jobs.c.queue,
+                jobs.c.status.label("job_status"),
+                jobs.c.exit_code,
+                jobs.c.exit_signal,
+                jobs.c.exit_by_signal,
+                jobs.c.success_exit_code,
+            )
+            .join(jobs, jobs.c.id == job_events.c.job_id)
+            .where(wanted)
+            .order_by(job_events.c.id)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
+    def snapshot_bounds(self) -> tuple[int, int] | None:
+        """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events
+        knows when every transaction that could still add a lower event id has ended. SQLite:
+        None (one writer at a time, so event ids become visible in order)."""
+        if not self._pg:
+            return None
+        q = text(
+            "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text"
+            " FROM pg_current_snapshot() AS s"
+        )
+        with self._tx() as conn:
+            xmin, xmax = conn.execute(q).one()
+        return int(xmin), int(xmax)
 
     def stats(self) -> list[tuple[str, str, int]]:
         q = (
@@ -515,6 +779,50 @@ class JobStore:
         )
         with self._tx() as conn:
             return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
+
+
+# The attributes that put two jobs in the same autocluster (`jobstore q -autocluster`).
+AUTOCLUSTER_KEY = (
+    "owner",
+    "queue",
+    "request_cpus",
+    "request_memory",
+    "request_disk",
+    "requirements",
+)
+
+
+def _job_filter(
+    statuses: Sequence[str] | None,
+    owners: Sequence[str] | None,
+    queues: Sequence[str] | None,
+    include_final: bool,
+    final_only: bool,
+    where: ColumnElement[bool] | None,
+) -> list[ColumnElement[bool]]:
+    """The WHERE terms of the job queries (`jobstore q`, `history`, autoclusters)."""
+    terms: list[ColumnElement[bool]] = []
+    if statuses:
+        terms.append(jobs.c.status.in_(list(statuses)))
+    elif final_only:
+        terms.append(jobs.c.status.in_([s.value for s in FINAL]))
+    elif not include_final:
+        terms.append(jobs.c.status.not_in([s.value for s in FINAL]))
+    if owners:
+        terms.append(jobs.c.owner.in_(list(owners)))
+    if queues:
+        terms.append(jobs.c.queue.in_(list(queues)))
+    if where is not None:
+        terms.append(where)
+    return terms
+
+
+def _after_commit(after: list[AfterCommit], committed: bool) -> None:
+    for then in after:
+        try:
+            then(committed)
+        except Exception as exc:  # a listener never breaks a transition
+            _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
 
 
 def _db_message(exc: Exception, url: Any) -> str:

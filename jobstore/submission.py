@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,11 @@ from .store import JobStore, NewJob
 from .submit import JobSpec, SubmitError, load_jobs
 
 __all__ = ["submit_path", "specs_to_new_jobs", "invoking_user", "SubmitError"]
+
+
+# POSIX portable user names (useradd's default NAME_REGEX, plus upper case): it becomes part of
+# User = "owner@uid_domain", which the starter splits at the '@'.
+ACCOUNT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
 
 def invoking_user() -> str:
@@ -31,6 +37,8 @@ def choose_owner(requested: str | None, settings: config.Settings) -> str:
         raise SubmitError(
             "jobs may not run as root: submit as a user, or as root with --owner USER"
         )
+    if not ACCOUNT_NAME.fullmatch(owner):
+        raise SubmitError(f"{owner!r} is not a valid account name")
     refused = owner_refusal(owner, settings)
     if refused:
         raise SubmitError(refused)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from classad2 import ClassAd, ExprTree
+from classad2 import ClassAd, ExprTree, Value
 
 from .classads import Expr, sprint_ad
 from .jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
@@ -59,8 +59,12 @@ def job_json(job: Job) -> dict[str, Any]:
     }
 
 
-def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
-    """`-l`: the job as a ClassAd, sorted like condor_q -l, without secrets."""
+def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
+    """The job as condor_q shows it (`-l`, `-af`, constraints), without secrets.
+
+    Attributes that come from columns always reflect the column (absent when it is NULL), so a
+    constraint evaluated in SQL (jobstore.constraint) and on this ad give the same answer.
+    """
     attrs = job_attrs(
         job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain, job_lease_duration=0
     )
@@ -86,11 +90,86 @@ def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
         "CompletionDate": None if job["finished_at"] is None else int(job["finished_at"]),
         "HoldReason" if job["status"] == "held" else "LastReason": job["reason"],
     }
-    attrs.update({k: v for k, v in extra.items() if v is not None})
     ad = ClassAd()
     for name, value in attrs.items():
         ad[name] = ExprTree(str(value)) if isinstance(value, Expr) else value
-    return sprint_ad(ad)
+    for name, value in extra.items():
+        if value is not None:
+            ad[name] = value
+        elif name in ad:
+            del ad[name]
+    return ad
+
+
+def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
+    """`-l`: the job as a ClassAd, sorted like condor_q -l, without secrets."""
+    return sprint_ad(job_ad(job, keyword=keyword, uid_domain=uid_domain))
+
+
+def autoformat(ad: ClassAd, exprs: Sequence[ExprTree]) -> str:
+    """One `-af` line: each expression evaluated in the ad, strings bare, undefined as such."""
+    return " ".join(_af_value(e.eval(ad)) for e in exprs)
+
+
+def _af_value(value: Any) -> str:
+    if isinstance(value, Value):
+        return "undefined" if value == Value.Undefined else "error"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return str(value)
+    return str(value).strip()  # lists and nested ads, in ClassAd syntax
+
+
+def group_jobs(jobs: Iterable[Job], key: Sequence[str]) -> list[dict[str, Any]]:
+    """Autoclusters of jobs already fetched, in the form of JobStore.autoclusters (used when a
+    constraint could not be done entirely in the database)."""
+    groups: dict[tuple[Any, ...], dict[str, int]] = {}
+    for job in jobs:
+        counts = groups.setdefault(tuple(job[k] for k in key), {})
+        counts[job["status"]] = counts.get(job["status"], 0) + 1
+    order = sorted(groups, key=lambda t: tuple((v is not None, v) for v in t))
+    return [
+        {"id": n, **dict(zip(key, k, strict=True)), "jobs": sum(groups[k].values()),
+         "status": dict(sorted(groups[k].items()))}
+        for n, k in enumerate(order, 1)
+    ]
+
+
+# condor_q's summary words for HTCondor's JobStatus numbers
+_STATUS_WORDS = {1: "idle", 2: "running", 3: "removed", 4: "completed", 5: "held"}
+
+
+def autocluster_rows(clusters: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+    """`q -autocluster`: one row per group of jobs with the same owner, queue and requests.
+
+    `clusters` come from JobStore.autoclusters: counts by our status in `status`; the table
+    adds them up by HTCondor JobStatus (fetched counts as idle, accepted as running, ...).
+    """
+    words = list(_STATUS_WORDS.values())
+    header = ["ID", "JOBS", *(w.upper() for w in words)]
+    header += ["OWNER", "QUEUE", "CPUS", "MEMORY", "DISK", "REQUIREMENTS"]
+    rows = []
+    for c in clusters:
+        by_word = dict.fromkeys(words, 0)
+        for status, n in c["status"].items():
+            by_word[_STATUS_WORDS[JOB_STATUS[status]]] += n
+        rows.append(
+            [
+                str(c["id"]),
+                str(c["jobs"]),
+                *(str(by_word[w]) for w in words),
+                c["owner"],
+                c["queue"],
+                str(c["request_cpus"]),
+                str(c["request_memory"]),
+                str(c["request_disk"]),
+                _short(c["requirements"] or "", 60),
+            ]
+        )
+    return header, rows
 
 
 def _when(epoch: float | None) -> str:
@@ -157,6 +236,22 @@ def event_json(e: Job) -> dict[str, Any]:
             "attrs",
         )
     }
+
+
+def watch_line(r: Job) -> str:
+    """One `jobstore watch` line from a record's JSON form (watch.JobEvent/JobFinished)."""
+    when = "" if r["time"] is None else time.strftime("%m/%d %H:%M:%S", time.localtime(r["time"]))
+    if r["event"] == "finished":
+        if r["exit_signal"] is not None:
+            outcome = f"signal {r['exit_signal']}"
+        else:
+            outcome = "" if r["exit_code"] is None else f"exit {r['exit_code']}"
+        verdict = "ok" if r["succeeded"] else "not ok"
+        parts = [when, r["job"], "finished", r["status"], outcome, verdict, r["reason"] or ""]
+    else:
+        change = f"{r['from_status'] or '-'} -> {r['to_status'] or '(unchanged)'}"
+        parts = [when, r["job"], r["event"], change, r["slot"] or "", r["reason"] or ""]
+    return "  ".join(p for p in parts if p)
 
 
 def _short(text: str, limit: int = 40) -> str:

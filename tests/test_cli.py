@@ -171,3 +171,32 @@ def test_fetch_never_hangs_on_a_silent_database(
     assert r.stdout == b""
     assert took < 15, f"fetch_job took {took:.1f} s"
     assert r.stderr.count(b"\n") <= 1 and b"Traceback" not in r.stderr
+
+
+def test_allowed_owners_at_submit_and_at_fetch(
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path, shared_dir: Path
+) -> None:
+    """JOBSTORE_ALLOWED_OWNERS is checked at submit, and again at fetch (config may change)."""
+    sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
+    base = condor_config.read_text()
+    condor_config.write_text(base + "JOBSTORE_ALLOWED_OWNERS = somebody_else\n")
+    r = submit(db, sub)
+    assert r.returncode == 1 and "ALLOWED_OWNERS" in r.stderr
+    assert json.loads(cli(db, "q", "--json").stdout) == []
+
+    condor_config.write_text(base + f"JOBSTORE_ALLOWED_OWNERS = somebody_else, {_owner()}\n")
+    assert submit(db, sub).returncode == 0
+    condor_config.write_text(base + "JOBSTORE_JOBSTORE_ALLOWED_OWNERS = somebody_else\n")
+    slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+    r = run_hook(hook_dir, "fetch_job", slot, env=hook_env(db, condor_config))
+    assert r.stdout == b""
+    (job,) = json.loads(cli(db, "q", "--json", "-a").stdout)
+    assert job["status"] == "held" and "ALLOWED_OWNERS" in job["reason"]
+
+
+@pytest.mark.parametrize("owner", ["a@b", "-rf", "x y", "a\nb"])
+def test_owner_must_be_an_account_name(db: str, tmp_path: Path, owner: str) -> None:
+    sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
+    r = cli(db, "submit", str(sub), "--owner", owner)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+    assert json.loads(cli(db, "q", "--json").stdout) == []

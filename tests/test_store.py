@@ -560,8 +560,9 @@ def _capture_claim_select(store: JobStore) -> tuple[str, Any]:
     captured: list[tuple[str, Any]] = []
 
     def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith("SELECT") and "FROM jobs" in statement \
-                and "ORDER BY" in statement:
+        # the claim's candidate query: PostgreSQL's one-statement claim (WITH cand AS (SELECT
+        # ... FOR UPDATE SKIP LOCKED) UPDATE ... INSERT ...), SQLite's SELECT
+        if "FROM jobs" in statement and "ORDER BY" in statement:
             captured.append((statement, parameters))
 
     sa.event.listen(store.engine, "before_cursor_execute", listener)

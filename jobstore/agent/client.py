@@ -1,0 +1,189 @@
+"""The hot path of every hook executable: pass the call to the agent, print its answer, exit.
+
+Standard library only, and only its cheapest modules (`_socket`, `_signal`): the hooks run with
+`python -sS` and never import SQLAlchemy, psycopg, classad2 or htcondor2 here. When the agent
+cannot be reached (no socket, connection refused, or it declined the call before doing
+anything) the hook does the work itself with `jobstore.hookmain` (direct mode).
+"""
+
+from __future__ import annotations
+
+import _signal
+import _socket
+import os
+import sys
+import time
+
+from .protocol import (
+    BUSY,
+    DEFAULT_SOCKET,
+    HEADER,
+    MAX_RESPONSE,
+    MAX_STDIN,
+    OK,
+    PASSED_ENV,
+    ProtocolError,
+    body_length,
+    decode_body,
+    encode,
+    encode_env,
+)
+
+# Seconds before a hook gives up; as hookmain.DEADLINES (JOB_EXIT must end inside 30 s).
+DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
+DEFAULT_DEADLINE = 20.0
+
+
+class _NoAnswer(Exception):
+    """The request may have reached the agent, but no answer came back."""
+
+
+def _prologue() -> bool:
+    """Unblock signals, give fds 1 and 2 a home; returns whether stderr reaches HTCondor."""
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+    stderr_open = True
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            if fd == 2:
+                stderr_open = False
+            n = os.open(os.devnull, os.O_WRONLY)
+            if n != fd:
+                os.dup2(n, fd)
+                os.close(n)
+    return stderr_open
+
+
+def _read_stdin() -> bytes:
+    chunks, total = [], 0
+    try:
+        while total <= MAX_STDIN:
+            data = os.read(0, MAX_STDIN + 1 - total)
+            if not data:
+                break
+            chunks.append(data)
+            total += len(data)
+    except OSError:
+        pass
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except OSError:
+            return
+        view = view[n:]
+
+
+def _say(hook: str, stderr_open: bool, error: str | None, log: list[str]) -> None:
+    """The error line on stderr; error and log lines to $JOBSTORE_HOOK_LOG when set."""
+    if error and stderr_open:
+        _write_all(2, (error.replace("\n", " ")[:2000] + "\n").encode("utf-8", "replace"))
+    path = os.environ.get("JOBSTORE_HOOK_LOG")
+    lines = [f"{hook}: {x}" for x in log] + ([error] if error else [])
+    if path and lines:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        text = "".join(f"{stamp} {hook}[{os.getpid()}] (agent) {x}\n" for x in lines)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError:
+            return
+        try:
+            _write_all(fd, text.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+
+
+def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        data = sock.recv(min(n - got, 1 << 20))
+        if not data:
+            raise _NoAnswer("the agent closed the connection")
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+def ask(path: str, request: bytes, deadline: float) -> list[bytes] | None:
+    """Send `request` to the agent at `path`; its answer items. None: not connected (nothing
+    was sent). Raises _NoAnswer (or TimeoutError) once the request may have been delivered."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            sock.connect(path)
+        except OSError:
+            return None
+        try:
+            sock.sendall(request)
+        except TimeoutError:
+            raise
+        except OSError:
+            return None  # closed before it had the whole request: it did nothing
+        header = _recv_exact(sock, HEADER, deadline)
+        body = _recv_exact(sock, body_length(header, MAX_RESPONSE), deadline)
+        return decode_body(body, big_item=2)
+    finally:
+        sock.close()
+
+
+def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> None:
+    """Do the work in this process (the agent is not running); never returns."""
+    try:
+        if sys.flags.no_site:  # started with -S: a venv's site-packages are not on sys.path yet
+            import site
+
+            site.main()
+        from jobstore.hookmain import main as direct_main
+    except BaseException as exc:  # noqa: BLE001 - one line, never a traceback
+        _say(hook, stderr_open, f"jobstore hook: cannot import jobstore ({exc})", [])
+        os._exit(0)
+    direct_main(hook, stdin=stdin, started=started)
+
+
+def main(hook: str, socket_path: str | None = None) -> None:
+    """Entry point of the hook executables."""
+    started = time.monotonic()
+    stderr_open = _prologue()
+    stdin = _read_stdin()
+    mode = os.environ.get("JOBSTORE_HOOK_MODE", "")
+    if mode == "direct":
+        _direct(hook, stdin, started, stderr_open)
+    if len(stdin) > MAX_STDIN:
+        _say(hook, stderr_open, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", [])
+        os._exit(0)
+    seconds = DEADLINES.get(hook, DEFAULT_DEADLINE)
+    deadline = started + seconds
+    _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+    _signal.alarm(int(seconds) + 2)  # backstop, should the process itself get stuck
+    path = os.environ.get("JOBSTORE_AGENT_SOCKET") or socket_path or DEFAULT_SOCKET
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    argv = [os.fsencode(a) for a in sys.argv[1:]]
+    request = encode([hook.encode(), encode_env(env), stdin, *argv])
+    try:
+        answer = ask(path, request, deadline)
+    except (_NoAnswer, ProtocolError, OSError) as exc:
+        if hook != "fetch_job" and not isinstance(exc, TimeoutError):
+            # The agent died mid-call. A report is safe to send again (the attempt token makes
+            # a repeat harmless); a fetch is not (it could hand out a second job).
+            _direct(hook, stdin, started, stderr_open)
+        what = "gave up after the deadline" if isinstance(exc, TimeoutError) else str(exc)
+        _say(hook, stderr_open, f"{hook}: no answer from the jobstore agent ({what})", [])
+        os._exit(0)
+    if answer is None or (answer and answer[0] == BUSY):
+        if mode == "agent":
+            _say(hook, stderr_open, f"{hook}: the jobstore agent at {path} is not available", [])
+            os._exit(0)
+        _direct(hook, stdin, started, stderr_open)
+    status, code, stdout, error, *log = answer + [b""] * max(0, 4 - len(answer))
+    _say(hook, stderr_open, error.decode("utf-8", "replace") or None,
+         [x.decode("utf-8", "replace") for x in log])
+    if status == OK and stdout:
+        _write_all(1, stdout)
+    os._exit(int(code or b"0") if status == OK and code.isdigit() else 0)

@@ -1,0 +1,538 @@
+"""Follow job transitions as they happen: the public subscriber API behind `jobstore watch`.
+
+    from jobstore.watch import subscribe
+    with subscribe(url, jobs=["12"], until_done=True) as sub:
+        for record in sub:          # JobEvent for each transition, JobFinished once per job
+            print(record.to_json())
+
+PostgreSQL: every job_events row sends `NOTIFY jobstore_events` (payload: the job id) when its
+transaction commits (store._event). A subscriber LISTENs on a dedicated autocommit connection;
+a notification only wakes it up, it then reads job_events by id, and reads anyway every
+`catch_up` seconds as a safety net. SQLite, or a pooler that cannot LISTEN (PgBouncer in
+transaction mode, found by a probe at start or named with `poll=True`): the same read every
+`interval` seconds.
+
+Reading by id misses nothing and repeats nothing: event ids come from a sequence before commit,
+so on PostgreSQL a lower id can become visible after a higher one. Such missing ids ("gaps") are
+read again until every transaction that could still commit them has ended (the snapshot's xmin
+has passed the xmax seen when the gap was found); this relies on every transaction that writes
+an event having written or locked a row first, which store.py always does. On SQLite writers
+take turns, so ids become visible in order. After a database restart the subscriber reconnects
+with backoff and goes on from the last id it saw.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from .db import make_engine
+from .errors import DatabaseError, UnknownJob
+from .states import FINAL, Status
+from .store import NOTIFY_CHANNEL, JobStore
+
+__all__ = [
+    "JobEvent",
+    "JobFinished",
+    "Record",
+    "Subscription",
+    "subscribe",
+    "watch",
+    "parse_since",
+    "parse_job_id",
+]
+
+Row = Mapping[str, Any]
+WINDOW = 1000  # PostgreSQL: ids below the start that are re-checked for late commits
+BATCH = 1000
+MAX_GAP_RANGES = 100
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One row of job_events: a transition (or a recorded report that changed nothing)."""
+
+    id: int
+    job_id: int
+    cluster: int
+    proc: int
+    time: float
+    event: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    slot: str | None
+    host: str | None
+    reason: str | None
+    attrs: dict[str, Any] | None
+
+    @property
+    def job(self) -> str:
+        return f"{self.cluster}.{self.proc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, **asdict(self)}
+
+    @classmethod
+    def from_row(cls, r: Row) -> JobEvent:
+        return cls(
+            id=r["id"],
+            job_id=r["job_id"],
+            cluster=r["cluster_id"],
+            proc=r["proc_id"],
+            time=r["time"],
+            event=r["event"],
+            from_status=r["from_status"],
+            to_status=r["to_status"],
+            attempt=r["attempt"],
+            slot=r["slot"],
+            host=r["host"],
+            reason=r["reason"],
+            attrs=r["attrs"],
+        )
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    """The last record of a job: it reached a final state (completed, failed, removed).
+
+    `succeeded`: completed, not by a signal, with the job's success_exit_code (default 0).
+    `event_id` is the event that finished it (None if it had finished before the watch began).
+    """
+
+    job_id: int
+    cluster: int
+    proc: int
+    time: float | None
+    status: str
+    succeeded: bool
+    exit_code: int | None
+    exit_signal: int | None
+    reason: str | None
+    event_id: int | None
+    event: str = "finished"
+
+    @property
+    def job(self) -> str:
+        return f"{self.cluster}.{self.proc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, **asdict(self)}
+
+    @classmethod
+    def from_job(cls, j: Row, *, event_id: int | None, when: float | None) -> JobFinished:
+        """From a job row (or an event row carrying the job's columns, see store.event_feed)."""
+        status = j.get("job_status") or j["status"]
+        by_signal = bool(j["exit_by_signal"])
+        return cls(
+            job_id=j["job_id"] if "job_id" in j else j["id"],
+            cluster=j["cluster_id"],
+            proc=j["proc_id"],
+            time=when,
+            status=status,
+            succeeded=status == Status.COMPLETED
+            and not by_signal
+            and j["exit_code"] == j["success_exit_code"],
+            exit_code=j["exit_code"],
+            exit_signal=j["exit_signal"] if by_signal else None,
+            reason=j["reason"],
+            event_id=event_id,
+        )
+
+
+Record = JobEvent | JobFinished
+
+
+def parse_job_id(text: str | int) -> tuple[int, int | None]:
+    """`12` or `12.3` (HTCondor's cluster[.proc]) -> (cluster, proc or None)."""
+    cluster, _, proc = str(text).partition(".")
+    try:
+        return int(cluster), (int(proc) if proc else None)
+    except ValueError:
+        raise ValueError(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str) -> int | datetime:
+    """`--since`: an event id (`0` replays everything), an age (`90s`, `10m`, `2h`, `1d`) or a
+    local ISO time (`2025-05-01T12:00`)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if text[:-1].isdigit() and text[-1:] in _UNITS:
+        return datetime.fromtimestamp(time.time() - int(text[:-1]) * _UNITS[text[-1]])
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"bad --since {text!r} (an event id, an age like 10m or 2h, or an ISO time)"
+        ) from None
+
+
+class _Follower:
+    """Reads job_events by id: every committed event once, however late it commits."""
+
+    def __init__(self, store: JobStore, high: int, silent_upto: int = 0) -> None:
+        self.store = store
+        self.high = high  # every id <= high was delivered, is a gap, or is gone for good
+        self.gaps: dict[int, int | None] = {}  # id -> xmax when found (None: not yet known)
+        self.silent_upto = silent_upto  # ids read that are at most this are not delivered
+        self.pg = store.engine.dialect.name == "postgresql"
+
+    def read(self) -> tuple[list[Row], bool]:
+        """New events in id order (late ones first), and whether more are waiting."""
+        xmin = self.store.snapshot_bounds()[0] if self.gaps else None  # type: ignore[index]
+        ranges = _ranges(sorted(self.gaps))[:MAX_GAP_RANGES]
+        rows = self.store.event_feed(self.high, gaps=ranges, limit=BATCH)
+        found = {r["id"] for r in rows}
+        top = max((i for i in found if i > self.high), default=self.high)
+        if xmin is not None:  # asked gaps whose writers had all ended before the read: gone
+            for lo, hi in ranges:
+                for i in range(lo, hi + 1):
+                    h = self.gaps.get(i)
+                    if i not in found and h is not None and h <= xmin:
+                        del self.gaps[i]
+        for i in found:
+            self.gaps.pop(i, None)
+        if self.pg:
+            for i in range(self.high + 1, top):
+                if i not in found:
+                    self.gaps[i] = None
+            if any(h is None for h in self.gaps.values()):
+                xmax = self.store.snapshot_bounds()[1]  # type: ignore[index]
+                for i, h in self.gaps.items():
+                    if h is None:
+                        self.gaps[i] = xmax
+        self.high = top
+        fresh = [r for r in rows if r["id"] > self.silent_upto]
+        return fresh, len(rows) == BATCH
+
+
+def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+class _Listener:
+    """A dedicated autocommit psycopg connection that LISTENs on the store's channel."""
+
+    def __init__(self, store: JobStore, connect_timeout: int) -> None:
+        self.store = store
+        self.connect_timeout = connect_timeout
+        self.conn: Any = None
+
+    def open(self) -> None:
+        import psycopg
+
+        engine = self.store.engine
+        _, params = engine.dialect.create_connect_args(engine.url)
+        params = {k: v for k, v in params.items() if k != "context"}
+        params.setdefault("connect_timeout", self.connect_timeout)
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def probe(self, timeout: float = 3.0) -> bool:
+        """Does a notification sent from another connection arrive? (Not behind a pooler in
+        transaction mode: the LISTEN stays on a server connection we no longer hold.)"""
+        token = "probe:" + secrets.token_hex(8)
+        from sqlalchemy import text
+
+        with self.store.engine.begin() as conn:
+            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": token})
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if token in self.wait(left):
+                return True
+        return False
+
+    def wait(self, timeout: float) -> list[str]:
+        """Payloads of the notifications that arrive within `timeout` (all that are queued)."""
+        got = [n.payload for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
+        if got:
+            got += [n.payload for n in self.conn.notifies(timeout=0.001)]
+        return got
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
+
+
+def _names(value: str | Iterable[str] | None) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    return frozenset([value] if isinstance(value, str) else value)
+
+
+class Subscription:
+    """Events of a set of jobs or of a filter, as an iterator (see `subscribe`). Use it once;
+    `close()` (from any thread) ends the iteration within about half a second."""
+
+    error: Exception | None = None  # what stopped a `watch` callback thread
+    thread: threading.Thread | None = None
+
+    def __init__(
+        self,
+        db: str | JobStore,
+        *,
+        jobs: Iterable[str | int] | None = None,
+        owner: str | Iterable[str] | None = None,
+        queue: str | Iterable[str] | None = None,
+        statuses: Iterable[str] | None = None,
+        since: int | datetime | None = None,
+        until_done: bool = False,
+        poll: bool | None = None,
+        interval: float = 0.25,
+        catch_up: float = 5.0,
+        on_retry: Callable[[str], None] | None = None,
+    ) -> None:
+        url = db.engine.url if isinstance(db, JobStore) else db
+        # A private engine with a pool: one connection kept open between reads.
+        self.store = JobStore(make_engine(url, pool=True))  # type: ignore[arg-type]
+        self.owners, self.queues = _names(owner), _names(queue)
+        self.statuses = frozenset(Status(s).value for s in (statuses or ()))
+        self.until_done = until_done
+        self.interval, self.catch_up, self.on_retry = interval, catch_up, on_retry
+        self.poll = poll
+        self.job_ids: frozenset[int] | None = None
+        self.tracked: set[int] = set()  # jobs whose end ends the iteration (until_done)
+        self.outcomes: dict[int, JobFinished] = {}
+        self._closed = threading.Event()
+        self._listener: _Listener | None = None
+        try:
+            self._start(jobs, since)
+        except BaseException:
+            self.store.engine.dispose()
+            raise
+
+    # ---- start ----------------------------------------------------------------------------
+
+    def _start(self, jobs: Iterable[str | int] | None, since: int | datetime | None) -> None:
+        store = self.store
+        named: list[Row] = []
+        if jobs is not None:
+            for text in jobs:
+                cluster, proc = parse_job_id(text)
+                found = store.find_jobs(cluster, proc)
+                if not found:
+                    raise UnknownJob(str(text))
+                named.extend(found)
+            self.job_ids = frozenset(j["id"] for j in named)
+        pg = store.engine.dialect.name == "postgresql"
+        if isinstance(since, datetime):
+            high, silent = store.last_event_id(before=since.timestamp()), 0
+        elif since is not None:
+            high, silent = int(since), 0
+        else:  # from now on; on PostgreSQL re-check a window below for late commits
+            silent = store.last_event_id()
+            high = max(0, silent - WINDOW) if pg else silent
+        self.follower = _Follower(store, high, silent)
+        if named:
+            candidates = [j for j in named if self._matches(j)]
+        elif self.until_done:
+            candidates = store.list_jobs(owners=list(self.owners), queues=list(self.queues))
+        else:
+            candidates = []
+        self.tracked = {j["id"] for j in candidates}
+        # finished before the watch: told after the first read, unless that read tells it
+        self._done_at_start = [j for j in candidates if j["status"] in FINAL]
+        if pg and self.poll is not True:
+            listener = _Listener(store, connect_timeout=5)
+            try:
+                listener.open()
+                ok = listener.probe()
+            except Exception as exc:  # noqa: BLE001 - any failure to LISTEN means: poll
+                listener.close()
+                ok = False
+                self._tell(f"cannot LISTEN ({_first_line(exc)}); following job_events by polling")
+            else:
+                if not ok:
+                    listener.close()
+                    self._tell(
+                        "notifications do not arrive (a pooler in transaction mode?); "
+                        "following job_events by polling"
+                    )
+            if ok:
+                self._listener = listener
+        self.mode = "listen" if self._listener else "poll"
+
+    def _matches(self, j: Row) -> bool:
+        job_id = j["job_id"] if "job_id" in j else j["id"]
+        return (
+            (self.job_ids is None or job_id in self.job_ids)
+            and (not self.owners or j["owner"] in self.owners)
+            and (not self.queues or j["queue"] in self.queues)
+        )
+
+    def _tell(self, message: str) -> None:
+        if self.on_retry is not None:
+            self.on_retry(message)
+
+    # ---- the public surface -----------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """until_done: every tracked job has finished."""
+        return self.until_done and self.tracked.issubset(self.outcomes)
+
+    @property
+    def all_succeeded(self) -> bool:
+        """Every tracked job finished, and completed successfully."""
+        return self.tracked.issubset(self.outcomes) and all(
+            self.outcomes[j].succeeded for j in self.tracked
+        )
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for a `watch` thread to end; True if it has."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Record]:
+        try:
+            yield from self._records()
+        finally:
+            self._closed.set()
+            if self._listener is not None:
+                self._listener.close()
+            self.store.engine.dispose()
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _records(self) -> Iterator[Record]:
+        backoff = 0.0
+        first = True
+        while not self._closed.is_set() and not (self.done and not first):
+            try:
+                if self._listener is not None and self._listener.conn is None:
+                    self._listener.open()
+                rows, more = self.follower.read()
+            except Exception as exc:  # noqa: BLE001 - database away: retry, resume from high
+                if not _is_db_error(exc):
+                    raise
+                if self._listener is not None:
+                    self._listener.close()
+                if backoff == 0.0:
+                    self._tell(f"{_first_line(exc)}; retrying")
+                backoff = min(max(backoff * 2, 0.2), 5.0)
+                self._closed.wait(backoff)
+                continue
+            if backoff:
+                self._tell("database back; watching again")
+                backoff = 0.0
+            for row in rows:
+                yield from self._from_row(row)
+            if first and not more:
+                first = False
+                for j in self._done_at_start:
+                    if j["id"] not in self.outcomes:
+                        rec = JobFinished.from_job(j, event_id=None, when=j["finished_at"])
+                        self.outcomes[j["id"]] = rec
+                        yield rec
+            if not more and not (self.done and not first):
+                self._wait()
+
+    def _from_row(self, row: Row) -> Iterator[Record]:
+        if not self._matches(row):
+            return
+        if not self.statuses or row["to_status"] in self.statuses:
+            yield JobEvent.from_row(row)
+        if row["to_status"] in FINAL and row["job_id"] not in self.outcomes:
+            rec = JobFinished.from_job(row, event_id=row["id"], when=row["time"])
+            self.outcomes[row["job_id"]] = rec
+            yield rec
+
+    def _wait(self) -> None:
+        """Until something may have happened: a notification, or the next poll or catch-up."""
+        if self._listener is None:
+            self._closed.wait(self.interval)
+            return
+        deadline = time.monotonic() + self.catch_up
+        while not self._closed.is_set() and (left := deadline - time.monotonic()) > 0:
+            try:
+                payloads = self._listener.wait(min(left, 0.5))
+            except Exception as exc:  # noqa: BLE001 - lost the connection: read (and retry)
+                if not _is_db_error(exc):
+                    raise
+                self._listener.close()
+                return
+            if payloads and not self._irrelevant(payloads):
+                return
+
+    def _irrelevant(self, payloads: list[str]) -> bool:
+        """Only notifications about jobs we do not follow (and no late ids to look for)."""
+        if self.job_ids is None or self.follower.gaps:
+            return False
+        return all(p.isdigit() and int(p) not in self.job_ids for p in payloads)
+
+
+def _is_db_error(exc: Exception) -> bool:
+    if isinstance(exc, DatabaseError | OSError):
+        return True
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return False
+    return isinstance(exc, psycopg.Error)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def subscribe(db: str | JobStore, **options: Any) -> Subscription:
+    """Follow job events: iterate the result for `JobEvent`s and one `JobFinished` per job.
+
+    db: a database URL (or a JobStore). jobs: ids like "12" or "12.3" (default: all jobs);
+    owner, queue: a name or names; statuses: only events into these statuses (JobFinished
+    records come regardless); since: an event id, or a datetime, to replay from (default: now);
+    until_done: stop when the named jobs (or those matching owner/queue at start that are not
+    finished) have all finished; poll: True to poll, False to insist on LISTEN, None to choose;
+    interval: seconds between polls; catch_up: seconds between safety reads while listening;
+    on_retry: called with a one-line message when the database goes away or comes back.
+    Raises UnknownJob, ValueError or DatabaseError at once when it cannot start.
+    """
+    return Subscription(db, **options)
+
+
+def watch(db: str | JobStore, callback: Callable[[Record], None], **options: Any) -> Subscription:
+    """Call `callback(record)` from a background thread for each record of `subscribe(db,
+    **options)`. Stop it with `close()`; `join()` waits for the end (with until_done: until the
+    last job finished). An exception in the callback ends it and is kept in `error`."""
+    sub = subscribe(db, **options)
+
+    def run() -> None:
+        try:
+            for record in sub:
+                callback(record)
+        except Exception as exc:  # noqa: BLE001 - kept for the caller
+            sub.error = exc
+
+    sub.thread = threading.Thread(target=run, name="jobstore-watch", daemon=True)
+    sub.thread.start()
+    return sub

@@ -1,0 +1,305 @@
+"""The per-node agent (`jobstore agent`) and the thin hooks: the agent and every hook run as
+separate processes, on SQLite and PostgreSQL; peer-uid checks as other accounts when root."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import libpq_url
+from hookrun import hook_env
+from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
+from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
+
+from jobstore import spool
+from jobstore.agent.protocol import MAGIC, MAX_REQUEST
+from jobstore.db import upgrade
+from jobstore.emulator.spawn import hook_preexec
+from jobstore.hooktemplates import install_hooks
+from jobstore.store import JobStore
+
+WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
+
+
+@dataclass
+class Node:
+    """A node directory every account can traverse: hooks, config, spool, the agent's socket."""
+
+    base: Path
+    db_url: str
+    config: Path
+    socket: str
+    hooks: Path
+    log: Path
+    agent: subprocess.Popen | None = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return hook_env(self.db_url, self.config, JOBSTORE_AGENT_SOCKET=self.socket,
+                        JOBSTORE_SPOOL=str(self.base / "spool"), **extra)
+
+    def start(self) -> None:
+        self.log.write_text("")
+        env = dict(self.env(), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
+        with open(self.log, "ab") as err:
+            self.agent = subprocess.Popen(
+                [sys.executable, "-m", "jobstore.cli", "agent", "--socket", self.socket],
+                env=env, stdout=err, stderr=err, preexec_fn=hook_preexec(False),
+            )
+        self.wait_log("listening on")
+
+    def wait_log(self, text: str, after: int = 0) -> None:
+        end = time.monotonic() + WAIT
+        while text not in self.log.read_text()[after:]:
+            assert self.agent is None or self.agent.poll() is None, self.log.read_text()
+            assert time.monotonic() < end, f"no {text!r} in agent log: {self.log.read_text()}"
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.agent is not None
+        self.agent.send_signal(sig)
+        code = self.agent.wait(WAIT)
+        self.agent = None
+        return code
+
+    def hook(self, name: str, stdin: bytes, argv: list[str] | None = None,
+             user: pwd.struct_passwd | None = None, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(self.hooks / name), *(argv or [])], input=stdin, capture_output=True,
+            env=self.env(**env), timeout=WAIT, preexec_fn=hook_preexec(False),
+            user=user.pw_uid if user else None, group=user.pw_gid if user else None,
+            extra_groups=[] if user else None,
+        )
+
+
+@pytest.fixture
+def node(db_url: str) -> Iterator[Node]:
+    base = Path(tempfile.mkdtemp(prefix="jobstore-agent-"))
+    os.chmod(base, 0o755)
+    if db_url.startswith("sqlite"):
+        db_url = f"sqlite:///{base / 'jobstore.db'}"
+    upgrade(db_url)
+    (base / "log").mkdir()
+    config = base / "condor_config"
+    config.write_text(
+        "UID_DOMAIN = localdomain\nSTARTD_JOB_HOOK_KEYWORD = JOBSTORE\n"
+        f"LOG = {base / 'log'}\nJOBSTORE_AGENT_READ_TIMEOUT = 1\n"
+    )
+    spool.ensure_dir(base / "spool")
+    hooks = base / "hooks"
+    install_hooks(hooks, sys.executable)
+    n = Node(base, db_url, config, str(base / "agent.sock"), hooks, base / "agent.log")
+    try:
+        yield n
+    finally:
+        if n.agent is not None:
+            n.agent.kill()
+            n.agent.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def store(node: Node) -> Iterator[JobStore]:
+    s = JobStore.from_url(node.db_url)
+    yield s
+    s.engine.dispose()
+
+
+def _status(store: JobStore, job_id: int) -> str:
+    return store.get_job(job_id)["status"]
+
+
+def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
+    """Every hook of a job's life answered by the agent (JOBSTORE_HOOK_MODE=agent: no fallback);
+    the hot path imports nothing but the standard library; SIGTERM ends it cleanly."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    node.start()
+    seq = run_sequence(node.hooks, node.env(JOBSTORE_HOOK_MODE="agent"), "slot1@node01")
+    assert seq.job_id == job_id
+    assert [c.returncode for c in seq.calls] == [0] * 6
+    assert not [c for c in seq.calls if c.stderr], [c.stderr for c in seq.calls]
+    assert _status(store, job_id) == "completed"
+    log = node.log.read_text()
+    assert f"fetched job {job_id}" in log and "exit running -> completed" in log
+    # The hot path: no SQLAlchemy, psycopg, classad2 or htcondor2 in the hook process.
+    probe = node.hook("fetch_job", slot_ad("slot2@node01"), JOBSTORE_HOOK_MODE="agent",
+                      PYTHONPROFILEIMPORTTIME="1")
+    imported = probe.stderr.decode()
+    assert "jobstore.agent.client" in imported
+    for heavy in ("sqlalchemy", "psycopg", "classad2", "htcondor2", "jobstore.handlers"):
+        assert heavy not in imported
+    assert node.stop() == 0
+    assert not os.path.exists(node.socket)
+    assert "stopped" in node.log.read_text()
+
+
+def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
+    """No socket: the hooks do the work themselves; JOBSTORE_HOOK_MODE=agent says so instead."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    refused = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert refused.stdout == b"" and b"not available" in refused.stderr
+    assert _status(store, job_id) == "idle"
+    seq = run_sequence(node.hooks, node.env(), "slot1@node01")
+    assert seq.job_id == job_id and _status(store, job_id) == "completed"
+
+
+def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None:
+    """Fetched and accepted through the agent; the agent is SIGKILLed; the starter hooks fall
+    back to direct mode and the job completes exactly once."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    node.start()
+    fetched = node.hook("fetch_job", slot_ad("slot1@node01"))
+    assert b"JobstoreJobId = %d" % job_id in fetched.stdout
+    job = fetched.stdout
+    node.hook("reply_fetch", job + b"-----\n" + slot_ad("slot1@node01"), ["accept"])
+    assert _status(store, job_id) == "accepted"
+    node.agent.kill()
+    node.agent.wait()
+    node.agent = None
+    assert os.path.exists(node.socket)  # left behind: connection refused, so direct mode
+    assert node.hook("prepare_job", job).returncode == 0
+    done = node.hook("job_exit", job + b"ExitCode = 0\nExitBySignal = false\n", ["exit"])
+    assert done.returncode == 0 and done.stderr == b""
+    assert _status(store, job_id) == "completed"
+    exits = [e for e in store.events(job_id) if e["event"] == "exit" and e["to_status"]]
+    assert len(exits) == 1
+    node.start()  # a stale socket file does not stop a new agent
+    assert node.stop(signal.SIGQUIT) == 0
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) -> None:
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    node.start()
+
+    def raw(data: bytes) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(WAIT)
+        s.connect(node.socket)
+        s.sendall(data)
+        return s
+
+    slow = raw(MAGIC + (1000).to_bytes(4, "big") + b"\0\0")  # announces 1000 bytes, sends 2
+    garbage = raw(b"GET / HTTP/1.0\r\n\r\n")
+    oversize = raw(MAGIC + (MAX_REQUEST + 1).to_bytes(4, "big"))
+    good = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert b"JobstoreJobId = %d" % job_id in good.stdout, good.stderr
+    for s in (garbage, oversize):
+        answer = s.recv(4096)
+        assert answer.startswith(MAGIC) and b"refused" in answer and b"bad request" in answer
+        s.close()
+    assert slow.recv(4096) == b""  # dropped after JOBSTORE_AGENT_READ_TIMEOUT
+    slow.close()
+    assert node.agent.poll() is None
+    assert "bad request refused" in node.log.read_text()
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:
+    (job_id,) = submit_jobs(store, 1, ordinary_owner(), queue="gpu")
+    node.start()
+    assert node.hook("fetch_job", slot_ad("slot1@node01")).stdout == b""
+    with open(node.config, "a") as fh:
+        fh.write("JOBSTORE_QUEUE = gpu\n")
+    mark = len(node.log.read_text())
+    node.agent.send_signal(signal.SIGHUP)
+    node.wait_log("configuration reloaded", mark)
+    fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert b"JobstoreJobId = %d" % job_id in fetched.stdout
+    assert node.stop() == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_one_database_connection_per_node(node: Node, store: JobStore) -> None:
+    """Eight slots fetch at once through the agent; afterwards it holds one connection."""
+    ids = submit_jobs(store, 8, ordinary_owner())
+    node.start()
+    env = node.env(JOBSTORE_HOOK_MODE="agent")
+    procs = [subprocess.Popen([str(node.hooks / "fetch_job")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in ids]
+    outs = [p.communicate(slot_ad(f"slot{i}@node01"), timeout=WAIT)
+            for i, p in enumerate(procs, 1)]
+    assert sum(b"JobstoreJobId" in out for out, _ in outs) == 8
+    name = store.engine.url.database
+    with psycopg.connect(libpq_url(node.db_url), autocommit=True) as conn:
+        held = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> "
+            "pg_backend_pid()", (name,)).fetchone()[0]
+    assert held == 1
+    assert node.stop() == 0
+
+
+# ---- as root: other accounts ---------------------------------------------------------------
+
+
+@pytest.fixture
+def accounts() -> tuple[pwd.struct_passwd, pwd.struct_passwd, pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create accounts and drop privileges")
+    return (_ensure_account(SERVICE_ACCOUNT), _ensure_account(JOB_USERS[0]),
+            _ensure_account(JOB_USERS[1]))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_peer_uid_decides_who_may_call(
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+) -> None:
+    condor, alice, bob = accounts
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {condor.pw_name}\n")
+    (job_id,) = submit_jobs(store, 1, alice.pw_name)
+    node.start()
+    sad = slot_ad("slot1@node01")
+    denied = node.hook("fetch_job", sad, user=bob)
+    assert denied.stdout == b"" and b"not a condor service account" in denied.stderr
+    assert _status(store, job_id) == "idle"
+    job = node.hook("fetch_job", sad, user=condor).stdout
+    assert b"JobstoreJobId = %d" % job_id in job
+    node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
+    ended = job + b"ExitCode = 0\nExitBySignal = false\n"
+    other = node.hook("job_exit", ended, ["exit"], user=bob)
+    assert b"may not report on job" in other.stderr and _status(store, job_id) == "accepted"
+    own = node.hook("job_exit", ended, ["exit"], user=alice)
+    assert own.returncode == 0 and own.stderr == b"", own.stderr
+    assert _status(store, job_id) == "completed"
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_job_user_without_credentials_spools_for_the_agent(
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+) -> None:
+    """The password file is the service's only: with the agent down, a starter hook run as the
+    job's user keeps its report in the spool (one line), and the agent sends it at start."""
+    _, alice, _ = accounts
+    secret = node.base / "db-password"
+    secret.write_text("not-for-job-users\n")
+    os.chmod(secret, 0o600)
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_DATABASE_PASSWORD_FILE = {secret}\n")
+    (job_id,) = submit_jobs(store, 1, alice.pw_name)
+    node.start()
+    sad = slot_ad("slot1@node01")
+    job = node.hook("fetch_job", sad).stdout
+    node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"])
+    assert node.stop() == 0
+    ended = node.hook("job_exit", job + b"ExitCode = 0\nExitBySignal = false\n", ["exit"],
+                      user=alice)
+    lines = ended.stderr.decode().splitlines()
+    assert ended.returncode == 0 and len(lines) == 1 and "kept in the spool" in lines[0]
+    assert "not-for-job-users" not in ended.stderr.decode()
+    assert _status(store, job_id) == "accepted"
+    node.start()
+    node.wait_log("1 report(s) replayed")
+    assert _status(store, job_id) == "completed"
