@@ -92,15 +92,19 @@ def _setting(keyword: str, name: str) -> str | None:
 
 
 def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:
-    raw = _setting(keyword, name)
+    return _checked_int(f"{keyword}_JOBSTORE_{name}", _setting(keyword, name), default, minimum)
+
+
+def _checked_int(param: str, raw: str | None, default: int, minimum: int) -> int:
+    """`raw` (the value of configuration `param`) as an integer >= minimum; default if unset."""
     if raw is None:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{keyword}_JOBSTORE_{name} must be an integer, not {raw!r}") from None
+        raise ConfigError(f"{param} must be an integer, not {raw!r}") from None
     if value < minimum:
-        raise ConfigError(f"{keyword}_JOBSTORE_{name} must be at least {minimum}")
+        raise ConfigError(f"{param} must be at least {minimum}")
     return value
 
 
@@ -206,16 +210,8 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         startd = tuple(dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
 
     def number(name: str, default: int, minimum: int = 1) -> int:
-        raw = _param(f"JOBSTORE_AGENT_{name}")
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"JOBSTORE_AGENT_{name} must be an integer, not {raw!r}") from None
-        if value < minimum:
-            raise ConfigError(f"JOBSTORE_AGENT_{name} must be at least {minimum}")
-        return value
+        param = f"JOBSTORE_AGENT_{name}"
+        return _checked_int(param, _param(param), default, minimum)
 
     return AgentSettings(
         socket=agent_socket(socket_override),

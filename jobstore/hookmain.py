@@ -13,26 +13,15 @@ import sys
 import threading
 import time
 
-# Seconds before a hook gives up. JOB_EXIT must end well inside the starter's 30 s timeout.
-DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
-DEFAULT_DEADLINE = 20.0
-MAX_STDIN = 4 * 1024 * 1024
+from .agent.client import DEADLINES, DEFAULT_DEADLINE, read_stdin, write_all
+from .agent.client import prologue as _reopen_fds
+from .agent.protocol import MAX_STDIN
 
 
 def _prologue() -> bool:
-    """Unblock signals and give fds 1 and 2 a home; returns whether stderr reaches HTCondor."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    stderr_open = True
-    for fd in (1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            if fd == 2:
-                stderr_open = False
-            n = os.open(os.devnull, os.O_WRONLY)  # lowest free fd, i.e. `fd` itself
-            if n != fd:
-                os.dup2(n, fd)
-                os.close(n)
+    """The hooks' prologue (unblock signals, reopen fds 1 and 2), and Python's own stdout/stderr
+    objects for code that prints; returns whether stderr reaches HTCondor."""
+    stderr_open = _reopen_fds()
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     if sys.stderr is None:
@@ -100,20 +89,6 @@ def _configured_log() -> str | None:
         return None
 
 
-def _read_stdin() -> bytes:
-    try:
-        data = os.read(0, MAX_STDIN + 1)
-        chunks = [data]
-        total = len(data)
-        while data and total <= MAX_STDIN:
-            data = os.read(0, MAX_STDIN + 1 - total)
-            chunks.append(data)
-            total += len(data)
-    except OSError:
-        return b""
-    return b"".join(chunks)
-
-
 def main(hook: str, *, stdin: bytes | None = None, started: float | None = None) -> None:
     """Entry point of the direct (in-process) hooks. The thin client passes the `stdin` it read
     already and the time the hook `started`, so that the deadline counts from the real start."""
@@ -124,7 +99,7 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
     code = 0
     try:
         if stdin is None:
-            stdin = _read_stdin()
+            stdin = read_stdin()
         if len(stdin) > MAX_STDIN:
             _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
         else:
@@ -144,20 +119,9 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
             if response.error:
                 _log_line(hook, response.error, to_stderr=True)
             if response.stdout:
-                _write_all(response.stdout)
+                write_all(1, response.stdout)
             code = response.exit_code
     except BaseException as exc:  # noqa: BLE001 - a hook must never show a traceback
         _log_line(hook, f"{hook}: internal error: {type(exc).__name__}: {exc}", to_stderr=True)
         code = 0
     os._exit(code)
-
-
-def _write_all(data: bytes) -> None:
-    """One write of the whole output; the job ad is at most 10 KiB, below any pipe buffer."""
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(1, view)
-        except OSError:
-            return
-        view = view[n:]

@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -96,8 +100,36 @@ def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  #
     shutil.rmtree(base, ignore_errors=True)
 
 
+@contextmanager
+def _agent(tmp: Path, condor_config: Path, startd_user: str | None) -> Iterator[dict[str, str]]:
+    """`jobstore agent` on a socket in `tmp`; yields the hook environment that uses it only."""
+    sock = str(tmp / "agent.sock")
+    if startd_user:
+        with open(condor_config, "a") as fh:
+            fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {startd_user}\n")
+    log = tmp / "agent.log"
+    with open(log, "wb") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket", sock],
+            env={**os.environ, "CONDOR_CONFIG": str(condor_config)},
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in log.read_text():
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        # JOBSTORE_HOOK_MODE=agent: no fallback, so every call below went through the agent
+        yield {"JOBSTORE_AGENT_SOCKET": sock, "JOBSTORE_HOOK_MODE": "agent"}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 0, log.read_text()
+
+
 @pytest.mark.slow
-def test_fifty_jobs_on_four_slots_with_evictions(node_db) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["direct", "agent"])
+def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  # type: ignore[no-untyped-def]
     store, tmp = node_db
     owner = _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
     ids = _submit(store, tmp, FIFTY, owner)
@@ -110,7 +142,7 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db) -> None:  # type: igno
             return 0.3
         return None
 
-    cfg, _ = _node(
+    cfg, condor_config = _node(
         tmp, str(store.engine.url.render_as_string(False)), vacate_after=vacate_first_five
     )
     if os.geteuid() == 0:
@@ -118,7 +150,12 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db) -> None:  # type: igno
         for path in (tmp, tmp / "jobstore.db"):
             if path.exists():
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)
-    report = Emulator(cfg).run(until=lambda: not store.list_jobs(), timeout=300, wait_for_jobs=True)
+    with ExitStack() as stack:
+        if mode == "agent":
+            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        report = Emulator(cfg).run(
+            until=lambda: not store.list_jobs(), timeout=300, wait_for_jobs=True
+        )
 
     jobs = {j["id"]: j for j in store.list_jobs(include_final=True)}
     assert sorted(jobs) == sorted(ids)

@@ -1,15 +1,19 @@
 """The job store behind PgBouncer in TRANSACTION pooling mode: no server-side prepared statements,
 no session state, so claims and reports from many processes work through a pool of 5 server
-connections, the store API and the real hook executables alike."""
+connections: the store API (pooled engines, as the per-node agent keeps, and unpooled ones, as the
+hooks use), the real hook executables, and `jobstore watch` (which finds LISTEN unusable there
+and polls) alike."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -106,11 +110,11 @@ def _admin_show(admin: str, what: str) -> list[dict]:
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
-def _worker(url: str, slot: str, queue) -> None:  # type: ignore[no-untyped-def]
+def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[no-untyped-def]
     """Claim and run jobs (PREPARE, START, EXIT with the token) until none is left."""
     ids: list[int] = []
     errors: list[str] = []
-    store = JobStore(make_engine(url, connect_timeout=30))
+    store = JobStore(make_engine(url, connect_timeout=30, pool=pooled))
     req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                        slot=slot, host="node", keyword="JOBSTORE", claim_lease=600)
     try:
@@ -153,6 +157,15 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
         store.engine.dispose()
     hook_config = tmp_path / "condor_config_hooks"
     hook_config.write_text(Path(condor_config).read_text() + "JOBSTORE_QUEUE = hooks\n")
+    # Follows the hook queue's jobs from their first event (--since 0: whenever it gets going),
+    # through PgBouncer, until they are all done.
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "jobstore.cli", "--db", bouncer_url, "watch", "--until-done",
+         "--since", "0",
+         "--json", "-q", "hooks"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CONDOR_CONFIG": str(hook_config)},
+    )
     # A private spool: the default one is shared with every other test on this machine.
     env = hook_env(bouncer_url, hook_config, JOBSTORE_SPOOL=str(tmp_path / "spool"),
                    JOBSTORE_HOOK_LOG=str(tmp_path / "hook.log"))
@@ -177,7 +190,7 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
 
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(bouncer_url, f"slot{n}@node", queue))
+    procs = [ctx.Process(target=_worker, args=(bouncer_url, f"slot{n}@node", queue, n % 2 == 0))
              for n in range(1, WORKERS + 1)]
     threads = [threading.Thread(target=hook_slot, args=(n,)) for n in range(1, HOOK_JOBS + 1)]
     start = time.monotonic()
@@ -235,3 +248,10 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
     assert exits == dict.fromkeys(ids, 1)
     assert fetches == dict.fromkeys(ids, 1)
     assert stale == []
+
+    out, err = watcher.communicate(timeout=120)
+    assert watcher.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert sorted(x["job_id"] for x in lines if x["event"] == "finished") == sorted(hook_ids)
+    watched_exits = [x["job_id"] for x in lines if x["event"] == "exit" and x["to_status"]]
+    assert sorted(watched_exits) == sorted(hook_ids), "an exit was missed or shown twice"

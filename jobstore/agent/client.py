@@ -29,7 +29,8 @@ from .protocol import (
     encode_env,
 )
 
-# Seconds before a hook gives up; as hookmain.DEADLINES (JOB_EXIT must end inside 30 s).
+# Seconds before a hook gives up (JOB_EXIT must end well inside the starter's 30 s timeout);
+# direct mode (hookmain) uses the same.
 DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
 DEFAULT_DEADLINE = 20.0
 
@@ -38,7 +39,7 @@ class _NoAnswer(Exception):
     """The request may have reached the agent, but no answer came back."""
 
 
-def _prologue() -> bool:
+def prologue() -> bool:
     """Unblock signals, give fds 1 and 2 a home; returns whether stderr reaches HTCondor."""
     _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
     stderr_open = True
@@ -55,7 +56,7 @@ def _prologue() -> bool:
     return stderr_open
 
 
-def _read_stdin() -> bytes:
+def read_stdin() -> bytes:
     chunks, total = [], 0
     try:
         while total <= MAX_STDIN:
@@ -69,7 +70,7 @@ def _read_stdin() -> bytes:
     return b"".join(chunks)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
@@ -82,7 +83,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def _say(hook: str, stderr_open: bool, error: str | None, log: list[str]) -> None:
     """The error line on stderr; error and log lines to $JOBSTORE_HOOK_LOG when set."""
     if error and stderr_open:
-        _write_all(2, (error.replace("\n", " ")[:2000] + "\n").encode("utf-8", "replace"))
+        write_all(2, (error.replace("\n", " ")[:2000] + "\n").encode("utf-8", "replace"))
     path = os.environ.get("JOBSTORE_HOOK_LOG")
     lines = [f"{hook}: {x}" for x in log] + ([error] if error else [])
     if path and lines:
@@ -93,7 +94,7 @@ def _say(hook: str, stderr_open: bool, error: str | None, log: list[str]) -> Non
         except OSError:
             return
         try:
-            _write_all(fd, text.encode("utf-8", "replace"))
+            write_all(fd, text.encode("utf-8", "replace"))
         finally:
             os.close(fd)
 
@@ -150,8 +151,8 @@ def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> None:
 def main(hook: str, socket_path: str | None = None) -> None:
     """Entry point of the hook executables."""
     started = time.monotonic()
-    stderr_open = _prologue()
-    stdin = _read_stdin()
+    stderr_open = prologue()
+    stdin = read_stdin()
     mode = os.environ.get("JOBSTORE_HOOK_MODE", "")
     if mode == "direct":
         _direct(hook, stdin, started, stderr_open)
@@ -185,5 +186,5 @@ def main(hook: str, socket_path: str | None = None) -> None:
     _say(hook, stderr_open, error.decode("utf-8", "replace") or None,
          [x.decode("utf-8", "replace") for x in log])
     if status == OK and stdout:
-        _write_all(1, stdout)
+        write_all(1, stdout)
     os._exit(int(code or b"0") if status == OK and code.isdigit() else 0)
