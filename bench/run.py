@@ -14,6 +14,7 @@ against a baseline taken in the same run, interleaved with the measurement where
 4. Database connections opened per job by the hook path.
 
 Usage: .venv/bin/python bench/run.py [--quick] [--db-url postgresql+psycopg://user@host:port/db]
+       [--no-sqlite] [--only throughput]
 `--db-url` names the PostgreSQL server and an account that may CREATE DATABASE; the bench always
 creates its own database `jobstore_bench_<hex>` there and drops it at the end. Everything else it
 makes (hook directory, configuration, spool, SQLite file) lives in one temporary directory.
@@ -544,13 +545,16 @@ def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str) -> di
 def tp_worker(  # type: ignore[no-untyped-def]
     mode: str, url: str, queue: str, slot: str, seconds: float, barrier, results, cycle
 ):
-    """One claiming process: claim + complete until `seconds` have passed or the queue is empty."""
+    """One claiming process: claim + complete until `seconds` have passed or the queue is empty.
+    `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, psycopg's implicit
+    BEGIN, the captured statements (with this job's id, token, slot and time), COMMIT."""
     count, t0, t1, err = 0, 0.0, 0.0, None
     try:
         if mode == "bare":
             import psycopg
 
-            conn = psycopg.connect(libpq(url), connect_timeout=30)
+            # as make_engine connects: no server-side prepared statements (PgBouncer)
+            conn = psycopg.connect(libpq(url), connect_timeout=30, prepare_threshold=None)
         else:
             from jobstore.db import make_engine
             from jobstore.states import Event
@@ -577,7 +581,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
                             if row is None:
                                 break
                             job_id = row[0]
-                        elif stmt.startswith("UPDATE") and cur.rowcount != 1:
+                        elif stmt.startswith(("UPDATE", "WITH upd")) and cur.rowcount != 1:
                             raise RuntimeError(f"job {job_id}: {cur.rowcount} rows updated")
                     conn.commit()
                     if job_id is None:
@@ -607,14 +611,18 @@ def tp_worker(  # type: ignore[no-untyped-def]
     results.put((count, t0, t1, err))
 
 
-def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> dict:
+def section_throughput(
+    env: Env, seconds: float, jobs_per_run: int, ad: str, rounds: int = 2
+) -> dict:
     import psycopg
 
     say("")
-    say(f"== 2. Claim throughput on PostgreSQL: claim + EXIT per second, {seconds:g} s per cell")
+    say(f"== 2. Claim throughput on PostgreSQL: claim + EXIT per second, {rounds} rounds of"
+        f" {seconds:g} s per cell, package and bare alternating")
     ctx = mp.get_context("fork")
-    modes = [("pooled", "JobStore, pooled engine"), ("bare", "bare psycopg, persistent conn")]
-    rates: dict[tuple[str, int], float] = {}
+    modes = ("pooled", "bare")
+    done: dict[tuple[str, int], float] = {}
+    spent: dict[tuple[str, int], float] = {}
     errors: list[str] = []
     exhausted: list[str] = []
     with psycopg.connect(libpq(env.pg_url), autocommit=True) as admin:
@@ -625,35 +633,38 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
         populate(admin, "tp_capture", 1, ad)
         cycle = capture_cycle(env.pg_url, "tp_capture")
         for n in TP_CLAIMERS:
-            for mode, _ in modes:
-                queue = f"tp_{mode}_{n}"
-                populate(admin, queue, jobs_per_run, ad)
-                progress(f"throughput {mode} x{n}")
-                barrier = ctx.Barrier(n + 1)
-                results = ctx.Queue()
-                procs = [
-                    ctx.Process(target=tp_worker,
-                                args=(mode, env.pg_url, queue, f"slot{i}@node", seconds,
-                                      barrier, results, cycle), daemon=True)
-                    for i in range(n)
-                ]
-                env.workers = procs
-                for p in procs:
-                    p.start()
-                with suppress(threading.BrokenBarrierError):  # a worker failed: it says why
-                    barrier.wait(120)
-                got = [results.get(timeout=seconds + 120) for _ in procs]
-                for p in procs:
-                    p.join(30)
-                env.workers = []
-                errs = [g[3] for g in got if g[3]]
-                errors += [f"{mode} x{n}: {e}" for e in errs]
-                total = sum(g[0] for g in got)
-                starts = [g[1] for g in got if g[1]]
-                span = max(g[2] for g in got) - min(starts) if total and starts else 0
-                rates[(mode, n)] = total / span if span > 0 else 0.0
-                if total >= jobs_per_run:
-                    exhausted.append(f"{mode} x{n}")
+            for rnd in range(rounds):
+                for mode in modes if rnd % 2 == 0 else modes[::-1]:
+                    queue = f"tp_{mode}_{n}_{rnd}"
+                    populate(admin, queue, jobs_per_run, ad)
+                    progress(f"throughput {mode} x{n}, round {rnd + 1}")
+                    barrier = ctx.Barrier(n + 1)
+                    results = ctx.Queue()
+                    procs = [
+                        ctx.Process(target=tp_worker,
+                                    args=(mode, env.pg_url, queue, f"slot{i}@node", seconds,
+                                          barrier, results, cycle), daemon=True)
+                        for i in range(n)
+                    ]
+                    env.workers = procs
+                    for p in procs:
+                        p.start()
+                    with suppress(threading.BrokenBarrierError):  # a worker failed: it says why
+                        barrier.wait(120)
+                    got = [results.get(timeout=seconds + 120) for _ in procs]
+                    for p in procs:
+                        p.join(30)
+                    env.workers = []
+                    errs = [g[3] for g in got if g[3]]
+                    errors += [f"{mode} x{n}: {e}" for e in errs]
+                    total = sum(g[0] for g in got)
+                    starts = [g[1] for g in got if g[1]]
+                    span = max(g[2] for g in got) - min(starts) if total and starts else 0
+                    done[(mode, n)] = done.get((mode, n), 0) + total
+                    spent[(mode, n)] = spent.get((mode, n), 0.0) + span
+                    if total >= jobs_per_run:
+                        exhausted.append(f"{mode} x{n}")
+    rates = {k: done[k] / spent[k] if spent[k] > 0 else 0.0 for k in done}
     rows = []
     for n in TP_CLAIMERS:
         bare = rates[("bare", n)]
@@ -665,7 +676,10 @@ def section_throughput(env: Env, seconds: float, jobs_per_run: int, ad: str) -> 
     say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job) +"
         f" report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
         " transactions, text captured from the package in this run, replayed by a psycopg loop"
-        " on one persistent connection per claimer:")
+        " on one persistent connection per claimer, connected as make_engine connects"
+        " (prepare_threshold=None: no server-side prepared statements, as PgBouncer in"
+        " transaction mode needs). Both make the same round trips: psycopg's BEGIN, the"
+        " statements, COMMIT (the package pings no pooled connection before use):")
     for tx in cycle:
         say("     tx: " + "; ".join(" ".join(st.split())[:60] for st, _ in tx) + "; COMMIT")
     say("   durability: " + ", ".join(f"{k}={v}" for k, v in durability.items()))
@@ -903,6 +917,8 @@ def main() -> int:
                          f"{DEFAULT_ADMIN_URL}); a fresh database is made there and dropped")
     ap.add_argument("--no-sqlite", action="store_true", help="skip the SQLite half of section 1")
     ap.add_argument("--transcript", type=Path, default=DEFAULT_TRANSCRIPT)
+    ap.add_argument("--only", choices=["throughput"],
+                    help="run only this section (quick iterations while tuning)")
     args = ap.parse_args()
     quick = args.quick
     runs = 5 if quick else 11
@@ -945,6 +961,9 @@ def main() -> int:
             f"{safe_url(env.pg_url)}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
             f"ratios against baselines measured in this run")
         say("")
+        if args.only == "throughput":
+            section_throughput(env, tp_seconds, tp_jobs, job_ad_json())
+            return 0
         HOOK_MODE_ENV["JOBSTORE_HOOK_MODE"] = "direct"
         hooks = section_hooks(env, backends, runs, calls, hooks_budget)
         missing = agent_missing()
