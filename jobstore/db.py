@@ -37,11 +37,10 @@ def make_engine(
     *,
     connect_timeout: int = 5,
     pool: bool = False,
-    pool_size: int = 1,
     max_overflow: int = 0,
 ) -> Engine:
     """An engine for `url`. Hooks use no pool (one short connection); a service may pool:
-    `pool_size` connections kept open (checked with a ping before use, so that a restarted
+    one connection kept open (checked with a ping before use, so that a restarted
     server costs no failed call), plus at most `max_overflow` more under load, closed as soon
     as they are returned.
 
@@ -57,7 +56,7 @@ def make_engine(
     backend = parsed.get_backend_name()
     kwargs: dict = (
         {
-            "pool_size": pool_size,
+            "pool_size": 1,
             "max_overflow": max_overflow,
             "pool_pre_ping": True,
             "pool_timeout": 5,

@@ -93,23 +93,13 @@ def store_for(settings: config.Settings) -> JobStore:
     with _stores_lock:
         store = _stores.get(settings.database_url)
         if store is None:
-            if _pool_overflow is None:
-                store = JobStore.from_url(
-                    settings.database_url,
-                    connect_timeout=settings.connect_timeout,
-                    statement_timeout_ms=settings.statement_timeout_ms,
-                )
-            else:
-                from .db import make_engine
-
-                engine = make_engine(
-                    settings.database_url,
-                    connect_timeout=settings.connect_timeout,
-                    pool=True,
-                    pool_size=1,
-                    max_overflow=_pool_overflow,
-                )
-                store = JobStore(engine, settings.statement_timeout_ms)
+            store = JobStore.from_url(
+                settings.database_url,
+                connect_timeout=settings.connect_timeout,
+                statement_timeout_ms=settings.statement_timeout_ms,
+                pool=_pool_overflow is not None,
+                max_overflow=_pool_overflow or 0,
+            )
             _stores[settings.database_url] = store
         return store
 

@@ -124,6 +124,13 @@ WITH cand AS (
 SELECT cand.*, pg_notify(%(channel)s, cand.id::text) AS notified FROM cand CROSS JOIN upd"""
 
 
+def _note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> None:
+    """Keep an event written in this transaction for the commit listeners (JobStore._tx)."""
+    pending = conn.info.get(_PENDING)
+    if pending is not None:
+        pending.append({**values, "job": job})
+
+
 class _NotTaken(Exception):
     """The fast path's candidate was not taken by the judge: roll its claim back."""
 
@@ -142,9 +149,20 @@ class JobStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, connect_timeout: int = 5, statement_timeout_ms: int | None = 5000
+        cls,
+        url: str,
+        *,
+        connect_timeout: int = 5,
+        statement_timeout_ms: int | None = 5000,
+        pool: bool = False,
+        max_overflow: int = 0,
     ) -> JobStore:
-        return cls(make_engine(url, connect_timeout=connect_timeout), statement_timeout_ms)
+        """A store on `url`: one short connection per transaction, or (`pool`, for a
+        long-running caller) one kept connection plus at most `max_overflow` more."""
+        engine = make_engine(
+            url, connect_timeout=connect_timeout, pool=pool, max_overflow=max_overflow
+        )
+        return cls(engine, statement_timeout_ms)
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -309,23 +327,23 @@ class JobStore:
         if verdict.hold_reason or not verdict.take:
             raise _NotTaken
         attempt = row["claims"] + 1
-        pending = conn.info.get(_PENDING)
-        if pending is not None:  # the commit listeners see it as if _event had written it
-            pending.append(
-                {
-                    "job_id": row["id"],
-                    "time": now,
-                    "event": str(Event.FETCH),
-                    "from_status": Status.IDLE.value,
-                    "to_status": _FETCHED,
-                    "attempt": attempt,
-                    "slot": req.slot,
-                    "host": req.host,
-                    "reason": None,
-                    "attrs": None,
-                    "job": row,
-                }
-            )
+        # CLAIM_FIRST_SQL wrote the event row; the commit listeners see it as _event's
+        _note_event(
+            conn,
+            {
+                "job_id": row["id"],
+                "time": now,
+                "event": str(Event.FETCH),
+                "from_status": Status.IDLE.value,
+                "to_status": _FETCHED,
+                "attempt": attempt,
+                "slot": req.slot,
+                "host": req.host,
+                "reason": None,
+                "attrs": None,
+            },
+            row,
+        )
         return {**row, **changes, "claims": attempt, "status": _FETCHED}
 
     def _claim_scan(
@@ -628,9 +646,7 @@ class JobStore:
             attrs=dict(attrs) if attrs else None,
         )
         conn.execute(insert(job_events).values(**values))
-        pending = conn.info.get(_PENDING)
-        if pending is not None:  # handed to the commit listeners when the transaction commits
-            pending.append({**values, "job": job})
+        _note_event(conn, values, job)
         if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
             conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": str(job_id)})
 
