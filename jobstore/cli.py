@@ -135,6 +135,34 @@ def init(ctx: Context) -> None:
 
 
 @main.command()
+@click.argument("role")
+@click.option("--print", "print_only", is_flag=True, help="Only print the statements.")
+@pass_ctx
+@_guard
+def grant(ctx: Context, role: str, print_only: bool) -> None:
+    """Give PostgreSQL role ROLE only what the agent and the hooks need (run as the owner).
+
+    ROLE may read the job store, append events and change the columns a claim, a transition or a
+    report changes; never a job's owner, command, queue, submitted ad or user log. Point the
+    agent's JOBSTORE_DATABASE_URL at ROLE."""
+    from sqlalchemy.exc import DBAPIError
+
+    from .grants import grant_hook_role, hook_role_statements
+
+    engine = ctx.store.engine
+    try:
+        if print_only:
+            statements = hook_role_statements(engine, role)
+        else:
+            statements = grant_hook_role(engine, role)
+    except DBAPIError as exc:
+        _fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
+        return
+    for sql in statements:
+        click.echo(f"{sql};")
+
+
+@main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--owner", metavar="USER", help="Run the jobs as USER (root only; default: you).")
 @click.option(
@@ -568,16 +596,25 @@ def reap(ctx: Context) -> None:
 @pass_ctx
 @_guard
 def replay(ctx: Context, spool_dir: str | None) -> None:
-    """Send the hook reports kept in the local spool while the database was away."""
+    """Send the hook reports kept in the local spool while the database was away.
+
+    As root: every account's reports, each checked as its owner's (an ordinary account's only
+    about its own jobs); reports that cannot be applied are quarantined (renamed .bad)."""
     from pathlib import Path
 
-    from .handlers import send_record
+    from .handlers import record_group, spool_sender
+    from .spool import SpoolError
     from .spool import replay as replay_spool
 
     directory = Path(spool_dir or ctx.settings.spool)
-    sent, left = replay_spool(directory, send_record, limit=1_000_000)
-    click.echo(f"{sent} report(s) sent, {left} left in {directory}")
-    if left:
+    send = spool_sender(config.service_uids(config.startd_users()))
+    try:
+        done = replay_spool(directory, send, limit=1_000_000, group=record_group)
+    except SpoolError as exc:
+        _fail(str(exc))
+    click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
+               f"{directory}")
+    if done.left:
         sys.exit(1)
 
 
@@ -589,12 +626,22 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     metavar="PATH",
     help="The agent's socket baked into the hooks ($JOBSTORE_AGENT_SOCKET still wins).",
 )
+@click.option(
+    "--agent-user",
+    "agent_users",
+    metavar="USER",
+    multiple=True,
+    help="An account the agent may run as besides root (repeatable); the hooks trust no "
+    "socket served by any other account.",
+)
 @_guard
-def install_hooks_cmd(directory: str, python: str | None, agent_socket: str | None) -> None:
+def install_hooks_cmd(
+    directory: str, python: str | None, agent_socket: str | None, agent_users: tuple[str, ...]
+) -> None:
     """Write the six hook executables into DIRECTORY, for <KEYWORD>_HOOK_* settings."""
     from .hooktemplates import install_hooks
 
-    for name, path in install_hooks(directory, python, agent_socket).items():
+    for name, path in install_hooks(directory, python, agent_socket, agent_users).items():
         click.echo(f"JOBSTORE_HOOK_{name} = {path}")
 
 

@@ -77,7 +77,7 @@ class Settings:
     statement_timeout_ms: int = 5000
     hook_log: str | None = None
     job_lease_duration: int = 2400
-    spool: str = "/var/tmp/jobstore-spool"
+    spool: str = "/var/lib/jobstore/spool"
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
@@ -179,9 +179,13 @@ class AgentSettings:
     socket: str
     startd_users: tuple[str, ...]
     log: str | None
+    hook_log: str | None = None  # where the agent logs the calls it serves (JOBSTORE_HOOK_LOG)
     workers: int = 8
-    max_clients: int = 128
-    max_clients_per_uid: int = 32
+    service_workers: int = 2  # workers kept for the service accounts' calls
+    max_service_clients: int = 512  # connections of the service accounts, in all
+    max_clients: int = 128  # connections of all other accounts together
+    max_clients_per_uid: int = 16  # ... and of each of them
+    max_bytes_per_uid: int = 8 * 1024 * 1024  # request bytes in flight per other account
     read_timeout: float = 5.0
     replay_interval: int = 60
     db_overflow: int = 0
@@ -199,27 +203,54 @@ def agent_socket(override: str | None = None) -> str:
     )
 
 
-def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
-    """The agent's settings. STARTD_USERS defaults to the agent's own account and `condor`."""
+def startd_users() -> tuple[str, ...]:
+    """JOBSTORE_AGENT_STARTD_USERS: the service accounts (the startd's hooks run as one of
+    them); default this process's own account and `condor`."""
     import pwd
 
     users = _param("JOBSTORE_AGENT_STARTD_USERS")
     if users:
-        startd = tuple(u for u in re.split(r"[\s,]+", users) if u)
-    else:
-        startd = tuple(dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
+        return tuple(u for u in re.split(r"[\s,]+", users) if u)
+    return tuple(dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
+
+
+def service_uids(names: tuple[str, ...]) -> frozenset[int]:
+    """The uids of the service accounts `names` (unknown names skipped), and root's."""
+    import pwd
+
+    uids = {0}
+    for name in names:
+        try:
+            uids.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            if name.isdigit():
+                uids.add(int(name))
+    return frozenset(uids)
+
+
+def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
+    """The agent's settings."""
+    startd = startd_users()
 
     def number(name: str, default: int, minimum: int = 1) -> int:
         param = f"JOBSTORE_AGENT_{name}"
         return _checked_int(param, _param(param), default, minimum)
 
+    workers = number("WORKERS", 8, minimum=2)
+    service_workers = number("SERVICE_WORKERS", 2)
+    if service_workers >= workers:
+        raise ConfigError("JOBSTORE_AGENT_SERVICE_WORKERS must be less than JOBSTORE_AGENT_WORKERS")
     return AgentSettings(
         socket=agent_socket(socket_override),
         startd_users=startd,
         log=_param("JOBSTORE_AGENT_LOG"),
-        workers=number("WORKERS", 8),
+        hook_log=os.environ.get("JOBSTORE_HOOK_LOG") or _param("JOBSTORE_HOOK_LOG"),
+        workers=workers,
+        service_workers=service_workers,
+        max_service_clients=number("MAX_SERVICE_CLIENTS", 512),
         max_clients=number("MAX_CLIENTS", 128),
-        max_clients_per_uid=number("MAX_CLIENTS_PER_UID", 32),
+        max_clients_per_uid=number("MAX_CLIENTS_PER_UID", 16),
+        max_bytes_per_uid=number("MAX_BYTES_PER_UID", 8 * 1024 * 1024, minimum=64 * 1024),
         read_timeout=float(number("READ_TIMEOUT", 5)),
         replay_interval=number("REPLAY_INTERVAL", 60),
         db_overflow=number("DB_OVERFLOW", 0, minimum=0),

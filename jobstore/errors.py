@@ -7,3 +7,11 @@ class DatabaseError(RuntimeError):
 
 class UnknownJob(LookupError):
     """No job with that id."""
+
+
+class NotOwner(PermissionError):
+    """A report about a job from an account that does not own it."""
+
+    def __init__(self, job_id: int, who: str) -> None:
+        super().__init__(f"{who} may not report on job {job_id} (not its owner)")
+        self.job_id = job_id

@@ -7,6 +7,8 @@ per-node service call the same `handle`.
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 import pwd
 import random
 import threading
@@ -21,9 +23,10 @@ from classad2 import ClassAd
 from . import classads, config, policy, spool
 from .claims import ClaimRequest, Verdict
 from .classads import AdError, get_bool, get_float, get_int, get_str
-from .errors import DatabaseError, UnknownJob
+from .errors import DatabaseError, NotOwner, UnknownJob
 from .jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
 from .matching import matches, slot_offer, why_slot_cannot_take
+from .reports import MAX_TEXT, REPORT_ATTRS, SERVICE, BadReport, Caller, Report, check_changes
 from .states import Event
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
@@ -44,6 +47,9 @@ class HookRequest:
     stdin: bytes
     env: Mapping[str, str] = field(default_factory=dict)
     set_deadline: Callable[[float], None] | None = None  # a process caller's hard time limit
+    # Who asks: the agent names an ordinary account (SO_PEERCRED); a hook process in direct
+    # mode is trusted as far as its database credentials go.
+    caller: Caller = SERVICE
 
 
 @dataclass
@@ -115,7 +121,7 @@ def handle(request: HookRequest) -> HookResponse:
         return HookResponse(error=f"unknown hook {request.hook!r}")
     try:
         return handler(request)
-    except (HookError, AdError, DatabaseError, config.ConfigError) as exc:
+    except (HookError, AdError, BadReport, DatabaseError, config.ConfigError) as exc:
         return HookResponse(error=f"{request.hook}: {exc}")
     except Exception as exc:  # a bug: report one line, never a traceback on the hook's stderr
         return HookResponse(error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}")
@@ -223,7 +229,11 @@ def reply_fetch(request: HookRequest) -> HookResponse:
     reply = classads.split_reply_fetch(classads.decode(request.stdin))
     event = Event.ACCEPT if request.argv[0] == "accept" else Event.REJECT
     return _report(
-        reply.job, event, slot=get_str(reply.slot, "Name"), host=get_str(reply.slot, "Machine")
+        request,
+        reply.job,
+        event,
+        slot=get_str(reply.slot, "Name"),
+        host=get_str(reply.slot, "Machine"),
     )
 
 
@@ -231,38 +241,18 @@ def evict_claim(request: HookRequest) -> HookResponse:
     if request.argv:
         raise HookError("EVICT_CLAIM takes no arguments")
     reply = classads.split_reply_fetch(classads.decode(request.stdin))
-    return _report(reply.job, Event.CLAIM_EVICTED, slot=get_str(reply.slot, "Name"))
+    return _report(request, reply.job, Event.CLAIM_EVICTED, slot=get_str(reply.slot, "Name"))
 
 
 # ---- starter hooks --------------------------------------------------------------------------
 
-_USAGE = (
-    "JobPid",
-    "NumPids",
-    "JobStartDate",
-    "RemoteSysCpu",
-    "RemoteUserCpu",
-    "ImageSize",
-    "ResidentSetSize",
-    "MemoryUsage",
-    "JobState",
-    "JobDuration",
-    "ExitCode",
-    "ExitBySignal",
-    "ExitSignal",
-    "ExitReason",
-    "JobCoreDumped",
-    "VacateReason",
-    "VacateReasonCode",
-    "VacateReasonSubCode",
-)
 
 
 def prepare_job(request: HookRequest) -> HookResponse:
     job = _starter_ad(request)
     if job is None:
         return HookResponse()
-    resp = _report(job, Event.PREPARE, slot=request.env.get("_CONDOR_SLOT"))
+    resp = _report(request, job, Event.PREPARE, slot=request.env.get("_CONDOR_SLOT"))
     if resp.exit_code:
         return resp
     if resp.stale:
@@ -281,7 +271,9 @@ def update_job_info(request: HookRequest) -> HookResponse:
     if job is None:
         return HookResponse()
     event = Event.START if get_int(job, "JobPid") else Event.UPDATE
-    return _report(job, event, slot=request.env.get("_CONDOR_SLOT"), changes=_usage_changes(job))
+    return _report(
+        request, job, event, slot=request.env.get("_CONDOR_SLOT"), changes=_usage_changes(job)
+    )
 
 
 def job_exit(request: HookRequest) -> HookResponse:
@@ -303,13 +295,26 @@ def job_exit(request: HookRequest) -> HookResponse:
         exit_code=get_int(job, "ExitCode"),
         exit_signal=get_int(job, "ExitSignal"),
     )
-    return _report(job, event, slot=request.env.get("_CONDOR_SLOT"), changes=changes)
+    return _report(request, job, event, slot=request.env.get("_CONDOR_SLOT"), changes=changes)
 
 
 def _starter_ad(request: HookRequest) -> ClassAd | None:
     if request.hook != "job_exit" and request.argv:
         raise HookError(f"{request.hook} takes no arguments")
     return classads.parse_ad(classads.decode(request.stdin))
+
+
+def valid_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The changes a report may make, without values out of their column's bounds (an ad
+    from the starter may carry anything)."""
+    out = {}
+    for name, value in changes.items():
+        try:
+            check_changes({name: value})
+        except BadReport:
+            continue
+        out[name] = value
+    return out
 
 
 def _usage_changes(job: ClassAd) -> dict[str, Any]:
@@ -329,15 +334,19 @@ def _usage_changes(job: ClassAd) -> dict[str, Any]:
 
 
 def _report_attrs(job: ClassAd) -> dict[str, Any]:
-    attrs = {}
-    for name in _USAGE:
+    """The usage and exit attributes of a starter's ad, as a report may carry them."""
+    attrs: dict[str, Any] = {}
+    for name in REPORT_ATTRS:
         value = classads.get(job, name)
-        if isinstance(value, str | int | float | bool):
+        if isinstance(value, str):
+            attrs[name] = value[:MAX_TEXT]
+        elif isinstance(value, bool | int | float) and math.isfinite(value) and abs(value) < 2**63:
             attrs[name] = value
     return attrs
 
 
 def _report(
+    request: HookRequest,
     job: ClassAd,
     event: Event,
     *,
@@ -348,7 +357,8 @@ def _report(
     """Send one report about the attempt named in the job ad; other systems' jobs are left alone.
 
     The report goes to the local spool first and leaves it once the database has it, so that a
-    database outage or a killed hook loses nothing (replayed by the next call or `jobstore replay`).
+    database outage or a killed hook loses nothing (replayed by the next call, the agent or
+    `jobstore replay`). It is checked as a spooled one will be (`Report.parse`) before that.
     """
     job_id, attempt, token = (
         get_int(job, ATTR_JOB_ID),
@@ -359,39 +369,49 @@ def _report(
         return HookResponse(log=["not a job store job; left alone"])
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
-    record = {
-        "keyword": settings.keyword,
-        "job_id": job_id,
-        "event": str(event),
-        "token": token,
-        "attempt": attempt,
-        "changes": changes or {},
-        "attrs": _report_attrs(job),
-        "slot": slot,
-        "host": host,
-        "time": time.time(),
-        "store": store_identity(settings.database_url),
-    }
+    record = Report.parse(
+        {
+            "keyword": settings.keyword,
+            "job_id": job_id,
+            "event": str(event),
+            "token": token,
+            "attempt": attempt,
+            "changes": valid_changes(changes or {}),
+            "attrs": _report_attrs(job),
+            "slot": slot or None,
+            "host": host or None,
+            "time": time.time(),
+            "store": store_identity(settings.database_url),
+            "caller_uid": request.caller.uid,
+        }
+    ).record()
     log: list[str] = []
     spool_dir = Path(settings.spool)
     try:
-        sent, left = spool.replay(spool_dir, send_record, limit=20)
-        if sent or left:
-            log.append(f"replayed {sent} spooled report(s), {left} left")
+        send = spool_sender(config.service_uids(config.startd_users()))
+        replayed = spool.replay(spool_dir, send, limit=20, group=record_group)
+        if replayed.sent or replayed.left or replayed.bad:
+            log.append(
+                f"replayed {replayed.sent} spooled report(s), {replayed.left} left, "
+                f"{replayed.bad} quarantined"
+            )
         # held by this process while it sends: a concurrent replayer must not send it too
         spooled = spool.hold(spool_dir, record)
     except OSError as exc:
         spooled = None
-        log.append(f"spool unusable, reporting directly: {exc}")
+        unusable = f"spool unusable, reporting directly: {exc}"
+        log.append(unusable)
     try:
-        outcome = send_record(record, settings)
-    except UnknownJob:
+        outcome = send_record(record, SERVICE, settings)
+    except (UnknownJob, NotOwner) as exc:
         if spooled:
             spool.done(spooled.path)
-        raise HookError(f"job {job_id} is not in the job store") from None
+        if isinstance(exc, UnknownJob):
+            raise HookError(f"job {job_id} is not in the job store") from None
+        raise HookError(str(exc)) from None
     except (DatabaseError, config.ConfigError) as exc:
         if spooled is None:
-            raise
+            raise HookError(f"{event} for job {job_id} not sent: {exc}; {unusable}") from None
         spool.release(spooled)
         return HookResponse(
             log=[*log, f"job {job_id}: {event} spooled in {spool_dir} ({exc})"],
@@ -422,21 +442,30 @@ def store_identity(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
-def send_record(record: Mapping[str, Any], settings: config.Settings | None = None) -> Outcome:
-    """Apply one report (fresh or spooled) to the job store of its keyword; `settings` are that
-    keyword's, when the caller has them already."""
-    if settings is None or settings.keyword != record["keyword"]:
-        settings = config.load_settings(record["keyword"])
-    if record.get("store") != store_identity(settings.database_url):
-        raise spool.NotMine(record["job_id"])
-    event = Event(record["event"])
+def send_record(
+    record: Mapping[str, Any],
+    writer: Caller = SERVICE,
+    settings: config.Settings | None = None,
+) -> Outcome:
+    """Apply one report (fresh or spooled) to the job store of its keyword. `writer` is who
+    handed it over (a spool file's owner); the record is checked as untrusted input first
+    (BadReport), and an ordinary account may report only on its own jobs (NotOwner). `settings`
+    are the keyword's, when the caller has them already."""
+    report = Report.parse(record, writer)
+    if settings is None or settings.keyword != report.keyword:
+        settings = config.load_settings(report.keyword)
+    if report.store != store_identity(settings.database_url):
+        raise spool.NotMine(report.job_id)
+    author = report.author(writer)
+    owner = None if author.uid is None else _account_name(author.uid, report.job_id)
+    event = report.event
     if event in (Event.REJECT, Event.CLAIM_EVICTED):
         lease = None
     elif event == Event.ACCEPT:
         lease = settings.claim_lease
     else:
         lease = settings.lease_duration
-    attrs = dict(record["attrs"])
+    attrs = dict(report.attrs)
     exit_policy = None
     if event == Event.EXIT:
 
@@ -444,17 +473,46 @@ def send_record(record: Mapping[str, Any], settings: config.Settings | None = No
             return policy.exit_verdict(row, attrs)
 
     return store_for(settings).report(
-        record["job_id"],
+        report.job_id,
         event,
-        token=record["token"],
-        attempt=record["attempt"],
-        changes=record["changes"],
-        attrs={**attrs, "ReportedAt": record["time"]},
+        token=report.token,
+        attempt=report.attempt,
+        changes=report.changes,
+        attrs={**attrs, "ReportedAt": report.time},
         lease=lease,
-        slot=record["slot"],
-        host=record["host"],
+        slot=report.slot,
+        host=report.host,
         exit_policy=exit_policy,
+        owner=owner,
     )
+
+
+def spool_sender(services: frozenset[int]) -> Callable[[Any, int], Outcome]:
+    """`send` for `spool.replay`: a file of this account or of a service account is the
+    service's; any other account's is that account's report, about its own jobs only. A
+    database that is away keeps the report (and its keyword's later ones) for later."""
+    me = os.geteuid()
+
+    def send(record: Any, uid: int) -> Outcome:
+        writer = SERVICE if uid == me or uid in services else Caller(uid)
+        try:
+            return send_record(record, writer)
+        except (DatabaseError, config.ConfigError) as exc:
+            raise spool.Later(record_group(record), str(exc)) from None
+
+    return send
+
+
+def record_group(record: Any) -> object:
+    """Reports of one keyword are replayed in order; another keyword's database may be up."""
+    return record.get("keyword") if isinstance(record, dict) else None
+
+
+def _account_name(uid: int, job_id: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        raise NotOwner(job_id, f"uid {uid}") from None
 
 
 _HANDLERS: dict[str, Callable[[HookRequest], HookResponse]] = {

@@ -61,21 +61,33 @@ _stderr_open = True
 
 
 def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
-    """Write one line to stderr (where HTCondor keeps it) and to JOBSTORE_HOOK_LOG if set."""
-    line = message.replace("\n", " ")[:2000]
+    """Write one line to stderr (where HTCondor keeps it) and to the hook log; an account that
+    may not write the hook log (a job's user: condor made it 0644) sends it to syslog instead."""
+    line = message.replace("\n", " ").replace("\r", " ")[:2000]
     if to_stderr and _stderr_open:
         try:
             os.write(2, (line + "\n").encode("utf-8", "replace"))
         except OSError:
             pass
     path = os.environ.get("JOBSTORE_HOOK_LOG") or _configured_log()
-    if path:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        try:
-            with open(path, "a", encoding="utf-8", errors="replace") as fh:
-                fh.write(f"{stamp} {hook}[{os.getpid()}] {line}\n")
-        except OSError:
-            pass
+    if not path:
+        return
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        import syslog
+
+        syslog.openlog("jobstore-hook", syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_NOTICE, f"{hook}: {line}")
+        return
+    try:
+        os.write(fd, f"{stamp} {hook}[{os.getpid()}] {line}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _configured_log() -> str | None:

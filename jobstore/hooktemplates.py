@@ -33,6 +33,7 @@ def hook_text(
     *,
     package_root: str | None = None,
     agent_socket: str | None = None,
+    agent_uids: tuple[int, ...] = (0,),
 ) -> str:
     """The source of hook `name`: a thin client of the jobstore agent (falls back to the direct
     handlers when no agent runs). LF line endings, since a CRLF shebang cannot be executed.
@@ -55,7 +56,7 @@ def hook_text(
         '        print(f"jobstore hook: cannot import jobstore ({exc})", file=sys.stderr)\n'
         "    raise SystemExit(0) from None\n"
         "\n"
-        f"main({name!r}, {agent_socket!r})\n"
+        f"main({name!r}, {agent_socket!r}, {tuple(agent_uids)!r})\n"
     )
 
 
@@ -75,11 +76,15 @@ def _compile_client() -> None:
 
 
 def install_hooks(
-    directory: str | Path, python: str | None = None, agent_socket: str | None = None
+    directory: str | Path,
+    python: str | None = None,
+    agent_socket: str | None = None,
+    agent_users: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """Write the six hooks into `directory` with `python` as interpreter (default: this one)
     and `agent_socket` as the agent's socket (default: $JOBSTORE_AGENT_SOCKET when the hook
-    runs, else the documented default).
+    runs, else the documented default). The hooks trust a socket only if root, the installing
+    account or one of `agent_users` (names or uids) serves it.
 
     Returns HTCondor hook name -> path. Refuses a world-writable directory, as HTCondor would.
     """
@@ -93,16 +98,31 @@ def install_hooks(
     package_root = None
     if interpreter == sys.executable:
         package_root = str(Path(__file__).resolve().parent.parent)
+    uids = agent_uids(agent_users)
     _compile_client()
     paths = {}
     for name in HOOK_NAMES:
         path = target / name
         tmp = path.with_suffix(".tmp")
         text = hook_text(
-            name, interpreter, package_root=package_root, agent_socket=agent_socket
+            name, interpreter, package_root=package_root, agent_socket=agent_socket,
+            agent_uids=uids,
         )
         tmp.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
         paths[CONDOR_HOOK_NAMES[name]] = str(path)
     return paths
+
+
+def agent_uids(names: tuple[str, ...]) -> tuple[int, ...]:
+    """root, this account and the accounts `names`: those whose socket the hooks trust."""
+    import pwd
+
+    uids = [0, os.geteuid()]
+    for name in names:
+        try:
+            uids.append(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            raise ValueError(f"no account {name!r}") from None
+    return tuple(sorted(set(uids)))

@@ -2,17 +2,31 @@
 
 A report is written to the spool *before* it is sent; once the database has it, the file is
 removed. What is left (the database was down, the hook was killed) is replayed, oldest first, by
-the next hook call of the same account or by `jobstore replay` (as root: every account's files).
-Replaying twice is harmless: a report of a finished attempt is only recorded as stale.
+the next hook call of the same account, by the agent, or by `jobstore replay` (as root: every
+account's files).
 
-The directory is shared by the job users of a node: mode 1733 (sticky, so nobody removes
-another account's files, and not listable by others); each file is 0600 and only its owner or
-root replays it. The files hold attempt tokens, so they are never world-readable.
+Everything in the directory is untrusted: job users write their own files in it and may rewrite
+them, other local users may put anything there they can create. So:
+
+* the shared directory belongs to root with mode 1733 (sticky: nobody removes another account's
+  files; not listable by others); root creates it, and moves aside and re-creates one that
+  another account made or that has the wrong type, loudly. An ordinary account uses a directory
+  only if root made it so, or if it lies in the account's own tree (a private one, 0700), and
+  never a directory under a path another account could swap;
+* a file is read only if it is a regular file with one link, owned by the reader (root: by
+  anyone; the owner's uid goes with the record, so the sender knows who wrote it), at most
+  MAX_RECORD bytes, opened with O_NOFOLLOW and O_NONBLOCK (a FIFO or a symlink never blocks or
+  redirects the reader);
+* a record that cannot be applied for any reason but "later" is quarantined (renamed `.bad`)
+  and the replay goes on; what is not a regular file is removed by root.
+
+Replaying twice is harmless: a report of a finished attempt is only recorded as stale.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -21,14 +35,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SUFFIX = ".report"
-DIR_MODE = 0o1733
+DIR_MODE = 0o1733  # the shared directory (owned by root)
+PRIVATE_MODE = 0o700  # an ordinary account's own directory
+MAX_RECORD = 64 * 1024
 # A report taken by a process (a replayer, or the hook that wrote it and is sending it now).
-_TAKEN = re.compile(r"^\.(.+\.report)\.(\d+)\.taking$")
+_TAKEN = re.compile(r"^\.(\d+-\d+-[0-9a-f]+\.report)\.(\d+)\.taking$")
 # A report being written by `put` (name: time-pid-random), not yet renamed into place.
 _WRITING = re.compile(r"^\.(\d+-(\d+)-[0-9a-f]+)\.tmp$")
+_REPORT = re.compile(r"^\d+-\d+-[0-9a-f]+\.report$")
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_log = logging.getLogger(__name__)
 
 
 class SpoolError(OSError):
@@ -39,29 +58,110 @@ class NotMine(Exception):
     """Raised by a sender for a report that belongs to another job store: leave it, go on."""
 
 
+class Later(Exception):
+    """Raised by a sender when a report cannot be sent now (its database is away): it stays,
+    and so do the reports after it in the same `group`, to keep their order."""
+
+    def __init__(self, group: object = None, why: str = "") -> None:
+        super().__init__(why)
+        self.group = group
+
+
 @dataclass(frozen=True)
 class Spooled:
     path: Path  # where the report waits while this replayer holds it
     original: Path  # where it goes back if it cannot be sent now
-    record: dict[str, Any]
+    record: Any  # as decoded from JSON: check it before use
+    uid: int  # the file's owner: who wrote it
+    error: str | None = None  # why it cannot be read: to be quarantined
 
 
-def ensure_dir(directory: Path) -> Path:
-    """Create the spool directory (1733) or check an existing one is not a trap."""
+class Replayed(NamedTuple):
+    sent: int
+    left: int
+    bad: int = 0  # quarantined (or removed: not a regular file)
+
+
+# ---- the directory --------------------------------------------------------------------------
+
+
+def ensure_dir(directory: Path) -> list[str]:
+    """Make sure `directory` is safe to use for this process, creating or (as root) repairing
+    it; returns what was repaired, one line each. SpoolError when it cannot be used."""
+    directory = Path(directory)
+    me = os.geteuid()
+    notes: list[str] = []
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = directory.lstat()
-        if not stat.S_ISDIR(st.st_mode):
-            raise SpoolError(f"{directory} is not a directory")
-        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
-            os.chmod(directory, DIR_MODE)
-        elif st.st_uid not in (0, os.geteuid()) and not st.st_mode & stat.S_ISVTX:
-            raise SpoolError(f"{directory} belongs to another account and is not sticky")
+        if me == 0:
+            directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        parent = Path(os.path.realpath(directory.parent))
+        _check_ancestors(parent, me)
+        directory = parent / directory.name
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            _create(directory, me, parent)
+            return notes
+        if me == 0:
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                aside = directory.with_name(f"{directory.name}.untrusted-{time.time_ns()}")
+                os.rename(directory, aside)
+                _create(directory, me, parent)
+                notes.append(
+                    f"spool {directory} was {_describe(st)}: moved aside to {aside.name}, "
+                    "a new one made (its reports are not read)"
+                )
+            elif stat.S_IMODE(st.st_mode) != DIR_MODE:
+                os.chmod(directory, DIR_MODE)
+                notes.append(f"spool {directory} had mode {stat.S_IMODE(st.st_mode):o}: now 1733")
+        elif not stat.S_ISDIR(st.st_mode):
+            raise SpoolError(f"spool {directory} is not a directory; not used")
+        elif st.st_uid == 0:
+            if stat.S_IMODE(st.st_mode) != DIR_MODE:
+                raise SpoolError(f"spool {directory} has mode {stat.S_IMODE(st.st_mode):o}, "
+                                 "not 1733; not used")
+        elif st.st_uid == me:
+            if st.st_mode & 0o077:
+                os.chmod(directory, PRIVATE_MODE)
+                notes.append(f"spool {directory} was open to others: now 0700")
+        else:
+            raise SpoolError(f"spool {directory} belongs to uid {st.st_uid}, not root; not used")
     except SpoolError:
         raise
     except OSError as exc:
-        raise SpoolError(f"spool {directory}: {exc.strerror}") from None
-    return directory
+        raise SpoolError(f"spool {directory}: {exc.strerror or exc}") from None
+    for note in notes:
+        _log.error("%s", note)
+    return notes
+
+
+def _check_ancestors(path: Path, me: int) -> None:
+    """Nobody but root and this account may replace `path` or any directory above it."""
+    for p in (path, *path.parents):
+        st = os.lstat(p)
+        if st.st_uid not in (0, me):
+            raise SpoolError(f"spool parent {p} belongs to uid {st.st_uid}; not used")
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise SpoolError(f"spool parent {p} is writable by others; not used")
+
+
+def _create(directory: Path, me: int, parent: Path) -> None:
+    if me == 0:
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, DIR_MODE)
+    elif os.lstat(parent).st_uid == me:
+        os.mkdir(directory, PRIVATE_MODE)
+    else:
+        raise SpoolError(f"spool {directory} does not exist (the jobstore agent, as root, "
+                         "creates it); not used")
+
+
+def _describe(st: os.stat_result) -> str:
+    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+    return f"{kind} of uid {st.st_uid}"
+
+
+# ---- writing --------------------------------------------------------------------------------
 
 
 def put(directory: Path, record: dict[str, Any]) -> Path:
@@ -71,7 +171,7 @@ def put(directory: Path, record: dict[str, Any]) -> Path:
     tmp = directory / f".{name}.tmp"
     final = directory / f"{name}{SUFFIX}"
     data = json.dumps(record, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -88,7 +188,7 @@ def hold(directory: Path, record: dict[str, Any]) -> Spooled:
     path = put(directory, record)
     taken = path.with_name(f".{path.name}.{os.getpid()}.taking")
     os.rename(path, taken)
-    return Spooled(taken, path, record)
+    return Spooled(taken, path, record, os.geteuid())
 
 
 def release(item: Spooled) -> None:
@@ -104,18 +204,23 @@ def done(path: Path) -> None:
         pass
 
 
-def pending(directory: Path) -> Iterator[Spooled]:
-    """The reports this account may replay, oldest first; each is taken (renamed) before use,
-    so two replayers never send the same file."""
+# ---- reading --------------------------------------------------------------------------------
+
+
+def pending(directory: Path, *, limit: int = 10_000) -> Iterator[Spooled]:
+    """The reports this account may replay, oldest first (at most `limit` looked at); each is
+    taken (renamed) before it is read, so two replayers never send the same file. Entries that
+    cannot be reports are quarantined (root removes those that are not regular files)."""
     try:
         listing = os.listdir(directory)
     except OSError:
         return
+    me = os.geteuid()
     # (original name, current name): waiting reports, and reports taken by a process that died
     # (a hook killed while sending or replaying) which would otherwise never be sent.
     entries = []
     for n in listing:
-        if n.endswith(SUFFIX) and not n.startswith("."):
+        if _REPORT.match(n):
             entries.append((n, n))
             continue
         m = _TAKEN.match(n)
@@ -127,51 +232,118 @@ def pending(directory: Path) -> Iterator[Spooled]:
             recovered = _finish_write(directory, n, m.group(1) + SUFFIX)
             if recovered:
                 entries.append((recovered, recovered))
-    me = os.geteuid()
-    for name, current in sorted(entries):
+    entries.sort()
+    for name, current in entries[:limit]:
         path = directory / name
         try:
-            if me != 0 and (directory / current).lstat().st_uid != me:
+            if me != 0 and os.lstat(directory / current).st_uid != me:
                 continue
             taken = path.with_name(f".{name}.{os.getpid()}.taking")
             os.rename(directory / current, taken)
         except OSError:
             continue
         try:
-            record = json.loads(taken.read_bytes())
-        except (OSError, ValueError):
-            _quarantine(taken)
+            data, uid = read_file(taken, None if me == 0 else me)
+            record = json.loads(data)
+        except (OSError, ValueError, RecursionError) as exc:
+            yield Spooled(taken, path, None, -1, f"{type(exc).__name__}: {exc}")
             continue
-        yield Spooled(taken, path, record)
+        yield Spooled(taken, path, record, uid)
+
+
+def read_file(path: Path, owner: int | None) -> tuple[bytes, int]:
+    """The bytes of spool file `path` and its owner's uid, if it is a regular file with one
+    link, owned by `owner` (any owner when None), of at most MAX_RECORD bytes; else OSError
+    (ValueError for one that is too large)."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        if st.st_nlink != 1:
+            raise OSError(f"{path.name} has {st.st_nlink} links")
+        if owner is not None and st.st_uid != owner:
+            raise OSError(f"{path.name} belongs to uid {st.st_uid}")
+        if st.st_size > MAX_RECORD:
+            raise ValueError(f"{path.name} is larger than {MAX_RECORD} bytes")
+        chunks, total = [], 0
+        while total <= MAX_RECORD:
+            chunk = os.read(fd, MAX_RECORD + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_RECORD:
+            raise ValueError(f"{path.name} is larger than {MAX_RECORD} bytes")
+        return b"".join(chunks), st.st_uid
+    finally:
+        os.close(fd)
 
 
 def replay(
     directory: Path,
-    send: Callable[[dict[str, Any]], None],
+    send: Callable[[Any, int], object],
     *,
     limit: int = 100,
     deadline: float | None = None,
-) -> tuple[int, int]:
-    """Send spooled reports with `send` (which raises on failure). Returns (sent, left)."""
-    sent = left = 0
-    for item in pending(directory):
+    group: Callable[[Any], object] = lambda record: None,
+) -> Replayed:
+    """Send spooled reports with `send(record, writer_uid)`, which raises Later (keep it, and
+    the rest of its `group`, for the next replay), NotMine (leave it), or anything else (the
+    record cannot be applied: quarantined). Returns what was sent, left and quarantined."""
+    ensure_dir(directory)
+    sent = left = bad = 0
+    away: set[object] = set()
+    for item in pending(directory, limit=max(limit, 1) * 4):
+        if item.error is not None:
+            quarantine(item.path, item.error)
+            bad += 1
+            continue
         if sent >= limit or (deadline is not None and time.monotonic() > deadline):
             _put_back(item)
             left += 1
             break
         try:
-            send(item.record)
+            key = group(item.record)
+        except Exception:
+            key = None
+        if key in away:
+            _put_back(item)
+            left += 1
+            continue
+        try:
+            send(item.record, item.uid)
         except NotMine:
             _put_back(item)
             left += 1
             continue
-        except Exception:
+        except Later:
             _put_back(item)
             left += 1
-            break  # the database is still away: keep the order, try again later
+            away.add(key)
+            continue
+        except Exception as exc:
+            quarantine(item.path, f"{type(exc).__name__}: {exc}")
+            bad += 1
+            continue
         done(item.path)
         sent += 1
-    return sent, left
+    return Replayed(sent, left, bad)
+
+
+def quarantine(path: Path, why: str) -> None:
+    """Keep a report that cannot be applied out of every later replay (root removes what is
+    not a regular file: it cannot be a report)."""
+    _log.warning("spool: %s not applied, quarantined: %s", path.name, why[:300])
+    try:
+        st = os.lstat(path)
+        if os.geteuid() == 0 and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+            return
+        name = path.name.removesuffix(".taking").lstrip(".")
+        os.rename(path, path.with_name(f".{name}.bad"))
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:
@@ -188,15 +360,18 @@ def _finish_write(directory: Path, tmp_name: str, final_name: str) -> str | None
     """A writer killed before its rename: keep a complete report, drop a half-written one
     (its hook died before it could send anything)."""
     tmp = directory / tmp_name
+    me = os.geteuid()
     try:
-        if os.geteuid() != 0 and tmp.lstat().st_uid != os.geteuid():
+        if me != 0 and os.lstat(tmp).st_uid != me:
             return None
-        json.loads(tmp.read_bytes())
-    except (OSError, ValueError):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        data, _ = read_file(tmp, None if me == 0 else me)
+    except (OSError, ValueError) as exc:
+        quarantine(tmp, f"unfinished write: {exc}")
+        return None
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
+        done(tmp)  # half-written: its hook died before it could send anything
         return None
     try:
         os.rename(tmp, directory / final_name)
@@ -208,13 +383,6 @@ def _finish_write(directory: Path, tmp_name: str, final_name: str) -> str | None
 def _put_back(item: Spooled) -> None:
     try:
         os.rename(item.path, item.original)
-    except OSError:
-        pass
-
-
-def _quarantine(path: Path) -> None:
-    try:
-        os.rename(path, path.with_name(path.name.replace(".taking", ".bad")))
     except OSError:
         pass
 

@@ -33,7 +33,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from . import userlog
 from .claims import ClaimRequest, Offer, Verdict
 from .db import make_engine, safe_url
-from .errors import DatabaseError, UnknownJob
+from .errors import DatabaseError, NotOwner, UnknownJob
+from .reports import CHANGE_COLUMNS
 from .schema import clusters, job_events, jobs
 from .states import FINAL, Decision, Event, Status, decide
 
@@ -442,13 +443,23 @@ class JobStore:
         exit_policy: ExitPolicy | None = None,
         now: float | None = None,
         reason: str | None = None,
+        owner: str | None = None,
     ) -> Outcome:
-        """Apply a hook's report about one attempt; a superseded attempt is only recorded."""
+        """Apply a hook's report about one attempt; a superseded attempt is only recorded.
+
+        A report sets only the usage and exit columns (`reports.CHANGE_COLUMNS`); with `owner`
+        (an ordinary account reports) it is refused (NotOwner) unless that account owns the job.
+        """
+        wrong = set(changes or {}) - CHANGE_COLUMNS.keys()
+        if wrong:
+            raise ValueError(f"a report may not change {sorted(wrong)}")
         now = now or time.time()
         with self._tx() as conn:
             job = self._lock(conn, job_id)
             if job is None:
                 raise UnknownJob(job_id)
+            if owner is not None and job["owner"] != owner:
+                raise NotOwner(job_id, owner)
             current = (
                 job["token"] is not None
                 and secrets.compare_digest(str(token or ""), job["token"])

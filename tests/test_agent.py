@@ -44,10 +44,12 @@ class Node:
     hooks: Path
     log: Path
     agent: subprocess.Popen | None = None
+    spool: Path | None = None  # default: base/spool
 
     def env(self, **extra: str) -> dict[str, str]:
-        return hook_env(self.db_url, self.config, JOBSTORE_AGENT_SOCKET=self.socket,
-                        JOBSTORE_SPOOL=str(self.base / "spool"), **extra)
+        spool_dir = self.spool or self.base / "spool"
+        return hook_env(self.db_url, self.config, **{
+            "JOBSTORE_AGENT_SOCKET": self.socket, "JOBSTORE_SPOOL": str(spool_dir), **extra})
 
     def start(self) -> None:
         self.log.write_text("")

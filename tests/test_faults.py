@@ -26,7 +26,7 @@ from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account, _node, 
 from jobstore import spool
 from jobstore.db import DatabaseError, make_engine, upgrade
 from jobstore.emulator import Emulator
-from jobstore.handlers import send_record
+from jobstore.handlers import record_group, spool_sender
 from jobstore.schema import job_events, jobs
 from jobstore.states import Event
 from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
@@ -166,7 +166,16 @@ def exits_by_job(events: dict[int, list[dict]]) -> dict[int, int]:
 
 
 def replay_all(directory: Path) -> tuple[int, int]:
-    return spool.replay(directory, send_record, limit=1_000_000)
+    """`jobstore replay` as root, with the emulated startd's account as the service account."""
+    services = {0}
+    try:
+        services.add(pwd.getpwnam(SERVICE_ACCOUNT).pw_uid)
+    except KeyError:
+        pass
+    done = spool.replay(directory, spool_sender(frozenset(services)), limit=1_000_000,
+                        group=record_group)
+    assert done.bad == 0
+    return done.sent, done.left
 
 
 # ---- a. the database stops in the middle of an emulator run ---------------------------------
@@ -184,7 +193,7 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
     url = private_pg.create_database("faults_restart")
     upgrade(url)
     base = Path(tempfile.mkdtemp(prefix="jobstore-faults-node-"))
-    os.chmod(base, 0o777)
+    os.chmod(base, 0o1777)  # sticky, as /var/tmp: the spool below it stays root's
     spool_dir = base / "spool"
     spool_dir.mkdir()
     os.chmod(spool_dir, spool.DIR_MODE)
@@ -202,7 +211,7 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
             owner = _ensure_account(JOB_USERS[0]).pw_name
             cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
         ids = _submit(store, base, FORTY, owner)
-        os.chmod(base, 0o777)
+        os.chmod(base, 0o1777)
         if (base / "JobstoreHookLog").exists():
             os.chmod(base / "JobstoreHookLog", 0o666)
 

@@ -4,6 +4,10 @@ Standard library only, and only its cheapest modules (`_socket`, `_signal`): the
 `python -sS` and never import SQLAlchemy, psycopg, classad2 or htcondor2 here. When the agent
 cannot be reached (no socket, connection refused, or it declined the call before doing
 anything) the hook does the work itself with `jobstore.hookmain` (direct mode).
+
+The hook trusts only a socket served by the agent's account (SO_PEERCRED of the listener: root,
+or an account named at install time): it sends nothing to, and believes nothing from, a socket
+that another account serves.
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ from .protocol import (
 # direct mode (hookmain) uses the same.
 DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
 DEFAULT_DEADLINE = 20.0
+# Accounts whose socket the hooks trust when the installed hook names none (root only).
+DEFAULT_AGENT_UIDS = (0,)
 
 
 class _NoAnswer(Exception):
     """The request may have reached the agent, but no answer came back."""
+
+
+class _NotTheAgent(Exception):
+    """The socket is served by an account the hook does not trust; nothing was sent."""
 
 
 def prologue() -> bool:
@@ -80,17 +90,20 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _say(hook: str, stderr_open: bool, error: str | None, log: list[str]) -> None:
-    """The error line on stderr; error and log lines to $JOBSTORE_HOOK_LOG when set."""
-    if error and stderr_open:
-        write_all(2, (error.replace("\n", " ")[:2000] + "\n").encode("utf-8", "replace"))
+def _say(hook: str, stderr_open: bool, error: str | None, *, logged: bool = False) -> None:
+    """The error line on stderr, and in $JOBSTORE_HOOK_LOG when set and writable, unless the
+    agent `logged` it already (it writes the hook log for the calls it serves)."""
+    if not error:
+        return
+    line = error.replace("\n", " ").replace("\r", " ")[:2000]
+    if stderr_open:
+        write_all(2, (line + "\n").encode("utf-8", "replace"))
     path = os.environ.get("JOBSTORE_HOOK_LOG")
-    lines = [f"{hook}: {x}" for x in log] + ([error] if error else [])
-    if path and lines:
+    if path and not logged:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        text = "".join(f"{stamp} {hook}[{os.getpid()}] (agent) {x}\n" for x in lines)
+        text = f"{stamp} {hook}[{os.getpid()}] {line}\n"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError:
             return
         try:
@@ -111,16 +124,28 @@ def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def ask(path: str, request: bytes, deadline: float) -> list[bytes] | None:
+def server_uid(sock: _socket.socket) -> int:
+    """The uid of the account that made the listening socket `sock` is connected to."""
+    raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
+    return int.from_bytes(raw[4:8], sys.byteorder)
+
+
+def ask(
+    path: str, request: bytes, deadline: float, trusted: tuple[int, ...] = DEFAULT_AGENT_UIDS
+) -> list[bytes] | None:
     """Send `request` to the agent at `path`; its answer items. None: not connected (nothing
-    was sent). Raises _NoAnswer (or TimeoutError) once the request may have been delivered."""
+    was sent). Raises _NotTheAgent (nothing sent) when another account than `trusted` serves
+    the socket, _NoAnswer (or TimeoutError) once the request may have been delivered."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             sock.connect(path)
+            uid = server_uid(sock)
         except OSError:
             return None
+        if uid not in trusted:
+            raise _NotTheAgent(f"{path} is served by uid {uid}, not by the jobstore agent")
         try:
             sock.sendall(request)
         except TimeoutError:
@@ -143,13 +168,16 @@ def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> None:
             site.main()
         from jobstore.hookmain import main as direct_main
     except BaseException as exc:  # noqa: BLE001 - one line, never a traceback
-        _say(hook, stderr_open, f"jobstore hook: cannot import jobstore ({exc})", [])
+        _say(hook, stderr_open, f"jobstore hook: cannot import jobstore ({exc})")
         os._exit(0)
     direct_main(hook, stdin=stdin, started=started)
 
 
-def main(hook: str, socket_path: str | None = None) -> None:
-    """Entry point of the hook executables."""
+def main(
+    hook: str, socket_path: str | None = None, agent_uids: tuple[int, ...] = DEFAULT_AGENT_UIDS
+) -> None:
+    """Entry point of the hook executables: `agent_uids` are the accounts whose socket is
+    trusted to be the agent's."""
     started = time.monotonic()
     stderr_open = prologue()
     stdin = read_stdin()
@@ -157,7 +185,7 @@ def main(hook: str, socket_path: str | None = None) -> None:
     if mode == "direct":
         _direct(hook, stdin, started, stderr_open)
     if len(stdin) > MAX_STDIN:
-        _say(hook, stderr_open, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", [])
+        _say(hook, stderr_open, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored")
         os._exit(0)
     seconds = DEADLINES.get(hook, DEFAULT_DEADLINE)
     deadline = started + seconds
@@ -168,23 +196,25 @@ def main(hook: str, socket_path: str | None = None) -> None:
     argv = [os.fsencode(a) for a in sys.argv[1:]]
     request = encode([hook.encode(), encode_env(env), stdin, *argv])
     try:
-        answer = ask(path, request, deadline)
+        answer = ask(path, request, deadline, agent_uids)
+    except _NotTheAgent as exc:
+        _say(hook, stderr_open, f"{hook}: {exc}; not used")
+        answer = None
     except (_NoAnswer, ProtocolError, OSError) as exc:
         if hook != "fetch_job" and not isinstance(exc, TimeoutError):
             # The agent died mid-call. A report is safe to send again (the attempt token makes
             # a repeat harmless); a fetch is not (it could hand out a second job).
             _direct(hook, stdin, started, stderr_open)
         what = "gave up after the deadline" if isinstance(exc, TimeoutError) else str(exc)
-        _say(hook, stderr_open, f"{hook}: no answer from the jobstore agent ({what})", [])
+        _say(hook, stderr_open, f"{hook}: no answer from the jobstore agent ({what})")
         os._exit(0)
     if answer is None or (answer and answer[0] == BUSY):
         if mode == "agent":
-            _say(hook, stderr_open, f"{hook}: the jobstore agent at {path} is not available", [])
+            _say(hook, stderr_open, f"{hook}: the jobstore agent at {path} is not available")
             os._exit(0)
         _direct(hook, stdin, started, stderr_open)
-    status, code, stdout, error, *log = answer + [b""] * max(0, 4 - len(answer))
-    _say(hook, stderr_open, error.decode("utf-8", "replace") or None,
-         [x.decode("utf-8", "replace") for x in log])
+    status, code, stdout, error, *_log = answer + [b""] * max(0, 4 - len(answer))
+    _say(hook, stderr_open, error.decode("utf-8", "replace") or None, logged=status == OK)
     if status == OK and stdout:
         write_all(1, stdout)
     os._exit(int(code or b"0") if status == OK and code.isdigit() else 0)

@@ -23,7 +23,6 @@ import stat
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,9 +41,13 @@ from .protocol import (
     decode_env,
     encode,
 )
+from .work import WorkQueue
 
 log = logging.getLogger("jobstore.agent")
+# Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
+_package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
+WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
 
 
 class AgentError(RuntimeError):
@@ -55,9 +58,43 @@ class AgentError(RuntimeError):
 class _Conn:
     sock: socket.socket
     peer: peers.Peer
+    service: bool  # a service account's: its own budget, served first
     deadline: float
     buf: bytearray = field(default_factory=bytearray)
     need: int | None = None  # body length, once the header is in
+    charged: int = 0  # bytes counted against the uid's budget
+
+
+@dataclass
+class _Work:
+    conn: _Conn
+    hook: str
+    env: dict[str, str]
+    stdin: bytes
+    argv: list[str]
+
+
+class _Throttle:
+    """At most one warning of a kind about one uid every WARN_EVERY seconds, so that a flood
+    of refused connections cannot fill the log; the next one says how many were left out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, int], tuple[float, int]] = {}
+
+    def warn(self, kind: str, uid: int, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last, skipped = self._seen.get((kind, uid), (-WARN_EVERY, 0))
+            if now - last < WARN_EVERY:
+                self._seen[(kind, uid)] = (last, skipped + 1)
+                return
+            if len(self._seen) > 10_000:
+                self._seen.clear()
+            self._seen[(kind, uid)] = (now, 0)
+        if skipped:
+            message += f" ({skipped} more like it in the last {WARN_EVERY:g} s not logged)"
+        log.warning(message, *args)
 
 
 class Agent:
@@ -68,12 +105,19 @@ class Agent:
         self.foreground = foreground
         self.settings = config.load_agent_settings(socket_override)
         self.path = self.settings.socket
-        self.services = peers.service_uids(self.settings.startd_users)
+        self.services = config.service_uids(self.settings.startd_users)
         self._lock = threading.Lock()
-        self._active: dict[int, int] = {}  # uid -> open connections (reading or being served)
+        # Open connections (reading, queued or being served) and their bytes: the service
+        # accounts' in all, everybody else's in all and per uid.
+        self._service_conns = 0
+        self._other_conns = 0
+        self._conns: dict[int, int] = {}
+        self._bytes: dict[int, int] = {}
         self._stop = False
         self._reload = False
         self._replaying = threading.Event()
+        self._throttle = _Throttle()
+        self._hook_log_lock = threading.Lock()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -84,12 +128,12 @@ class Agent:
         else:
             handler = logging.handlers.WatchedFileHandler(self.settings.log)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        for old in list(log.handlers):
-            log.removeHandler(old)
+        for old in list(_package_log.handlers):
+            _package_log.removeHandler(old)
             old.close()
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+        _package_log.addHandler(handler)
+        _package_log.setLevel(logging.INFO)
+        _package_log.propagate = False
 
     def _listen(self) -> socket.socket:
         path = Path(self.path)
@@ -114,7 +158,7 @@ class Agent:
             raise AgentError(f"cannot listen on {path}: {exc.strerror}") from None
         # Everybody may connect (job users run the starter hooks); peers.refusal decides.
         os.chmod(path, 0o666)
-        listener.listen(128)
+        listener.listen(1024)
         listener.setblocking(False)
         return listener
 
@@ -136,10 +180,17 @@ class Agent:
         sel.register(listener, selectors.EVENT_READ, "listen")
         sel.register(wake_r, selectors.EVENT_READ, "wake")
         conns: dict[int, _Conn] = {}
-        pool = ThreadPoolExecutor(self.settings.workers, thread_name_prefix="hook")
+        work: WorkQueue[_Work] = WorkQueue(self.settings.workers - self.settings.service_workers)
+        workers = [
+            threading.Thread(target=self._work, args=(work,), name=f"hook-{i}", daemon=True)
+            for i in range(self.settings.workers)
+        ]
+        for t in workers:
+            t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
         next_replay = 0.0
+        replayer: threading.Thread | None = None
         try:
             while not self._stop:
                 now = time.monotonic()
@@ -147,7 +198,9 @@ class Agent:
                     next_replay = now + self.settings.replay_interval
                     if not self._replaying.is_set():
                         self._replaying.set()
-                        pool.submit(self._replay)
+                        replayer = threading.Thread(target=self._replay, name="replay",
+                                                    daemon=True)
+                        replayer.start()
                 for key, _ in sel.select(timeout=0.5):
                     if key.data == "listen":
                         self._accept(listener, sel, conns)
@@ -158,11 +211,12 @@ class Agent:
                         except BlockingIOError:
                             pass
                     else:
-                        self._read(key.data, sel, conns, pool)
+                        self._read(key.data, sel, conns, work)
                 now = time.monotonic()
                 for conn in [c for c in conns.values() if c.deadline < now]:
-                    log.warning("uid %d pid %d: request not complete after %g s, dropped",
-                                conn.peer.uid, conn.peer.pid, self.settings.read_timeout)
+                    self._throttle.warn(
+                        "slow", conn.peer.uid, "uid %d pid %d: request not complete after %g s,"
+                        " dropped", conn.peer.uid, conn.peer.pid, self.settings.read_timeout)
                     self._drop(conn, sel, conns)
                 if self._reload:
                     self._reload = False
@@ -177,7 +231,13 @@ class Agent:
                 pass
             for conn in list(conns.values()):
                 self._drop(conn, sel, conns)
-            pool.shutdown(wait=True, cancel_futures=True)
+            for item in work.close():  # queued, never started: the hooks fall back or retry
+                item.conn.sock.close()
+                self._release(item.conn)
+            for t in workers:
+                t.join()
+            if replayer is not None:
+                replayer.join()
             handlers.drop_stores()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()
@@ -201,7 +261,7 @@ class Agent:
         except Exception as exc:  # a broken configuration must not stop the service
             log.error("configuration not reloaded: %s", exc)
             return
-        self.services = peers.service_uids(self.settings.startd_users)
+        self.services = config.service_uids(self.settings.startd_users)
         self._setup_logging()
         handlers.drop_stores()
         if self.settings.socket != self.path:
@@ -211,6 +271,54 @@ class Agent:
 
     # ---- connections ----------------------------------------------------------------------
 
+    def _admit(self, peer: peers.Peer, service: bool) -> bool:
+        """Count a new connection against its budget; False when the budget is spent."""
+        s = self.settings
+        with self._lock:
+            if service:
+                if self._service_conns >= s.max_service_clients:
+                    return False
+                self._service_conns += 1
+                return True
+            mine = self._conns.get(peer.uid, 0)
+            if self._other_conns >= s.max_clients or mine >= s.max_clients_per_uid:
+                return False
+            self._other_conns += 1
+            self._conns[peer.uid] = mine + 1
+            return True
+
+    def _charge(self, conn: _Conn, size: int) -> bool:
+        """Count the announced size of a request against its uid's byte budget."""
+        if conn.service:
+            return True
+        with self._lock:
+            held = self._bytes.get(conn.peer.uid, 0)
+            if held + size > self.settings.max_bytes_per_uid:
+                return False
+            self._bytes[conn.peer.uid] = held + size
+            conn.charged = size
+            return True
+
+    def _release(self, conn: _Conn) -> None:
+        with self._lock:
+            if conn.service:
+                self._service_conns -= 1
+                return
+            self._other_conns -= 1
+            uid = conn.peer.uid
+            left = self._conns.get(uid, 1) - 1
+            if left > 0:
+                self._conns[uid] = left
+            else:
+                self._conns.pop(uid, None)
+            if conn.charged:
+                held = self._bytes.get(uid, 0) - conn.charged
+                if held > 0:
+                    self._bytes[uid] = held
+                else:
+                    self._bytes.pop(uid, None)
+                conn.charged = 0
+
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector,
                 conns: dict[int, _Conn]) -> None:
         while True:
@@ -219,37 +327,24 @@ class Agent:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of file descriptors: try again later
-                log.error("accept failed: %s", exc)
+                self._throttle.warn("accept", -1, "accept failed: %s", exc)
                 return
             try:
                 peer = peers.peer_of(sock)
             except OSError:
                 sock.close()
                 continue
-            with self._lock:
-                total = sum(self._active.values())
-                mine = self._active.get(peer.uid, 0)
-                full = (total >= self.settings.max_clients
-                        or mine >= self.settings.max_clients_per_uid)
-                if not full:
-                    self._active[peer.uid] = mine + 1
-            if full:
-                log.warning("uid %d pid %d: too many connections, declined", peer.uid, peer.pid)
-                self._answer(sock, [BUSY, b"0", b"", b"the jobstore agent is busy"])
+            service = peer.uid in self.services
+            if not self._admit(peer, service):
+                self._throttle.warn("busy", peer.uid, "uid %d pid %d: too many connections, "
+                                    "declined", peer.uid, peer.pid)
+                self._answer(sock, [BUSY, b"0", b"", b"the jobstore agent is busy"], wait=False)
                 sock.close()
                 continue
             sock.setblocking(False)
-            conn = _Conn(sock, peer, time.monotonic() + self.settings.read_timeout)
+            conn = _Conn(sock, peer, service, time.monotonic() + self.settings.read_timeout)
             conns[sock.fileno()] = conn
             sel.register(sock, selectors.EVENT_READ, conn)
-
-    def _release(self, conn: _Conn) -> None:
-        with self._lock:
-            left = self._active.get(conn.peer.uid, 1) - 1
-            if left > 0:
-                self._active[conn.peer.uid] = left
-            else:
-                self._active.pop(conn.peer.uid, None)
 
     def _drop(self, conn: _Conn, sel: selectors.BaseSelector, conns: dict[int, _Conn]) -> None:
         sel.unregister(conn.sock)
@@ -258,7 +353,7 @@ class Agent:
         self._release(conn)
 
     def _read(self, conn: _Conn, sel: selectors.BaseSelector, conns: dict[int, _Conn],
-              pool: ThreadPoolExecutor) -> None:
+              work: WorkQueue[_Work]) -> None:
         try:
             data = conn.sock.recv(256 * 1024)
         except (BlockingIOError, InterruptedError):
@@ -272,6 +367,17 @@ class Agent:
         try:
             if conn.need is None and len(conn.buf) >= HEADER:
                 conn.need = body_length(bytes(conn.buf[:HEADER]), MAX_REQUEST)
+                if not self._charge(conn, conn.need):
+                    self._throttle.warn("bytes", conn.peer.uid, "uid %d pid %d: more than %d "
+                                        "bytes of requests in flight, declined", conn.peer.uid,
+                                        conn.peer.pid, self.settings.max_bytes_per_uid)
+                    sel.unregister(conn.sock)
+                    conns.pop(conn.sock.fileno(), None)
+                    self._answer(conn.sock, [BUSY, b"0", b"", b"the jobstore agent is busy"],
+                                 wait=False)
+                    conn.sock.close()
+                    self._release(conn)
+                    return
             if conn.need is None or len(conn.buf) < HEADER + conn.need:
                 return
             if len(conn.buf) > HEADER + conn.need:
@@ -281,11 +387,12 @@ class Agent:
                 raise ProtocolError("request without hook, environment and stdin")
             hook = items[0].decode("ascii")
         except (ProtocolError, UnicodeDecodeError) as exc:
-            log.warning("uid %d pid %d: bad request refused: %s", conn.peer.uid, conn.peer.pid,
-                        exc)
+            self._throttle.warn("bad", conn.peer.uid, "uid %d pid %d: bad request refused: %s",
+                                conn.peer.uid, conn.peer.pid, exc)
             sel.unregister(conn.sock)
             conns.pop(conn.sock.fileno(), None)
-            self._answer(conn.sock, [REFUSED, b"0", b"", f"bad request: {exc}".encode()])
+            self._answer(conn.sock, [REFUSED, b"0", b"", f"bad request: {exc}".encode()],
+                         wait=False)
             conn.sock.close()
             self._release(conn)
             return
@@ -293,33 +400,55 @@ class Agent:
         conns.pop(conn.sock.fileno(), None)
         conn.buf = bytearray()
         argv = [os.fsdecode(a) for a in items[3:]]
-        pool.submit(self._serve, conn, hook, decode_env(items[1]), items[2], argv)
+        item = _Work(conn, hook, decode_env(items[1]), items[2], argv)
+        work.put(item, None if conn.service else conn.peer.uid)
 
-    def _answer(self, sock: socket.socket, items: list[bytes]) -> bool:
+    def _answer(self, sock: socket.socket, items: list[bytes], *, wait: bool = True) -> bool:
+        """Send a response; the selector thread (`wait=False`) never blocks on a client that
+        does not read: what does not fit in the socket buffer at once is dropped."""
         try:
-            sock.setblocking(True)
-            sock.settimeout(SEND_TIMEOUT)
-            sock.sendall(encode(items))
+            if wait:
+                sock.setblocking(True)
+                sock.settimeout(SEND_TIMEOUT)
+                sock.sendall(encode(items))
+            else:
+                sock.setblocking(False)
+                sock.send(encode(items))
         except OSError:
             return False
         return True
 
     # ---- work (worker threads) ------------------------------------------------------------
 
-    def _serve(self, conn: _Conn, hook: str, env: dict[str, str], stdin: bytes,
-               argv: list[str]) -> None:
-        peer = conn.peer
+    def _work(self, work: WorkQueue[_Work]) -> None:
+        while True:
+            got = work.get()
+            if got is None:
+                return
+            item, uid = got
+            try:
+                self._serve(item)
+            finally:
+                work.done(uid)
+
+    def _serve(self, item: _Work) -> None:
+        conn, hook, peer = item.conn, item.hook, item.conn.peer
         try:
-            refused = peers.refusal(hook, peer, stdin, self.services)
+            refused = peers.refusal(hook, peer, self.services)
             if refused:
-                log.warning("uid %d pid %d: refused: %s", peer.uid, peer.pid, refused)
+                self._throttle.warn("refused", peer.uid, "uid %d pid %d: refused: %s",
+                                    peer.uid, peer.pid, refused)
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
-            response = handlers.handle(HookRequest(hook=hook, argv=argv, stdin=stdin, env=env))
+            response = handlers.handle(HookRequest(
+                hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
+                caller=peers.caller(peer, self.services),
+            ))
             for note in response.log:
                 log.info("%s uid %d pid %d: %s", hook, peer.uid, peer.pid, note)
             if response.error:
                 log.warning("%s uid %d pid %d: %s", hook, peer.uid, peer.pid, response.error)
+            self._hook_log(hook, peer, response)
             sent = self._answer(conn.sock, [
                 OK,
                 str(response.exit_code).encode(),
@@ -328,13 +457,42 @@ class Agent:
                 *[n.encode("utf-8", "replace") for n in response.log],
             ])
             if not sent and hook == "fetch_job" and response.stdout:
-                self._give_back(stdin, response)
+                self._give_back(item.stdin, response)
         except Exception as exc:  # never let one call take the service down
             log.error("%s uid %d pid %d: internal error: %s: %s", hook, peer.uid, peer.pid,
                       type(exc).__name__, exc)
         finally:
             conn.sock.close()
             self._release(conn)
+
+    def _hook_log(self, hook: str, peer: peers.Peer, response: HookResponse) -> None:
+        """The hook log lines of a call this agent served, written here (as root) because the
+        job users whose starter hooks call may not write the hook log themselves."""
+        path = self.settings.hook_log
+        lines = [f"{hook}: {x}" for x in response.log]
+        if response.error:
+            lines.append(response.error)
+        if not path or not lines:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        text = "".join(
+            f"{stamp} {hook}[{peer.pid}] (agent, uid {peer.uid}) "
+            f"{x.replace(chr(10), ' ').replace(chr(13), ' ')[:2000]}\n"
+            for x in lines
+        )
+        with self._hook_log_lock:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                self._throttle.warn("hooklog", 0, "hook log %s: %s", path, exc.strerror)
+                return
+            try:
+                os.write(fd, text.encode("utf-8", "replace"))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _give_back(self, slot_ad: bytes, fetched: HookResponse) -> None:
         """The fetching hook is gone (deadline): put its job back at once, as a REJECT would,
@@ -348,16 +506,20 @@ class Agent:
 
     def _replay(self) -> None:
         try:
+            send = handlers.spool_sender(self.services)
             for directory in self._spool_dirs():
-                sent, left = spool.replay(directory, handlers.send_record, limit=10_000)
-                if sent or left:
-                    log.info("spool %s: %d report(s) replayed, %d left", directory, sent, left)
+                done = spool.replay(directory, send, limit=10_000, group=handlers.record_group)
+                if done.sent or done.left or done.bad:
+                    log.info("spool %s: %d report(s) replayed, %d left, %d quarantined",
+                             directory, done.sent, done.left, done.bad)
         except Exception as exc:
             log.error("spool replay failed: %s: %s", type(exc).__name__, exc)
         finally:
             self._replaying.clear()
 
     def _spool_dirs(self) -> list[Path]:
+        """The spool directories of the keywords this node uses, made safe (created, or
+        repaired when another account made them) so that reports can wait there."""
         keywords = [None, config._param("STARTD_JOB_HOOK_KEYWORD")]
         dirs: list[Path] = []
         for keyword in keywords:
@@ -365,8 +527,14 @@ class Agent:
                 directory = Path(config.load_settings(keyword).spool)
             except config.ConfigError:
                 continue
-            if directory not in dirs and directory.is_dir():
-                dirs.append(directory)
+            if directory in dirs:
+                continue
+            try:
+                spool.ensure_dir(directory)
+            except spool.SpoolError as exc:
+                log.error("%s", exc)
+                continue
+            dirs.append(directory)
         return dirs
 
 

@@ -1,0 +1,405 @@
+"""The execute node against its own users (issue 9), tried with nothing but what a job's user
+and another local account can do, against the real agent on PostgreSQL with the least-privilege
+database role. Root-only tests skip elsewhere; the fuzz tests run anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import libpq_url
+from hookseq import slot_ad, submit_jobs
+from sqlalchemy.engine import make_url
+from test_agent import WAIT, Node, node  # noqa: F401 - fixture
+from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
+
+from jobstore import spool
+from jobstore.grants import grant_hook_role
+from jobstore.store import JobStore
+
+FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
+ENDED = b"ExitCode = 0\nExitBySignal = false\n"
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
+
+@pytest.fixture
+def users() -> dict[str, pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create accounts and act as them")
+    names = (SERVICE_ACCOUNT, *FLOOD_USERS)
+    return {name: _ensure_account(name) for name in names}
+
+
+@pytest.fixture
+def secure_node(node: Node, users: dict[str, pwd.struct_passwd]) -> Iterator[Node]:  # noqa: F811
+    """A node set up as the README says: the agent (root) connects as a least-privilege role
+    whose password only root can read; condor runs the startd's hooks; the spool lies in a
+    sticky, world-writable directory (as /var/tmp is); condor's hook log is 0644."""
+    condor = users[SERVICE_ACCOUNT]
+    admin = libpq_url(node.db_url)
+    role = f"jobstore_hooks_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'hooks-pw'")
+    owner_engine = JobStore.from_url(node.db_url).engine
+    grant_hook_role(owner_engine, role)
+    owner_engine.dispose()
+    secret = node.base / "db-password"
+    secret.write_text("hooks-pw\n")
+    os.chmod(secret, 0o600)
+    shared = node.base / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    node.spool = shared / "spool"
+    hook_log = node.base / "log" / "JobstoreHookLog"
+    hook_log.write_text("")
+    shutil.chown(hook_log, condor.pw_name)
+    os.chmod(hook_log, 0o644)
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {condor.pw_name}\n"
+                 f"JOBSTORE_DATABASE_PASSWORD_FILE = {secret}\n"
+                 f"JOBSTORE_HOOK_LOG = {hook_log}\n")
+    owner_url = node.db_url
+    node.owner_url = owner_url  # type: ignore[attr-defined]
+    node.db_url = make_url(owner_url).set(username=role).render_as_string(hide_password=False)
+    try:
+        yield node
+    finally:
+        if node.agent is not None:
+            node.agent.kill()
+            node.agent.wait()
+            node.agent = None
+        node.db_url = owner_url
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(libpq_url(make_url(owner_url).set(database="postgres")
+                                       .render_as_string(hide_password=False)),
+                             autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+@pytest.fixture
+def store(secure_node: Node) -> Iterator[JobStore]:
+    """The job store as its owner (submit, and what the tests look at)."""
+    s = JobStore.from_url(secure_node.owner_url)  # type: ignore[attr-defined]
+    yield s
+    s.engine.dispose()
+
+
+def _accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
+                  ) -> tuple[int, bytes]:
+    """A job of `owner`, fetched and accepted by condor through the agent."""
+    condor = pwd.getpwnam(SERVICE_ACCOUNT)
+    (job_id,) = submit_jobs(js, 1, owner)
+    sad = slot_ad(slot)
+    job = nd.hook("fetch_job", sad, user=condor, JOBSTORE_HOOK_MODE="agent").stdout
+    assert b"JobstoreJobId = %d" % job_id in job
+    nd.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
+    assert js.get_job(job_id)["status"] == "accepted"
+    return job_id, job
+
+
+def _spooled(nd: Node) -> list[Path]:
+    assert nd.spool is not None
+    return sorted(p for p in nd.spool.iterdir() if p.name.endswith(spool.SUFFIX))
+
+
+def _write_as(path: Path, data: bytes, user: pwd.struct_passwd) -> None:
+    """A file `user` wrote (made by root, then given to her: the same bytes and owner)."""
+    path.write_bytes(data)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    os.chmod(path, 0o600)
+
+
+# ---- 1. a spooled report is untrusted data --------------------------------------------------
+
+
+def test_rewritten_report_cannot_change_the_job(
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+) -> None:
+    """alice's JOB_EXIT, spooled while the agent was away, rewritten by alice in every way a
+    genuine report could not be: each version is quarantined, and the job's owner, log path and
+    state stay as the job store decided; then her genuine report is applied."""
+    nd, alice, bob = secure_node, users[JOB_USERS[0]], users[JOB_USERS[1]]
+    nd.start()
+    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    (bobs_job, _) = _accepted_job(nd, store, bob.pw_name, "slot2@node01")
+    assert nd.stop() == 0
+    ended = nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
+    assert b"kept in the spool" in ended.stderr
+    (genuine,) = _spooled(nd)
+    assert genuine.stat().st_uid == alice.pw_uid
+    record = json.loads(genuine.read_bytes())
+    tampered = [
+        {**record, "changes": {**record["changes"], "owner": bob.pw_name}},
+        {**record, "changes": {"user_log": "/root/owned.log"}},
+        {**record, "changes": {"cmd": "/bin/sh", "queue": "other"}},
+        {**record, "attrs": {**record["attrs"], "Owner": bob.pw_name, "User": "bob@x"}},
+        {**record, "event": "accept"},
+        {**record, "event": "release"},
+        {**record, "caller_uid": 0},
+        {**record, "owner": bob.pw_name},
+        {**record, "job_id": bobs_job},  # bob's job: not hers to report on
+        {**record, "changes": {"exit_code": "0; DROP TABLE jobs"}},
+        {**record, "slot": "x" * 100_000},
+    ]
+    for i, bad in enumerate(tampered):
+        _write_as(nd.spool / f"{i:020d}-1-{i:04x}.report", json.dumps(bad).encode(), alice)
+    nd.start()
+    nd.wait_log("report(s) replayed")
+    log = nd.log.read_text()
+    assert "1 report(s) replayed, 0 left, 11 quarantined" in log, log
+    row = store.get_job(job_id)
+    assert row["owner"] == alice.pw_name and row["user_log"] is None
+    assert row["cmd"] == "/bin/true" and row["queue"] == "default"
+    assert row["status"] == "completed"  # the genuine report, after every tampered one
+    assert store.get_job(bobs_job)["status"] == "accepted"
+    bad = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
+    assert len(bad) == 11 and _spooled(nd) == []
+    assert not Path("/root/owned.log").exists()
+
+
+def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: JobStore,
+                                                     users: dict[str, pwd.struct_passwd]) -> None:
+    """The agent's own database role may run a job's whole life but not rewrite its owner,
+    command, queue or log path, whatever it is told."""
+    from hookseq import run_sequence
+
+    nd, alice = secure_node, users[JOB_USERS[0]]
+    (job_id,) = submit_jobs(store, 1, alice.pw_name)
+    nd.start()
+    condor = users[SERVICE_ACCOUNT]
+    env = nd.env(JOBSTORE_HOOK_MODE="agent")
+    seq = run_sequence(nd.hooks, env, "slot1@node01")
+    assert seq.job_id == job_id and store.get_job(job_id)["status"] == "completed", condor
+    role_url = libpq_url(make_url(nd.db_url).set(password="hooks-pw")
+                         .render_as_string(hide_password=False))
+    with psycopg.connect(role_url, autocommit=True) as conn:
+        conn.execute("UPDATE jobs SET reason = 'allowed' WHERE id = %s", (job_id,))
+        for column, value in (("owner", "bob"), ("cmd", "/bin/sh"), ("queue", "x"),
+                              ("user_log", "/root/x"), ("ad", "{}")):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(f"UPDATE jobs SET {column} = %s WHERE id = %s", (value, job_id))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("DELETE FROM job_events")
+
+
+# ---- 2. the spool cannot be turned against its reader ---------------------------------------
+
+
+def test_fifo_symlink_and_junk_do_not_stall_the_replay(
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+) -> None:
+    """Another user's FIFO, symlink and unsendable record, named to sort first: root's
+    `jobstore replay` neither blocks nor follows them, removes what is not a file, quarantines
+    the record, and sends the genuine report behind them."""
+    nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
+    nd.start()
+    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    assert nd.stop() == 0
+    nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
+    assert len(_spooled(nd)) == 1
+    fifo = nd.spool / "00000000000000000001-1-aa.report"
+    os.mkfifo(fifo)
+    os.chown(fifo, carol.pw_uid, carol.pw_gid)
+    link = nd.spool / "00000000000000000002-1-bb.report"
+    os.symlink("/etc/shadow", link)
+    os.lchown(link, carol.pw_uid, carol.pw_gid)
+    _write_as(nd.spool / "00000000000000000003-1-cc.report", b'{"keyword": 1}', carol)
+    _write_as(nd.spool / "00000000000000000004-1-dd.report", b"[" * 100_000, carol)
+    _write_as(nd.spool / "00000000000000000005-1-ee.report", b" " * 70_000, carol)
+    env = dict(nd.env(), JOBSTORE_DATABASE_URL=nd.db_url)
+    done = subprocess.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
+                          capture_output=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert b"1 report(s) sent, 0 left, 5 quarantined" in done.stdout
+    assert store.get_job(job_id)["status"] == "completed"
+    names = os.listdir(nd.spool)
+    assert fifo.name not in names and link.name not in names and not os.path.islink(link)
+    assert sum(n.endswith(".bad") for n in names) == 3
+
+
+def test_spool_made_by_another_user_is_not_used(
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+) -> None:
+    """carol makes the spool directory first (after a reboot cleared it): alice's hook does not
+    write her report there, and the agent moves carol's directory aside and makes its own,
+    where reports then wait safely."""
+    nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
+    nd.start()
+    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    assert nd.stop() == 0
+    assert nd.spool is not None
+    shutil.rmtree(nd.spool)
+    nd.spool.mkdir()
+    os.chown(nd.spool, carol.pw_uid, carol.pw_gid)
+    os.chmod(nd.spool, 0o777)
+    ended = nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
+    assert b"not used" in ended.stderr or b"not root" in ended.stderr, ended.stderr
+    assert os.listdir(nd.spool) == []  # nothing of alice's reached carol's directory
+    nd.start()
+    nd.wait_log("moved aside")
+    st = nd.spool.lstat()
+    assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == spool.DIR_MODE
+    assert [p for p in nd.spool.parent.iterdir() if ".untrusted-" in p.name]
+    assert nd.stop() == 0
+    again = nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
+    assert b"kept in the spool" in again.stderr
+    (kept,) = _spooled(nd)
+    assert kept.stat().st_uid == alice.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    nd.start()
+    nd.wait_log("1 report(s) replayed")
+    assert store.get_job(job_id)["status"] == "completed"
+
+
+# ---- 3. the hooks trust only the agent ------------------------------------------------------
+
+
+FAKE_AGENT = textwrap.dedent("""
+    import os, socket, sys
+    from jobstore.agent.protocol import encode
+    path, out = sys.argv[1], sys.argv[2]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(path)
+    os.chmod(path, 0o666)
+    s.listen(1)
+    print("ready", flush=True)
+    c, _ = s.accept()
+    ad = b'JobstoreJobId = 1\\nOwner = "root"\\nUser = "root@localdomain"\\nCmd = "/bin/sh"\\n'
+    got = b""
+    try:
+        c.sendall(encode([b"ok", b"0", ad, b""]))
+        c.settimeout(10)
+        while True:
+            data = c.recv(65536)
+            if not data:
+                break
+            got += data
+    except OSError:
+        pass
+    open(out, "w").write(str(len(got)))
+""")
+
+
+def test_hook_does_not_trust_a_socket_another_user_serves(
+    secure_node: Node, users: dict[str, pwd.struct_passwd]
+) -> None:
+    nd, condor, carol = secure_node, users[SERVICE_ACCOUNT], users["jscarol"]
+    path = f"/tmp/jobstore-fake-{uuid.uuid4().hex[:8]}.sock"
+    out = nd.base / "fake-received"
+    out.touch()
+    os.chmod(out, 0o666)
+    fake = subprocess.Popen([sys.executable, "-c", FAKE_AGENT, path, str(out)],
+                            stdout=subprocess.PIPE, user=carol.pw_uid, group=carol.pw_gid,
+                            extra_groups=[], env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+    try:
+        assert fake.stdout is not None and fake.stdout.readline() == b"ready\n"
+        got = nd.hook("fetch_job", slot_ad("slot1@node01"), user=condor,
+                        JOBSTORE_AGENT_SOCKET=path, JOBSTORE_HOOK_MODE="agent")
+        assert got.stdout == b""
+        assert f"served by uid {carol.pw_uid}".encode() in got.stderr
+        fake.wait(WAIT)
+        assert out.read_text() == "0"  # not one byte of the slot ad was sent to carol
+    finally:
+        fake.kill()
+        fake.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+# ---- 4. condor's hooks are served first -----------------------------------------------------
+
+
+FLOOD = textwrap.dedent("""
+    import socket, sys, time
+    from jobstore.agent.protocol import encode
+    path, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    held = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except OSError:
+            pass
+        held.append(s)
+    request = encode([b"prepare_job", b"", b"X" * (4 * 1024 * 1024)])
+    for _ in range(big):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+            s.sendall(request)
+        except OSError:
+            pass
+        held.append(s)
+    print("flooding", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_other_users_cannot_crowd_out_the_startd(
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+) -> None:
+    """Four ordinary users hold 40 idle connections each and one sends 16 requests of 4 MB:
+    condor's FETCH_WORK is still served (no "busy", no fallback), and the agent's log says
+    so in a few lines, not one per refused connection."""
+    nd, condor = secure_node, users[SERVICE_ACCOUNT]
+    with open(nd.config, "a") as fh:
+        fh.write("JOBSTORE_AGENT_READ_TIMEOUT = 30\n")
+    (job_id,) = submit_jobs(store, 1, users[JOB_USERS[0]].pw_name)
+    nd.start()
+    floods = []
+    try:
+        for i, name in enumerate(FLOOD_USERS):
+            u = users[name]
+            floods.append(subprocess.Popen(
+                [sys.executable, "-c", FLOOD, nd.socket, "40", "16" if i == 0 else "0"],
+                stdout=subprocess.PIPE, user=u.pw_uid, group=u.pw_gid, extra_groups=[],
+                env={"PYTHONPATH": str(Path(__file__).parent.parent)}))
+        for p in floods:
+            assert p.stdout is not None and p.stdout.readline() == b"flooding\n"
+        got = nd.hook("fetch_job", slot_ad("slot1@node01"), user=condor,
+                        JOBSTORE_HOOK_MODE="agent")
+        assert b"JobstoreJobId = %d" % job_id in got.stdout, got.stderr
+        assert got.stderr == b""
+    finally:
+        for p in floods:
+            p.kill()
+            p.wait()
+    log = nd.log.read_text()
+    busy = [ln for ln in log.splitlines() if "too many connections" in ln]
+    assert 1 <= len(busy) <= len(FLOOD_USERS), busy
+    assert nd.agent is not None and nd.agent.poll() is None
+
+
+# ---- 5. the hook log works for every account ------------------------------------------------
+
+
+def test_job_users_calls_reach_the_hook_log(
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+) -> None:
+    """condor's hook log is 0644: the agent writes the lines of the calls it serves, alice's
+    starter hooks included, marked with the caller's uid."""
+    nd, alice = secure_node, users[JOB_USERS[0]]
+    nd.start()
+    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    done = nd.hook("job_exit", job + ENDED, ["exit"], user=alice, JOBSTORE_HOOK_MODE="agent")
+    assert done.returncode == 0 and done.stderr == b""
+    text = (nd.base / "log" / "JobstoreHookLog").read_text()
+    mine = [ln for ln in text.splitlines() if f"(agent, uid {alice.pw_uid})" in ln]
+    assert any(f"job {job_id}" in ln and "exit" in ln for ln in mine), text
+    assert "hooks-pw" not in text and "JobstoreToken" not in text
+    condor_lines = [ln for ln in text.splitlines() if "fetched job" in ln]
+    assert condor_lines, text
+

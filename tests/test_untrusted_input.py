@@ -1,0 +1,231 @@
+"""Fuzzing what the agent reads from other accounts: spooled reports (the checker, the reader,
+and what the store lets them apply) and the agent's request parser. Thousands of cases each;
+no traceback, no hang, nothing applied that a genuine report could not apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hookseq import slot_ad
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_agent import WAIT, Node, node  # noqa: F401 - fixture
+
+from jobstore import spool
+from jobstore.agent.protocol import (
+    HEADER,
+    MAGIC,
+    MAX_REQUEST,
+    ProtocolError,
+    body_length,
+    decode_body,
+    decode_env,
+    encode,
+)
+from jobstore.claims import ClaimRequest, Offer, Verdict
+from jobstore.db import upgrade
+from jobstore.errors import NotOwner, UnknownJob
+from jobstore.handlers import send_record, store_identity
+from jobstore.reports import (
+    CHANGE_COLUMNS,
+    SERVICE,
+    STARTER_EVENTS,
+    BadReport,
+    Caller,
+    Report,
+)
+from jobstore.spool import NotMine
+from jobstore.store import JobStore, NewJob
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+FIELDS = ["keyword", "job_id", "event", "token", "attempt", "changes", "attrs", "slot", "host",
+          "time", "store", "caller_uid", "owner", "user_log", "queue"]
+FUZZ = settings(max_examples=2000, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def genuine(job_id: int = 1, token: str = "t" * 32, attempt: int = 1,
+            store: str = "0123456789abcdef") -> dict[str, Any]:
+    return {"keyword": "JOBSTORE", "job_id": job_id, "event": "exit", "token": token,
+            "attempt": attempt, "changes": {"exit_code": 0, "exit_by_signal": False},
+            "attrs": {"ExitCode": 0}, "slot": "slot1", "host": None, "time": 1.7e9,
+            "store": store}
+
+
+def mutated(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """A genuine record with some fields replaced by anything JSON can say."""
+    return st.dictionaries(st.sampled_from(FIELDS), json_values | st.sampled_from(
+        ["accept", "release", "submit", "owner", "user_log", 0, -1, 2**70]), max_size=4
+    ).map(lambda changes: {**base, **changes})
+
+
+def check(report: Report, writer: Caller) -> None:
+    """What a report that passed the checker may ever do."""
+    assert set(report.changes) <= set(CHANGE_COLUMNS)
+    if not writer.trusted:
+        assert report.event in STARTER_EVENTS and report.caller_uid is None
+
+
+@FUZZ
+@given(record=json_values | mutated(genuine()), trusted=st.booleans())
+def test_report_checker_accepts_only_what_a_hook_could_write(record: Any, trusted: bool) -> None:
+    writer = SERVICE if trusted else Caller(1234)
+    try:
+        report = Report.parse(record, writer)
+    except BadReport:
+        return
+    check(report, writer)
+    assert Report.parse(report.record(), writer) == report  # what is spooled reads back
+
+
+@FUZZ
+@given(data=st.binary(max_size=300))
+def test_request_parser_never_raises_anything_else(data: bytes) -> None:
+    try:
+        n = body_length((data + b"\0" * HEADER)[:HEADER], MAX_REQUEST)
+        assert 0 <= n <= MAX_REQUEST
+    except ProtocolError:
+        pass
+    try:
+        items = decode_body(data, big_item=2)
+        assert sum(len(i) for i in items) <= len(data)
+    except ProtocolError:
+        pass
+    env = decode_env(data)
+    assert set(env) <= {"_CONDOR_SLOT"}
+
+
+@settings(max_examples=500, deadline=None)
+@given(files=st.lists(st.tuples(st.sampled_from(["a.report", "1-2-ab.report", ".1-2-ab.tmp",
+                                                 ".1-2-ab.report.1.taking", "x"]),
+                                st.binary(max_size=200) | json_values.map(
+                                    lambda v: json.dumps(v).encode())),
+                      max_size=6))
+def test_spool_reader_survives_any_file(files: list[tuple[str, bytes]]) -> None:
+    """Whatever lies in the spool: the replay ends, and what it hands over is JSON it read."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "spool"
+        spool.ensure_dir(d)
+        for i, (name, data) in enumerate(files):
+            (d / name.replace("1-2", f"{i}-2")).write_bytes(data)
+        seen: list[Any] = []
+
+        def send(record: Any, uid: int) -> None:
+            seen.append(record)
+            if not isinstance(record, dict):
+                raise BadReport("not an object")
+
+        done = spool.replay(d, send, limit=100)
+        assert done.left == 0
+        assert done.sent == sum(isinstance(r, dict) for r in seen)
+        leftover = [n for n in os.listdir(d) if n.endswith(spool.SUFFIX) and not
+                    n.startswith(".")]
+        assert leftover == [n for n in leftover if not n[0].isdigit()]
+
+
+# ---- what the store applies -----------------------------------------------------------------
+
+PROTECTED = ("owner", "cmd", "queue", "user_log", "ad", "priority", "max_attempts",
+             "request_cpus", "requirements", "cluster_id", "proc_id")
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+
+@pytest.fixture(scope="module")
+def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[str, Any], str]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'jobstore.db'}"
+    upgrade(url)
+    s = JobStore.from_url(url)
+    s.submit([NewJob(proc_id=0, cmd="/bin/true", ad={"Cmd": "/bin/true"}, request_cpus=1,
+                     request_memory=64, request_disk=1024)], owner=ME, queue="default",
+             max_attempts=1_000_000)
+    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                       slot="slot1@node01", host="node01", keyword="JOBSTORE", claim_lease=600)
+    job = s.claim(req, lambda row: Verdict(take=True))
+    assert job is not None
+    return s, dict(job), url
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_nothing_applied_that_a_genuine_report_could_not_apply(
+    claimed: tuple[JobStore, dict[str, Any], str], data: st.DataObject,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutated reports of the job's owner and of another account, sent through the same path
+    as a replay: the job's decided columns never change; a refusal is all that can come back."""
+    s, job, url = claimed
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
+    base = genuine(job["id"], job["token"], job["claims"], store_identity(url))
+    record = data.draw(mutated(base))
+    other = 0 if os.geteuid() else 65534  # root, or nobody: not the owner either way
+    writer = Caller(data.draw(st.sampled_from([os.geteuid(), other])))
+    before = {k: s.get_job(job["id"])[k] for k in PROTECTED}
+    try:
+        send_record(record, writer)
+    except (BadReport, NotOwner, NotMine, UnknownJob):
+        pass
+    after = {k: s.get_job(job["id"])[k] for k in PROTECTED}
+    assert after == before
+
+
+
+# ---- the live agent -------------------------------------------------------------------------
+
+HOOK_NAMES = st.sampled_from([b"fetch_job", b"reply_fetch", b"evict_claim", b"prepare_job",
+                              b"update_job_info", b"job_exit", b"nope", b""])
+framed = st.builds(
+    lambda hook, env, stdin, argv: encode([hook, env, stdin, *argv]),
+    HOOK_NAMES, st.binary(max_size=60), st.binary(max_size=400),
+    st.lists(st.sampled_from([b"accept", b"reject", b"exit", b"evict", b"x" * 70_000]),
+             max_size=3),
+)
+raw = st.binary(max_size=200) | st.builds(
+    lambda n, body: MAGIC + n.to_bytes(4, "big") + body,
+    st.integers(0, 2**32 - 1), st.binary(max_size=200))
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(payload=framed | raw)
+def test_live_agent_answers_anything_and_stays_up(node: Node, payload: bytes) -> None:  # noqa: F811
+    """Whatever a client sends, the agent answers with a well-formed message or closes, and
+    stays up; a genuine FETCH_WORK is still served afterwards."""
+    if node.agent is None:
+        node.start()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(WAIT)
+    try:
+        s.connect(node.socket)
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    finally:
+        s.close()
+    if answer:
+        items = decode_body(answer[HEADER:], big_item=2)
+        assert answer[:4] == MAGIC and items[0] in (b"ok", b"busy", b"refused")
+    assert node.agent.poll() is None
+    good = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert good.returncode == 0 and good.stdout == b"" and good.stderr == b"", good.stderr
