@@ -18,7 +18,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -31,37 +30,7 @@ from jobstore.hooktemplates import install_hooks  # noqa: E402
 USERS = ("jsalice", "jsbob", "jscarol", "jsdave")
 SLOT = (b'Name = "slot1@bench"\nMachine = "bench"\nState = "Unclaimed"\nActivity = "Idle"\n'
         b"Cpus = 1\nMemory = 1024\nDisk = 1000000\nSlotTypeID = 0\nStart = true\n")
-FLOOD = textwrap.dedent("""
-    import socket, sys, time
-    from jobstore.agent.protocol import encode
-    path, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    held = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.setblocking(False)
-        try:
-            s.connect(path)
-        except OSError:
-            pass
-        held.append(s)
-    print("flooding", flush=True)
-    request = encode([b"prepare_job", b"", b"X" * (4 * 1024 * 1024)])
-    end = time.monotonic() + 600
-    while big and time.monotonic() < end:
-        batch = []
-        for _ in range(big):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(0.5)
-            try:
-                s.connect(path)
-                s.sendall(request)
-            except OSError:
-                pass
-            batch.append(s)
-        for s in batch:
-            s.close()
-    time.sleep(600)
-""")
+FLOOD = ROOT / "tests" / "agent_flood.py"  # the same client as tests/test_security.py
 
 
 def account(name: str) -> pwd.struct_passwd:
@@ -123,7 +92,7 @@ def main() -> int:
         idle = fetch_times(fetch, env, args.samples)
         for i, u in enumerate(users):
             floods.append(subprocess.Popen(
-                [sys.executable, "-c", FLOOD, sock, "40", "16" if i == 0 else "0"],
+                [sys.executable, str(FLOOD), sock, "40", "16" if i == 0 else "0", "0"],
                 stdout=subprocess.PIPE, user=u.pw_uid, group=u.pw_gid, extra_groups=[],
                 env={"PYTHONPATH": str(ROOT)}))
         for p in floods:

@@ -44,15 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobstore.emulator.spawn import OUTPUT_HOOKS, hook_preexec
-from jobstore.hooktemplates import CONDOR_HOOK_NAMES
+from jobstore.emulator.spawn import hook_preexec
+from jobstore.hooktable import CONDOR_NAMES, OUTPUT_HOOKS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-DEFAULT_TRANSCRIPT = REPO.parent / "shared" / "htcondor-transcripts" / "01-normal-job"
+DEFAULT_TRANSCRIPT = REPO / "tests" / "fixtures" / "htcondor-transcripts" / "01-normal-job"
 KEYWORD = "TEST"  # the keyword of the recording node; the recorded ads say HookKeyword = "TEST"
 OWNER = "alice"  # the recorded job owner (uid 1001 on the recording node)
-CLOSED_OUTPUT = {ours for ours, condor in CONDOR_HOOK_NAMES.items() if condor not in OUTPUT_HOOKS}
+CLOSED_OUTPUT = {ours for ours, condor in CONDOR_NAMES.items() if condor not in OUTPUT_HOOKS}
 IDENTITY = (b"JobstoreAttempt", b"JobstoreJobId", b"JobstoreToken")
 # (label, executable, transcript file, argv); the order of one job's life
 LIFE = (
@@ -863,7 +863,6 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     import psycopg
 
     from jobstore.emulator import Emulator, EmulatorConfig
-    from jobstore.hooktemplates import CONDOR_HOOK_NAMES
     from jobstore.store import JobStore
     from jobstore.submission import specs_to_new_jobs
     from jobstore.submit import JobSpec
@@ -876,7 +875,7 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
         nj.proc_id = i
     store.submit(new, owner=OWNER, queue=queue, max_attempts=3)
     store.engine.dispose()
-    hooks = {condor: str(env.hooks / ours) for ours, condor in CONDOR_HOOK_NAMES.items()}
+    hooks = {condor: str(env.hooks / ours) for ours, condor in CONDOR_NAMES.items()}
     cfg = EmulatorConfig(
         hooks=hooks, work_dir=str(env.tmp / f"node-{mode}"), keyword=KEYWORD, static_slots=8,
         cpus=8, memory=8192, initial_update_interval=1.0, update_interval=5.0,

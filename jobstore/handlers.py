@@ -32,7 +32,6 @@ from .states import Event
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
     from .store import JobStore, Outcome
 
-HOOKS = ("fetch_job", "reply_fetch", "evict_claim", "prepare_job", "update_job_info", "job_exit")
 # The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
 MIN_USER_UID = 1000
 NOBODY_UID = 65534

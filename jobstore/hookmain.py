@@ -13,9 +13,10 @@ import sys
 import threading
 import time
 
-from .agent.client import DEADLINES, DEFAULT_DEADLINE, read_stdin, write_all
 from .agent.client import prologue as _reopen_fds
+from .agent.client import read_stdin, write_all
 from .agent.protocol import MAX_STDIN
+from .hooktable import DEADLINES, DEFAULT_DEADLINE
 
 
 def _prologue() -> bool:

@@ -7,23 +7,8 @@ import stat
 import sys
 from pathlib import Path
 
-HOOK_NAMES = (
-    "fetch_job",
-    "reply_fetch",
-    "evict_claim",
-    "prepare_job",
-    "update_job_info",
-    "job_exit",
-)
-# HTCondor configuration name of each hook: <KEYWORD>_HOOK_<NAME>.
-CONDOR_HOOK_NAMES = {
-    "fetch_job": "FETCH_WORK",
-    "reply_fetch": "REPLY_FETCH",
-    "evict_claim": "EVICT_CLAIM",
-    "prepare_job": "PREPARE_JOB",
-    "update_job_info": "UPDATE_JOB_INFO",
-    "job_exit": "JOB_EXIT",
-}
+from .hooktable import CONDOR_NAMES, NAMES
+
 REPO_SHEBANG = "#!/usr/bin/env python3"
 
 
@@ -45,7 +30,7 @@ def hook_text(
     path_line = f"sys.path.insert(0, {package_root!r})\n" if package_root else ""
     return (
         f"#!{python}{flags}\n"
-        f'"""HTCondor {CONDOR_HOOK_NAMES[name]} hook of htcondor-jobstore (generated)."""\n'
+        f'"""HTCondor {CONDOR_NAMES[name]} hook of htcondor-jobstore (generated)."""\n'
         "import sys\n"
         "\n"
         f"{path_line}"
@@ -66,9 +51,10 @@ def _compile_client() -> None:
     import py_compile
 
     import jobstore
+    from jobstore import hooktable
     from jobstore.agent import client, protocol
 
-    for module in (jobstore, sys.modules["jobstore.agent"], client, protocol):
+    for module in (jobstore, sys.modules["jobstore.agent"], hooktable, client, protocol):
         try:
             py_compile.compile(module.__file__, doraise=True)
         except (OSError, py_compile.PyCompileError):
@@ -101,7 +87,7 @@ def install_hooks(
     uids = agent_uids(agent_users)
     _compile_client()
     paths = {}
-    for name in HOOK_NAMES:
+    for name in NAMES:
         path = target / name
         tmp = path.with_suffix(".tmp")
         text = hook_text(
@@ -111,7 +97,7 @@ def install_hooks(
         tmp.write_text(text, encoding="utf-8")
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
-        paths[CONDOR_HOOK_NAMES[name]] = str(path)
+        paths[CONDOR_NAMES[name]] = str(path)
     return paths
 
 

@@ -16,23 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .states import Event
+from .states import HOOK_REPORTS, STARTD_EVENTS, STARTER_EVENTS, Event
 
-# Events of the startd's hooks (REPLY_FETCH, EVICT_CLAIM), which run as the condor account.
-STARTD_EVENTS = frozenset({Event.ACCEPT, Event.REJECT, Event.CLAIM_EVICTED})
-# Events of the starter's hooks (PREPARE_JOB, UPDATE_JOB_INFO, JOB_EXIT), run as the job's user.
-STARTER_EVENTS = frozenset(
-    {
-        Event.PREPARE,
-        Event.UPDATE,
-        Event.START,
-        Event.EXIT,
-        Event.EVICT,
-        Event.HOOK_HOLD,
-        Event.HOOK_REMOVE,
-    }
-)
-REPORT_EVENTS = STARTD_EVENTS | STARTER_EVENTS
+__all__ = ["STARTD_EVENTS", "STARTER_EVENTS", "BadReport", "Caller", "Report", "check_changes"]
 
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
@@ -168,7 +154,7 @@ class Report:
             event = Event(_text(record, "event", required=True))
         except ValueError:
             raise BadReport("unknown event") from None
-        if event not in REPORT_EVENTS:
+        if event not in HOOK_REPORTS:
             raise BadReport(f"{event} is not a hook's report")
         caller_uid = _int(record, "caller_uid", 0, _INT32)
         if caller_uid is not None and not writer.trusted:

@@ -67,11 +67,11 @@ TRANSITIONS: dict[Event, dict[Status, Status | str]] = {
 }
 
 # Reports from the hooks of one attempt; the others are admin or store events.
-HOOK_REPORTS = frozenset(
+# Events of the startd's hooks (REPLY_FETCH, EVICT_CLAIM), which run as the condor account.
+STARTD_EVENTS = frozenset({Event.ACCEPT, Event.REJECT, Event.CLAIM_EVICTED})
+# Events of the starter's hooks (PREPARE_JOB, UPDATE_JOB_INFO, JOB_EXIT), run as the job's user.
+STARTER_EVENTS = frozenset(
     {
-        Event.ACCEPT,
-        Event.REJECT,
-        Event.CLAIM_EVICTED,
         Event.PREPARE,
         Event.UPDATE,
         Event.START,
@@ -81,6 +81,7 @@ HOOK_REPORTS = frozenset(
         Event.HOOK_REMOVE,
     }
 )
+HOOK_REPORTS = STARTD_EVENTS | STARTER_EVENTS
 # States in which the job is no longer handed out, so its attempt token is void.
 _ENDS_ATTEMPT = frozenset({_S.IDLE, _S.HELD, _S.COMPLETED, _S.REMOVED, _S.FAILED})
 
@@ -143,6 +144,8 @@ __all__ = [
     "decide",
     "TRANSITIONS",
     "HOOK_REPORTS",
+    "STARTD_EVENTS",
+    "STARTER_EVENTS",
     "FINAL",
     "HANDED_OUT",
     "is_final",

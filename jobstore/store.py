@@ -798,6 +798,17 @@ class JobStore:
             xmin, xmax = conn.execute(q).one()
         return int(xmin), int(xmax)
 
+    def xact_horizon(self) -> int | None:
+        """PostgreSQL: a transaction id assigned now (its transaction commits at once). Every
+        transaction that had an id before this call has a smaller one, so once a snapshot's
+        xmin is at or past it they have all ended. (A snapshot's xmax is no such bound: it is
+        one past the highest *completed* id, and a transaction still running may have a larger
+        one.) SQLite: None."""
+        if not self._pg:
+            return None
+        with self._tx() as conn:
+            return int(conn.execute(text("SELECT pg_current_xact_id()::text")).scalar_one())
+
     def stats(self) -> list[tuple[str, str, int]]:
         q = (
             select(jobs.c.queue, jobs.c.status, func.count())

@@ -14,9 +14,10 @@ transaction mode, found by a probe at start or named with `poll=True`): the same
 
 Reading by id misses nothing and repeats nothing: event ids come from a sequence before commit,
 so on PostgreSQL a lower id can become visible after a higher one. Such missing ids ("gaps") are
-read again until every transaction that could still commit them has ended (the snapshot's xmin
-has passed the xmax seen when the gap was found); this relies on every transaction that writes
-an event having written or locked a row first, which store.py always does. On SQLite writers
+read again until every transaction that could still commit them has ended (a snapshot's xmin
+has reached a transaction id assigned after the gap was seen, `store.xact_horizon`); this
+relies on every transaction that writes an event having written or locked a row first (so it
+had its id before it took the event's id), which store.py always does. On SQLite writers
 take turns, so ids become visible in order. After a database restart the subscriber reconnects
 with backoff and goes on from the last id it saw.
 """
@@ -182,7 +183,8 @@ class _Follower:
     def __init__(self, store: JobStore, high: int, silent_upto: int = 0) -> None:
         self.store = store
         self.high = high  # every id <= high was delivered, is a gap, or is gone for good
-        self.gaps: dict[int, int | None] = {}  # id -> xmax when found (None: not yet known)
+        # id -> a transaction id newer than any that could still commit it (None: not yet known)
+        self.gaps: dict[int, int | None] = {}
         self.silent_upto = silent_upto  # ids read that are at most this are not delivered
         self.pg = store.engine.dialect.name == "postgresql"
 
@@ -206,10 +208,10 @@ class _Follower:
                 if i not in found:
                     self.gaps[i] = None
             if any(h is None for h in self.gaps.values()):
-                xmax = self.store.snapshot_bounds()[1]  # type: ignore[index]
+                horizon = self.store.xact_horizon()
                 for i, h in self.gaps.items():
                     if h is None:
-                        self.gaps[i] = xmax
+                        self.gaps[i] = horizon
         self.high = top
         fresh = [r for r in rows if r["id"] > self.silent_upto]
         return fresh, len(rows) == BATCH

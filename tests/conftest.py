@@ -1,5 +1,5 @@
 """Shared test fixtures: databases (SQLite and a throw-away PostgreSQL database per test),
-a minimal HTCondor configuration file and the shared reference directory."""
+a minimal HTCondor configuration file and the test fixtures (real HTCondor transcripts)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TRANSCRIPTS = FIXTURES / "htcondor-transcripts"
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
@@ -100,16 +103,9 @@ def condor_config(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """The `shared` directory next to the repository (protocol notes, real transcripts)."""
-    path = REPO_ROOT.parent / "shared"
-    if not path.is_dir():
-        pytest.fail(
-            f"shared reference directory not found: {path} (expected next to the repository "
-            f"root {REPO_ROOT})",
-            pytrace=False,
-        )
-    return path
+def fixtures_dir() -> Path:
+    """tests/fixtures: the real-startd transcripts the tests replay (inside the repository)."""
+    return FIXTURES
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobstore.emulator.spawn import OUTPUT_HOOKS, hook_preexec
-from jobstore.hooktemplates import CONDOR_HOOK_NAMES
+from jobstore.emulator.spawn import hook_preexec
+from jobstore.hooktable import BY_CONDOR_NAME, CONDOR_NAMES, OUTPUT_HOOKS
 
-# HTCondor hook name -> our executable name.
-BY_CONDOR_NAME = {v: k for k, v in CONDOR_HOOK_NAMES.items()}
-CLOSED_OUTPUT = {ours for ours, condor in CONDOR_HOOK_NAMES.items() if condor not in OUTPUT_HOOKS}
+__all__ = ["BY_CONDOR_NAME", "CLOSED_OUTPUT", "HookResult", "hook_env", "run_hook"]
+CLOSED_OUTPUT = {ours for ours, condor in CONDOR_NAMES.items() if condor not in OUTPUT_HOOKS}
 
 
 @dataclass

@@ -13,6 +13,7 @@ from pathlib import Path
 import classad2
 import pytest
 import sqlalchemy as sa
+from conftest import TRANSCRIPTS
 from hookrun import HookResult, hook_env, run_hook
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.submission import specs_to_new_jobs
 from jobstore.submit import JobSpec
 
-T = Path(__file__).resolve().parent.parent.parent / "shared" / "htcondor-transcripts"
+T = TRANSCRIPTS
 HOOKS = [
     ("fetch_job", []),
     ("reply_fetch", ["accept"]),

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 
 JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
@@ -141,12 +142,12 @@ def test_bad_database_url_is_one_line(condor_config: Path, monkeypatch: pytest.M
 
 
 def test_evict_claim_requeues_a_fetched_job(
-    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path, shared_dir: Path
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,
 ) -> None:
     """EVICT_CLAIM is never called by HTCondor 25, but if it comes, the job goes back."""
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
     env = hook_env(db, condor_config)
-    slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+    slot = (TRANSCRIPTS / "01-normal-job/01-FETCH_WORK.stdin").read_bytes()
     ad = run_hook(hook_dir, "fetch_job", slot, env=env).stdout
     assert b"JobstoreToken" in ad
     claim = b'ClaimId = "<127.0.0.1:1>#1#1#[Encryption="NO";]abc"\n'
@@ -156,7 +157,7 @@ def test_evict_claim_requeues_a_fetched_job(
 
 
 def test_fetch_never_hangs_on_a_silent_database(
-    hook_dir: Path, condor_config: Path, shared_dir: Path
+    hook_dir: Path, condor_config: Path,
 ) -> None:
     """A server that accepts TCP but never answers: fetch_job gives up, prints nothing."""
     with socket.socket() as silent:
@@ -164,7 +165,7 @@ def test_fetch_never_hangs_on_a_silent_database(
         silent.listen(16)
         port = silent.getsockname()[1]
         url = f"postgresql+psycopg://u:pw@127.0.0.1:{port}/x"
-        slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+        slot = (TRANSCRIPTS / "01-normal-job/01-FETCH_WORK.stdin").read_bytes()
         started = time.monotonic()
         r = run_hook(hook_dir, "fetch_job", slot, env=hook_env(url, condor_config), timeout=60)
         took = time.monotonic() - started
@@ -174,7 +175,7 @@ def test_fetch_never_hangs_on_a_silent_database(
 
 
 def test_allowed_owners_at_submit_and_at_fetch(
-    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path, shared_dir: Path
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,
 ) -> None:
     """JOBSTORE_ALLOWED_OWNERS is checked at submit, and again at fetch (config may change)."""
     sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
@@ -187,7 +188,7 @@ def test_allowed_owners_at_submit_and_at_fetch(
     condor_config.write_text(base + f"JOBSTORE_ALLOWED_OWNERS = somebody_else, {_owner()}\n")
     assert submit(db, sub).returncode == 0
     condor_config.write_text(base + "JOBSTORE_JOBSTORE_ALLOWED_OWNERS = somebody_else\n")
-    slot = (shared_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+    slot = (TRANSCRIPTS / "01-normal-job/01-FETCH_WORK.stdin").read_bytes()
     r = run_hook(hook_dir, "fetch_job", slot, env=hook_env(db, condor_config))
     assert r.stdout == b""
     (job,) = json.loads(cli(db, "q", "--json", "-a").stdout)

@@ -168,9 +168,9 @@ def test_concurrent_store_claims(db_url, job_owner, request):
     check_database(db_url, ids, "completed")
 
 
-def _slot_ad(shared_dir: Path, name: str) -> bytes:
+def _slot_ad(fixtures_dir: Path, name: str) -> bytes:
     lines = []
-    for line in (shared_dir / SLOT_AD).read_text().splitlines():
+    for line in (fixtures_dir / SLOT_AD).read_text().splitlines():
         if line.startswith("Name = "):
             line = f'Name = "{name}"'
         lines.append(line)
@@ -179,11 +179,11 @@ def _slot_ad(shared_dir: Path, name: str) -> bytes:
 
 @pytest.mark.parametrize("backend", ["postgresql"])
 def test_concurrent_fetch_job_hooks(
-    backend, request, hook_dir, condor_config, shared_dir, job_owner
+    backend, request, hook_dir, condor_config, fixtures_dir, job_owner
 ):
     url = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
     ids = fill(url, HOOK_JOBS, job_owner)
-    template = (shared_dir / SLOT_AD).read_text()
+    template = (fixtures_dir / SLOT_AD).read_text()
     assert 'State = "Unclaimed"' in template and 'Activity = "Idle"' in template
     # This test is about exactly-once hand-out, not the deadline: on a loaded machine the 10 s
     # deadline could strike between the claim's commit and the print (the lease recovers that).
@@ -197,7 +197,7 @@ def test_concurrent_fetch_job_hooks(
 
     def worker(n: int) -> None:
         slot = f"slot{n}@node01.example.org"
-        stdin = _slot_ad(shared_dir, slot)
+        stdin = _slot_ad(fixtures_dir, slot)
         got: list[int] = []
         try:
             while True:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner, submit_jobs
 from test_faults import PrivateCluster, _pg_bin
@@ -26,8 +27,7 @@ from jobstore.store import JobStore
 ROLE = "jobstore_cred"
 PASSWORD = "Pw-cred-3141-secret"
 DATABASE = "jobstore_cred"
-SLOT = (Path(__file__).resolve().parent.parent.parent / "shared" / "htcondor-transcripts"
-        / "01-normal-job" / "01-FETCH_WORK.stdin")
+SLOT = TRANSCRIPTS / "01-normal-job" / "01-FETCH_WORK.stdin"
 
 
 @pytest.fixture(scope="module")

@@ -44,5 +44,9 @@ def test_condor_config(condor_config: Path):
     assert (condor_config.parent / "log").is_dir()
 
 
-def test_shared_dir(shared_dir: Path):
-    assert (shared_dir / "htcondor-hook-protocol.md").is_file()
+def test_fixtures_dir(fixtures_dir: Path):
+    """The transcripts live in the repository: a lone clone runs the tests."""
+    transcripts = fixtures_dir / "htcondor-transcripts"
+    assert (transcripts / "README.md").is_file()
+    assert (transcripts / "01-normal-job" / "01-FETCH_WORK.stdin").is_file()
+    assert Path(__file__).resolve().parent in fixtures_dir.parents

@@ -15,6 +15,7 @@ import classad2
 import htcondor2
 import pytest
 import sqlalchemy as sa
+from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +28,7 @@ from jobstore.schema import jobs
 from jobstore.store import JobStore
 from jobstore.submission import SubmitError, submit_path
 
-SLOT = Path(__file__).resolve().parent.parent.parent / "shared" / "htcondor-transcripts"
+SLOT = TRANSCRIPTS
 SLOT_AD = "01-normal-job/01-FETCH_WORK.stdin"
 # Hostile values: quoting, escapes, separators, non-ASCII, and attribute-injection attempts.
 TRICKY = [

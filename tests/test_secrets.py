@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import sqlalchemy as sa
+from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from sqlalchemy.engine import make_url
@@ -21,7 +22,7 @@ from sqlalchemy.engine import make_url
 from jobstore.db import upgrade
 from jobstore.schema import job_events
 
-T = Path(__file__).resolve().parent.parent.parent / "shared" / "htcondor-transcripts"
+T = TRANSCRIPTS
 URL_PASSWORD = "Url-pw-7781-secret"
 FILE_PASSWORD = "File-pw-9923-secret"
 

@@ -320,32 +320,7 @@ def test_hook_does_not_trust_a_socket_another_user_serves(
 # ---- 4. condor's hooks are served first -----------------------------------------------------
 
 
-FLOOD = textwrap.dedent("""
-    import socket, sys, time
-    from jobstore.agent.protocol import encode
-    path, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    held = []
-    for _ in range(n):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.setblocking(False)
-        try:
-            s.connect(path)
-        except OSError:
-            pass
-        held.append(s)
-    request = encode([b"prepare_job", b"", b"X" * (4 * 1024 * 1024)])
-    for _ in range(big):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(0.5)
-        try:
-            s.connect(path)
-            s.sendall(request)
-        except OSError:
-            pass
-        held.append(s)
-    print("flooding", flush=True)
-    time.sleep(60)
-""")
+FLOOD = Path(__file__).resolve().parent / "agent_flood.py"
 
 
 def test_other_users_cannot_crowd_out_the_startd(
@@ -364,7 +339,7 @@ def test_other_users_cannot_crowd_out_the_startd(
         for i, name in enumerate(FLOOD_USERS):
             u = users[name]
             floods.append(subprocess.Popen(
-                [sys.executable, "-c", FLOOD, nd.socket, "40", "16" if i == 0 else "0"],
+                [sys.executable, str(FLOOD), nd.socket, "40", "16" if i == 0 else "0", "1"],
                 stdout=subprocess.PIPE, user=u.pw_uid, group=u.pw_gid, extra_groups=[],
                 env={"PYTHONPATH": str(Path(__file__).parent.parent)}))
         for p in floods:

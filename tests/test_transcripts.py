@@ -1,5 +1,5 @@
-"""Replay every recorded HTCondor 25.13.2 hook call (../shared/htcondor-transcripts) against the
-real hook executables, on SQLite and on PostgreSQL.
+"""Replay every recorded HTCondor 25.13.2 hook call (tests/fixtures/htcondor-transcripts) against
+the real hook executables, on SQLite and on PostgreSQL.
 
 The recorded FETCH_WORK stdout came from a stub queue, so the replay is adapted: before a scenario
 we submit one job per recorded job ad (same Cmd, Args, Request*, custom attributes; owner alice),
@@ -25,6 +25,7 @@ from typing import Any
 import classad2
 import pytest
 import sqlalchemy as sa
+from conftest import TRANSCRIPTS
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
 
 from jobstore import classads
@@ -34,7 +35,6 @@ from jobstore.store import JobStore
 from jobstore.submission import specs_to_new_jobs
 from jobstore.submit import JobSpec
 
-TRANSCRIPTS = Path(__file__).resolve().parent.parent.parent / "shared" / "htcondor-transcripts"
 IDENTITY = ("JobstoreAttempt", "JobstoreJobId", "JobstoreToken")
 REQUIRED_ATTRS = (
     "Cmd", "Owner", "User", "JobUniverse", "RequestCpus", "RequestMemory", "RequestDisk",
@@ -485,10 +485,10 @@ def test_recorded_ads_parse(folder: Path) -> None:
             classads.parse_ad(text)
 
 
-def test_scenarios_found(shared_dir: Path) -> None:
+def test_scenarios_found(fixtures_dir: Path) -> None:
     found = scenario_dirs()
-    assert found, f"no scenario folders in {shared_dir / 'htcondor-transcripts'}"
-    assert {p.parent for p in found} == {shared_dir / "htcondor-transcripts"}
+    assert found, f"no scenario folders in {fixtures_dir / 'htcondor-transcripts'}"
+    assert {p.parent for p in found} == {fixtures_dir / "htcondor-transcripts"}
 
 
 def test_root_job_is_held_not_fetched(store: JobStore, hook_dir: Path, env_for) -> None:

@@ -33,6 +33,7 @@ from jobstore.claims import ClaimRequest, Offer, Verdict
 from jobstore.db import upgrade
 from jobstore.errors import NotOwner, UnknownJob
 from jobstore.handlers import send_record, store_identity
+from jobstore.hooktable import NAMES
 from jobstore.reports import (
     CHANGE_COLUMNS,
     SERVICE,
@@ -184,8 +185,7 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
 
 # ---- the live agent -------------------------------------------------------------------------
 
-HOOK_NAMES = st.sampled_from([b"fetch_job", b"reply_fetch", b"evict_claim", b"prepare_job",
-                              b"update_job_info", b"job_exit", b"nope", b""])
+HOOK_NAMES = st.sampled_from([n.encode() for n in NAMES] + [b"nope", b""])
 framed = st.builds(
     lambda hook, env, stdin, argv: encode([hook, env, stdin, *argv]),
     HOOK_NAMES, st.binary(max_size=60), st.binary(max_size=400),

@@ -338,3 +338,35 @@ def test_postgres_restart_mid_watch(private_pg):  # noqa: F811 - the imported fi
         assert sum(r["event"] == "finished" for r in records) == 2
     finally:
         store.engine.dispose()
+
+
+def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
+    """A gap whose writer got its transaction id *after* the last completed one (so the id is
+    not below the snapshot's xmax) is kept until that writer ends: its event is delivered.
+    U takes xid u, T takes xid t > u and event id a, U takes event id b > a and commits; the
+    follower sees b, then reads again while T still runs, then T commits."""
+    from jobstore.watch import _Follower
+
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    try:
+        j1, j2 = submit_jobs(store, 2, ordinary_owner())
+        follower = _Follower(store, store.last_event_id())
+        insert = ("INSERT INTO job_events (job_id, time, event) VALUES (%s, 0, 'hold') "
+                  "RETURNING id")
+        with psycopg.connect(libpq_url(pg_url)) as u, psycopg.connect(libpq_url(pg_url)) as t:
+            u.execute("UPDATE jobs SET reason = 'u' WHERE id = %s", (j1,))
+            t.execute("UPDATE jobs SET reason = 't' WHERE id = %s", (j2,))
+            a = t.execute(insert, (j2,)).fetchone()[0]
+            b = u.execute(insert, (j1,)).fetchone()[0]
+            assert a < b
+            u.commit()
+            first, _ = follower.read()
+            assert [r["id"] for r in first] == [b]
+            again, _ = follower.read()  # T still runs: its id must stay a gap
+            assert again == [] and a in follower.gaps
+            t.commit()
+        late, _ = follower.read()
+        assert [r["id"] for r in late] == [a]
+    finally:
+        store.engine.dispose()

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from ..hooktable import DEADLINES, DEFAULT_DEADLINE
 from .protocol import (
     BUSY,
     DEFAULT_SOCKET,
@@ -33,10 +34,6 @@ from .protocol import (
     encode_env,
 )
 
-# Seconds before a hook gives up (JOB_EXIT must end well inside the starter's 30 s timeout);
-# direct mode (hookmain) uses the same.
-DEADLINES = {"fetch_job": 10.0, "job_exit": 20.0}
-DEFAULT_DEADLINE = 20.0
 # Accounts whose socket the hooks trust when the installed hook names none (root only).
 DEFAULT_AGENT_UIDS = (0,)
 

@@ -6,11 +6,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from ..hooktable import STARTD_HOOKS
 from ..reports import SERVICE, Caller
-
-# Hooks the startd runs, as the condor service account.
-STARTD_HOOKS = frozenset({"fetch_job", "reply_fetch", "evict_claim"})
-STARTER_HOOKS = frozenset({"prepare_job", "update_job_info", "job_exit"})
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..hooktable import CONDOR_NAMES
+from ..hooktable import STARTD_HOOKS as _STARTD
+from ..hooktable import STARTER_HOOKS as _STARTER
 from .spawn import HookCall
 
-STARTD_HOOKS = ("FETCH_WORK", "REPLY_FETCH", "EVICT_CLAIM")
-STARTER_HOOKS = ("PREPARE_JOB", "UPDATE_JOB_INFO", "JOB_EXIT")
+# The emulator speaks HTCondor's names ("FETCH_WORK", ...).
+STARTD_HOOKS = frozenset(CONDOR_NAMES[h] for h in _STARTD)
+STARTER_HOOKS = frozenset(CONDOR_NAMES[h] for h in _STARTER)
 
 # (index of the job among the jobs that started running, job ad as a dict) -> seconds or None
 VacateCallback = Callable[[int, dict[str, object]], float | None]

@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..hooktable import OUTPUT_HOOKS
+
 PIPE_BUFFER_MAX = 10240
 
-OUTPUT_HOOKS = frozenset({"FETCH_WORK", "PREPARE_JOB", "JOB_EXIT"})
 
 
 @dataclass
