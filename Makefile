@@ -12,7 +12,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench
+.PHONY: venv demo test test-slow test-all lint bench
 
 venv: $(VENV)/.installed
 
@@ -26,8 +26,15 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(VENV)/bin/jobstore demo
 
+# `make test`: everything but the long scale, concurrency and fault runs (marked `slow`), which
+# `make test-slow` runs; CI (.ci/run) runs both, one after the other.
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" --durations=15 $(PYTEST_ARGS)
+
+test-slow: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=15 $(PYTEST_ARGS)
+
+test-all: test test-slow
 
 lint: venv
 	$(VENV)/bin/ruff check .

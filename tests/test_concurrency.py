@@ -125,6 +125,7 @@ def report_rate(label: str, n: int, seconds: float) -> None:
     )
 
 
+@pytest.mark.slow
 def test_concurrent_store_claims(db_url, job_owner, request):
     ids = fill(db_url, STORE_JOBS, job_owner)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -177,6 +178,7 @@ def _slot_ad(fixtures_dir: Path, name: str) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["postgresql"])
 def test_concurrent_fetch_job_hooks(
     backend, request, hook_dir, condor_config, fixtures_dir, job_owner
