@@ -38,6 +38,7 @@ test-all: test test-slow
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: venv
 	$(PY) bench/run.py

@@ -15,7 +15,7 @@ from . import config, views
 from .db import DatabaseError, safe_url, upgrade
 from .demo import demo, emulate
 from .states import Event, Status
-from .store import JobStore, UnknownJob
+from .store import Job, JobStore, UnknownJob
 from .submit import SubmitError
 
 ADMIN_STATEMENT_TIMEOUT_MS = 300_000
@@ -181,8 +181,8 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
 
 
-def _select(ctx: Context, ids: tuple[str, ...]) -> list[dict[str, Any]]:
-    jobs: list[dict[str, Any]] = []
+def _select(ctx: Context, ids: tuple[str, ...]) -> list[Job]:
+    jobs: list[Job] = []
     for text in ids:
         cluster, _, proc = text.partition(".")
         try:
@@ -196,7 +196,7 @@ def _select(ctx: Context, ids: tuple[str, ...]) -> list[dict[str, Any]]:
     return jobs
 
 
-def _print_jobs(ctx: Context, jobs: list[dict[str, Any]], as_json: bool, long: bool) -> None:
+def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool) -> None:
     if as_json:
         click.echo(json.dumps([views.job_json(j) for j in jobs], indent=1))
     elif long:
@@ -277,7 +277,7 @@ def _split_args(args: tuple[str, ...], autoformat: bool) -> tuple[tuple[str, ...
 
 def _query(
     ctx: Context, ids: tuple[str, ...], constraint: str | None, **filters: Any
-) -> list[dict[str, Any]]:
+) -> list[Job]:
     """The jobs that `q`/`history` show: constraint conjuncts that translate filter in SQL,
     the rest is evaluated by classad2 on each job's ad."""
     from .constraint import matches, plan
@@ -285,20 +285,20 @@ def _query(
     p = plan(constraint) if constraint else None
     if ids:
         jobs = _select(ctx, ids)
-        residual = p and ExprTree(p.text)
+        residual = ExprTree(p.text) if p else None
     else:
-        jobs = ctx.store.list_jobs(where=p and p.where, **filters)
-        residual = p and p.residual
+        jobs = ctx.store.list_jobs(where=p.where if p else None, **filters)
+        residual = p.residual if p else None
     if residual is not None:
         jobs = [j for j in jobs if matches(residual, _ad(ctx, j))]
     return jobs
 
 
-def _ad(ctx: Context, job: dict[str, Any]) -> Any:
+def _ad(ctx: Context, job: Job) -> Any:
     return views.job_ad(job, keyword=ctx.settings.keyword, uid_domain=ctx.settings.uid_domain)
 
 
-def _print_autoformat(ctx: Context, jobs: list[dict[str, Any]], attrs: list[str]) -> None:
+def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
     exprs = []
     for a in attrs:
         try:
@@ -320,7 +320,7 @@ def _print_autoclusters(
         jobs = _query(ctx, ids, constraint, **filters)
         groups = views.group_jobs(jobs, AUTOCLUSTER_KEY)
     else:
-        groups = ctx.store.autoclusters(where=p and p.where, **filters)
+        groups = ctx.store.autoclusters(where=p.where if p else None, **filters)
     if as_json:
         click.echo(json.dumps(groups, indent=1))
         return

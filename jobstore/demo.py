@@ -191,10 +191,10 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     jobs = store.list_jobs(include_final=True)
     click.echo("")
     click.echo(views.format_table(*views.job_rows(jobs)))
-    hooks = len(report.hook_calls)
+    calls = len(report.hook_calls)
     click.echo(
         f"\n{sum(j['status'] == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
-        f"in {time.monotonic() - started:.1f} s; {hooks} hook calls."
+        f"in {time.monotonic() - started:.1f} s; {calls} hook calls."
     )
     click.echo(
         f"Job output: {base / 'submit'}/out.N   events: jobstore --db {db_url} events {cluster}.0"

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from typing import NoReturn
 
 from .agent.client import prologue as _reopen_fds
 from .agent.client import read_stdin, write_all
@@ -102,7 +103,7 @@ def _configured_log() -> str | None:
         return None
 
 
-def main(hook: str, *, stdin: bytes | None = None, started: float | None = None) -> None:
+def main(hook: str, *, stdin: bytes | None = None, started: float | None = None) -> NoReturn:
     """Entry point of the direct (in-process) hooks. The thin client passes the `stdin` it read
     already and the time the hook `started`, so that the deadline counts from the real start."""
     global _stderr_open

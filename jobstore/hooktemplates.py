@@ -55,6 +55,8 @@ def _compile_client() -> None:
     from jobstore.agent import client, protocol
 
     for module in (jobstore, sys.modules["jobstore.agent"], hooktable, client, protocol):
+        if module.__file__ is None:
+            continue
         try:
             py_compile.compile(module.__file__, doraise=True)
         except (OSError, py_compile.PyCompileError):

@@ -204,7 +204,12 @@ def _number(record: Mapping[str, Any], name: str, low: float, high: float, *,
     value = record.get(name)
     if value is None and not required:
         return None
-    if type(value) not in (int, float) or not math.isfinite(value) or not low <= value <= high:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise BadReport(f"{name} must be a number from {low:g} to {high:g}")
     return float(value)
 

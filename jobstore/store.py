@@ -38,7 +38,8 @@ from .reports import CHANGE_COLUMNS
 from .schema import clusters, job_events, jobs
 from .states import FINAL, Decision, Event, Status, decide
 
-Job = Mapping[str, Any]
+# A job row (SQLAlchemy's RowMapping, or a dict of the same columns).
+Job = Mapping[Any, Any]
 # PostgreSQL channel notified (payload: the job id) for every event row; see jobstore/watch.py.
 NOTIFY_CHANNEL = "jobstore_events"
 __all__ = [

@@ -34,6 +34,10 @@ from .protocol import (
     encode_env,
 )
 
+TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 # Accounts whose socket the hooks trust when the installed hook names none (root only).
 DEFAULT_AGENT_UIDS = (0,)
 
@@ -156,7 +160,7 @@ def ask(
         sock.close()
 
 
-def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> None:
+def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoReturn:
     """Do the work in this process (the agent is not running); never returns."""
     try:
         if sys.flags.no_site:  # started with -S: a venv's site-packages are not on sys.path yet

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..hooktable import OUTPUT_HOOKS
 
@@ -166,7 +167,7 @@ def run_hook(
 ) -> HookCall:
     """Run one hook to completion (or timeout) and fill in `call`. Never raises."""
     capture = call.hook in OUTPUT_HOOKS
-    creds: dict[str, object] = {}
+    creds: dict[str, Any] = {}
     if account is not None:
         creds = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
     call.started = time.time()

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import classad2
 
@@ -317,7 +317,7 @@ class Starter:
         except (ValueError, OSError) as exc:
             self.run.error = f"cannot start job: {exc}"
             return None
-        creds: dict[str, object] = {}
+        creds: dict[str, Any] = {}
         if self.account is not None:
             creds = {
                 "user": self.account.uid,
