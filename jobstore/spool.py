@@ -92,7 +92,11 @@ def ensure_dir(directory: Path) -> list[str]:
     me = os.geteuid()
     notes: list[str] = []
     try:
-        if me == 0:
+        if me == 0:  # make missing parents, but only below a path nobody else can swap
+            existing = directory.parent
+            while not existing.exists() and existing != existing.parent:
+                existing = existing.parent
+            _check_ancestors(Path(os.path.realpath(existing)), me)
             directory.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         parent = Path(os.path.realpath(directory.parent))
         _check_ancestors(parent, me)
