@@ -26,8 +26,8 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(VENV)/bin/jobstore demo
 
-# `make test`: everything but the long scale, concurrency and fault runs (marked `slow`), which
-# `make test-slow` runs; CI (.ci/run) runs both, one after the other.
+# `make test`: everything but the long scale, concurrency, fault and emulated-node runs (marked
+# `slow`), which `make test-slow` runs; CI (.ci/run) runs both, one after the other.
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" --durations=15 $(PYTEST_ARGS)
 

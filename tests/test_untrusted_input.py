@@ -198,7 +198,7 @@ raw = st.binary(max_size=200) | st.builds(
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(payload=framed | raw)
 def test_live_agent_answers_anything_and_stays_up(node: Node, payload: bytes) -> None:  # noqa: F811

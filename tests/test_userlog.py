@@ -78,6 +78,7 @@ def _read(path: Path) -> list[htcondor2.JobEvent]:
     return list(htcondor2.JobEventLog(str(path)).events(0))
 
 
+@pytest.mark.slow
 def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ignore[no-untyped-def]
     store, base, db_url = node
     root = os.geteuid() == 0
