@@ -201,3 +201,22 @@ def test_owner_must_be_an_account_name(db: str, tmp_path: Path, owner: str) -> N
     r = cli(db, "submit", str(sub), "--owner", owner)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert json.loads(cli(db, "q", "--json").stdout) == []
+
+
+def test_grant_prints_and_applies_least_privilege(db: str) -> None:
+    """`jobstore grant ROLE`: the statements name the columns a hook may change and never the
+    ones submit decides; a missing role or SQLite is one line, exit 1."""
+    if not db.startswith("postgresql"):
+        bad = cli(db, "grant", "jobstore_agent")
+        assert bad.returncode == 1 and bad.stderr.strip() == (
+            "jobstore: database roles exist on PostgreSQL only")
+        return
+    missing = cli(db, "grant", "no_such_role_jobstore")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    assert "no_such_role_jobstore" in missing.stderr and "Traceback" not in missing.stderr
+    shown = cli(db, "grant", "--print", "no_such_role_jobstore")
+    assert shown.returncode == 0, shown.stderr
+    update = next(ln for ln in shown.stdout.splitlines() if ln.startswith("GRANT UPDATE"))
+    assert "status" in update and "exit_code" in update
+    for decided in ("owner", "cmd", "queue", "user_log", "ad", "priority"):
+        assert f"{decided}," not in update and f"{decided})" not in update

@@ -133,6 +133,7 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
         queue.put((ids, errors))
 
 
+@pytest.mark.slow
 def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
                              tmp_path: Path) -> None:
     bouncer_url, direct_url, admin = pgbouncer

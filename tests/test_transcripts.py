@@ -356,6 +356,10 @@ def fits(job: dict, slot_stdin: bytes) -> bool:
     )
 
 
+# The hooks' logic does not depend on the backend: the SQLite replays run in the slow step.
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"], indirect=True
+)
 @pytest.mark.parametrize("folder", scenario_dirs(), ids=lambda p: p.name)
 def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: str) -> None:
     calls = load_calls(folder)

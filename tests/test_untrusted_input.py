@@ -158,7 +158,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[st
     return s, dict(job), url
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_nothing_applied_that_a_genuine_report_could_not_apply(
