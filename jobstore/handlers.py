@@ -368,7 +368,7 @@ def _report(
         return HookResponse(log=["not a job store job; left alone"])
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
-    record = Report.parse(
+    report = Report.parse(
         {
             "keyword": settings.keyword,
             "job_id": job_id,
@@ -383,7 +383,8 @@ def _report(
             "store": store_identity(settings.database_url),
             "caller_uid": request.caller.uid,
         }
-    ).record()
+    )
+    record = report.record()
     log: list[str] = []
     spool_dir = Path(settings.spool)
     try:
@@ -401,7 +402,7 @@ def _report(
         unusable = f"spool unusable, reporting directly: {exc}"
         log.append(unusable)
     try:
-        outcome = send_record(record, SERVICE, settings)
+        outcome = apply_report(report, SERVICE, settings)
     except (UnknownJob, NotOwner) as exc:
         if spooled:
             spool.done(spooled.path)
@@ -450,7 +451,13 @@ def send_record(
     handed it over (a spool file's owner); the record is checked as untrusted input first
     (BadReport), and an ordinary account may report only on its own jobs (NotOwner). `settings`
     are the keyword's, when the caller has them already."""
-    report = Report.parse(record, writer)
+    return apply_report(Report.parse(record, writer), writer, settings)
+
+
+def apply_report(
+    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
+) -> Outcome:
+    """Apply a checked report (see `send_record`)."""
     if settings is None or settings.keyword != report.keyword:
         settings = config.load_settings(report.keyword)
     if report.store != store_identity(settings.database_url):

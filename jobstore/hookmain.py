@@ -14,8 +14,8 @@ import threading
 import time
 from typing import NoReturn
 
+from .agent.client import append_hook_log, read_stdin, write_all
 from .agent.client import prologue as _reopen_fds
-from .agent.client import read_stdin, write_all
 from .agent.protocol import MAX_STDIN
 from .hooktable import DEADLINES, DEFAULT_DEADLINE
 
@@ -75,21 +75,11 @@ def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
     if not path:
         return
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-    except OSError:
+    if not append_hook_log(path, f"{stamp} {hook}[{os.getpid()}] {line}\n"):
         import syslog
 
         syslog.openlog("jobstore-hook", syslog.LOG_PID, syslog.LOG_DAEMON)
         syslog.syslog(syslog.LOG_NOTICE, f"{hook}: {line}")
-        return
-    try:
-        os.write(fd, f"{stamp} {hook}[{os.getpid()}] {line}\n".encode("utf-8", "replace"))
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _configured_log() -> str | None:

@@ -91,6 +91,21 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def append_hook_log(path: str, text: str) -> bool:
+    """Append `text` (whole lines) to the hook log `path` (created 0644, never through a
+    symlink); False when this account may not."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except OSError:
+        return False
+    try:
+        write_all(fd, text.encode("utf-8", "replace"))
+    finally:
+        os.close(fd)
+    return True
+
+
 def _say(hook: str, stderr_open: bool, error: str | None, *, logged: bool = False) -> None:
     """The error line on stderr, and in $JOBSTORE_HOOK_LOG when set and writable, unless the
     agent `logged` it already (it writes the hook log for the calls it serves)."""
@@ -102,15 +117,7 @@ def _say(hook: str, stderr_open: bool, error: str | None, *, logged: bool = Fals
     path = os.environ.get("JOBSTORE_HOOK_LOG")
     if path and not logged:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        text = f"{stamp} {hook}[{os.getpid()}] {line}\n"
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError:
-            return
-        try:
-            write_all(fd, text.encode("utf-8", "replace"))
-        finally:
-            os.close(fd)
+        append_hook_log(path, f"{stamp} {hook}[{os.getpid()}] {line}\n")
 
 
 def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:

@@ -29,6 +29,7 @@ from pathlib import Path
 from .. import config, handlers, spool
 from ..handlers import HookRequest, HookResponse
 from . import peers
+from .client import append_hook_log
 from .protocol import (
     BUSY,
     HEADER,
@@ -481,18 +482,8 @@ class Agent:
             for x in lines
         )
         with self._hook_log_lock:
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                self._throttle.warn("hooklog", 0, "hook log %s: %s", path, exc.strerror)
-                return
-            try:
-                os.write(fd, text.encode("utf-8", "replace"))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if not append_hook_log(path, text):
+                self._throttle.warn("hooklog", 0, "hook log %s cannot be written", path)
 
     def _give_back(self, slot_ad: bytes, fetched: HookResponse) -> None:
         """The fetching hook is gone (deadline): put its job back at once, as a REJECT would,
