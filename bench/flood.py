@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobstore.db import upgrade  # noqa: E402
-from jobstore.hooktemplates import install_hooks  # noqa: E402
+from jobstore.agent.hooktemplates import install_hooks  # noqa: E402
+from jobstore.db.engine import upgrade  # noqa: E402
 
 USERS = ("jsalice", "jsbob", "jscarol", "jsdave")
 SLOT = (b'Name = "slot1@bench"\nMachine = "bench"\nState = "Unclaimed"\nActivity = "Idle"\n'

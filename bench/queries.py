@@ -28,10 +28,10 @@ from psycopg import sql
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
 
-from jobstore.constraint import plan
-from jobstore.db import upgrade
-from jobstore.schema import jobs
-from jobstore.store import JobStore
+from jobstore.db.constraint import plan
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import jobs
+from jobstore.db.store import JobStore
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 OWNERS = 50

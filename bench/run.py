@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from jobstore.emulator.spawn import hook_preexec
-from jobstore.hooktable import CONDOR_NAMES, OUTPUT_HOOKS
+from jobstore.node.hooktable import CONDOR_NAMES, OUTPUT_HOOKS
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -121,19 +121,19 @@ def progress(msg: str) -> None:
 
 def job_ad_json() -> str:
     """The stored ad of a job like the recorded one (sleep 10), as submit would store it."""
-    from jobstore.submission import specs_to_new_jobs
+    from jobstore.api.submission import specs_to_new_jobs
 
     return json.dumps(specs_to_new_jobs([recorded_spec()])[0].ad)
 
 
 def recorded_spec():  # type: ignore[no-untyped-def]
-    from jobstore.submit import JobSpec
+    from jobstore.submit.language import JobSpec
 
     return JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64, request_disk=1024)
 
 
 def submit_one(store) -> int:  # type: ignore[no-untyped-def]
-    from jobstore.submission import specs_to_new_jobs
+    from jobstore.api.submission import specs_to_new_jobs
 
     _, ids = store.submit(
         specs_to_new_jobs([recorded_spec()]), owner=OWNER, queue="default", max_attempts=5
@@ -193,7 +193,7 @@ def make_env(admin_url: str) -> Env:
     os.environ["CONDOR_CONFIG"] = str(cfg)
     os.environ["JOBSTORE_SPOOL"] = str(env.spool)
     os.environ["JOBSTORE_HOOK_LOG"] = str(env.hook_log)
-    from jobstore.hooktemplates import install_hooks
+    from jobstore.agent.hooktemplates import install_hooks
 
     install_hooks(hooks, sys.executable)
     return env
@@ -203,7 +203,7 @@ def create_pg(env: Env) -> None:
     import psycopg
     from psycopg import sql
 
-    from jobstore.db import upgrade
+    from jobstore.db.engine import upgrade
 
     name = f"jobstore_bench_{secrets.token_hex(6)}"
     with psycopg.connect(libpq(env.admin_url), connect_timeout=5, autocommit=True) as conn:
@@ -214,7 +214,7 @@ def create_pg(env: Env) -> None:
 
 
 def create_sqlite(env: Env) -> None:
-    from jobstore.db import upgrade
+    from jobstore.db.engine import upgrade
 
     env.sqlite_url = f"sqlite:///{env.tmp / 'jobstore.db'}"
     upgrade(env.sqlite_url)
@@ -229,7 +229,7 @@ def cleanup(env: Env) -> None:
             if p.is_alive():
                 p.kill()
             p.join(5)
-    from jobstore import handlers
+    from jobstore.node import handlers
 
     for store in list(handlers._stores.values()):
         with suppress(Exception):
@@ -422,7 +422,7 @@ def section_hooks(
     env: Env, backends: list[tuple[str, str]], runs: int, calls, budget: float,
     mode: str = "direct", agent_pid: int | None = None,
 ) -> dict:
-    from jobstore.store import JobStore
+    from jobstore.db.store import JobStore
 
     say(f"== 1{'ab'[mode != 'direct']}. Hook cost, {mode} mode ("
         + ("JOBSTORE_HOOK_MODE=direct" if mode == "direct" else
@@ -439,7 +439,7 @@ def section_hooks(
         agent_cpu: list[float] = []
         pass_env = hook_env(env, url, {})
         driver = "psycopg" if name == "postgresql" else "sqlite3"
-        import_only = f"import jobstore.hookmain, jobstore.handlers, htcondor2, {driver}"
+        import_only = f"import jobstore.node.hookmain, jobstore.node.handlers, htcondor2, {driver}"
         run_life(env, url, store, calls, None)  # warm-up: page cache, spool dir, first connect
         stop_at = time.monotonic() + budget / len(backends)
         for i in range(runs):
@@ -503,9 +503,9 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     parameters, split into transactions (each starts with SET LOCAL statement_timeout)."""
     import sqlalchemy as sa
 
-    from jobstore.db import make_engine
-    from jobstore.states import Event
-    from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+    from jobstore.core.states import Event
+    from jobstore.db.engine import make_engine
+    from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
     store = JobStore(make_engine(url, pool=True))
     seen: list[tuple[str, dict]] = []
@@ -556,9 +556,9 @@ def tp_worker(  # type: ignore[no-untyped-def]
             # as make_engine connects: no server-side prepared statements (PgBouncer)
             conn = psycopg.connect(libpq(url), connect_timeout=30, prepare_threshold=None)
         else:
-            from jobstore.db import make_engine
-            from jobstore.states import Event
-            from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+            from jobstore.core.states import Event
+            from jobstore.db.engine import make_engine
+            from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
             store = JobStore(make_engine(url, connect_timeout=30, pool=mode == "pooled"))
             req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
@@ -696,8 +696,8 @@ def section_throughput(
 def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) -> dict:
     import psycopg
 
-    from jobstore.states import Event
-    from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+    from jobstore.core.states import Event
+    from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
     say("")
     say(f"== 3. Fetch latency on PostgreSQL: JobStore.claim (hook engine: connect + claim),"
@@ -751,8 +751,8 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
     import psycopg
     from sqlalchemy import event
 
-    from jobstore import config, handlers
-    from jobstore.store import JobStore
+    from jobstore.db.store import JobStore
+    from jobstore.node import config, handlers
 
     say("")
     say(f"== 4. Database connections opened by the hook path (mean over {jobs} jobs)")
@@ -862,10 +862,10 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     per s, finished, max and median connections to the bench database held meanwhile)."""
     import psycopg
 
+    from jobstore.api.submission import specs_to_new_jobs
+    from jobstore.db.store import JobStore
     from jobstore.emulator import Emulator, EmulatorConfig
-    from jobstore.store import JobStore
-    from jobstore.submission import specs_to_new_jobs
-    from jobstore.submit import JobSpec
+    from jobstore.submit.language import JobSpec
 
     store = JobStore.from_url(env.pg_url)
     spec = JobSpec(cmd="/bin/sleep", args="0.1", iwd="/tmp", request_memory=64, request_disk=1024)
@@ -949,7 +949,7 @@ def main() -> int:
     random.seed()
     started = time.monotonic()
     try:
-        from jobstore.db import safe_url
+        from jobstore.db.engine import safe_url
 
         create_pg(env)
         backends = [("postgresql", env.pg_url)]

@@ -30,12 +30,12 @@ import psycopg
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
-from jobstore.claims import ClaimRequest, Offer, Verdict
-from jobstore.db import upgrade
-from jobstore.policy import exit_verdict
-from jobstore.states import Event
-from jobstore.store import JobStore, NewJob
-from jobstore.watch import subscribe
+from jobstore.api.watch import subscribe
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.policy import exit_verdict
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore, NewJob
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REQ = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@bench",

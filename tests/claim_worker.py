@@ -10,9 +10,9 @@ import json
 import sys
 import time
 
-from jobstore.db import DatabaseError, make_engine
-from jobstore.states import Event
-from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.core.states import Event
+from jobstore.db.engine import DatabaseError, make_engine
+from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
 
 def main(url: str, slot: str) -> None:

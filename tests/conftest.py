@@ -113,7 +113,7 @@ def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The six hook executables, installed with this interpreter as HTCondor would run them."""
     import sys
 
-    from jobstore.hooktemplates import install_hooks
+    from jobstore.agent.hooktemplates import install_hooks
 
     directory = tmp_path_factory.mktemp("hooks")
     os.chmod(directory, 0o755)
@@ -124,8 +124,8 @@ def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def store(db_url: str):
     """A migrated, empty job store on SQLite and on PostgreSQL."""
-    from jobstore.db import upgrade
-    from jobstore.store import JobStore
+    from jobstore.db.engine import upgrade
+    from jobstore.db.store import JobStore
 
     upgrade(db_url)
     s = JobStore.from_url(db_url)

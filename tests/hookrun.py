@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobstore.emulator.spawn import hook_preexec
-from jobstore.hooktable import BY_CONDOR_NAME, CONDOR_NAMES, OUTPUT_HOOKS
+from jobstore.node.hooktable import BY_CONDOR_NAME, CONDOR_NAMES, OUTPUT_HOOKS
 
 __all__ = ["BY_CONDOR_NAME", "CLOSED_OUTPUT", "HookResult", "hook_env", "run_hook"]
 CLOSED_OUTPUT = {ours for ours, condor in CONDOR_NAMES.items() if condor not in OUTPUT_HOOKS}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from hookrun import CLOSED_OUTPUT, hook_preexec
 
-from jobstore import classads
-from jobstore.store import JobStore, NewJob
+from jobstore.db.store import JobStore, NewJob
+from jobstore.formats import classads
 
 
 def ordinary_owner() -> str:

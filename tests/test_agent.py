@@ -23,12 +23,12 @@ from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
-from jobstore import spool
+from jobstore.agent.hooktemplates import install_hooks
 from jobstore.agent.protocol import MAGIC, MAX_REQUEST
-from jobstore.db import upgrade
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
-from jobstore.hooktemplates import install_hooks
-from jobstore.store import JobStore
+from jobstore.node import spool
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
 
@@ -139,7 +139,7 @@ def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
                       PYTHONPROFILEIMPORTTIME="1")
     imported = probe.stderr.decode()
     assert "jobstore.agent.client" in imported
-    for heavy in ("sqlalchemy", "psycopg", "classad2", "htcondor2", "jobstore.handlers"):
+    for heavy in ("sqlalchemy", "psycopg", "classad2", "htcondor2", "jobstore.node.handlers"):
         assert heavy not in imported
     assert node.stop() == 0
     assert not os.path.exists(node.socket)

@@ -18,12 +18,12 @@ from hookrun import HookResult, hook_env, run_hook
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstore import classads
-from jobstore.schema import job_events, jobs
-from jobstore.states import Event
-from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
-from jobstore.submission import specs_to_new_jobs
-from jobstore.submit import JobSpec
+from jobstore.api.submission import specs_to_new_jobs
+from jobstore.core.states import Event
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.formats import classads
+from jobstore.submit.language import JobSpec
 
 T = TRANSCRIPTS
 HOOKS = [

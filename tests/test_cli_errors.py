@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from hookseq import ordinary_owner
 
-from jobstore.schema import clusters, job_events, jobs
+from jobstore.db.schema import clusters, job_events, jobs
 
 BAD_FILES = {
     "bad.sub": "executable = /bin/true\nrequest_memory = lots\nqueue\n",

@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 from hookrun import hook_env, run_hook
 
-from jobstore import classads
-from jobstore.db import upgrade
-from jobstore.schema import clusters, job_events, jobs
-from jobstore.states import Event
-from jobstore.store import JobStore
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.store import JobStore
+from jobstore.formats import classads
 
 WORKERS = 16
 STORE_JOBS = 2000

@@ -21,8 +21,8 @@ from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner, submit_jobs
 from test_faults import PrivateCluster, _pg_bin
 
-from jobstore.db import upgrade
-from jobstore.store import JobStore
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore
 
 ROLE = "jobstore_cred"
 PASSWORD = "Pw-cred-3141-secret"

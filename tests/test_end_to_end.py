@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from jobstore import config
-from jobstore.db import upgrade
-from jobstore.demo import write_node_config
+from jobstore.agent.hooktemplates import install_hooks
+from jobstore.api.submission import submit_path
+from jobstore.cli.demo import write_node_config
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
-from jobstore.hooktemplates import install_hooks
-from jobstore.store import JobStore
-from jobstore.submission import submit_path
+from jobstore.node import config
 
 SERVICE_ACCOUNT = "jscondor"
 JOB_USERS = ("jsalice", "jsbob")

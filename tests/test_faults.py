@@ -23,13 +23,13 @@ from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from test_concurrency import fill
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account, _node, _submit
 
-from jobstore import spool
-from jobstore.db import DatabaseError, make_engine, upgrade
+from jobstore.core.states import Event
+from jobstore.db.engine import DatabaseError, make_engine, upgrade
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.emulator import Emulator
-from jobstore.handlers import record_group, spool_sender
-from jobstore.schema import job_events, jobs
-from jobstore.states import Event
-from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.node import spool
+from jobstore.node.handlers import record_group, spool_sender
 
 FINAL = {"completed", "failed", "removed"}
 ENDS_ATTEMPT = {"idle", "completed", "failed", "held", "removed"}
@@ -419,7 +419,7 @@ def test_many_slots_at_once(pg_url) -> None:
 
 def test_slot_ad_helper_is_takeable() -> None:
     """The slot ad the fault tests fetch with is one a slot could take work with."""
-    from jobstore import classads
-    from jobstore.matching import why_slot_cannot_take
+    from jobstore.formats import classads
+    from jobstore.formats.matching import why_slot_cannot_take
 
     assert why_slot_cannot_take(classads.parse_ad(slot_ad("slot1@x").decode())) is None

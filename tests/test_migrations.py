@@ -1,4 +1,4 @@
-"""The Alembic migrations produce exactly the schema of jobstore.schema, on both backends."""
+"""The Alembic migrations produce exactly the schema of jobstore.db.schema, on both backends."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from jobstore.db import alembic_config, make_engine, upgrade
-from jobstore.schema import metadata
+from jobstore.db.engine import alembic_config, make_engine, upgrade
+from jobstore.db.schema import metadata
 
 JOBSTORE_CLI = Path("/work/main/.venv/bin/jobstore")
 if not JOBSTORE_CLI.exists():  # another checkout: the venv next to this repository

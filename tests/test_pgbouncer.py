@@ -26,10 +26,10 @@ from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, submit_jobs
 from sqlalchemy.engine import make_url
 
-from jobstore.db import DatabaseError, make_engine, upgrade
-from jobstore.schema import job_events, jobs
-from jobstore.states import Event
-from jobstore.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.core.states import Event
+from jobstore.db.engine import DatabaseError, make_engine, upgrade
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 ADMIN_USER = "postgres"

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from jobstore import views
-from jobstore.constraint import ConstraintError, matches, plan
-from jobstore.schema import jobs as jobs_table
-from jobstore.store import AUTOCLUSTER_KEY, JobStore, NewJob
+from jobstore.db.constraint import ConstraintError, matches, plan
+from jobstore.db.schema import jobs as jobs_table
+from jobstore.db.store import AUTOCLUSTER_KEY, JobStore, NewJob
+from jobstore.formats import views
 
 KW = {"keyword": "JOBSTORE", "uid_domain": "localdomain"}
 

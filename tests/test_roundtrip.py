@@ -21,12 +21,13 @@ from hookseq import ordinary_owner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstore import classads, config
-from jobstore.db import upgrade
-from jobstore.jobads import render_job
-from jobstore.schema import jobs
-from jobstore.store import JobStore
-from jobstore.submission import SubmitError, submit_path
+from jobstore.api.submission import SubmitError, submit_path
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import jobs
+from jobstore.db.store import JobStore
+from jobstore.formats import classads
+from jobstore.formats.jobads import render_job
+from jobstore.node import config
 
 SLOT = TRANSCRIPTS
 SLOT_AD = "01-normal-job/01-FETCH_WORK.stdin"

@@ -19,8 +19,8 @@ from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from sqlalchemy.engine import make_url
 
-from jobstore.db import upgrade
-from jobstore.schema import job_events
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import job_events
 
 T = TRANSCRIPTS
 URL_PASSWORD = "Url-pw-7781-secret"

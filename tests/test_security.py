@@ -24,9 +24,9 @@ from sqlalchemy.engine import make_url
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
-from jobstore import spool
-from jobstore.grants import grant_hook_role
-from jobstore.store import JobStore
+from jobstore.db.grants import grant_hook_role
+from jobstore.db.store import JobStore
+from jobstore.node import spool
 
 FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
 ENDED = b"ExitCode = 0\nExitBySignal = false\n"

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from jobstore import spool
+from jobstore.node import spool
 
 
 def _dead_pid() -> int:

@@ -1,4 +1,4 @@
-"""The state machine table (jobstore.states): pure, no database.
+"""The state machine table (jobstore.core.states): pure, no database.
 
 The expected table is written out here independently of `TRANSITIONS`, so a change to the
 table shows up as a failing test rather than a silently changed behaviour.
@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from jobstore.states import (
+from jobstore.core.states import (
     FINAL,
     HANDED_OUT,
     HOOK_REPORTS,

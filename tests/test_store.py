@@ -1,4 +1,4 @@
-"""jobstore.store against real databases (SQLite and PostgreSQL): submit, claim, reports,
+"""jobstore.db.store against real databases (SQLite and PostgreSQL): submit, claim, reports,
 fencing, lease recovery, admin events, and the claim query's index."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from jobstore.db import upgrade
-from jobstore.schema import clusters, job_events
-from jobstore.states import Event
-from jobstore.store import (
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import clusters, job_events
+from jobstore.db.store import (
     ClaimRequest,
     JobStore,
     NewJob,

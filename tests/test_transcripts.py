@@ -28,12 +28,12 @@ import sqlalchemy as sa
 from conftest import TRANSCRIPTS
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
 
-from jobstore import classads
-from jobstore.schema import job_events, jobs
-from jobstore.states import Status
-from jobstore.store import JobStore
-from jobstore.submission import specs_to_new_jobs
-from jobstore.submit import JobSpec
+from jobstore.api.submission import specs_to_new_jobs
+from jobstore.core.states import Status
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.store import JobStore
+from jobstore.formats import classads
+from jobstore.submit.language import JobSpec
 
 IDENTITY = ("JobstoreAttempt", "JobstoreJobId", "JobstoreToken")
 REQUIRED_ATTRS = (

@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 
-from jobstore import spool
 from jobstore.agent.protocol import (
     HEADER,
     MAGIC,
@@ -29,12 +28,14 @@ from jobstore.agent.protocol import (
     decode_env,
     encode,
 )
-from jobstore.claims import ClaimRequest, Offer, Verdict
-from jobstore.db import upgrade
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore, NewJob
 from jobstore.errors import NotOwner, UnknownJob
-from jobstore.handlers import send_record, store_identity
-from jobstore.hooktable import NAMES
-from jobstore.reports import (
+from jobstore.node import spool
+from jobstore.node.handlers import send_record, store_identity
+from jobstore.node.hooktable import NAMES
+from jobstore.node.reports import (
     CHANGE_COLUMNS,
     SERVICE,
     STARTER_EVENTS,
@@ -42,8 +43,7 @@ from jobstore.reports import (
     Caller,
     Report,
 )
-from jobstore.spool import NotMine
-from jobstore.store import JobStore, NewJob
+from jobstore.node.spool import NotMine
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),

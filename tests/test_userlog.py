@@ -14,15 +14,15 @@ from pathlib import Path
 import htcondor2
 import pytest
 
-from jobstore import config
-from jobstore.db import upgrade
-from jobstore.demo import write_node_config
+from jobstore.agent.hooktemplates import install_hooks
+from jobstore.api.submission import submit_path
+from jobstore.cli.demo import write_node_config
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore, NewJob
 from jobstore.emulator import Emulator, EmulatorConfig
-from jobstore.hooktemplates import install_hooks
-from jobstore.states import Event
-from jobstore.store import JobStore, NewJob
-from jobstore.submission import submit_path
-from jobstore.userlog import LogEvent, aborted_body, evicted_body, log_events
+from jobstore.formats.userlog import LogEvent, aborted_body, evicted_body, log_events
+from jobstore.node import config
 
 ET = htcondor2.JobEventType
 OWNER, SERVICE = "jsalice", "jscondor"
@@ -202,7 +202,7 @@ def test_retries_and_failures_map_to_requeue_and_abort(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from jobstore.userlog import LogEvent, append, evicted_body
+from jobstore.formats.userlog import LogEvent, append, evicted_body
 w = int(sys.argv[2])
 for i in range(int(sys.argv[3])):
     body = evicted_body((i, w), "writer %d event %d " % (w, i) + "x" * 3000, (False, i))

@@ -18,12 +18,12 @@ from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, submit_jobs
 from test_faults import private_pg  # noqa: F401 - the module-scoped private cluster fixture
 
-from jobstore.claims import ClaimRequest, Offer, Verdict
-from jobstore.db import upgrade
-from jobstore.policy import exit_verdict
-from jobstore.states import Event
-from jobstore.store import NOTIFY_CHANNEL, JobStore
-from jobstore.watch import JobEvent, JobFinished, subscribe, watch
+from jobstore.api.watch import JobEvent, JobFinished, subscribe, watch
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.policy import exit_verdict
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.store import NOTIFY_CHANNEL, JobStore
 
 TIMEOUT = 120
 
@@ -345,7 +345,7 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
     not below the snapshot's xmax) is kept until that writer ends: its event is delivered.
     U takes xid u, T takes xid t > u and event id a, U takes event id b > a and commits; the
     follower sees b, then reads again while T still runs, then T commits."""
-    from jobstore.watch import _Follower
+    from jobstore.api.watch import _Follower
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)

@@ -3,7 +3,7 @@
 Standard library only, and only its cheapest modules (`_socket`, `_signal`): the hooks run with
 `python -sS` and never import SQLAlchemy, psycopg, classad2 or htcondor2 here. When the agent
 cannot be reached (no socket, connection refused, or it declined the call before doing
-anything) the hook does the work itself with `jobstore.hookmain` (direct mode).
+anything) the hook does the work itself with `jobstore.node.hookmain` (direct mode).
 
 The hook trusts only a socket served by the agent's account (SO_PEERCRED of the listener: root,
 or an account named at install time): it sends nothing to, and believes nothing from, a socket
@@ -18,13 +18,10 @@ import os
 import sys
 import time
 
-from ..hooktable import DEADLINES, DEFAULT_DEADLINE
-from .protocol import (
+from jobstore.agent.protocol import (
     BUSY,
-    DEFAULT_SOCKET,
     HEADER,
     MAX_RESPONSE,
-    MAX_STDIN,
     OK,
     PASSED_ENV,
     ProtocolError,
@@ -33,6 +30,15 @@ from .protocol import (
     encode,
     encode_env,
 )
+from jobstore.node.hookproc import (
+    DEFAULT_SOCKET,
+    MAX_STDIN,
+    append_hook_log,
+    prologue,
+    read_stdin,
+    write_all,
+)
+from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -48,62 +54,6 @@ class _NoAnswer(Exception):
 
 class _NotTheAgent(Exception):
     """The socket is served by an account the hook does not trust; nothing was sent."""
-
-
-def prologue() -> bool:
-    """Unblock signals, give fds 1 and 2 a home; returns whether stderr reaches HTCondor."""
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
-    stderr_open = True
-    for fd in (1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            if fd == 2:
-                stderr_open = False
-            n = os.open(os.devnull, os.O_WRONLY)
-            if n != fd:
-                os.dup2(n, fd)
-                os.close(n)
-    return stderr_open
-
-
-def read_stdin() -> bytes:
-    chunks, total = [], 0
-    try:
-        while total <= MAX_STDIN:
-            data = os.read(0, MAX_STDIN + 1 - total)
-            if not data:
-                break
-            chunks.append(data)
-            total += len(data)
-    except OSError:
-        pass
-    return b"".join(chunks)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except OSError:
-            return
-        view = view[n:]
-
-
-def append_hook_log(path: str, text: str) -> bool:
-    """Append `text` (whole lines) to the hook log `path` (created 0644, never through a
-    symlink); False when this account may not."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
-    except OSError:
-        return False
-    try:
-        write_all(fd, text.encode("utf-8", "replace"))
-    finally:
-        os.close(fd)
-    return True
 
 
 def _say(hook: str, stderr_open: bool, error: str | None, *, logged: bool = False) -> None:
@@ -174,7 +124,7 @@ def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoRet
             import site
 
             site.main()
-        from jobstore.hookmain import main as direct_main
+        from jobstore.node.hookmain import main as direct_main
     except BaseException as exc:  # noqa: BLE001 - one line, never a traceback
         _say(hook, stderr_open, f"jobstore hook: cannot import jobstore ({exc})")
         os._exit(0)

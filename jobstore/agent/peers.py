@@ -6,8 +6,8 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ..hooktable import STARTD_HOOKS
-from ..reports import SERVICE, Caller
+from jobstore.node.hooktable import STARTD_HOOKS
+from jobstore.node.reports import SERVICE, Caller
 
 
 @dataclass(frozen=True)

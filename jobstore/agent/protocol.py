@@ -12,14 +12,14 @@ the work itself). `refused`: it will not run this hook for this caller (print th
 
 from __future__ import annotations
 
+from jobstore.node.hookproc import MAX_STDIN
+
 MAGIC = b"JSA1"
 HEADER = 8  # MAGIC + body length
-MAX_STDIN = 4 * 1024 * 1024  # as the direct hooks (hookmain.MAX_STDIN)
 MAX_SMALL = 64 * 1024  # any item but stdin and stdout
 MAX_ITEMS = 40
 MAX_REQUEST = MAX_STDIN + 256 * 1024
 MAX_RESPONSE = 16 * 1024 * 1024
-DEFAULT_SOCKET = "/run/jobstore/agent.sock"
 # The only environment variables a hook passes to the agent (the handlers' `request.env`).
 PASSED_ENV = ("_CONDOR_SLOT",)
 OK, BUSY, REFUSED = b"ok", b"busy", b"refused"

@@ -26,11 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import config, handlers, spool
-from ..handlers import HookRequest, HookResponse
-from . import peers
-from .client import append_hook_log
-from .protocol import (
+from jobstore.agent import peers
+from jobstore.agent.protocol import (
     BUSY,
     HEADER,
     MAX_REQUEST,
@@ -42,7 +39,10 @@ from .protocol import (
     decode_env,
     encode,
 )
-from .work import WorkQueue
+from jobstore.agent.work import WorkQueue
+from jobstore.node import config, handlers, spool
+from jobstore.node.handlers import HookRequest, HookResponse
+from jobstore.node.hookproc import append_hook_log
 
 log = logging.getLogger("jobstore.agent")
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.

@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from ..hooktable import CONDOR_NAMES
-from ..hooktable import STARTD_HOOKS as _STARTD
-from ..hooktable import STARTER_HOOKS as _STARTER
-from .spawn import HookCall
+from jobstore.emulator.spawn import HookCall, ProcessRegistry
+from jobstore.node.hooktable import CONDOR_NAMES
+from jobstore.node.hooktable import STARTD_HOOKS as _STARTD
+from jobstore.node.hooktable import STARTER_HOOKS as _STARTER
 
 # The emulator speaks HTCondor's names ("FETCH_WORK", ...).
 STARTD_HOOKS = frozenset(CONDOR_NAMES[h] for h in _STARTD)
@@ -84,3 +85,20 @@ class EmulatorReport:
             for c in list(self.hook_calls)
             if (hook is None or c.hook == hook) and (slot is None or c.slot == slot)
         ]
+
+
+class StartdSide(Protocol):
+    """What a starter uses of the startd that made it (jobstore.emulator.startd.Emulator)."""
+
+    config: EmulatorConfig
+    registry: ProcessRegistry
+    root_mode: bool
+    execute_dir: str
+
+    def record(self, call: HookCall) -> None: ...
+
+    def track(self, thread: threading.Thread) -> None: ...
+
+    def next_starter_pid(self) -> int: ...
+
+    def job_started(self, starter: Any) -> None: ...

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import classad2
 
-from .classad_wire import is_private
+from jobstore.emulator.classad_wire import is_private
 
 # Attributes that do not change per slot; the rest is set by `publish` in startd.py.
 STATIC_TEMPLATE = """\

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hooktable import OUTPUT_HOOKS
+from jobstore.node.hooktable import OUTPUT_HOOKS
 
 PIPE_BUFFER_MAX = 10240
 

@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 
 import classad2
 
-from . import classad_wire as wire
-from .model import STARTD_HOOKS, STARTER_HOOKS, EmulatorConfig, EmulatorReport, JobRun
-from .slotad import WITHIN_RESOURCE_LIMITS, base_ad, internal_ad
-from .spawn import (
+from jobstore.emulator import classad_wire as wire
+from jobstore.emulator.model import (
+    STARTD_HOOKS,
+    STARTER_HOOKS,
+    EmulatorConfig,
+    EmulatorReport,
+    JobRun,
+)
+from jobstore.emulator.slotad import WITHIN_RESOURCE_LIMITS, base_ad, internal_ad
+from jobstore.emulator.spawn import (
     HookCall,
     ProcessRegistry,
     check_hook_path,
@@ -25,7 +31,7 @@ from .spawn import (
     lookup_account,
     run_hook,
 )
-from .starter import Starter
+from jobstore.emulator.starter import Starter
 
 SHUTDOWN_REASON = ("Startd was shutdown", 1013)
 VACATE_REASON = ("Claim vacated by the administrator", 1010)

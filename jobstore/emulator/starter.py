@@ -10,14 +10,21 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import classad2
 
-from . import classad_wire as wire
-from .jobproc import Usage, parse_args_v1, parse_args_v2, parse_env_v1, parse_env_v2, sample_usage
-from .model import STARTER_HOOKS, EmulatorConfig, JobRun
-from .spawn import (
+from jobstore.emulator import classad_wire as wire
+from jobstore.emulator.jobproc import (
+    Usage,
+    parse_args_v1,
+    parse_args_v2,
+    parse_env_v1,
+    parse_env_v2,
+    sample_usage,
+)
+from jobstore.emulator.model import STARTER_HOOKS, EmulatorConfig, JobRun, StartdSide
+from jobstore.emulator.spawn import (
     Account,
     HookCall,
     ProcessRegistry,
@@ -30,9 +37,6 @@ from .spawn import (
     wait_pid_exit,
 )
 
-if TYPE_CHECKING:
-    from .startd import Emulator
-
 
 class StarterFailed(Exception):
     """Initialisation failure: the real starter does DC_Exit(1) and runs no hook."""
@@ -43,7 +47,7 @@ class Starter:
 
     def __init__(
         self,
-        emu: Emulator,
+        emu: StartdSide,
         slot_name: str,
         job_text: str,
         machine_text: str,

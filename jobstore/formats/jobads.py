@@ -7,7 +7,7 @@ from typing import Any
 
 from classad2 import ClassAd, ExprTree
 
-from .classads import Expr, Value, render_ad
+from jobstore.formats.classads import Expr, Value, render_ad
 
 # Attributes that identify our job and its attempt in the starter hooks.
 ATTR_JOB_ID = "JobstoreJobId"

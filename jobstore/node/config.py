@@ -193,7 +193,7 @@ class AgentSettings:
 
 def agent_socket(override: str | None = None) -> str:
     """`override`, else $JOBSTORE_AGENT_SOCKET, else JOBSTORE_AGENT_SOCKET, else the default."""
-    from .agent.protocol import DEFAULT_SOCKET
+    from jobstore.node.hookproc import DEFAULT_SOCKET
 
     return (
         override

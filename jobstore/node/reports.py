@@ -16,23 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .states import HOOK_REPORTS, STARTD_EVENTS, STARTER_EVENTS, Event
+from jobstore.core.jobs import CHANGE_COLUMNS, INT32, INT64
+from jobstore.core.states import HOOK_REPORTS, STARTD_EVENTS, STARTER_EVENTS, Event
 
 __all__ = ["STARTD_EVENTS", "STARTER_EVENTS", "BadReport", "Caller", "Report", "check_changes"]
 
-_INT32 = 2**31 - 1
-_INT64 = 2**63 - 1
-# The job columns a report may set: name -> (type, lowest, highest). Nothing else, ever.
-CHANGE_COLUMNS: dict[str, tuple[type, float, float]] = {
-    "job_pid": (int, 1, _INT32),
-    "remote_user_cpu": (float, 0, 1e12),
-    "remote_sys_cpu": (float, 0, 1e12),
-    "image_size": (int, 0, _INT64),
-    "memory_usage": (int, 0, _INT64),
-    "exit_code": (int, -_INT32 - 1, _INT32),
-    "exit_signal": (int, 0, 1024),
-    "exit_by_signal": (bool, 0, 1),
-}
 # The job-ad attributes a report may carry into its event (usage and exit information).
 REPORT_ATTRS = (
     "JobPid",
@@ -156,15 +144,15 @@ class Report:
             raise BadReport("unknown event") from None
         if event not in HOOK_REPORTS:
             raise BadReport(f"{event} is not a hook's report")
-        caller_uid = _int(record, "caller_uid", 0, _INT32)
+        caller_uid = _int(record, "caller_uid", 0, INT32)
         if caller_uid is not None and not writer.trusted:
             raise BadReport("caller_uid may only be set by a service account")
         report = cls(
             keyword=keyword,
-            job_id=_int(record, "job_id", 1, _INT64, required=True),
+            job_id=_int(record, "job_id", 1, INT64, required=True),
             event=event,
             token=_text(record, "token", required=True),
-            attempt=_int(record, "attempt", 0, _INT32),
+            attempt=_int(record, "attempt", 0, INT32),
             store=_text(record, "store", required=True),
             time=_number(record, "time", 0, 1e11, required=True),
             changes=check_changes(record.get("changes")),
@@ -255,7 +243,7 @@ def _attrs(raw: object) -> dict[str, Any]:
         elif isinstance(value, bool):
             ok = True
         elif isinstance(value, int):
-            ok = -_INT64 <= value <= _INT64
+            ok = -INT64 <= value <= INT64
         elif isinstance(value, float):
             ok = math.isfinite(value)
         else:

@@ -20,21 +20,29 @@ from typing import TYPE_CHECKING, Any
 
 from classad2 import ClassAd
 
-from . import classads, config, policy, spool
-from .claims import ClaimRequest, Verdict
-from .classads import AdError, get_bool, get_float, get_int, get_str
-from .errors import DatabaseError, NotOwner, UnknownJob
-from .jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
-from .matching import matches, slot_offer, why_slot_cannot_take
-from .reports import MAX_TEXT, REPORT_ATTRS, SERVICE, BadReport, Caller, Report, check_changes
-from .states import Event
+from jobstore.core import policy
+from jobstore.core.claims import ClaimRequest, Verdict
+from jobstore.core.states import Event
+from jobstore.errors import DatabaseError, NotOwner, UnknownJob
+from jobstore.formats import classads
+from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
+from jobstore.formats.matching import matches, slot_offer, why_slot_cannot_take
+from jobstore.node import config, spool
+from jobstore.node.accounts import account_exists, owner_refusal
+from jobstore.node.reports import (
+    MAX_TEXT,
+    REPORT_ATTRS,
+    SERVICE,
+    BadReport,
+    Caller,
+    Report,
+    check_changes,
+)
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
-    from .store import JobStore, Outcome
+    from jobstore.db.store import JobStore, Outcome
 
-# The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
-MIN_USER_UID = 1000
-NOBODY_UID = 65534
 # Fraction of fetches that also recover expired leases, so no extra daemon is needed.
 REAP_PROBABILITY = 0.05
 
@@ -93,7 +101,7 @@ def drop_stores() -> None:
 def store_for(settings: config.Settings) -> JobStore:
     if settings.credentials_error:
         raise config.ConfigError(settings.credentials_error)
-    from .store import JobStore
+    from jobstore.db.store import JobStore
 
     with _stores_lock:
         store = _stores.get(settings.database_url)
@@ -163,7 +171,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
         refused = owner_refusal(job["owner"], settings)
         if refused:
             return Verdict(hold_reason=refused)
-        if not _account_exists(job["owner"]):
+        if not account_exists(job["owner"]):
             return Verdict()
         return Verdict(take=matches(job_classad(job, **ad_kw), slot))
 
@@ -194,29 +202,6 @@ def fetch_job(request: HookRequest) -> HookResponse:
         stdout=text.encode("utf-8", "surrogateescape"),
         log=[f"{name}: fetched job {job['id']} attempt {job['claims']}"],
     )
-
-
-def owner_refusal(owner: str, settings: config.Settings) -> str | None:
-    """Why `owner` may not run jobs through this keyword, or None."""
-    if owner == "root":
-        return "jobs may not run as root"
-    try:
-        uid = pwd.getpwnam(owner).pw_uid
-    except KeyError:
-        uid = None
-    if uid is not None and (uid < MIN_USER_UID or uid >= NOBODY_UID):
-        return f"account {owner} is a system account (uid {uid})"
-    if not settings.owner_allowed(owner):
-        return f"owner {owner} is not in {settings.keyword}_JOBSTORE_ALLOWED_OWNERS"
-    return None
-
-
-def _account_exists(owner: str) -> bool:
-    try:
-        pwd.getpwnam(owner)
-    except KeyError:
-        return False
-    return True
 
 
 # ---- REPLY_FETCH and EVICT_CLAIM (startd side) ---------------------------------------------

@@ -30,13 +30,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from . import userlog
-from .claims import ClaimRequest, Offer, Verdict
-from .db import make_engine, safe_url
-from .errors import DatabaseError, NotOwner, UnknownJob
-from .reports import CHANGE_COLUMNS
-from .schema import clusters, job_events, jobs
-from .states import FINAL, Decision, Event, Status, decide
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import CHANGE_COLUMNS
+from jobstore.core.states import FINAL, Decision, Event, Status, decide
+from jobstore.db.engine import make_engine, safe_url
+from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.errors import DatabaseError, NotOwner, UnknownJob
+from jobstore.formats import userlog
 
 # A job row (SQLAlchemy's RowMapping, or a dict of the same columns).
 Job = Mapping[Any, Any]
@@ -91,7 +91,7 @@ ExitPolicy = Callable[[Job], tuple[bool, bool]]
 # dict of the job_events columns plus "job", the job row before the transition (None when not
 # known). It may return a callable, called with True once the commit succeeded (False if it
 # failed): so a listener can take a lock before the commit and act after it, keeping the
-# database's order (jobstore.userlog). Exceptions are logged in one line, never affect the
+# database's order (jobstore.formats.userlog). Exceptions are logged in one line, never affect the
 # transition.
 AfterCommit = Callable[[bool], None]
 CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
@@ -693,7 +693,7 @@ class JobStore:
         limit: int | None = None,
         where: ColumnElement[bool] | None = None,
     ) -> list[Job]:
-        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.constraint)."""
+        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.db.constraint)."""
         q = select(jobs).where(
             *_job_filter(statuses, owners, queues, include_final, final_only, where)
         )

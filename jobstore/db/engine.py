@@ -10,7 +10,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from .errors import DatabaseError
+from jobstore.errors import DatabaseError
 
 __all__ = ["DatabaseError", "make_engine", "upgrade", "safe_url", "is_sqlite"]
 

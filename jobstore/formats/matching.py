@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from classad2 import ClassAd, ExprTree
 
-from .claims import Offer
-from .classads import get_bool, get_int, get_str
+from jobstore.core.claims import Offer
+from jobstore.formats.classads import get_bool, get_int, get_str
 
 # Slots whose state lets the startd accept fetched work without preempting anything. A busy slot
 # would say `reject` (rank 0) or, worse, `accept` and then silently lose the job (transcript 10c).

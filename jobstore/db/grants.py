@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, text
 
-from .reports import CHANGE_COLUMNS
+from jobstore.core.jobs import CHANGE_COLUMNS
 
 # Columns of `jobs` written by the claim, the state transitions and the reports; nothing else.
 HOOK_UPDATE_COLUMNS = (

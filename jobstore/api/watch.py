@@ -1,6 +1,6 @@
 """Follow job transitions as they happen: the public subscriber API behind `jobstore watch`.
 
-    from jobstore.watch import subscribe
+    from jobstore.api.watch import subscribe
     with subscribe(url, jobs=["12"], until_done=True) as sub:
         for record in sub:          # JobEvent for each transition, JobFinished once per job
             print(record.to_json())
@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from .db import make_engine
-from .errors import DatabaseError, UnknownJob
-from .states import FINAL, Status
-from .store import NOTIFY_CHANNEL, JobStore
+from jobstore.core.states import FINAL, Status
+from jobstore.db.engine import make_engine
+from jobstore.db.store import NOTIFY_CHANNEL, JobStore
+from jobstore.errors import DatabaseError, UnknownJob
 
 __all__ = [
     "JobEvent",

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .states import Event, Status
+from jobstore.core.states import Event, Status
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,10 @@
-"""Alembic environment: the URL comes from the caller (jobstore.db.upgrade), never from a file."""
+"""Alembic environment: the URL comes from the caller (jobstore.db.engine.upgrade), never
+from a file."""
 
 from alembic import context
 
-from jobstore.db import make_engine
-from jobstore.schema import metadata
+from jobstore.db.engine import make_engine
+from jobstore.db.schema import metadata
 
 config = context.config
 url = config.attributes["database_url"]

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import config
-from .classads import AdError, Expr, Value
-from .handlers import owner_refusal
-from .jobads import RESERVED, render_job, to_json
-from .store import JobStore, NewJob
-from .submit import JobSpec, SubmitError, load_jobs
+from jobstore.db.store import JobStore, NewJob
+from jobstore.formats.classads import AdError, Expr, Value
+from jobstore.formats.jobads import RESERVED, render_job, to_json
+from jobstore.node import config
+from jobstore.node.accounts import owner_refusal
+from jobstore.submit.language import JobSpec, SubmitError, load_jobs
 
 __all__ = ["submit_path", "specs_to_new_jobs", "invoking_user", "SubmitError"]
 

@@ -7,7 +7,7 @@ import stat
 import sys
 from pathlib import Path
 
-from .hooktable import CONDOR_NAMES, NAMES
+from jobstore.node.hooktable import CONDOR_NAMES, NAMES
 
 REPO_SHEBANG = "#!/usr/bin/env python3"
 
@@ -51,10 +51,12 @@ def _compile_client() -> None:
     import py_compile
 
     import jobstore
-    from jobstore import hooktable
     from jobstore.agent import client, protocol
+    from jobstore.node import hookproc, hooktable
 
-    for module in (jobstore, sys.modules["jobstore.agent"], hooktable, client, protocol):
+    hot_path = (jobstore, sys.modules["jobstore.agent"], sys.modules["jobstore.node"], hooktable,
+                hookproc, client, protocol)
+    for module in hot_path:
         if module.__file__ is None:
             continue
         try:

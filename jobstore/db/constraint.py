@@ -11,7 +11,7 @@ ClassAd semantics are kept: every boolean sub-expression becomes three SQL predi
 never NULL, "is true", "is false" and "is undefined" (none of them means error), so that
 UNDEFINED and ERROR propagate through ! && || exactly as in ClassAds. A constraint matches a job
 only when it evaluates to true. String == and != ignore ASCII case like ClassAds; =?= does not.
-This module is the one place for that SQL; jobstore.store runs it.
+This module is the one place for that SQL; jobstore.db.store runs it.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from sqlalchemy import true as sql_true
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
 
-from .schema import jobs
-from .views import JOB_STATUS
+from jobstore.db.schema import jobs
+from jobstore.formats.views import JOB_STATUS
 
 __all__ = ["ConstraintError", "Plan", "plan", "matches", "ATTRIBUTES", "JOB_STATUS"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from . import views
+from jobstore.formats import views
 
 DEMO_SUBMIT = """\
 # A small cluster: each job says where it ran, and job N exits with code N.
@@ -81,8 +81,8 @@ def _run_emulator(
     condor_user: str | None,
     until_done: bool,
 ):  # type: ignore[no-untyped-def]
-    from .emulator import Emulator, EmulatorConfig
-    from .store import JobStore
+    from jobstore.db.store import JobStore
+    from jobstore.emulator import Emulator, EmulatorConfig
 
     env = {
         "PATH": "/usr/bin:/bin",
@@ -139,10 +139,10 @@ def _check_traversable(path: Path, who: str) -> None:
 @click.option("--owner", metavar="USER", help="Account the demo jobs run as.")
 def demo(directory: str | None, slots: int, owner: str | None) -> None:
     """Run a few jobs end to end: embedded SQLite job store, emulated node, the real hooks."""
-    from .db import upgrade
-    from .hooktemplates import install_hooks
-    from .store import JobStore
-    from .submission import submit_path
+    from jobstore.agent.hooktemplates import install_hooks
+    from jobstore.api.submission import submit_path
+    from jobstore.db.engine import upgrade
+    from jobstore.db.store import JobStore
 
     base = Path(directory or tempfile.mkdtemp(prefix="jobstore-demo-")).absolute()
     base.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
             os.chown(path, account.pw_uid, account.pw_gid)
         os.chmod(base, 0o755)
     os.environ["CONDOR_CONFIG"] = str(condor_config)
-    from . import config
+    from jobstore.node import config
 
     settings = config.load_settings(KEYWORD, db_url)
     store = JobStore.from_url(db_url)
@@ -223,7 +223,7 @@ def emulate(
     keep: bool,
 ) -> None:  # type: ignore[no-untyped-def]
     """Run an emulated execute node against the job store until no job is left."""
-    from .hooktemplates import install_hooks
+    from jobstore.agent.hooktemplates import install_hooks
 
     db_url = obj.settings.database_url
     work = Path(tempfile.mkdtemp(prefix="jobstore-node-"))

@@ -11,12 +11,13 @@ from typing import Any
 import click
 from classad2 import ExprTree
 
-from . import config, views
-from .db import DatabaseError, safe_url, upgrade
-from .demo import demo, emulate
-from .states import Event, Status
-from .store import Job, JobStore, UnknownJob
-from .submit import SubmitError
+from jobstore.cli.demo import demo, emulate
+from jobstore.core.states import Event, Status
+from jobstore.db.engine import DatabaseError, safe_url, upgrade
+from jobstore.db.store import Job, JobStore, UnknownJob
+from jobstore.formats import views
+from jobstore.node import config
+from jobstore.submit.language import SubmitError
 
 ADMIN_STATEMENT_TIMEOUT_MS = 300_000
 
@@ -147,7 +148,7 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
     agent's JOBSTORE_DATABASE_URL at ROLE."""
     from sqlalchemy.exc import DBAPIError
 
-    from .grants import grant_hook_role, hook_role_statements
+    from jobstore.db.grants import grant_hook_role, hook_role_statements
 
     engine = ctx.store.engine
     try:
@@ -175,7 +176,7 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
 @_guard
 def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> None:
     """Queue the jobs of an HTCondor submit description (or a plain ClassAd file)."""
-    from .submission import submit_path
+    from jobstore.api.submission import submit_path
 
     cluster, ids = submit_path(ctx.store, file, ctx.settings, owner=owner, queue=queue)
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
@@ -280,7 +281,7 @@ def _query(
 ) -> list[Job]:
     """The jobs that `q`/`history` show: constraint conjuncts that translate filter in SQL,
     the rest is evaluated by classad2 on each job's ad."""
-    from .constraint import matches, plan
+    from jobstore.db.constraint import matches, plan
 
     p = plan(constraint) if constraint else None
     if ids:
@@ -312,8 +313,8 @@ def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
 def _print_autoclusters(
     ctx: Context, ids: tuple[str, ...], constraint: str | None, as_json: bool, **filters: Any
 ) -> None:
-    from .constraint import plan
-    from .store import AUTOCLUSTER_KEY
+    from jobstore.db.constraint import plan
+    from jobstore.db.store import AUTOCLUSTER_KEY
 
     p = plan(constraint) if constraint else None
     if ids or (p and p.residual is not None):  # not all in SQL: group what _query found
@@ -476,7 +477,7 @@ def watch(
     Exit status: 0, or with --until-done 0 only if all jobs completed successfully and 1 if
     any failed, was removed or exited with another code; 1 on errors, 2 on usage errors.
     """
-    from .watch import parse_since, subscribe
+    from jobstore.api.watch import parse_since, subscribe
 
     def note(message: str) -> None:
         click.echo(f"jobstore: watch: {message}", err=True)
@@ -602,9 +603,9 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     about its own jobs); reports that cannot be applied are quarantined (renamed .bad)."""
     from pathlib import Path
 
-    from .handlers import record_group, spool_sender
-    from .spool import SpoolError
-    from .spool import replay as replay_spool
+    from jobstore.node.handlers import record_group, spool_sender
+    from jobstore.node.spool import SpoolError
+    from jobstore.node.spool import replay as replay_spool
 
     directory = Path(spool_dir or ctx.settings.spool)
     send = spool_sender(config.service_uids(config.startd_users()))
@@ -639,7 +640,7 @@ def install_hooks_cmd(
     directory: str, python: str | None, agent_socket: str | None, agent_users: tuple[str, ...]
 ) -> None:
     """Write the six hook executables into DIRECTORY, for <KEYWORD>_HOOK_* settings."""
-    from .hooktemplates import install_hooks
+    from jobstore.agent.hooktemplates import install_hooks
 
     for name, path in install_hooks(directory, python, agent_socket, agent_users).items():
         click.echo(f"JOBSTORE_HOOK_{name} = {path}")
@@ -653,7 +654,7 @@ def install_hooks_cmd(
 @_guard
 def agent(socket_path: str | None, foreground: bool) -> None:
     """Run the per-node agent that serves the hooks (condor_master starts it)."""
-    from .agent.server import AgentError, run_agent
+    from jobstore.agent.server import AgentError, run_agent
 
     try:
         code = run_agent(socket_path, foreground=foreground)
@@ -666,5 +667,3 @@ main.add_command(demo)
 main.add_command(emulate)
 
 
-if __name__ == "__main__":
-    main()

@@ -14,10 +14,9 @@ import threading
 import time
 from typing import NoReturn
 
-from .agent.client import append_hook_log, read_stdin, write_all
-from .agent.client import prologue as _reopen_fds
-from .agent.protocol import MAX_STDIN
-from .hooktable import DEADLINES, DEFAULT_DEADLINE
+from jobstore.node.hookproc import MAX_STDIN, append_hook_log, read_stdin, write_all
+from jobstore.node.hookproc import prologue as _reopen_fds
+from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 
 
 def _prologue() -> bool:
@@ -85,7 +84,7 @@ def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
 def _configured_log() -> str | None:
     if "htcondor2" not in sys.modules:  # never import HTCondor just to log
         return None
-    from .config import _param
+    from jobstore.node.config import _param
 
     try:
         return _param("JOBSTORE_HOOK_LOG")
@@ -107,7 +106,7 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
         if len(stdin) > MAX_STDIN:
             _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
         else:
-            from .handlers import HookRequest, handle
+            from jobstore.node.handlers import HookRequest, handle
 
             response = handle(
                 HookRequest(

@@ -8,8 +8,8 @@ from typing import Any
 
 from classad2 import ClassAd, ExprTree, Value
 
-from .classads import Expr, sprint_ad
-from .jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
+from jobstore.formats.classads import Expr, sprint_ad
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
 
 Job = Mapping[str, Any]
 
@@ -63,7 +63,7 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
     """The job as condor_q shows it (`-l`, `-af`, constraints), without secrets.
 
     Attributes that come from columns always reflect the column (absent when it is NULL), so a
-    constraint evaluated in SQL (jobstore.constraint) and on this ad give the same answer.
+    constraint evaluated in SQL (jobstore.db.constraint) and on this ad give the same answer.
     """
     attrs = job_attrs(
         job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain, job_lease_duration=0

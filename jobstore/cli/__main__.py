@@ -1,0 +1,3 @@
+from jobstore.cli import main
+
+main()

@@ -1,0 +1,35 @@
+"""Which accounts a job may run as: never root or a system account, only what the keyword's
+configuration allows."""
+
+from __future__ import annotations
+
+import pwd
+
+from jobstore.node import config
+
+# The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
+MIN_USER_UID = 1000
+NOBODY_UID = 65534
+
+
+def owner_refusal(owner: str, settings: config.Settings) -> str | None:
+    """Why `owner` may not run jobs through this keyword, or None."""
+    if owner == "root":
+        return "jobs may not run as root"
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        uid = None
+    if uid is not None and (uid < MIN_USER_UID or uid >= NOBODY_UID):
+        return f"account {owner} is a system account (uid {uid})"
+    if not settings.owner_allowed(owner):
+        return f"owner {owner} is not in {settings.keyword}_JOBSTORE_ALLOWED_OWNERS"
+    return None
+
+
+def account_exists(owner: str) -> bool:
+    try:
+        pwd.getpwnam(owner)
+    except KeyError:
+        return False
+    return True

@@ -1,0 +1,1 @@
+"""Shared test and benchmark support: database URLs, accounts, hook environments."""
