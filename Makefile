@@ -39,6 +39,7 @@ test-all: test test-slow
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: venv
 	$(PY) bench/run.py

@@ -121,23 +121,19 @@ def progress(msg: str) -> None:
 
 def job_ad_json() -> str:
     """The stored ad of a job like the recorded one (sleep 10), as submit would store it."""
-    from jobstore.api.submission import specs_to_new_jobs
+    from jobstore.formats.jobads import submitted_ad
 
-    return json.dumps(specs_to_new_jobs([recorded_spec()])[0].ad)
+    return json.dumps(submitted_ad(recorded_spec()))
 
 
 def recorded_spec():  # type: ignore[no-untyped-def]
-    from jobstore.submit.language import JobSpec
+    from jobstore.core.jobs import JobSpec
 
     return JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64, request_disk=1024)
 
 
 def submit_one(store) -> int:  # type: ignore[no-untyped-def]
-    from jobstore.api.submission import specs_to_new_jobs
-
-    _, ids = store.submit(
-        specs_to_new_jobs([recorded_spec()]), owner=OWNER, queue="default", max_attempts=5
-    )
+    _, ids = store.submit([recorded_spec()], owner=OWNER, queue="default", max_attempts=5)
     return ids[0]
 
 
@@ -403,8 +399,8 @@ def run_life(
         if samples is not None:
             samples.setdefault(label, []).append((wall, cpu))
     job = store.get_job(job_id)
-    if job["status"] != "completed" or job["exit_code"] != 0:
-        raise LifeError(f"job {job_id} ended {job['status']} exit_code={job['exit_code']}")
+    if job.status != "completed" or job.exit_code != 0:
+        raise LifeError(f"job {job_id} ended {job.status} exit_code={job.exit_code}")
     return job_id
 
 
@@ -514,7 +510,7 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                        slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
     job = store.claim(req, lambda _row: Verdict(take=True))
-    store.report(job["id"], Event.EXIT, token=job["token"], attempt=job["claims"])
+    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
     store.engine.dispose()
     txs: list[list[tuple[str, dict]]] = []
     for stmt, params in seen:
@@ -593,10 +589,10 @@ def tp_worker(  # type: ignore[no-untyped-def]
                 job = store.claim(req, lambda _row: take)
                 if job is None:
                     break
-                out = store.report(job["id"], Event.EXIT, token=job["token"],
-                                   attempt=job["claims"])
+                out = store.report(job.id, Event.EXIT, token=job.token,
+                                   attempt=job.claims)
                 if out.after != "completed" or out.stale:
-                    raise RuntimeError(f"job {job['id']}: EXIT gave {out}")
+                    raise RuntimeError(f"job {job.id}: EXIT gave {out}")
             count += 1
         t1 = time.monotonic()
         if mode == "bare":
@@ -725,7 +721,7 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
                 dt = time.perf_counter() - t
                 if job is None:
                     raise RuntimeError(f"no idle job in {queue}")
-                store.report(job["id"], Event.REJECT, token=job["token"], attempt=job["claims"])
+                store.report(job.id, Event.REJECT, token=job.token, attempt=job.claims)
                 if i >= 10:  # the first few warm the caches
                     lat.append(dt)
             idle = admin.execute(
@@ -832,7 +828,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                                 if ln.split(b" = ")[0] in IDENTITY]
                 per_hook[label] = per_hook.get(label, 0) + counter["n"] - before
                 life += counter["n"] - before
-            if helper.get_job(job_id)["status"] != "completed":
+            if helper.get_job(job_id).status != "completed":
                 raise LifeError(f"in-process life of job {job_id} did not complete it")
             before = counter["n"]
             slot_ad = calls["01-FETCH_WORK"].stdin
@@ -862,17 +858,14 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     per s, finished, max and median connections to the bench database held meanwhile)."""
     import psycopg
 
-    from jobstore.api.submission import specs_to_new_jobs
+    from jobstore.core.jobs import JobSpec
     from jobstore.db.store import JobStore
     from jobstore.emulator import Emulator, EmulatorConfig
-    from jobstore.submit.language import JobSpec
 
     store = JobStore.from_url(env.pg_url)
-    spec = JobSpec(cmd="/bin/sleep", args="0.1", iwd="/tmp", request_memory=64, request_disk=1024)
     queue = "default"  # the agent reads its own configuration: keep the default queue
-    new = specs_to_new_jobs([spec] * jobs)
-    for i, nj in enumerate(new):
-        nj.proc_id = i
+    new = [JobSpec(cmd="/bin/sleep", args="0.1", iwd="/tmp", request_memory=64, proc_id=i)
+           for i in range(jobs)]
     store.submit(new, owner=OWNER, queue=queue, max_attempts=3)
     store.engine.dispose()
     hooks = {condor: str(env.hooks / ours) for ours, condor in CONDOR_NAMES.items()}

@@ -32,10 +32,11 @@ from sqlalchemy.engine import make_url
 
 from jobstore.api.watch import subscribe
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
 from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
-from jobstore.db.store import JobStore, NewJob
+from jobstore.db.store import JobStore
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REQ = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@bench",
@@ -48,16 +49,15 @@ def libpq(url: str) -> str:
 
 
 def submit(store: JobStore, n: int) -> list[int]:
-    new = [NewJob(proc_id=i, cmd="/bin/true", ad={"Cmd": "/bin/true"}, request_cpus=1,
-                  request_memory=64, request_disk=1024) for i in range(n)]
+    new = [JobSpec(cmd="/bin/true", request_memory=64, proc_id=i) for i in range(n)]
     return store.submit(new, owner="alice", queue="default", max_attempts=5)[1]
 
 
 def report_exit(store: JobStore, job: int) -> float:
     """Claim `job`, commit its JOB_EXIT; the time the report returned (committed)."""
-    claimed = store.claim(REQ, lambda row: Verdict(take=row["id"] == job))
-    assert claimed is not None and claimed["id"] == job
-    store.report(job, Event.EXIT, token=claimed["token"], attempt=claimed["claims"],
+    claimed = store.claim(REQ, lambda row: Verdict(take=row.id == job))
+    assert claimed is not None and claimed.id == job
+    store.report(job, Event.EXIT, token=claimed.token, attempt=claimed.claims,
                  changes={"exit_code": 0, "exit_by_signal": False},
                  exit_policy=lambda row: exit_verdict(row, EXIT))
     return time.time()

@@ -44,10 +44,10 @@ def main(url: str, slot: str) -> None:
     start = time.time()
     while (job := retry(lambda: store.claim(req, take))) is not None:
         out = retry(lambda job=job: store.report(
-            job["id"], Event.EXIT, token=job["token"], attempt=job["claims"]))
+            job.id, Event.EXIT, token=job.token, attempt=job.claims))
         if out.after != "completed" or out.stale:
-            raise SystemExit(f"job {job['id']}: EXIT gave {out}")
-        ids.append(job["id"])
+            raise SystemExit(f"job {job.id}: EXIT gave {out}")
+        ids.append(job.id)
     end = time.time()
     store.engine.dispose()
     print(json.dumps({"ids": ids, "start": start, "end": end, "locked": locked}), flush=True)

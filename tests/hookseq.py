@@ -15,7 +15,8 @@ from pathlib import Path
 
 from hookrun import CLOSED_OUTPUT, hook_preexec
 
-from jobstore.db.store import JobStore, NewJob
+from jobstore.core.jobs import JobSpec
+from jobstore.db.store import JobStore
 from jobstore.formats import classads
 
 
@@ -34,8 +35,7 @@ def ordinary_owner() -> str:
 def submit_jobs(store: JobStore, n: int, owner: str, *, max_attempts: int = 5,
                 cmd: str = "/bin/true", queue: str = "default") -> list[int]:
     """One cluster of `n` idle jobs through the store API (each with its submit event)."""
-    new = [NewJob(proc_id=i, cmd=cmd, ad={"Cmd": cmd, "Iwd": "/tmp"}, request_cpus=1,
-                  request_memory=64, request_disk=1024) for i in range(n)]
+    new = [JobSpec(cmd=cmd, iwd="/tmp", request_memory=64, proc_id=i) for i in range(n)]
     _, ids = store.submit(new, owner=owner, queue=queue, max_attempts=max_attempts)
     return ids
 

@@ -119,7 +119,7 @@ def store(node: Node) -> Iterator[JobStore]:
 
 
 def _status(store: JobStore, job_id: int) -> str:
-    return store.get_job(job_id)["status"]
+    return store.get_job(job_id).status
 
 
 def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
@@ -174,7 +174,7 @@ def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None
     done = node.hook("job_exit", job + b"ExitCode = 0\nExitBySignal = false\n", ["exit"])
     assert done.returncode == 0 and done.stderr == b""
     assert _status(store, job_id) == "completed"
-    exits = [e for e in store.events(job_id) if e["event"] == "exit" and e["to_status"]]
+    exits = [e for e in store.events(job_id) if e.event == "exit" and e.to_status]
     assert len(exits) == 1
     node.start()  # a stale socket file does not stop a new agent
     assert node.stop(signal.SIGQUIT) == 0

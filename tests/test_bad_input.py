@@ -18,12 +18,11 @@ from hookrun import HookResult, hook_env, run_hook
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstore.api.submission import specs_to_new_jobs
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.formats import classads
-from jobstore.submit.language import JobSpec
 
 T = TRANSCRIPTS
 HOOKS = [
@@ -106,7 +105,7 @@ class World:
             assert ad.eval("User") == "alice@localdomain"
             for name in ("Cmd", "JobstoreAttempt", "JobstoreToken", "RequestCpus"):
                 assert name in ad
-            assert self.store.get_job(self.idle_job)["status"] == "fetched"
+            assert self.store.get_job(self.idle_job).status == "fetched"
             assert len(after[1]) == len(before[1]) + 1
             assert after[1][: len(before[1])] == before[1]
             assert [r for r in after[0] if r[0] != self.idle_job] == [
@@ -120,15 +119,13 @@ class World:
     def reset_idle_job(self) -> None:
         job = self.store.get_job(self.idle_job)
         self.store.report(
-            self.idle_job, Event.REJECT, token=job["token"], attempt=job["claims"]
+            self.idle_job, Event.REJECT, token=job.token, attempt=job.claims
         )
 
 
 @pytest.fixture
 def world(store: JobStore, hook_dir: Path, condor_config: Path, db_url: str, tmp_path: Path):
-    new = specs_to_new_jobs(
-        [JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64)]
-    )
+    new = [JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64)]
     store.submit(new, owner="alice", queue="default", max_attempts=5)
     _, (idle_job,) = store.submit(new, owner="alice", queue="default", max_attempts=5)
     req = ClaimRequest(
@@ -136,12 +133,12 @@ def world(store: JobStore, hook_dir: Path, condor_config: Path, db_url: str, tmp
         host="node01.example.org", keyword="JOBSTORE", claim_lease=600,
     )
     job = store.claim(req, lambda row: Verdict(take=True))
-    assert job is not None and job["id"] != idle_job
-    store.report(job["id"], Event.ACCEPT, token=job["token"], attempt=job["claims"], lease=600)
+    assert job is not None and job.id != idle_job
+    store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
     identity = [
-        f"JobstoreAttempt = {job['claims']}".encode(),
-        f"JobstoreJobId = {job['id']}".encode(),
-        f'JobstoreToken = "{job["token"]}"'.encode(),
+        f"JobstoreAttempt = {job.claims}".encode(),
+        f"JobstoreJobId = {job.id}".encode(),
+        f'JobstoreToken = "{job.token}"'.encode(),
     ]
     log = tmp_path / "hooks.log"
     env = hook_env(db_url, condor_config, JOBSTORE_HOOK_LOG=str(log), _CONDOR_SLOT="slot1")
@@ -216,7 +213,7 @@ def test_valid_reports_still_work(world: World) -> None:
     result = world.run("update_job_info", stdin, [])
     assert result.returncode == 0
     job_id = int(world.identity[1].split(b" = ")[1])
-    assert world.store.get_job(job_id)["status"] == "running"
+    assert world.store.get_job(job_id).status == "running"
     # fetch_job with the recorded slot ad hands out the idle job
     before = dump(world.store)
     result = world.run("fetch_job", sample("fetch_job", []), [])
@@ -232,7 +229,7 @@ def test_non_utf8_job_ad_is_still_a_report(world: World) -> None:
     assert result.returncode == 0 and result.stderr == b"", result
     job_id = int(world.identity[1].split(b" = ")[1])
     job = world.store.get_job(job_id)
-    assert job["status"] == "completed" and job["exit_code"] == 0
+    assert job.status == "completed" and job.exit_code == 0
 
 
 SETTINGS = settings(

@@ -157,27 +157,27 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
             until=lambda: not store.list_jobs(), timeout=300, wait_for_jobs=True
         )
 
-    jobs = {j["id"]: j for j in store.list_jobs(include_final=True)}
+    jobs = {j.id: j for j in store.list_jobs(include_final=True)}
     assert sorted(jobs) == sorted(ids)
-    assert all(j["status"] == "completed" for j in jobs.values()), [
-        (j["proc_id"], j["status"], j["reason"])
+    assert all(j.status == "completed" for j in jobs.values()), [
+        (j.proc_id, j.status, j.reason)
         for j in jobs.values()
-        if j["status"] != "completed"
+        if j.status != "completed"
     ]
     for job in jobs.values():
-        assert job["exit_code"] == job["proc_id"]
-        assert not job["exit_by_signal"]
+        assert job.exit_code == job.proc_id
+        assert not job.exit_by_signal
     assert len(evicted) == 5
-    by_proc = {j["proc_id"]: j for j in jobs.values()}
+    by_proc = {j.proc_id: j for j in jobs.values()}
     for proc in evicted:
-        assert by_proc[proc]["attempts"] == 1 and by_proc[proc]["claims"] == 2
-        kinds = [e["event"] for e in store.events(by_proc[proc]["id"]) if e["to_status"]]
+        assert by_proc[proc].attempts == 1 and by_proc[proc].claims == 2
+        kinds = [e.event for e in store.events(by_proc[proc].id) if e.to_status]
         assert "evict" in kinds and kinds[-1] == "exit"
     assert not report.refused_hooks
     assert not [c for c in report.hook_calls if b"Traceback" in (c.stderr or b"")]
     # Every job ran exactly once to completion: one `exit` event per job.
     for job in jobs.values():
-        exits = [e for e in store.events(job["id"]) if e["event"] == "exit" and e["to_status"]]
+        exits = [e for e in store.events(job.id) if e.event == "exit" and e.to_status]
         assert len(exits) == 1
 
 
@@ -203,7 +203,7 @@ def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-unt
             os.chmod(path, 0o777 if path.is_dir() else 0o666)
     Emulator(cfg).run(until=lambda: not store.list_jobs(), timeout=60, wait_for_jobs=True)
     (job,) = store.list_jobs(include_final=True)
-    assert job["status"] == "completed", job["reason"]
+    assert job.status == "completed", job.reason
     assert (tmp / "submit" / "who.out").read_text().strip() == owner.pw_name
 
 

@@ -242,30 +242,30 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
         replayed += sent
         seconds = time.monotonic() - start
 
-        final = {j["id"]: j for j in store.list_jobs(include_final=True)}
+        final = {j.id: j for j in store.list_jobs(include_final=True)}
         events = _all_events(url)
     finally:
         store.engine.dispose()
         shutil.rmtree(base, ignore_errors=True)
     assert left == 0
     assert sorted(final) == sorted(ids)
-    lost = [j for j in final.values() if j["status"] not in FINAL]
+    lost = [j for j in final.values() if j.status not in FINAL]
     exits = exits_by_job(events)
     duplicates = [j for j, n in exits.items() if n > 1]
     problems = [p for j in ids for p in check_history(j, events[j])]
     print(f"\nFAULTS: jobs={len(ids)} slots=4 faults=postgresql-stopped-{outage:.0f}s "
           f"lost={len(lost)} duplicates={len(duplicates)} replayed={replayed} "
-          f"failed={sum(j['status'] == 'failed' for j in final.values())} "
+          f"failed={sum(j.status == 'failed' for j in final.values())} "
           f"seconds={seconds:.0f}")
-    assert not lost, [(j["id"], j["status"]) for j in lost]
+    assert not lost, [(j.id, j.status) for j in lost]
     assert not duplicates
     assert not problems, problems[:20]
     for job in final.values():
-        if job["status"] == "completed":
-            assert exits[job["id"]] == 1
-            assert job["exit_code"] == job["proc_id"] and not job["exit_by_signal"]
+        if job.status == "completed":
+            assert exits[job.id] == 1
+            assert job.exit_code == job.proc_id and not job.exit_by_signal
         else:
-            assert job["status"] == "failed" and job["reason"], job
+            assert job.status == "failed" and job.reason, job
     assert not result["report"].refused_hooks
 
 
@@ -330,12 +330,12 @@ def test_hooks_killed_at_random(db_url, hook_dir, condor_config, tmp_path, monke
             store.reap(now=time.time() + 10**6)  # whatever is still handed out is stuck
         seconds = time.monotonic() - start
         sent, left = replay_all(spool_dir)
-        final = {j["id"]: j for j in store.list_jobs(include_final=True)}
+        final = {j.id: j for j in store.list_jobs(include_final=True)}
     finally:
         store.engine.dispose()
     events = _all_events(db_url)
     assert not errors, errors
-    lost = [j for j in final.values() if j["status"] not in FINAL]
+    lost = [j for j in final.values() if j.status not in FINAL]
     exits = exits_by_job(events)
     duplicates = [j for j, n in exits.items() if n > 1]
     problems = [p for j in final for p in check_history(j, events[j])]
@@ -343,9 +343,9 @@ def test_hooks_killed_at_random(db_url, hook_dir, condor_config, tmp_path, monke
     print(f"\nFAULTS: jobs={len(ids)} slots={KILL_SLOTS} faults={kills}-SIGKILLs-of-{calls}-"
           f"hook-calls({backend},window={window:.2f}s) lost={len(lost)} "
           f"duplicates={len(duplicates)} rounds={rounds} seconds={seconds:.0f}")
-    assert not lost, [(j["id"], j["status"], j["reason"]) for j in lost]
-    assert all(j["status"] == "completed" for j in final.values()), \
-        [(j["id"], j["status"], j["reason"]) for j in final.values() if j["status"] != "completed"]
+    assert not lost, [(j.id, j.status, j.reason) for j in lost]
+    assert all(j.status == "completed" for j in final.values()), \
+        [(j.id, j.status, j.reason) for j in final.values() if j.status != "completed"]
     assert exits == dict.fromkeys(final, 1)
     assert not problems, problems[:20]
     assert left == 0 and (not spool_dir.exists() or os.listdir(spool_dir) == [])
@@ -366,12 +366,12 @@ def _many_worker(url: str, slot: str, queue) -> None:  # type: ignore[no-untyped
     try:
         while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
             for event in (Event.START, Event.EXIT):
-                out = store.report(job["id"], event, token=job["token"], attempt=job["claims"],
+                out = store.report(job.id, event, token=job.token, attempt=job.claims,
                                    changes={"job_pid": 7} if event == Event.START else None,
                                    lease=600)
                 if not out.changed:
-                    raise RuntimeError(f"job {job['id']}: {event}: {out}")
-            ids.append(job["id"])
+                    raise RuntimeError(f"job {job.id}: {event}: {out}")
+            ids.append(job.id)
     except Exception as exc:
         error = f"{slot}: {type(exc).__name__}: {exc}"
     finally:

@@ -119,13 +119,13 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
                        slot=slot, host="node", keyword="JOBSTORE", claim_lease=600)
     try:
         while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
-            kw = {"token": job["token"], "attempt": job["claims"], "lease": 600}
+            kw = {"token": job.token, "attempt": job.claims, "lease": 600}
             for event, changes in ((Event.PREPARE, {}), (Event.START, {"job_pid": 4242}),
                                    (Event.EXIT, {"exit_code": 0})):
-                out = store.report(job["id"], event, changes=changes, **kw)
+                out = store.report(job.id, event, changes=changes, **kw)
                 if out.stale or not out.changed:
-                    errors.append(f"job {job['id']}: {event}: {out}")
-            ids.append(job["id"])
+                    errors.append(f"job {job.id}: {event}: {out}")
+            ids.append(job.id)
     except (DatabaseError, Exception) as exc:
         errors.append(f"{slot}: {type(exc).__name__}: {exc}")
     finally:

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
+from jobstore.core.jobs import JobSpec
 from jobstore.db.constraint import ConstraintError, matches, plan
 from jobstore.db.schema import jobs as jobs_table
-from jobstore.db.store import AUTOCLUSTER_KEY, JobStore, NewJob
+from jobstore.db.store import AUTOCLUSTER_KEY, JobStore
 from jobstore.formats import views
 
 KW = {"keyword": "JOBSTORE", "uid_domain": "localdomain"}
@@ -41,8 +42,9 @@ ROWS = [
 def _fill(store: JobStore) -> list[dict]:
     """One cluster per row, then the row's status and outcome columns set directly."""
     for owner, queue, cpus, mem, prio, status, code, sig, slot, custom in ROWS:
-        ad = {"Cmd": "/bin/true", **custom}
-        nj = NewJob(0, "/bin/true", ad, cpus, mem, 1024 * cpus, priority=prio)
+        nj = JobSpec("/bin/true", request_cpus=cpus, request_memory=mem,
+                     request_disk=1024 * cpus, priority=prio,
+                     custom={k: f'"{v}"' for k, v in custom.items()})
         _, (job_id,) = store.submit([nj], owner=owner, queue=queue, max_attempts=3)
         with store.engine.begin() as conn:
             conn.execute(
@@ -59,12 +61,12 @@ def run_constraint(store: JobStore, text: str) -> set[int]:
     found = store.list_jobs(include_final=True, where=p.where)
     if p.residual is not None:
         found = [j for j in found if matches(p.residual, views.job_ad(j, **KW))]
-    return {j["id"] for j in found}
+    return {j.id for j in found}
 
 
 def classad_truth(all_jobs: list[dict], text: str) -> set[int]:
     expr = ExprTree(text)
-    return {j["id"] for j in all_jobs if matches(expr, views.job_ad(j, **KW))}
+    return {j.id for j in all_jobs if matches(expr, views.job_ad(j, **KW))}
 
 
 # ---- random constraints over the translated attributes ----------------------------------------
@@ -157,14 +159,14 @@ def test_constraint_in_sql_equals_classad2(filled: tuple[JobStore, list[dict]], 
 
 def test_case_and_undefined_semantics(filled: tuple[JobStore, list[dict]]) -> None:
     store, all_jobs = filled
-    by_owner = {j["id"]: j["owner"] for j in all_jobs}
+    by_owner = {j.id: j.owner for j in all_jobs}
     alices = run_constraint(store, 'Owner == "ALICE"')
     assert {by_owner[i] for i in alices} == {"alice", "Alice"}
     exact = run_constraint(store, 'Owner =?= "alice"')
     assert {by_owner[i] for i in exact} == {"alice"} and len(exact) == 2
     # undefined does not match, and neither does its negation
     assert run_constraint(store, "ExitCode == 0") | run_constraint(store, "ExitCode != 0") == {
-        j["id"] for j in all_jobs if j["exit_code"] is not None
+        j.id for j in all_jobs if j.exit_code is not None
     }
     assert len(run_constraint(store, "ExitCode =?= undefined")) == 5
     assert len(run_constraint(store, "JobStatus == 2")) == 2  # accepted and running
@@ -186,7 +188,7 @@ def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[dict]])
     store, all_jobs = filled
     where = plan("RequestMemory >= 128").where
     groups = store.autoclusters(include_final=True, where=where)
-    wanted = [j for j in all_jobs if j["request_memory"] >= 128]
+    wanted = [j for j in all_jobs if j.request_memory >= 128]
     expected = views.group_jobs(wanted, AUTOCLUSTER_KEY)
 
     def key(g: dict) -> tuple:

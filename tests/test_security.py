@@ -105,7 +105,7 @@ def _accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
     job = nd.hook("fetch_job", sad, user=condor, JOBSTORE_HOOK_MODE="agent").stdout
     assert b"JobstoreJobId = %d" % job_id in job
     nd.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
-    assert js.get_job(job_id)["status"] == "accepted"
+    assert js.get_job(job_id).status == "accepted"
     return job_id, job
 
 
@@ -160,10 +160,10 @@ def test_rewritten_report_cannot_change_the_job(
     log = nd.log.read_text()
     assert "1 report(s) replayed, 0 left, 11 quarantined" in log, log
     row = store.get_job(job_id)
-    assert row["owner"] == alice.pw_name and row["user_log"] is None
-    assert row["cmd"] == "/bin/true" and row["queue"] == "default"
-    assert row["status"] == "completed"  # the genuine report, after every tampered one
-    assert store.get_job(bobs_job)["status"] == "accepted"
+    assert row.owner == alice.pw_name and row.user_log is None
+    assert row.cmd == "/bin/true" and row.queue == "default"
+    assert row.status == "completed"  # the genuine report, after every tampered one
+    assert store.get_job(bobs_job).status == "accepted"
     bad = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
     assert len(bad) == 11 and _spooled(nd) == []
     assert not Path("/root/owned.log").exists()
@@ -181,7 +181,7 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
     condor = users[SERVICE_ACCOUNT]
     env = nd.env(JOBSTORE_HOOK_MODE="agent")
     seq = run_sequence(nd.hooks, env, "slot1@node01")
-    assert seq.job_id == job_id and store.get_job(job_id)["status"] == "completed", condor
+    assert seq.job_id == job_id and store.get_job(job_id).status == "completed", condor
     role_url = libpq_url(make_url(nd.db_url).set(password="hooks-pw")
                          .render_as_string(hide_password=False))
     with psycopg.connect(role_url, autocommit=True) as conn:
@@ -223,7 +223,7 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
                           capture_output=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr
     assert b"1 report(s) sent, 0 left, 5 quarantined" in done.stdout
-    assert store.get_job(job_id)["status"] == "completed"
+    assert store.get_job(job_id).status == "completed"
     names = os.listdir(nd.spool)
     assert fifo.name not in names and link.name not in names and not os.path.islink(link)
     assert sum(n.endswith(".bad") for n in names) == 3
@@ -259,7 +259,7 @@ def test_spool_made_by_another_user_is_not_used(
     assert kept.stat().st_uid == alice.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
     nd.start()
     nd.wait_log("1 report(s) replayed")
-    assert store.get_job(job_id)["status"] == "completed"
+    assert store.get_job(job_id).status == "completed"
 
 
 # ---- 3. the hooks trust only the agent ------------------------------------------------------

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events
 from jobstore.db.store import (
     ClaimRequest,
     JobStore,
-    NewJob,
     Offer,
     UnknownJob,
     Verdict,
@@ -26,16 +26,10 @@ FAR_FUTURE = time.time() + 10 * 365 * 86400
 BIG = Offer(cpus=64, memory=1 << 20, disk=1 << 40)
 
 
-def new_job(proc_id: int = 0, **kw: Any) -> NewJob:
-    args: dict[str, Any] = dict(
-        cmd="/bin/true",
-        ad={"Cmd": "/bin/true", "Iwd": "/tmp"},
-        request_cpus=1,
-        request_memory=128,
-        request_disk=1024,
-    )
+def new_job(proc_id: int = 0, **kw: Any) -> JobSpec:
+    args: dict[str, Any] = dict(cmd="/bin/true", iwd="/tmp")
     args.update(kw)
-    return NewJob(proc_id=proc_id, **args)
+    return JobSpec(proc_id=proc_id, **args)
 
 
 def submit(store: JobStore, n: int = 1, *, max_attempts: int = 3, queue: str = "default",
@@ -60,18 +54,18 @@ def claim(store: JobStore, **kw: Any):  # type: ignore[no-untyped-def]
 
 
 def report(store: JobStore, job, event: Event, **kw: Any):  # type: ignore[no-untyped-def]
-    return store.report(job["id"], event, token=job["token"], attempt=job["claims"], **kw)
+    return store.report(job.id, event, token=job.token, attempt=job.claims, **kw)
 
 
 def assert_event_chain(store: JobStore, job_id: int, expected: list[tuple[str, str, str]]) -> None:
     """The job's state-changing events are exactly `expected` (event, from, to), chained from
     submit to the job's current status; every other event changed nothing (to_status NULL)."""
     evs = store.events(job_id)
-    changes = [(e["event"], e["from_status"], e["to_status"]) for e in evs if e["to_status"]]
+    changes = [(e.event, e.from_status, e.to_status) for e in evs if e.to_status]
     assert changes == [("submit", None, "idle"), *expected]
     for prev, cur in zip(changes, changes[1:], strict=False):
         assert cur[1] == prev[2], f"event chain broken at {cur}"
-    assert store.get_job(job_id)["status"] == changes[-1][2]
+    assert store.get_job(job_id).status == changes[-1][2]
 
 
 def rows(store: JobStore, table: sa.Table) -> list[dict]:
@@ -97,15 +91,16 @@ def test_submit_creates_cluster_jobs_and_events(store):
         "alice", "q1", 3, "/home/alice/job.sub"
     )
     found = store.find_jobs(cluster)
-    assert [j["id"] for j in found] == ids and len(set(ids)) == 3
-    assert [j["proc_id"] for j in found] == [0, 1, 2]
+    assert [j.id for j in found] == ids and len(set(ids)) == 3
+    assert [j.proc_id for j in found] == [0, 1, 2]
     for j in found:
-        assert (j["status"], j["claims"], j["attempts"], j["token"]) == ("idle", 0, 0, None)
-        assert j["owner"] == "alice" and j["queue"] == "q1"
-        assert j["ad"] == {"Cmd": "/bin/true", "Iwd": "/tmp"}
-        assert j["submitted_at"] >= t0 - 1
-    assert [j["max_attempts"] for j in found] == [4, 2, 4]  # max_retries + 1 wins
-    assert found[1]["priority"] == 5
+        assert (j.status, j.claims, j.attempts, j.token) == ("idle", 0, 0, None)
+        assert j.owner == "alice" and j.queue == "q1"
+        assert {k: j.ad[k] for k in ("Cmd", "Iwd")} == {"Cmd": "/bin/true", "Iwd": "/tmp"}
+        assert j.submitted_at >= t0 - 1
+    assert [j.ad.get("MaxRetries") for j in found] == [None, 1, None]  # the ad, from the spec
+    assert [j.max_attempts for j in found] == [4, 2, 4]  # max_retries + 1 wins
+    assert found[1].priority == 5
     assert store.find_jobs(cluster, 1) == [found[1]]
     evs = rows(store, job_events)
     got = [(e["job_id"], e["event"], e["from_status"], e["to_status"], e["attempt"]) for e in evs]
@@ -133,11 +128,11 @@ def test_claim_order_is_priority_then_age(store):
     other = submit(store, 1, priority=100, queue="other")
     got = []
     while (job := claim(store)) is not None:
-        assert job["status"] == "fetched"
-        got.append(job["id"])
+        assert job.status == "fetched"
+        got.append(job.id)
     assert got == [*b, *d, *a, *c]
-    assert store.get_job(other[0])["status"] == "idle"
-    assert claim(store, queue="other")["id"] == other[0]
+    assert store.get_job(other[0]).status == "idle"
+    assert claim(store, queue="other").id == other[0]
 
 
 def test_claim_pages_through_candidates(store):
@@ -147,11 +142,11 @@ def test_claim_pages_through_candidates(store):
     seen: list[int] = []
 
     def judge(row):  # type: ignore[no-untyped-def]
-        seen.append(row["id"])
-        return Verdict(take=row["id"] == order[7])
+        seen.append(row.id)
+        return Verdict(take=row.id == order[7])
 
     job = store.claim(request(batch=3), judge)
-    assert job["id"] == order[7]
+    assert job.id == order[7]
     assert seen == order[:8]
 
 
@@ -160,7 +155,7 @@ def test_claim_scan_limit_bounds_the_judged_candidates(store):
     seen: list[int] = []
 
     def judge(row):  # type: ignore[no-untyped-def]
-        seen.append(row["id"])
+        seen.append(row.id)
         return Verdict()
 
     assert store.claim(request(batch=3, scan_limit=5), judge) is None
@@ -188,23 +183,23 @@ def test_claim_resource_prefilter(store, offer, fits):
     judged: set[int] = set()
 
     def judge(row):  # type: ignore[no-untyped-def]
-        judged.add(row["id"])
+        judged.add(row.id)
         return Verdict(take=True)
 
     claimed = set()
     while (job := store.claim(request(offer), judge)) is not None:
-        claimed.add(job["id"])
+        claimed.add(job.id)
     assert claimed == judged == {by_name[n] for n in fits}
     for name, job_id in by_name.items():
-        assert store.get_job(job_id)["status"] == ("fetched" if name in fits else "idle")
+        assert store.get_job(job_id).status == ("fetched" if name in fits else "idle")
 
 
 def test_claim_judge_skips(store):
     first, second = submit(store, 2)
-    job = store.claim(request(), lambda row: Verdict(take=row["id"] != first))
-    assert job["id"] == second
+    job = store.claim(request(), lambda row: Verdict(take=row.id != first))
+    assert job.id == second
     skipped = store.get_job(first)
-    assert (skipped["status"], skipped["claims"], skipped["reason"]) == ("idle", 0, None)
+    assert (skipped.status, skipped.claims, skipped.reason) == ("idle", 0, None)
     assert len(store.events(first)) == 1  # only submit
     assert store.claim(request(), lambda row: Verdict()) is None
 
@@ -213,19 +208,19 @@ def test_claim_judge_holds(store):
     first, second = submit(store, 2)
 
     def judge(row):  # type: ignore[no-untyped-def]
-        if row["id"] == first:
+        if row.id == first:
             return Verdict(hold_reason="jobs may not run as root")
         return Verdict(take=True)
 
     job = store.claim(request(slot="slot3@node"), judge)
-    assert job["id"] == second
+    assert job.id == second
     held = store.get_job(first)
-    assert held["status"] == "held"
-    assert held["reason"] == "jobs may not run as root"
-    assert held["claims"] == 0 and held["token"] is None
+    assert held.status == "held"
+    assert held.reason == "jobs may not run as root"
+    assert held.claims == 0 and held.token is None
     ev = store.events(first)[-1]
-    assert (ev["event"], ev["from_status"], ev["to_status"]) == ("hold", "idle", "held")
-    assert ev["reason"] == "jobs may not run as root" and ev["slot"] == "slot3@node"
+    assert (ev.event, ev.from_status, ev.to_status) == ("hold", "idle", "held")
+    assert ev.reason == "jobs may not run as root" and ev.slot == "slot3@node"
     assert_event_chain(store, first, [("hold", "idle", "held")])
     # a held job is never claimed
     assert claim(store) is None
@@ -237,7 +232,7 @@ def test_claim_without_idle_jobs_returns_none(store):
     store.admin(job_id, Event.HOLD, "admin")
     assert claim(store) is None
     store.admin(job_id, Event.RELEASE)
-    assert claim(store)["id"] == job_id
+    assert claim(store).id == job_id
     assert claim(store) is None
 
 
@@ -246,13 +241,13 @@ def test_claim_sets_attempt_token_and_lease(store):
     t0 = time.time()
     job = claim(store, slot="slot7@node")
     stored = store.get_job(job_id)
-    assert job["token"] == stored["token"] and len(job["token"]) == 32
-    assert job["claims"] == stored["claims"] == 1
-    assert stored["attempts"] == 0
-    assert (stored["slot"], stored["host"], stored["keyword"]) == ("slot7@node", "node", "JOBSTORE")
-    assert t0 + 119 <= stored["lease_expires_at"] <= time.time() + 121
+    assert job.token == stored.token and len(job.token) == 32
+    assert job.claims == stored.claims == 1
+    assert stored.attempts == 0
+    assert (stored.slot, stored.host, stored.keyword) == ("slot7@node", "node", "JOBSTORE")
+    assert t0 + 119 <= stored.lease_expires_at <= time.time() + 121
     ev = store.events(job_id)[-1]
-    assert (ev["event"], ev["from_status"], ev["to_status"], ev["attempt"], ev["slot"]) == (
+    assert (ev.event, ev.from_status, ev.to_status, ev.attempt, ev.slot) == (
         "fetch", "idle", "fetched", 1, "slot7@node"
     )
 
@@ -265,19 +260,19 @@ def test_report_with_the_right_token(store):
     job = claim(store)
     out = report(store, job, Event.ACCEPT, lease=900, slot="slot1@node")
     assert (out.before, out.after, out.changed, out.stale) == ("fetched", "accepted", True, False)
-    assert store.get_job(job_id)["lease_expires_at"] > time.time() + 800
+    assert store.get_job(job_id).lease_expires_at > time.time() + 800
     out = report(store, job, Event.START, changes={"job_pid": 4242}, attrs={"JobPid": 4242})
     assert out.after == "running"
     stored = store.get_job(job_id)
-    assert stored["job_pid"] == 4242 and stored["started_at"] is not None
+    assert stored.job_pid == 4242 and stored.started_at is not None
     out = report(store, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False})
     assert out.after == "completed"
     stored = store.get_job(job_id)
-    assert stored["token"] is None and stored["lease_expires_at"] is None
-    assert stored["finished_at"] is not None and stored["exit_code"] == 0
+    assert stored.token is None and stored.lease_expires_at is None
+    assert stored.finished_at is not None and stored.exit_code == 0
     ev = store.events(job_id)
-    assert ev[3]["attrs"] == {"JobPid": 4242}
-    assert [(e["event"], e["attempt"]) for e in ev] == [
+    assert ev[3].attrs == {"JobPid": 4242}
+    assert [(e.event, e.attempt) for e in ev] == [
         ("submit", 0), ("fetch", 1), ("accept", 1), ("start", 1), ("exit", 1)
     ]
     assert_event_chain(store, job_id, [
@@ -288,13 +283,13 @@ def test_report_with_the_right_token(store):
 
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]
     assert out.stale and not out.changed
-    assert out.before == out.after == before_row["status"]
+    assert out.before == out.after == before_row.status
     assert store.get_job(job_id) == before_row  # nothing changed
     evs = store.events(job_id)
     assert len(evs) == n_events_before + 1
-    assert evs[-1]["to_status"] is None
-    assert evs[-1]["from_status"] == before_row["status"]
-    assert evs[-1]["reason"].startswith("stale: ")
+    assert evs[-1].to_status is None
+    assert evs[-1].from_status == before_row.status
+    assert evs[-1].reason.startswith("stale: ")
 
 
 @pytest.mark.parametrize("event", [Event.ACCEPT, Event.START, Event.EXIT, Event.HOOK_REMOVE])
@@ -302,13 +297,13 @@ def test_report_with_a_wrong_token_is_stale(store, event):
     (job_id,) = submit(store)
     job = claim(store)
     before, n = store.get_job(job_id), len(store.events(job_id))
-    out = store.report(job_id, event, token="0" * 32, attempt=job["claims"],
+    out = store.report(job_id, event, token="0" * 32, attempt=job.claims,
                        changes={"exit_code": 9, "job_pid": 1})
     _stale_check(store, job_id, before, out, n)
     # no token at all, and the right token with the wrong attempt number: also stale
-    out = store.report(job_id, event, token=None, attempt=job["claims"])
+    out = store.report(job_id, event, token=None, attempt=job.claims)
     _stale_check(store, job_id, before, out, n + 1)
-    out = store.report(job_id, event, token=job["token"], attempt=job["claims"] + 1)
+    out = store.report(job_id, event, token=job.token, attempt=job.claims + 1)
     _stale_check(store, job_id, before, out, n + 2)
 
 
@@ -317,13 +312,13 @@ def test_report_from_an_old_attempt_is_stale(store):
     old = claim(store)
     assert report(store, old, Event.REJECT).after == "idle"
     new = claim(store)
-    assert new["claims"] == 2 and new["token"] != old["token"]
+    assert new.claims == 2 and new.token != old.token
     before, n = store.get_job(job_id), len(store.events(job_id))
     for event in (Event.ACCEPT, Event.PREPARE, Event.EXIT, Event.EVICT):
         out = report(store, old, event, changes={"exit_code": 3})
         _stale_check(store, job_id, before, out, n)
         n += 1
-    assert store.events(job_id)[-1]["attempt"] == 1
+    assert store.events(job_id)[-1].attempt == 1
     assert report(store, new, Event.ACCEPT).after == "accepted"
 
 
@@ -331,16 +326,16 @@ def test_reject_does_not_count_an_attempt(store):
     (job_id,) = submit(store, max_attempts=1)
     for n in (1, 2, 3):
         job = claim(store)
-        assert job["claims"] == n
+        assert job.claims == n
         out = report(store, job, Event.REJECT if n % 2 else Event.CLAIM_EVICTED)
         assert out.after == "idle"
         stored = store.get_job(job_id)
-        assert (stored["attempts"], stored["token"], stored["lease_expires_at"]) == (0, None, None)
+        assert (stored.attempts, stored.token, stored.lease_expires_at) == (0, None, None)
     # whereas an evict does count, and with max_attempts=1 the job fails
     job = claim(store)
     out = report(store, job, Event.EVICT)
     assert out.after == "failed"
-    assert store.get_job(job_id)["attempts"] == 1
+    assert store.get_job(job_id).attempts == 1
 
 
 def test_evict_requeues_and_counts(store):
@@ -350,13 +345,13 @@ def test_evict_requeues_and_counts(store):
     out = report(store, job, Event.EVICT)
     assert out.after == "idle"
     stored = store.get_job(job_id)
-    assert stored["attempts"] == 1 and "attempt 1 of 2 used" in stored["reason"]
+    assert stored.attempts == 1 and "attempt 1 of 2 used" in stored.reason
     job = claim(store)
-    assert job["reason"] is None and store.get_job(job_id)["reason"] is None
+    assert job.reason is None and store.get_job(job_id).reason is None
     assert report(store, job, Event.EVICT).after == "failed"
     failed = store.get_job(job_id)
-    assert failed["attempts"] == 2 and "all 2 attempts used" in failed["reason"]
-    assert failed["finished_at"] is not None
+    assert failed.attempts == 2 and "all 2 attempts used" in failed.reason
+    assert failed.finished_at is not None
 
 
 def test_exit_policy_through_the_store(store):
@@ -370,7 +365,7 @@ def test_exit_policy_through_the_store(store):
     job = claim(store)
     out = report(store, job, Event.EXIT, exit_policy=lambda row: (False, False))
     assert out.after == "completed"
-    assert store.get_job(other)["attempts"] == 0
+    assert store.get_job(other).attempts == 0
 
 
 def test_second_job_exit_is_harmless(store):
@@ -383,24 +378,24 @@ def test_second_job_exit_is_harmless(store):
     _stale_check(store, job_id, before, out, n)
     out = report(store, job, Event.EVICT)
     _stale_check(store, job_id, before, out, n + 1)
-    assert store.get_job(job_id)["exit_code"] == 0
+    assert store.get_job(job_id).exit_code == 0
 
 
 def test_accept_after_prepare_or_start_is_harmless(store):
     (job_id,) = submit(store)
     job = claim(store)
     assert report(store, job, Event.PREPARE, lease=900).after == "accepted"
-    lease = store.get_job(job_id)["lease_expires_at"]
+    lease = store.get_job(job_id).lease_expires_at
     out = report(store, job, Event.ACCEPT, lease=120)  # the late REPLY_FETCH accept
     assert (out.before, out.after, out.changed, out.stale) == ("accepted", "accepted", False, False)
-    assert store.get_job(job_id)["lease_expires_at"] == lease  # the short lease did not win
+    assert store.get_job(job_id).lease_expires_at == lease  # the short lease did not win
     assert report(store, job, Event.START, lease=900).after == "running"
     before = store.get_job(job_id)
     out = report(store, job, Event.ACCEPT, lease=120)
     assert (out.after, out.changed) == ("running", False)
     assert store.get_job(job_id) == before
-    ignored = [e for e in store.events(job_id) if e["to_status"] is None]
-    assert [(e["event"], e["from_status"]) for e in ignored] == [
+    ignored = [e for e in store.events(job_id) if e.to_status is None]
+    assert [(e.event, e.from_status) for e in ignored] == [
         ("accept", "accepted"), ("accept", "running")
     ]
     assert report(store, job, Event.EXIT).after == "completed"
@@ -421,19 +416,19 @@ def test_reap_requeues_expired_leases_then_fails(store):
     out = store.reap(now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
     stored = store.get_job(job_id)
-    assert (stored["status"], stored["attempts"], stored["token"]) == ("idle", 1, None)
-    assert "lease of attempt 1 expired" in stored["reason"]
+    assert (stored.status, stored.attempts, stored.token) == ("idle", 1, None)
+    assert "lease of attempt 1 expired" in stored.reason
     # the old attempt's late report is stale
     assert report(store, first, Event.ACCEPT).stale
     second = claim(store)
-    assert second["id"] == job_id and second["claims"] == 2
+    assert second.id == job_id and second.claims == 2
     report(store, second, Event.START)
     out = store.reap(now=FAR_FUTURE)
     assert [(o.before, o.after) for o in out] == [("running", "failed")]
     failed = store.get_job(job_id)
-    assert failed["attempts"] == 2 and "all 2 attempts used" in failed["reason"]
+    assert failed.attempts == 2 and "all 2 attempts used" in failed.reason
     assert store.reap(now=FAR_FUTURE) == []
-    assert store.get_job(untouched)["status"] == "idle"
+    assert store.get_job(untouched).status == "idle"
     assert_event_chain(store, job_id, [
         ("fetch", "idle", "fetched"), ("lease_expired", "fetched", "idle"),
         ("fetch", "idle", "fetched"), ("start", "fetched", "running"),
@@ -457,13 +452,13 @@ def test_admin_hold_release_rm(store):
     a, b = submit(store, 2)
     out = store.admin(a, Event.HOLD, "wait for input")
     assert (out.before, out.after, out.changed) == ("idle", "held", True)
-    assert store.get_job(a)["reason"] == "wait for input"
+    assert store.get_job(a).reason == "wait for input"
     assert store.admin(a, Event.HOLD).changed is False  # already held
     assert store.admin(a, Event.RELEASE).after == "idle"
     assert store.admin(a, Event.RELEASE).changed is False
     assert store.admin(a, Event.REMOVE).after == "removed"
     removed = store.get_job(a)
-    assert removed["finished_at"] is not None
+    assert removed.finished_at is not None
     n = len(store.events(a))
     for event in (Event.HOLD, Event.RELEASE, Event.REMOVE):
         assert store.admin(a, event).changed is False
@@ -473,15 +468,15 @@ def test_admin_hold_release_rm(store):
     ])
     # hold of a running job voids its attempt: the starter's reports become stale
     job = claim(store)
-    assert job["id"] == b
+    assert job.id == b
     report(store, job, Event.START)
     assert store.admin(b, Event.HOLD, "admin hold").after == "held"
     held = store.get_job(b)
-    assert (held["token"], held["lease_expires_at"], held["attempts"]) == (None, None, 0)
+    assert (held.token, held.lease_expires_at, held.attempts) == (None, None, 0)
     assert report(store, job, Event.EXIT).stale
     assert store.admin(b, Event.REMOVE).after == "removed"
     assert store.list_jobs() == []
-    assert {j["id"] for j in store.list_jobs(final_only=True)} == {a, b}
+    assert {j.id for j in store.list_jobs(final_only=True)} == {a, b}
 
 
 def test_every_state_change_has_exactly_one_event(store):
@@ -497,8 +492,8 @@ def test_every_state_change_has_exactly_one_event(store):
 
     jobs_ = {}
     while (job := claim(store)) is not None:
-        changed[job["id"]] += 1
-        jobs_[job["id"]] = job
+        changed[job.id] += 1
+        jobs_[job.id] = job
     j = [jobs_[i] for i in ids]
     note(report(store, j[0], Event.ACCEPT))
     note(report(store, j[0], Event.ACCEPT))
@@ -519,13 +514,13 @@ def test_every_state_change_has_exactly_one_event(store):
     note(store.admin(ids[5], Event.REMOVE))
     for job_id in ids:
         evs = store.events(job_id)
-        chain = [e for e in evs if e["to_status"] is not None]
+        chain = [e for e in evs if e.to_status is not None]
         assert len(chain) == changed[job_id]
-        assert chain[0]["event"] == "submit" and chain[0]["from_status"] is None
+        assert chain[0].event == "submit" and chain[0].from_status is None
         for prev, cur in zip(chain, chain[1:], strict=False):
-            assert cur["from_status"] == prev["to_status"]
-        assert chain[-1]["to_status"] == store.get_job(job_id)["status"]
-    assert [store.get_job(i)["status"] for i in ids] == [
+            assert cur.from_status == prev.to_status
+        assert chain[-1].to_status == store.get_job(job_id).status
+    assert [store.get_job(i).status for i in ids] == [
         "completed", "idle", "idle", "removed", "idle", "removed"
     ]
 
@@ -570,7 +565,7 @@ def _capture_claim_select(store: JobStore) -> tuple[str, Any]:
         job = claim(store, offer=Offer(cpus=1, memory=1024, disk=4096))
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", listener)
-    assert job is not None and job["status"] == "fetched"
+    assert job is not None and job.status == "fetched"
     assert len(captured) == 1
     return captured[0]
 

@@ -1,4 +1,4 @@
-"""Tests for jobstore.submit.language: submit descriptions and plain ClassAd files -> JobSpec."""
+"""Tests for jobstore.submit: submit descriptions and plain ClassAd files -> JobSpec."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobstore.submit.language import (
+from jobstore.core.jobs import JobSpec
+from jobstore.submit import (
     MAX_PROCS,
-    JobSpec,
     SubmitError,
     load_jobs,
     parse_classad_file,

@@ -28,12 +28,11 @@ import sqlalchemy as sa
 from conftest import TRANSCRIPTS
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
 
-from jobstore.api.submission import specs_to_new_jobs
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Status
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
-from jobstore.submit.language import JobSpec
 
 IDENTITY = ("JobstoreAttempt", "JobstoreJobId", "JobstoreToken")
 REQUIRED_ATTRS = (
@@ -188,13 +187,13 @@ def dump(store: JobStore) -> tuple[list[tuple], list[tuple]]:
 def check_event_chain(store: JobStore, job_id: int) -> list[dict]:
     events = store.events(job_id)
     assert events, f"job {job_id} has no events"
-    assert events[0]["event"] == "submit" and events[0]["from_status"] is None
+    assert events[0].event == "submit" and events[0].from_status is None
     current = None
     for ev in events:
-        assert ev["from_status"] == current, (job_id, ev, current)
-        if ev["to_status"] is not None:
-            current = ev["to_status"]
-    assert current == store.get_job(job_id)["status"]
+        assert ev.from_status == current, (job_id, ev, current)
+        if ev.to_status is not None:
+            current = ev.to_status
+    assert current == store.get_job(job_id).status
     return events
 
 
@@ -218,7 +217,7 @@ def submit_like(store: JobStore, ad: classad2.ClassAd, owner: str = "alice") -> 
         custom=custom,
         **spec_kw,
     )
-    _, ids = store.submit(specs_to_new_jobs([spec]), owner=owner, queue="default", max_attempts=5)
+    _, ids = store.submit([spec], owner=owner, queue="default", max_attempts=5)
     return ids[0]
 
 
@@ -306,13 +305,13 @@ class Replay:
         ad = check_fetched_ad(result.stdout)
         assert ad.eval("JobstoreJobId") == expect_job
         job = self.store.get_job(expect_job)
-        assert job["status"] == "fetched"
-        assert ad.eval("JobstoreAttempt") == job["claims"]
-        assert ad.eval("JobstoreToken") == job["token"]
+        assert job.status == "fetched"
+        assert ad.eval("JobstoreAttempt") == job.claims
+        assert ad.eval("JobstoreToken") == job.token
         self.identity[expect_job] = [
             ln for ln in result.stdout.split(b"\n") if ln.split(b" = ")[0].decode() in IDENTITY
         ]
-        self.secrets.append(job["token"].encode())
+        self.secrets.append(job.token.encode())
 
     def report(self, call: Call, job_id: int) -> HookResult:
         stdin = insert_identity(
@@ -329,8 +328,8 @@ class Replay:
         kind = call.argv[0] if call.argv else None
         if call.hook == "update_job_info" and re.search(rb"^JobPid = [1-9]", stdin, re.M):
             kind = "pid"
-        expected = STATUS_AFTER[(call.hook, kind)].get(before["status"], before["status"])
-        assert after["status"] == expected, (call.number, before["status"], after["status"])
+        expected = STATUS_AFTER[(call.hook, kind)].get(before.status, before.status)
+        assert after.status == expected, (call.number, before.status, after.status)
         return result
 
 
@@ -350,9 +349,9 @@ def fits(job: dict, slot_stdin: bytes) -> bool:
         return int(m.group(1)) if m else 0
 
     return (
-        job["request_cpus"] <= num(b"Cpus")
-        and job["request_memory"] <= num(b"Memory")
-        and job["request_disk"] <= num(b"Disk")
+        job.request_cpus <= num(b"Cpus")
+        and job.request_memory <= num(b"Memory")
+        and job.request_disk <= num(b"Disk")
     )
 
 
@@ -384,7 +383,7 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
             if job_id is not None and (busy(call.stdin) or not fits(store.get_job(job_id),
                                                                       call.stdin)):
                 expect = None
-            if job_id is not None and store.get_job(job_id)["status"] != "idle":
+            if job_id is not None and store.get_job(job_id).status != "idle":
                 expect = None
             r.fetch(call, call.stdin, expect)
             if job_id is not None and expect is None and busy(call.stdin):
@@ -424,7 +423,7 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
                 assert res.returncode == 0
                 assert store.get_job(job_id) == row
                 last = store.events(job_id)[-1]
-                assert last["event"] == "accept" and last["to_status"] is None
+                assert last.event == "accept" and last.to_status is None
         if call.hook == "job_exit" and not second_exit_done:
             second_exit_done = True
             row = store.get_job(job_id)
@@ -433,7 +432,7 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
             assert res.returncode == 0 and res.stdout == b"" and res.stderr == b""
             assert store.get_job(job_id) == row
             last = store.events(job_id)[-1]
-            assert last["to_status"] is None and last["reason"].startswith("stale"), last
+            assert last.to_status is None and last.reason.startswith("stale"), last
 
     # The unmodified recorded stdin names no job of ours: every hook leaves it alone (one call
     # per hook, argv and job of the scenario, to keep the number of processes down).
@@ -456,16 +455,16 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
         reap = want.pop("reap", False)
         job = store.get_job(job_id)
         for key, value in want.items():
-            assert job[key] == value, (folder.name, cluster, key, job[key], value)
+            assert getattr(job, key) == value, (folder.name, cluster, key, getattr(job, key), value)
         if reap:
-            assert job["attempts"] == 0
+            assert job.attempts == 0
             assert store.reap(now=time.time() - 1) == []  # the lease has not run out yet
-            assert store.get_job(job_id)["status"] == "accepted"
+            assert store.get_job(job_id).status == "accepted"
             outcomes = store.reap(now=time.time() + 10_000)
             assert [o.job_id for o in outcomes] == [job_id]
             job = store.get_job(job_id)
-            assert job["status"] == "idle" and job["attempts"] == 1
-            assert job["token"] is None
+            assert job.status == "idle" and job.attempts == 1
+            assert job.token is None
         check_event_chain(store, job_id)
         assert by_job[job_id] == cluster
 
@@ -507,11 +506,11 @@ def test_root_job_is_held_not_fetched(store: JobStore, hook_dir: Path, env_for) 
     assert result.stdout == b""
     no_traceback(result.stderr)
     job = store.get_job(job_id)
-    assert job["status"] == Status.HELD.value
-    assert job["reason"] and "root" in job["reason"]
-    assert job["claims"] == 0 and job["token"] is None
+    assert job.status == Status.HELD.value
+    assert job.reason and "root" in job.reason
+    assert job.claims == 0 and job.token is None
     events = check_event_chain(store, job_id)
-    assert [e["event"] for e in events] == ["submit", "hold"]
+    assert [e.event for e in events] == ["submit", "hold"]
     # Held stays held: the next fetch neither hands it out nor touches it.
     before = dump(store)
     result = run_hook(hook_dir, "fetch_job", slot, env=env_for())

@@ -29,8 +29,9 @@ from jobstore.agent.protocol import (
     encode,
 )
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
 from jobstore.db.engine import upgrade
-from jobstore.db.store import JobStore, NewJob
+from jobstore.db.store import JobStore
 from jobstore.errors import NotOwner, UnknownJob
 from jobstore.node import spool
 from jobstore.node.handlers import send_record, store_identity
@@ -148,8 +149,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[st
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'jobstore.db'}"
     upgrade(url)
     s = JobStore.from_url(url)
-    s.submit([NewJob(proc_id=0, cmd="/bin/true", ad={"Cmd": "/bin/true"}, request_cpus=1,
-                     request_memory=64, request_disk=1024)], owner=ME, queue="default",
+    s.submit([JobSpec(cmd="/bin/true", request_memory=64)], owner=ME, queue="default",
              max_attempts=1_000_000)
     req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
                        slot="slot1@node01", host="node01", keyword="JOBSTORE", claim_lease=600)
@@ -169,16 +169,16 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
     as a replay: the job's decided columns never change; a refusal is all that can come back."""
     s, job, url = claimed
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
-    base = genuine(job["id"], job["token"], job["claims"], store_identity(url))
+    base = genuine(job.id, job.token, job.claims, store_identity(url))
     record = data.draw(mutated(base))
     other = 0 if os.geteuid() else 65534  # root, or nobody: not the owner either way
     writer = Caller(data.draw(st.sampled_from([os.geteuid(), other])))
-    before = {k: s.get_job(job["id"])[k] for k in PROTECTED}
+    before = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}
     try:
         send_record(record, writer)
     except (BadReport, NotOwner, NotMine, UnknownJob):
         pass
-    after = {k: s.get_job(job["id"])[k] for k in PROTECTED}
+    after = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}
     assert after == before
 
 

@@ -17,9 +17,10 @@ import pytest
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.api.submission import submit_path
 from jobstore.cli.demo import write_node_config
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
-from jobstore.db.store import JobStore, NewJob
+from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.formats.userlog import LogEvent, aborted_body, evicted_body, log_events
 from jobstore.node import config
@@ -95,7 +96,7 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
     cluster, ids = submit_path(
         store, sub / "jobs.sub", settings, owner=owner.pw_name if owner else None
     )
-    assert {j["user_log"] for j in store.find_jobs(cluster)} == {str(run / "jobs.log")}
+    assert {j.user_log for j in store.find_jobs(cluster)} == {str(run / "jobs.log")}
     store.admin(ids[4], Event.HOLD, "held for the test")
     store.admin(ids[4], Event.RELEASE, "released for the test")
     store.admin(ids[5], Event.REMOVE, "removed for the test")
@@ -116,14 +117,14 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
 
     def until() -> bool:
         job = store.get_job(ids[3])
-        if not vacated and job["status"] == "running":  # evict proc 3 once it really runs
-            vacated.append(job["slot"])
-            emulator.vacate(job["slot"])
+        if not vacated and job.status == "running":  # evict proc 3 once it really runs
+            vacated.append(job.slot)
+            emulator.vacate(job.slot)
         return not store.list_jobs()
 
     emulator.run(until=until, timeout=240, wait_for_jobs=True)
     assert vacated and not store.list_jobs(), [
-        (j["proc_id"], j["status"], j["reason"], j["exit_code"])
+        (j.proc_id, j.status, j.reason, j.exit_code)
         for j in store.list_jobs(include_final=True)
     ]
 
@@ -228,11 +229,11 @@ def test_concurrent_appends_keep_every_event_whole(tmp_path: Path) -> None:
 
 def test_unwritable_log_never_affects_the_transition(store: JobStore, tmp_path: Path) -> None:
     bad = tmp_path / "missing-dir" / "job.log"
-    nj = NewJob(0, "/bin/true", {}, 1, 1, 1, user_log=str(bad))
+    nj = JobSpec("/bin/true", request_memory=1, request_disk=1, user_log=str(bad))
     _, (job_id,) = store.submit([nj], owner="nobody", queue="q", max_attempts=1)
     assert store.admin(job_id, Event.REMOVE).after == "removed"
     assert not bad.exists()
-    assert [e["event"] for e in store.events(job_id)] == ["submit", "remove"]
+    assert [e.event for e in store.events(job_id)] == ["submit", "remove"]
 
 
 def test_log_event_text_is_what_a_schedd_writes() -> None:

@@ -88,7 +88,7 @@ class Watcher:
 
 
 def db_events(store: JobStore, job_ids: list[int], after: int = 0) -> list[dict]:
-    return [e for j in job_ids for e in store.events(j, after_id=after)]
+    return [e.to_json() for j in job_ids for e in store.events(j, after_id=after)]
 
 
 def check_stream(records: list[dict], expected: list[dict]) -> None:
@@ -139,7 +139,7 @@ def test_hook_run_seen_in_order_exactly_once(db_url, hook_dir, condor_config, tm
     store = JobStore.from_url(url)
     try:
         [job] = submit_jobs(store, 1, ordinary_owner())
-        cluster = store.get_job(job)["cluster_id"]
+        cluster = store.get_job(job).cluster_id
         since = store.last_event_id()
         w = _start(url, extra, str(cluster), "--until-done", "--since", str(since))
         env = hook_env(url, condor_config, JOBSTORE_SPOOL=str(tmp_path / "spool"))
@@ -163,7 +163,7 @@ def test_burst_complete_no_duplicates(watch_db):
     store = JobStore.from_url(url)
     try:
         jobs = submit_jobs(store, 4, ordinary_owner())
-        cluster = store.get_job(jobs[0])["cluster_id"]
+        cluster = store.get_job(jobs[0]).cluster_id
         since = store.last_event_id()
         w = _start(url, extra, str(cluster), "--until-done", "--since", str(since))
         errors: list[BaseException] = []
@@ -204,7 +204,7 @@ def test_since_replays_history_then_follows(db_url):
     store = JobStore.from_url(db_url)
     try:
         [job] = submit_jobs(store, 1, ordinary_owner())
-        cluster = store.get_job(job)["cluster_id"]
+        cluster = store.get_job(job).cluster_id
         store.admin(job, Event.HOLD)
         store.admin(job, Event.RELEASE)
         w = Watcher(db_url, f"{cluster}.0", "--until-done", "--since", "0")
@@ -226,10 +226,10 @@ def test_since_replays_history_then_follows(db_url):
 def _run(store: JobStore, job: int, event: Event, exit_code: int = 0) -> None:
     req = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n", host="n",
                        keyword="JOBSTORE", claim_lease=60)
-    claimed = store.claim(req, lambda row: Verdict(take=row["id"] == job))
-    assert claimed is not None and claimed["id"] == job
+    claimed = store.claim(req, lambda row: Verdict(take=row.id == job))
+    assert claimed is not None and claimed.id == job
     attrs = {"ExitCode": exit_code, "ExitBySignal": False}
-    store.report(job, event, token=claimed["token"], attempt=claimed["claims"],
+    store.report(job, event, token=claimed.token, attempt=claimed.claims,
                  changes={"exit_code": exit_code, "exit_by_signal": False},
                  exit_policy=lambda row: exit_verdict(row, attrs))
 
@@ -245,9 +245,9 @@ def test_until_done_exit_status(sqlite_url):
         _run(store, bad_code, Event.EXIT, 3)
         store.admin(removed, Event.REMOVE)
         _run(store, failed, Event.EVICT)
-        c = {j: str(store.get_job(j)["cluster_id"]) for j in (ok, bad_code, removed, failed)}
-        assert store.get_job(bad_code)["status"] == "completed"
-        assert store.get_job(failed)["status"] == "failed"
+        c = {j: str(store.get_job(j).cluster_id) for j in (ok, bad_code, removed, failed)}
+        assert store.get_job(bad_code).status == "completed"
+        assert store.get_job(failed).status == "failed"
 
         def status(*jobs: int) -> tuple[int, list[dict]]:
             return Watcher(sqlite_url, "--until-done", *(c[j] for j in jobs)).finish()
@@ -291,13 +291,13 @@ def test_api_iterator_filters_and_callback(db_url):
         assert [r.event for r in got] == ["hold", "remove", "finished"]
         assert got[2].status == "removed" and not got[2].succeeded
         # a status filter and a time: only transitions into `held`, from a minute ago
-        with subscribe(db_url, jobs=[f"{store.get_job(b)['cluster_id']}"], statuses=["held"],
+        with subscribe(db_url, jobs=[f"{store.get_job(b).cluster_id}"], statuses=["held"],
                        since=datetime.fromtimestamp(time.time() - 60)) as sub:
             first = next(iter(sub))
         assert (first.job_id, first.event, first.to_status) == (b, "hold", "held")
         # the callback form, live
         seen: list = []
-        sub = watch(db_url, seen.append, jobs=[str(store.get_job(b)["cluster_id"])],
+        sub = watch(db_url, seen.append, jobs=[str(store.get_job(b).cluster_id)],
                     until_done=True, poll=True, interval=0.1)
         store.admin(b, Event.REMOVE)
         assert sub.join(TIMEOUT), "the watch thread did not end"
@@ -316,7 +316,7 @@ def test_postgres_restart_mid_watch(private_pg):  # noqa: F811 - the imported fi
     store = JobStore.from_url(url)
     try:
         jobs = submit_jobs(store, 2, ordinary_owner())
-        cluster = store.get_job(jobs[0])["cluster_id"]
+        cluster = store.get_job(jobs[0]).cluster_id
         since = store.last_event_id()
         w = Watcher(url, str(cluster), "--until-done", "--since", str(since))
         w.wait_listening()
@@ -362,11 +362,11 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
             assert a < b
             u.commit()
             first, _ = follower.read()
-            assert [r["id"] for r in first] == [b]
+            assert [r.event.id for r in first] == [b]
             again, _ = follower.read()  # T still runs: its id must stay a gap
             assert again == [] and a in follower.gaps
             t.commit()
         late, _ = follower.read()
-        assert [r["id"] for r in late] == [a]
+        assert [r.event.id for r in late] == [a]
     finally:
         store.engine.dispose()

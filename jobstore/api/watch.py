@@ -27,11 +27,12 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from jobstore.core.jobs import FeedEvent, Job, JobEvent, parse_job_id
 from jobstore.core.states import FINAL, Status
 from jobstore.db.engine import make_engine
 from jobstore.db.store import NOTIFY_CHANNEL, JobStore
@@ -48,54 +49,9 @@ __all__ = [
     "parse_job_id",
 ]
 
-Row = Mapping[str, Any]
 WINDOW = 1000  # PostgreSQL: ids below the start that are re-checked for late commits
 BATCH = 1000
 MAX_GAP_RANGES = 100
-
-
-@dataclass(frozen=True)
-class JobEvent:
-    """One row of job_events: a transition (or a recorded report that changed nothing)."""
-
-    id: int
-    job_id: int
-    cluster: int
-    proc: int
-    time: float
-    event: str
-    from_status: str | None
-    to_status: str | None
-    attempt: int | None
-    slot: str | None
-    host: str | None
-    reason: str | None
-    attrs: dict[str, Any] | None
-
-    @property
-    def job(self) -> str:
-        return f"{self.cluster}.{self.proc}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, **asdict(self)}
-
-    @classmethod
-    def from_row(cls, r: Row) -> JobEvent:
-        return cls(
-            id=r["id"],
-            job_id=r["job_id"],
-            cluster=r["cluster_id"],
-            proc=r["proc_id"],
-            time=r["time"],
-            event=r["event"],
-            from_status=r["from_status"],
-            to_status=r["to_status"],
-            attempt=r["attempt"],
-            slot=r["slot"],
-            host=r["host"],
-            reason=r["reason"],
-            attrs=r["attrs"],
-        )
 
 
 @dataclass(frozen=True)
@@ -126,36 +82,41 @@ class JobFinished:
         return {"job": self.job, **asdict(self)}
 
     @classmethod
-    def from_job(cls, j: Row, *, event_id: int | None, when: float | None) -> JobFinished:
-        """From a job row (or an event row carrying the job's columns, see store.event_feed)."""
-        status = j.get("job_status") or j["status"]
-        by_signal = bool(j["exit_by_signal"])
+    def from_job(cls, job: Job) -> JobFinished:
+        """Of a job that had finished before the watch began."""
+        return cls._of(job.id, job.cluster_id, job.proc_id, job.status, job, job.reason,
+                       when=job.finished_at, event_id=None)
+
+    @classmethod
+    def from_feed(cls, feed: FeedEvent) -> JobFinished:
+        """Of the event that finished the job."""
+        e = feed.event
+        return cls._of(e.job_id, e.cluster, e.proc, feed.job_status, feed, e.reason,
+                       when=e.time, event_id=e.id)
+
+    @classmethod
+    def _of(
+        cls, job_id: int, cluster: int, proc: int, status: str, outcome: Job | FeedEvent,
+        reason: str | None, *, when: float | None, event_id: int | None,
+    ) -> JobFinished:
+        by_signal = bool(outcome.exit_by_signal)
         return cls(
-            job_id=j["job_id"] if "job_id" in j else j["id"],
-            cluster=j["cluster_id"],
-            proc=j["proc_id"],
+            job_id=job_id,
+            cluster=cluster,
+            proc=proc,
             time=when,
             status=status,
             succeeded=status == Status.COMPLETED
             and not by_signal
-            and j["exit_code"] == j["success_exit_code"],
-            exit_code=j["exit_code"],
-            exit_signal=j["exit_signal"] if by_signal else None,
-            reason=j["reason"],
+            and outcome.exit_code == outcome.success_exit_code,
+            exit_code=outcome.exit_code,
+            exit_signal=outcome.exit_signal if by_signal else None,
+            reason=reason,
             event_id=event_id,
         )
 
 
 Record = JobEvent | JobFinished
-
-
-def parse_job_id(text: str | int) -> tuple[int, int | None]:
-    """`12` or `12.3` (HTCondor's cluster[.proc]) -> (cluster, proc or None)."""
-    cluster, _, proc = str(text).partition(".")
-    try:
-        return int(cluster), (int(proc) if proc else None)
-    except ValueError:
-        raise ValueError(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -188,12 +149,12 @@ class _Follower:
         self.silent_upto = silent_upto  # ids read that are at most this are not delivered
         self.pg = store.engine.dialect.name == "postgresql"
 
-    def read(self) -> tuple[list[Row], bool]:
+    def read(self) -> tuple[list[FeedEvent], bool]:
         """New events in id order (late ones first), and whether more are waiting."""
         xmin = self.store.snapshot_bounds()[0] if self.gaps else None  # type: ignore[index]
         ranges = _ranges(sorted(self.gaps))[:MAX_GAP_RANGES]
         rows = self.store.event_feed(self.high, gaps=ranges, limit=BATCH)
-        found = {r["id"] for r in rows}
+        found = {r.event.id for r in rows}
         top = max((i for i in found if i > self.high), default=self.high)
         if xmin is not None:  # asked gaps whose writers had all ended before the read: gone
             for lo, hi in ranges:
@@ -213,7 +174,7 @@ class _Follower:
                     if h is None:
                         self.gaps[i] = horizon
         self.high = top
-        fresh = [r for r in rows if r["id"] > self.silent_upto]
+        fresh = [r for r in rows if r.event.id > self.silent_upto]
         return fresh, len(rows) == BATCH
 
 
@@ -325,7 +286,7 @@ class Subscription:
 
     def _start(self, jobs: Iterable[str | int] | None, since: int | datetime | None) -> None:
         store = self.store
-        named: list[Row] = []
+        named: list[Job] = []
         if jobs is not None:
             for text in jobs:
                 cluster, proc = parse_job_id(text)
@@ -333,7 +294,7 @@ class Subscription:
                 if not found:
                     raise UnknownJob(str(text))
                 named.extend(found)
-            self.job_ids = frozenset(j["id"] for j in named)
+            self.job_ids = frozenset(j.id for j in named)
         pg = store.engine.dialect.name == "postgresql"
         if isinstance(since, datetime):
             high, silent = store.last_event_id(before=since.timestamp()), 0
@@ -344,14 +305,14 @@ class Subscription:
             high = max(0, silent - WINDOW) if pg else silent
         self.follower = _Follower(store, high, silent)
         if named:
-            candidates = [j for j in named if self._matches(j)]
+            candidates = [j for j in named if self._matches(j.id, j.owner, j.queue)]
         elif self.until_done:
             candidates = store.list_jobs(owners=list(self.owners), queues=list(self.queues))
         else:
             candidates = []
-        self.tracked = {j["id"] for j in candidates}
+        self.tracked = {j.id for j in candidates}
         # finished before the watch: told after the first read, unless that read tells it
-        self._done_at_start = [j for j in candidates if j["status"] in FINAL]
+        self._done_at_start = [j for j in candidates if j.status in FINAL]
         if pg and self.poll is not True:
             listener = _Listener(store, connect_timeout=5)
             try:
@@ -372,12 +333,11 @@ class Subscription:
                 self._listener = listener
         self.mode = "listen" if self._listener else "poll"
 
-    def _matches(self, j: Row) -> bool:
-        job_id = j["job_id"] if "job_id" in j else j["id"]
+    def _matches(self, job_id: int, owner: str, queue: str) -> bool:
         return (
             (self.job_ids is None or job_id in self.job_ids)
-            and (not self.owners or j["owner"] in self.owners)
-            and (not self.queues or j["queue"] in self.queues)
+            and (not self.owners or owner in self.owners)
+            and (not self.queues or queue in self.queues)
         )
 
     def _tell(self, message: str) -> None:
@@ -447,25 +407,26 @@ class Subscription:
                 self._tell("database back; watching again")
                 backoff = 0.0
             for row in rows:
-                yield from self._from_row(row)
+                yield from self._from_feed(row)
             if first and not more:
                 first = False
                 for j in self._done_at_start:
-                    if j["id"] not in self.outcomes:
-                        rec = JobFinished.from_job(j, event_id=None, when=j["finished_at"])
-                        self.outcomes[j["id"]] = rec
+                    if j.id not in self.outcomes:
+                        rec = JobFinished.from_job(j)
+                        self.outcomes[j.id] = rec
                         yield rec
             if not more and not (self.done and not first):
                 self._wait()
 
-    def _from_row(self, row: Row) -> Iterator[Record]:
-        if not self._matches(row):
+    def _from_feed(self, feed: FeedEvent) -> Iterator[Record]:
+        e = feed.event
+        if not self._matches(e.job_id, feed.owner, feed.queue):
             return
-        if not self.statuses or row["to_status"] in self.statuses:
-            yield JobEvent.from_row(row)
-        if row["to_status"] in FINAL and row["job_id"] not in self.outcomes:
-            rec = JobFinished.from_job(row, event_id=row["id"], when=row["time"])
-            self.outcomes[row["job_id"]] = rec
+        if not self.statuses or e.to_status in self.statuses:
+            yield e
+        if e.to_status in FINAL and e.job_id not in self.outcomes:
+            rec = JobFinished.from_feed(feed)
+            self.outcomes[e.job_id] = rec
             yield rec
 
     def _wait(self) -> None:

@@ -193,13 +193,13 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     click.echo(views.format_table(*views.job_rows(jobs)))
     calls = len(report.hook_calls)
     click.echo(
-        f"\n{sum(j['status'] == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
+        f"\n{sum(j.status == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
         f"in {time.monotonic() - started:.1f} s; {calls} hook calls."
     )
     click.echo(
         f"Job output: {base / 'submit'}/out.N   events: jobstore --db {db_url} events {cluster}.0"
     )
-    if any(j["status"] != "completed" for j in jobs):
+    if any(j.status != "completed" for j in jobs):
         sys.exit(1)
 
 

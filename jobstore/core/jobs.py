@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 # The job columns a report may set: name -> (type, lowest, highest). Nothing else, ever.
@@ -15,3 +19,184 @@ CHANGE_COLUMNS: dict[str, tuple[type, float, float]] = {
     "exit_signal": (int, 0, 1024),
     "exit_by_signal": (bool, 0, 1),
 }
+
+# Submit defaults, as HTCondor's (request_memory in MiB, request_disk in KiB).
+DEFAULT_REQUEST_MEMORY = 128
+DEFAULT_REQUEST_DISK = 1024
+
+
+@dataclass
+class JobSpec:
+    """One job to queue, from a submit description, a ClassAd file or a caller's code: the one
+    spec type from submit to insert (the store renders its stored ad from it)."""
+
+    cmd: str  # absolute path
+    args: str = ""  # HTCondor's new argument syntax, as the job ad's Arguments
+    env: str = ""  # HTCondor's new environment syntax, as the job ad's Environment
+    iwd: str = ""
+    input: str | None = None
+    output: str | None = None
+    error: str | None = None
+    request_cpus: int = 1
+    request_memory: int = DEFAULT_REQUEST_MEMORY
+    request_disk: int = DEFAULT_REQUEST_DISK
+    requirements: str | None = None  # ClassAd expression text
+    priority: int = 0
+    max_retries: int | None = None
+    success_exit_code: int = 0
+    retry_until: str | None = None  # ClassAd expression text
+    user_log: str | None = None
+    custom: dict[str, str] = field(default_factory=dict)  # +Attr: name -> expression text
+    proc_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of the `jobs` table (jobstore.db.schema), as every layer above the store sees it."""
+
+    id: int
+    cluster_id: int
+    proc_id: int
+    queue: str
+    status: str
+    priority: int
+    owner: str
+    ad: dict[str, Any]  # the submitted attributes: name -> JSON value ({"expr": text} for one)
+    cmd: str
+    request_cpus: int
+    request_memory: int
+    request_disk: int
+    requirements: str | None
+    max_attempts: int
+    success_exit_code: int
+    retry_until: str | None
+    max_retries: int | None
+    user_log: str | None
+    claims: int  # the fencing counter: attempts handed out
+    attempts: int  # attempts counted against max_attempts
+    token: str | None  # the current attempt's capability (a secret)
+    lease_expires_at: float | None
+    keyword: str | None
+    slot: str | None
+    host: str | None
+    job_pid: int | None
+    exit_code: int | None
+    exit_signal: int | None
+    exit_by_signal: bool | None
+    remote_user_cpu: float | None
+    remote_sys_cpu: float | None
+    image_size: int | None
+    memory_usage: int | None
+    reason: str | None
+    submitted_at: float
+    fetched_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> Job:
+        """The job of a database row (extra columns of a join are ignored)."""
+        return cls(**{name: row[name] for name in JOB_COLUMNS})
+
+    @classmethod
+    def queued(
+        cls,
+        spec: JobSpec,
+        *,
+        id: int,  # noqa: A002 - the column's name
+        cluster_id: int,
+        owner: str,
+        queue: str,
+        ad: dict[str, Any],
+        max_attempts: int,
+        now: float,
+    ) -> Job:
+        """The idle job `spec` becomes when it is queued."""
+        attempts = spec.max_retries + 1 if spec.max_retries is not None else max_attempts
+        return cls(
+            id=id, cluster_id=cluster_id, proc_id=spec.proc_id, queue=queue, status="idle",
+            priority=spec.priority, owner=owner, ad=ad, cmd=spec.cmd,
+            request_cpus=spec.request_cpus, request_memory=spec.request_memory,
+            request_disk=spec.request_disk, requirements=spec.requirements,
+            max_attempts=max(1, attempts), success_exit_code=spec.success_exit_code,
+            retry_until=spec.retry_until, max_retries=spec.max_retries, user_log=spec.user_log,
+            claims=0, attempts=0, token=None, lease_expires_at=None, keyword=None, slot=None,
+            host=None, job_pid=None, exit_code=None, exit_signal=None, exit_by_signal=None,
+            remote_user_cpu=None, remote_sys_cpu=None, image_size=None, memory_usage=None,
+            reason=None, submitted_at=now, fetched_at=None, started_at=None, finished_at=None,
+            updated_at=now,
+        )
+
+    def but(self, **changes: Any) -> Job:
+        """This job with `changes` applied (the row after an update)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One row of `job_events` (a transition, or a report that changed nothing), with its job's
+    cluster and proc: what `jobstore events` prints and a watch delivers."""
+
+    id: int
+    job_id: int
+    cluster: int
+    proc: int
+    time: float
+    event: str
+    from_status: str | None
+    to_status: str | None  # None: recorded, no transition
+    attempt: int | None
+    slot: str | None
+    host: str | None
+    reason: str | None
+    attrs: dict[str, Any] | None
+
+    @property
+    def job(self) -> str:
+        """HTCondor's job id, `cluster.proc`."""
+        return f"{self.cluster}.{self.proc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, **asdict(self)}
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> JobEvent:
+        """From a `job_events` row joined with its job's `cluster_id` and `proc_id`."""
+        return cls(
+            cluster=row["cluster_id"],
+            proc=row["proc_id"],
+            **{name: row[name] for name in _EVENT_ROW_COLUMNS},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    """An event as a follower of the event feed reads it: the event and its job's outcome."""
+
+    event: JobEvent
+    owner: str
+    queue: str
+    job_status: str
+    exit_code: int | None
+    exit_signal: int | None
+    exit_by_signal: bool | None
+    success_exit_code: int
+
+    @classmethod
+    def from_row(cls, row: Mapping[Any, Any]) -> FeedEvent:
+        return cls(JobEvent.from_row(row), **{name: row[name] for name in FEED_COLUMNS})
+
+
+def parse_job_id(text: str | int) -> tuple[int, int | None]:
+    """`12` or `12.3` (HTCondor's cluster[.proc]) -> (cluster, proc or None)."""
+    cluster, _, proc = str(text).partition(".")
+    try:
+        return int(cluster), (int(proc) if proc else None)
+    except ValueError:
+        raise ValueError(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
+
+
+JOB_COLUMNS = tuple(f.name for f in fields(Job))
+_EVENT_ROW_COLUMNS = tuple(f.name for f in fields(JobEvent) if f.name not in ("cluster", "proc"))
+FEED_COLUMNS = tuple(f.name for f in fields(FeedEvent) if f.name != "event")

@@ -7,8 +7,10 @@ from typing import Any
 
 from classad2 import ClassAd, ExprTree
 
+from jobstore.core.jobs import Job
 
-def exit_verdict(job: Mapping[str, Any], exit_attrs: Mapping[str, Any]) -> tuple[bool, bool]:
+
+def exit_verdict(job: Job, exit_attrs: Mapping[str, Any]) -> tuple[bool, bool]:
     """(did the job succeed, does its policy want another run) for a JOB_EXIT `exit`.
 
     `exit_attrs` holds the JOB_EXIT ad's ExitCode, ExitBySignal and ExitSignal values.
@@ -16,10 +18,10 @@ def exit_verdict(job: Mapping[str, Any], exit_attrs: Mapping[str, Any]) -> tuple
     by_signal = exit_attrs.get("ExitBySignal") is True
     code = exit_attrs.get("ExitCode")
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    succeeded = not by_signal and code == job["success_exit_code"]
-    if succeeded or job["max_retries"] is None:
+    succeeded = not by_signal and code == job.success_exit_code
+    if succeeded or job.max_retries is None:
         return succeeded, False
-    return succeeded, not _retry_until_met(job["retry_until"], exit_attrs, code, by_signal)
+    return succeeded, not _retry_until_met(job.retry_until, exit_attrs, code, by_signal)
 
 
 def _retry_until_met(

@@ -31,20 +31,18 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import CHANGE_COLUMNS
+from jobstore.core.jobs import CHANGE_COLUMNS, FeedEvent, Job, JobEvent, JobSpec
 from jobstore.core.states import FINAL, Decision, Event, Status, decide
 from jobstore.db.engine import make_engine, safe_url
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import userlog
+from jobstore.formats.jobads import submitted_ad
 
-# A job row (SQLAlchemy's RowMapping, or a dict of the same columns).
-Job = Mapping[Any, Any]
 # PostgreSQL channel notified (payload: the job id) for every event row; see jobstore/watch.py.
 NOTIFY_CHANNEL = "jobstore_events"
 __all__ = [
     "JobStore",
-    "NewJob",
     "Outcome",
     "ClaimRequest",
     "Offer",
@@ -67,24 +65,6 @@ class Outcome:
     reason: str | None = None
 
 
-@dataclass
-class NewJob:
-    """A job row to insert; `ad` maps attribute names to values (see classads.Value)."""
-
-    proc_id: int
-    cmd: str
-    ad: dict[str, Any]
-    request_cpus: int
-    request_memory: int
-    request_disk: int
-    requirements: str | None = None
-    priority: int = 0
-    max_retries: int | None = None
-    success_exit_code: int = 0
-    retry_until: str | None = None
-    user_log: str | None = None
-
-
 # Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
 ExitPolicy = Callable[[Job], tuple[bool, bool]]
 # Called just before a transaction that wrote events commits, with those events in order: each a
@@ -95,6 +75,12 @@ ExitPolicy = Callable[[Job], tuple[bool, bool]]
 # transition.
 AfterCommit = Callable[[bool], None]
 CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
+# The columns a submit writes; the others start as their server defaults or NULL.
+_INSERTED = frozenset(
+    ("cluster_id", "proc_id", "queue", "status", "priority", "owner", "ad", "cmd", "request_cpus",
+     "request_memory", "request_disk", "requirements", "max_attempts", "success_exit_code",
+     "retry_until", "max_retries", "user_log", "submitted_at", "updated_at")
+)
 _PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
 _log = logging.getLogger(__name__)
 
@@ -208,7 +194,7 @@ class JobStore:
 
     def submit(
         self,
-        new_jobs: Sequence[NewJob],
+        specs: Sequence[JobSpec],
         *,
         owner: str,
         queue: str,
@@ -216,8 +202,10 @@ class JobStore:
         submit_file: str | None = None,
         now: float | None = None,
     ) -> tuple[int, list[int]]:
-        """Insert one cluster of jobs, each with its `submit` event. Returns (cluster, job ids)."""
+        """Insert one cluster of jobs, each with its `submit` event. Returns (cluster, job ids).
+        Raises AdError when a spec's attributes cannot be stored (a reserved +Attr)."""
         now = now or time.time()
+        ads = [submitted_ad(spec) for spec in specs]
         with self._tx() as conn:
             cluster_id = conn.execute(
                 insert(clusters)
@@ -225,45 +213,25 @@ class JobStore:
                     owner=owner,
                     queue=queue,
                     submit_file=submit_file,
-                    num_procs=len(new_jobs),
+                    num_procs=len(specs),
                     submitted_at=now,
                 )
                 .returning(clusters.c.id)
             ).scalar_one()
             ids = []
-            for nj in new_jobs:
-                attempts = nj.max_retries + 1 if nj.max_retries is not None else max_attempts
-                job_id = conn.execute(
-                    insert(jobs)
-                    .values(
-                        cluster_id=cluster_id,
-                        proc_id=nj.proc_id,
-                        queue=queue,
-                        status=Status.IDLE.value,
-                        priority=nj.priority,
-                        owner=owner,
-                        ad=nj.ad,
-                        cmd=nj.cmd,
-                        request_cpus=nj.request_cpus,
-                        request_memory=nj.request_memory,
-                        request_disk=nj.request_disk,
-                        requirements=nj.requirements,
-                        max_attempts=max(1, attempts),
-                        success_exit_code=nj.success_exit_code,
-                        retry_until=nj.retry_until,
-                        max_retries=nj.max_retries,
-                        user_log=nj.user_log,
-                        submitted_at=now,
-                        updated_at=now,
-                    )
-                    .returning(jobs.c.id)
-                ).scalar_one()
-                new = {"id": job_id, "cluster_id": cluster_id, "proc_id": nj.proc_id}
-                new.update(owner=owner, queue=queue, user_log=nj.user_log)
-                self._event(
-                    conn, job_id, Event.SUBMIT, None, Status.IDLE, now, attempt=0, job=new
+            for spec, ad in zip(specs, ads, strict=True):
+                job = Job.queued(
+                    spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue, ad=ad,
+                    max_attempts=max_attempts, now=now,
                 )
-                ids.append(job_id)
+                values = {name: getattr(job, name) for name in _INSERTED}
+                job = job.but(
+                    id=conn.execute(insert(jobs).values(values).returning(jobs.c.id)).scalar_one()
+                )
+                self._event(
+                    conn, job.id, Event.SUBMIT, None, Status.IDLE, now, attempt=0, job=job
+                )
+                ids.append(job.id)
         return cluster_id, ids
 
     # ---- claim --------------------------------------------------------------------------
@@ -323,17 +291,17 @@ class JobStore:
         found = conn.exec_driver_sql(CLAIM_FIRST_SQL, params).mappings().first()
         if found is None:
             return None
-        row = {k: v for k, v in found.items() if k != "notified"}
-        verdict = judge(row)
-        known[(row["id"], row["claims"])] = verdict
+        job = Job.from_row(found)
+        verdict = judge(job)
+        known[(job.id, job.claims)] = verdict
         if verdict.hold_reason or not verdict.take:
             raise _NotTaken
-        attempt = row["claims"] + 1
+        attempt = job.claims + 1
         # CLAIM_FIRST_SQL wrote the event row; the commit listeners see it as _event's
         _note_event(
             conn,
             {
-                "job_id": row["id"],
+                "job_id": job.id,
                 "time": now,
                 "event": str(Event.FETCH),
                 "from_status": Status.IDLE.value,
@@ -344,9 +312,9 @@ class JobStore:
                 "reason": None,
                 "attrs": None,
             },
-            row,
+            job,
         )
-        return {**row, **changes, "claims": attempt, "status": _FETCHED}
+        return job.but(**changes, claims=attempt, status=_FETCHED)
 
     def _claim_scan(
         self,
@@ -371,19 +339,20 @@ class JobStore:
             while scanned < req.scan_limit:
                 q = base
                 if after is not None:
-                    p = after["priority"]
+                    p = after.priority
                     q = q.where(
-                        or_(
-                            jobs.c.priority < p, and_(jobs.c.priority == p, jobs.c.id > after["id"])
-                        )
+                        or_(jobs.c.priority < p, and_(jobs.c.priority == p, jobs.c.id > after.id))
                     )
                 # never judge more than scan_limit candidates, whatever the batch size
                 size = min(req.batch, req.scan_limit - scanned)
                 q = q.order_by(jobs.c.priority.desc(), jobs.c.id).limit(size)
-                rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
+                rows = [
+                    Job.from_row(r._mapping)
+                    for r in conn.execute(q.with_for_update(skip_locked=True))
+                ]
                 for row in rows:
                     scanned += 1
-                    verdict = known.get((row["id"], row["claims"])) or judge(row)
+                    verdict = known.get((row.id, row.claims)) or judge(row)
                     if verdict.hold_reason:
                         self._apply(
                             conn,
@@ -399,7 +368,7 @@ class JobStore:
                         token = secrets.token_hex(16)
                         changes = {
                             "token": token,
-                            "claims": row["claims"] + 1,
+                            "claims": row.claims + 1,
                             "lease_expires_at": now + req.claim_lease,
                             "slot": req.slot,
                             "host": req.host,
@@ -417,11 +386,11 @@ class JobStore:
                             changes=changes,
                             slot=req.slot,
                             host=req.host,
-                            attempt=row["claims"] + 1,
+                            attempt=row.claims + 1,
                         )
                         if scanned == 1:  # the best candidate fits again: try it first next time
                             self._scan_first.discard((req.queue, req.slot))
-                        return {**row, **changes, "status": Status.FETCHED.value}
+                        return row.but(**changes, status=Status.FETCHED.value)
                 if len(rows) < size:
                     return None
                 after = rows[-1]
@@ -459,22 +428,22 @@ class JobStore:
             job = self._lock(conn, job_id)
             if job is None:
                 raise UnknownJob(job_id)
-            if owner is not None and job["owner"] != owner:
+            if owner is not None and job.owner != owner:
                 raise NotOwner(job_id, owner)
             current = (
-                job["token"] is not None
-                and secrets.compare_digest(str(token or ""), job["token"])
-                and attempt == job["claims"]
+                job.token is not None
+                and secrets.compare_digest(str(token or ""), job.token)
+                and attempt == job.claims
             )
             if not current:
-                reason = f"report from attempt {attempt}, current attempt is {job['claims']}"
-                if job["token"] is None:
-                    reason = f"report from attempt {attempt}; the job is {job['status']}"
+                reason = f"report from attempt {attempt}, current attempt is {job.claims}"
+                if job.token is None:
+                    reason = f"report from attempt {attempt}; the job is {job.status}"
                 self._event(
                     conn,
                     job_id,
                     event,
-                    job["status"],
+                    job.status,
                     None,
                     now,
                     attempt=attempt,
@@ -483,7 +452,7 @@ class JobStore:
                     reason="stale: " + reason,
                     attrs=attrs,
                 )
-                return Outcome(job_id, event, job["status"], job["status"], False, True, reason)
+                return Outcome(job_id, event, job.status, job.status, False, True, reason)
             decide_args: dict[str, Any] = {}
             if event == Event.EXIT and exit_policy is not None:
                 succeeded, retry = exit_policy(job)
@@ -531,7 +500,9 @@ class JobStore:
             .limit(limit)
         )
         with self._tx() as conn:
-            rows = [r._mapping for r in conn.execute(q.with_for_update(skip_locked=True))]
+            rows = [
+                Job.from_row(r._mapping) for r in conn.execute(q.with_for_update(skip_locked=True))
+            ]
             return [
                 self._apply(
                     conn,
@@ -539,10 +510,10 @@ class JobStore:
                     Event.LEASE_EXPIRED,
                     decide_args={},
                     now=now,
-                    reason=f"lease of attempt {row['claims']} expired",
-                    attempt=row["claims"],
-                    slot=row["slot"],
-                    host=row["host"],
+                    reason=f"lease of attempt {row.claims} expired",
+                    attempt=row.claims,
+                    slot=row.slot,
+                    host=row.host,
                 )
                 for row in rows
             ]
@@ -565,21 +536,21 @@ class JobStore:
         attempt: int | None = None,
         record_ignored: bool = True,
     ) -> Outcome:
-        before = Status(job["status"])
+        before = Status(job.status)
         d: Decision = decide(
             event,
             before,
-            attempts=job["attempts"],
-            max_attempts=job["max_attempts"],
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
             **decide_args,
         )
-        attempt = job["claims"] if attempt is None else attempt
+        attempt = job.claims if attempt is None else attempt
         why = reason if d.reason is None else (f"{reason}; {d.reason}" if reason else d.reason)
         if d.to_status is None:
             if record_ignored:
                 self._event(
                     conn,
-                    job["id"],
+                    job.id,
                     event,
                     before,
                     None,
@@ -590,10 +561,10 @@ class JobStore:
                     reason=why,
                     attrs=attrs,
                 )
-            return Outcome(job["id"], event, before, before, False, reason=why)
+            return Outcome(job.id, event, before, before, False, reason=why)
         values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
         if d.counts_attempt:
-            values["attempts"] = job["attempts"] + 1
+            values["attempts"] = job.attempts + 1
         if d.ends_attempt:
             values.update(token=None, lease_expires_at=None)
         if d.to_status in FINAL:
@@ -605,17 +576,17 @@ class JobStore:
         result = conn.execute(
             update(jobs)
             .where(
-                jobs.c.id == job["id"],
+                jobs.c.id == job.id,
                 jobs.c.status == before.value,
-                jobs.c.claims == job["claims"],
+                jobs.c.claims == job.claims,
             )
             .values(**values)
         )
         if result.rowcount != 1:  # cannot happen while the row is locked; refuse to guess
-            raise DatabaseError(f"job {job['id']} changed under a locked transition")
+            raise DatabaseError(f"job {job.id} changed under a locked transition")
         self._event(
             conn,
-            job["id"],
+            job.id,
             event,
             before,
             d.to_status,
@@ -627,7 +598,7 @@ class JobStore:
             attrs=attrs,
             job=job,
         )
-        return Outcome(job["id"], event, before, d.to_status, True, reason=why)
+        return Outcome(job.id, event, before, d.to_status, True, reason=why)
 
     def _event(
         self,
@@ -664,7 +635,7 @@ class JobStore:
 
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
-        return None if row is None else row._mapping
+        return None if row is None else Job.from_row(row._mapping)
 
     # ---- queries ------------------------------------------------------------------------
 
@@ -673,14 +644,14 @@ class JobStore:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise UnknownJob(job_id)
-        return dict(row._mapping)
+        return Job.from_row(row._mapping)
 
     def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
         q = select(jobs).where(jobs.c.cluster_id == cluster_id)
         if proc_id is not None:
             q = q.where(jobs.c.proc_id == proc_id)
         with self._tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
+            return [Job.from_row(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
 
     def list_jobs(
         self,
@@ -701,7 +672,7 @@ class JobStore:
         if limit:
             q = q.limit(limit)
         with self._tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [Job.from_row(r._mapping) for r in conn.execute(q)]
 
     def autoclusters(
         self,
@@ -737,12 +708,18 @@ class JobStore:
             for n, r in enumerate(rows, 1)
         ]
 
-    def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[Job]:
-        q = select(job_events).where(job_events.c.id > after_id)
+    def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[JobEvent]:
+        """Events in id order: of one job, or of all jobs; those after `after_id`."""
+        q = (
+            select(job_events, jobs.c.cluster_id, jobs.c.proc_id)
+            .join(jobs, jobs.c.id == job_events.c.job_id)
+            .where(job_events.c.id > after_id)
+        )
         if job_id is not None:
             q = q.where(job_events.c.job_id == job_id)
         with self._tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(q.order_by(job_events.c.id))]
+            rows = conn.execute(q.order_by(job_events.c.id))
+            return [JobEvent.from_row(r._mapping) for r in rows]
 
     # ---- following job_events (jobstore watch) -------------------------------------------
 
@@ -756,7 +733,7 @@ class JobStore:
 
     def event_feed(
         self, after_id: int, *, gaps: Sequence[tuple[int, int]] = (), limit: int = 1000
-    ) -> list[Job]:
+    ) -> list[FeedEvent]:
         """Events with id > `after_id` or in one of the `gaps` (lo, hi) id ranges, in id order,
         each with its job's cluster_id, proc_id, owner, queue and outcome columns (job_status,
         exit_code, exit_signal, exit_by_signal, success_exit_code); all events, the caller
@@ -783,7 +760,7 @@ class JobStore:
             .limit(limit)
         )
         with self._tx() as conn:
-            return [dict(r._mapping) for r in conn.execute(q)]
+            return [FeedEvent.from_row(r._mapping) for r in conn.execute(q)]
 
     def snapshot_bounds(self) -> tuple[int, int] | None:
         """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events

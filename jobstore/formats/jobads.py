@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from classad2 import ClassAd, ExprTree
 
-from jobstore.formats.classads import Expr, Value, render_ad
+from jobstore.core.jobs import Job, JobSpec
+from jobstore.formats.classads import AdError, Expr, Value, render_ad
 
 # Attributes that identify our job and its attempt in the starter hooks.
 ATTR_JOB_ID = "JobstoreJobId"
@@ -58,39 +58,65 @@ def from_json(value: Any) -> Value:
     return value
 
 
+def submitted_ad(spec: JobSpec) -> dict[str, Any]:
+    """The attributes stored with a job at submit (the `ad` column), as JSON values; raises
+    AdError for a +Attr the job store sets itself."""
+    attrs: dict[str, Value] = {"Cmd": spec.cmd}
+    if spec.args:
+        attrs["Arguments"] = spec.args
+    if spec.env:
+        attrs["Environment"] = spec.env
+    attrs["Iwd"] = spec.iwd
+    for name, value in (("In", spec.input), ("Out", spec.output), ("Err", spec.error)):
+        if value:
+            attrs[name] = value
+    if spec.requirements:
+        attrs["Requirements"] = Expr(spec.requirements)
+    if spec.user_log:
+        attrs["UserLog"] = spec.user_log
+    if spec.max_retries is not None:
+        attrs["MaxRetries"] = spec.max_retries
+        attrs["SuccessExitCode"] = spec.success_exit_code
+    for name, text in spec.custom.items():
+        if name.lower() in RESERVED or name.lower() in {a.lower() for a in attrs}:
+            raise AdError(f"+{name}: attribute is set by the job store and cannot be submitted")
+        attrs[name] = Expr(text)
+    return {name: to_json(value) for name, value in attrs.items()}
+
+
 def job_attrs(
-    job: Mapping[str, Any], *, keyword: str, uid_domain: str, job_lease_duration: int
+    job: Job, *, keyword: str, uid_domain: str, job_lease_duration: int
 ) -> dict[str, Value]:
     """Every attribute of the job ad for one attempt (the attempt's token included)."""
-    attrs: dict[str, Value] = {k: from_json(v) for k, v in (job["ad"] or {}).items()}
+    attrs: dict[str, Value] = {k: from_json(v) for k, v in (job.ad or {}).items()}
     attrs.update(
-        Owner=job["owner"],
-        User=f"{job['owner']}@{uid_domain}",
+        Owner=job.owner,
+        User=f"{job.owner}@{uid_domain}",
         JobUniverse=5,
-        ClusterId=int(job["cluster_id"]),
-        ProcId=int(job["proc_id"]),
-        QDate=int(job["submitted_at"]),
-        JobPrio=int(job["priority"]),
-        RequestCpus=int(job["request_cpus"]),
-        RequestMemory=int(job["request_memory"]),
-        RequestDisk=int(job["request_disk"]),
+        ClusterId=int(job.cluster_id),
+        ProcId=int(job.proc_id),
+        QDate=int(job.submitted_at),
+        JobPrio=int(job.priority),
+        RequestCpus=int(job.request_cpus),
+        RequestMemory=int(job.request_memory),
+        RequestDisk=int(job.request_disk),
         HookKeyword=keyword,
         JobLeaseDuration=job_lease_duration,
     )
-    attrs[ATTR_JOB_ID] = int(job["id"])
-    attrs[ATTR_QUEUE] = job["queue"]
-    if job.get("token"):
-        attrs[ATTR_ATTEMPT] = int(job["claims"])
-        attrs[ATTR_TOKEN] = job["token"]
+    attrs[ATTR_JOB_ID] = int(job.id)
+    attrs[ATTR_QUEUE] = job.queue
+    if job.token:
+        attrs[ATTR_ATTEMPT] = int(job.claims)
+        attrs[ATTR_TOKEN] = job.token
     return attrs
 
 
-def render_job(job: Mapping[str, Any], **kw: Any) -> str:
+def render_job(job: Job, **kw: Any) -> str:
     """The FETCH_WORK output for a claimed job; raises classads.AdError if it cannot be sent."""
     return render_ad(job_attrs(job, **kw))
 
 
-def job_classad(job: Mapping[str, Any], **kw: Any) -> ClassAd:
+def job_classad(job: Job, **kw: Any) -> ClassAd:
     """The job as a ClassAd, for matchmaking against a slot ad."""
     ad = ClassAd()
     for name, value in job_attrs(job, **kw).items():

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def _address(host: str | None) -> str:
     return f"<{host or socket.getfqdn()}>"
 
 
-def log_events(record: Mapping[str, Any], job: Mapping[str, Any]) -> list[LogEvent]:
+def log_events(record: Mapping[str, Any], job: Job) -> list[LogEvent]:
     """The job event log entries for one committed job store event (often none).
 
     `record` is the job_events row as written, `job` the job row before the transition (for
@@ -166,14 +167,14 @@ def log_events(record: Mapping[str, Any], job: Mapping[str, Any]) -> list[LogEve
     out: list[LogEvent] = []
 
     def add(number: int, body: str) -> None:
-        out.append(LogEvent(number, int(job["cluster_id"]), int(job["proc_id"]), at, body))
+        out.append(LogEvent(number, int(job.cluster_id), int(job.proc_id), at, body))
 
     def execute() -> None:
-        add(EXECUTE, execute_body(_address(job.get("host")), job.get("slot")))
+        add(EXECUTE, execute_body(_address(job.host), job.slot))
 
     def image_size(always: bool) -> None:
         size = _int(attrs.get("ImageSize"))
-        if size and size > 0 and (always or size != job.get("image_size")):
+        if size and size > 0 and (always or size != job.image_size):
             memory = _int(attrs.get("MemoryUsage"))
             add(IMAGE_SIZE, image_size_body(size, memory, _int(attrs.get("ResidentSetSize"))))
 
@@ -218,12 +219,12 @@ def on_commit(records: Sequence[Mapping[str, Any]]) -> Callable[[bool], None] | 
     """
     batches: dict[tuple[str, str | None], list[str]] = {}
     for record in records:
-        job = record.get("job")
-        if not job or not job.get("user_log"):
+        job: Job | None = record.get("job")
+        if job is None or not job.user_log:
             continue
         texts = [e.text() for e in log_events(record, job)]
         if texts:
-            batches.setdefault((job["user_log"], job.get("owner")), []).extend(texts)
+            batches.setdefault((job.user_log, job.owner), []).extend(texts)
     held = []
     for (path, owner), texts in sorted(batches.items()):  # one lock order: no deadlock
         writer = open_log(path, owner=owner)

@@ -8,10 +8,9 @@ from typing import Any
 
 from classad2 import ClassAd, ExprTree, Value
 
+from jobstore.core.jobs import Job, JobEvent
 from jobstore.formats.classads import Expr, sprint_ad
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
-
-Job = Mapping[str, Any]
 
 # HTCondor's JobStatus numbers, so that `-l` output reads like condor_q -l.
 JOB_STATUS = {
@@ -27,35 +26,35 @@ JOB_STATUS = {
 
 
 def job_id(job: Job) -> str:
-    return f"{job['cluster_id']}.{job['proc_id']}"
+    return f"{job.cluster_id}.{job.proc_id}"
 
 
 def job_json(job: Job) -> dict[str, Any]:
     """The machine-readable form (`jobstore q --json`). Never includes the attempt token."""
     return {
         "id": job_id(job),
-        "job_id": job["id"],
-        "cluster_id": job["cluster_id"],
-        "proc_id": job["proc_id"],
-        "status": job["status"],
-        "owner": job["owner"],
-        "queue": job["queue"],
-        "priority": job["priority"],
-        "attempts": job["attempts"],
-        "claims": job["claims"],
-        "exit_code": job["exit_code"],
-        "exit_signal": job["exit_signal"],
-        "exit_by_signal": job["exit_by_signal"],
-        "slot": job["slot"],
-        "host": job["host"],
-        "cmd": job["cmd"],
-        "request_cpus": job["request_cpus"],
-        "request_memory": job["request_memory"],
-        "request_disk": job["request_disk"],
-        "reason": job["reason"],
-        "submitted_at": job["submitted_at"],
-        "started_at": job["started_at"],
-        "finished_at": job["finished_at"],
+        "job_id": job.id,
+        "cluster_id": job.cluster_id,
+        "proc_id": job.proc_id,
+        "status": job.status,
+        "owner": job.owner,
+        "queue": job.queue,
+        "priority": job.priority,
+        "attempts": job.attempts,
+        "claims": job.claims,
+        "exit_code": job.exit_code,
+        "exit_signal": job.exit_signal,
+        "exit_by_signal": job.exit_by_signal,
+        "slot": job.slot,
+        "host": job.host,
+        "cmd": job.cmd,
+        "request_cpus": job.request_cpus,
+        "request_memory": job.request_memory,
+        "request_disk": job.request_disk,
+        "reason": job.reason,
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
     }
 
 
@@ -66,36 +65,36 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
     constraint evaluated in SQL (jobstore.db.constraint) and on this ad give the same answer.
     """
     attrs = job_attrs(
-        job, keyword=job.get("keyword") or keyword, uid_domain=uid_domain, job_lease_duration=0
+        job, keyword=job.keyword or keyword, uid_domain=uid_domain, job_lease_duration=0
     )
     attrs.pop(ATTR_TOKEN, None)
     attrs.pop(ATTR_ATTEMPT, None)
     attrs.pop("JobLeaseDuration", None)
-    extra = {
-        "JobStatus": JOB_STATUS[job["status"]],
-        "JobstoreStatus": job["status"],
-        "NumJobStarts": job["attempts"],
-        "JobstoreClaims": job["claims"],
-        "EnteredCurrentStatus": int(job["updated_at"]),
-        "ExitCode": job["exit_code"],
-        "ExitSignal": job["exit_signal"],
-        "ExitBySignal": job["exit_by_signal"],
-        "RemoteHost": job["slot"],
-        "JobPid": job["job_pid"],
-        "RemoteUserCpu": job["remote_user_cpu"],
-        "RemoteSysCpu": job["remote_sys_cpu"],
-        "ImageSize": job["image_size"],
-        "MemoryUsage": job["memory_usage"],
-        "JobStartDate": None if job["started_at"] is None else int(job["started_at"]),
-        "CompletionDate": None if job["finished_at"] is None else int(job["finished_at"]),
-        "HoldReason" if job["status"] == "held" else "LastReason": job["reason"],
+    extra: dict[str, Value | None] = {
+        "JobStatus": JOB_STATUS[job.status],
+        "JobstoreStatus": job.status,
+        "NumJobStarts": job.attempts,
+        "JobstoreClaims": job.claims,
+        "EnteredCurrentStatus": int(job.updated_at),
+        "ExitCode": job.exit_code,
+        "ExitSignal": job.exit_signal,
+        "ExitBySignal": job.exit_by_signal,
+        "RemoteHost": job.slot,
+        "JobPid": job.job_pid,
+        "RemoteUserCpu": job.remote_user_cpu,
+        "RemoteSysCpu": job.remote_sys_cpu,
+        "ImageSize": job.image_size,
+        "MemoryUsage": job.memory_usage,
+        "JobStartDate": None if job.started_at is None else int(job.started_at),
+        "CompletionDate": None if job.finished_at is None else int(job.finished_at),
+        "HoldReason" if job.status == "held" else "LastReason": job.reason,
     }
     ad = ClassAd()
     for name, value in attrs.items():
         ad[name] = ExprTree(str(value)) if isinstance(value, Expr) else value
-    for name, value in extra.items():
-        if value is not None:
-            ad[name] = value
+    for name, column in extra.items():
+        if column is not None:
+            ad[name] = column
         elif name in ad:
             del ad[name]
     return ad
@@ -128,8 +127,8 @@ def group_jobs(jobs: Iterable[Job], key: Sequence[str]) -> list[dict[str, Any]]:
     constraint could not be done entirely in the database)."""
     groups: dict[tuple[Any, ...], dict[str, int]] = {}
     for job in jobs:
-        counts = groups.setdefault(tuple(job[k] for k in key), {})
-        counts[job["status"]] = counts.get(job["status"], 0) + 1
+        counts = groups.setdefault(tuple(getattr(job, k) for k in key), {})
+        counts[job.status] = counts.get(job.status, 0) + 1
     order = sorted(groups, key=lambda t: tuple((v is not None, v) for v in t))
     return [
         {"id": n, **dict(zip(key, k, strict=True)), "jobs": sum(groups[k].values()),
@@ -142,7 +141,7 @@ def group_jobs(jobs: Iterable[Job], key: Sequence[str]) -> list[dict[str, Any]]:
 _STATUS_WORDS = {1: "idle", 2: "running", 3: "removed", 4: "completed", 5: "held"}
 
 
-def autocluster_rows(clusters: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+def autocluster_rows(clusters: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """`q -autocluster`: one row per group of jobs with the same owner, queue and requests.
 
     `clusters` come from JobStore.autoclusters: counts by our status in `status`; the table
@@ -181,47 +180,47 @@ def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
     header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "RUNS", "PRIO", "SLOT", "EXIT", "CMD"]
     rows = []
     for job in jobs:
-        if job["exit_by_signal"]:
-            exit_text = f"sig {job['exit_signal']}"
+        if job.exit_by_signal:
+            exit_text = f"sig {job.exit_signal}"
         else:
-            exit_text = "" if job["exit_code"] is None else str(job["exit_code"])
+            exit_text = "" if job.exit_code is None else str(job.exit_code)
         rows.append(
             [
                 job_id(job),
-                job["owner"],
-                job["queue"],
-                _when(job["submitted_at"]),
-                job["status"],
-                str(job["claims"]),
-                str(job["priority"]),
-                job["slot"] or "",
+                job.owner,
+                job.queue,
+                _when(job.submitted_at),
+                job.status,
+                str(job.claims),
+                str(job.priority),
+                job.slot or "",
                 exit_text,
-                _short(job["cmd"]),
+                _short(job.cmd),
             ]
         )
     return header, rows
 
 
-def event_rows(events: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+def event_rows(events: Iterable[JobEvent]) -> tuple[list[str], list[list[str]]]:
     header = ["TIME", "EVENT", "FROM", "TO", "ATTEMPT", "SLOT", "REASON"]
     rows = [
         [
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])),
-            e["event"],
-            e["from_status"] or "",
-            e["to_status"] or "-",
-            "" if e["attempt"] is None else str(e["attempt"]),
-            e["slot"] or "",
-            e["reason"] or "",
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)),
+            e.event,
+            e.from_status or "",
+            e.to_status or "-",
+            "" if e.attempt is None else str(e.attempt),
+            e.slot or "",
+            e.reason or "",
         ]
         for e in events
     ]
     return header, rows
 
 
-def event_json(e: Job) -> dict[str, Any]:
+def event_json(e: JobEvent) -> dict[str, Any]:
     return {
-        k: e[k]
+        k: getattr(e, k)
         for k in (
             "id",
             "job_id",
@@ -238,7 +237,7 @@ def event_json(e: Job) -> dict[str, Any]:
     }
 
 
-def watch_line(r: Job) -> str:
+def watch_line(r: Mapping[str, Any]) -> str:
     """One `jobstore watch` line from a record's JSON form (watch.JobEvent/JobFinished)."""
     when = "" if r["time"] is None else time.strftime("%m/%d %H:%M:%S", time.localtime(r["time"]))
     if r["event"] == "finished":

@@ -22,6 +22,7 @@ from classad2 import ClassAd
 
 from jobstore.core import policy
 from jobstore.core.claims import ClaimRequest, Verdict
+from jobstore.core.jobs import Job
 from jobstore.core.states import Event
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import classads
@@ -167,11 +168,11 @@ def fetch_job(request: HookRequest) -> HookResponse:
         "job_lease_duration": settings.job_lease_duration,
     }
 
-    def judge(job: Mapping[str, Any]) -> Verdict:
-        refused = owner_refusal(job["owner"], settings)
+    def judge(job: Job) -> Verdict:
+        refused = owner_refusal(job.owner, settings)
         if refused:
             return Verdict(hold_reason=refused)
-        if not account_exists(job["owner"]):
+        if not account_exists(job.owner):
             return Verdict()
         return Verdict(take=matches(job_classad(job, **ad_kw), slot))
 
@@ -190,17 +191,17 @@ def fetch_job(request: HookRequest) -> HookResponse:
         text = render_job(job, **ad_kw)
     except AdError as exc:
         store.report(
-            job["id"],
+            job.id,
             Event.HOLD,
-            token=job["token"],
-            attempt=job["claims"],
+            token=job.token,
+            attempt=job.claims,
             attrs={"error": str(exc)},
             reason=f"job ad cannot be sent: {exc}",
         )
-        raise HookError(f"job {job['id']} put on hold: {exc}") from None
+        raise HookError(f"job {job.id} put on hold: {exc}") from None
     return HookResponse(
         stdout=text.encode("utf-8", "surrogateescape"),
-        log=[f"{name}: fetched job {job['id']} attempt {job['claims']}"],
+        log=[f"{name}: fetched job {job.id} attempt {job.claims}"],
     )
 
 
@@ -460,7 +461,7 @@ def apply_report(
     exit_policy = None
     if event == Event.EXIT:
 
-        def exit_policy(row: Mapping[str, Any]) -> tuple[bool, bool]:
+        def exit_policy(row: Job) -> tuple[bool, bool]:
             return policy.exit_verdict(row, attrs)
 
     return store_for(settings).report(

@@ -1,4 +1,4 @@
-"""The `jobstore` command: submit, watch and manage the jobs that execute nodes fetch."""
+"""The job commands, as condor_submit, condor_q, condor_history, condor_rm and friends."""
 
 from __future__ import annotations
 
@@ -11,159 +11,14 @@ from typing import Any
 import click
 from classad2 import ExprTree
 
-from jobstore.cli.demo import demo, emulate
+from jobstore.api import query
+from jobstore.cli.context import Context, guard, pass_ctx
+from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
-from jobstore.db.engine import DatabaseError, safe_url, upgrade
-from jobstore.db.store import Job, JobStore, UnknownJob
 from jobstore.formats import views
-from jobstore.node import config
-from jobstore.submit.language import SubmitError
-
-ADMIN_STATEMENT_TIMEOUT_MS = 300_000
 
 
-class Context:
-    def __init__(self, db: str | None, keyword: str | None) -> None:
-        self.db = db
-        self.keyword = keyword
-        self._settings: config.Settings | None = None
-        self._store: JobStore | None = None
-
-    @property
-    def settings(self) -> config.Settings:
-        if self._settings is None:
-            self._settings = config.load_settings(self.keyword, self.db)
-        return self._settings
-
-    @property
-    def database_url(self) -> str:
-        """The URL with its password; ConfigError when the password file cannot be read."""
-        if self.settings.credentials_error:
-            raise config.ConfigError(self.settings.credentials_error)
-        return self.settings.database_url
-
-    @property
-    def store(self) -> JobStore:
-        if self._store is None:
-            # Admin queries scan whole queues (q -autocluster over 1M jobs takes seconds); the
-            # hooks' tight statement timeout protects slots, not an admin's terminal.
-            self._store = JobStore.from_url(
-                self.database_url, statement_timeout_ms=ADMIN_STATEMENT_TIMEOUT_MS
-            )
-        return self._store
-
-
-pass_ctx = click.make_pass_decorator(Context)
-
-
-def _fail(message: str) -> None:
-    click.echo(f"jobstore: {message}", err=True)
-    sys.exit(1)
-
-
-def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn expected failures into one line on stderr and exit status 1."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (DatabaseError, SubmitError, config.ConfigError, ValueError) as exc:
-            _fail(str(exc))
-        except UnknownJob as exc:
-            _fail(f"no such job: {exc.args[0]}")
-
-    return wrapper
-
-
-class _UsageLine(click.ClickException):
-    """A usage error shown as one line (click's own form takes four), exit status 2."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"jobstore: {self.message}", err=True)
-
-
-def _usage_line(exc: click.UsageError) -> _UsageLine:
-    sub = exc.ctx is not None and exc.ctx.parent is not None
-    where = f"{exc.ctx.info_name}: " if sub and exc.ctx is not None else ""
-    return _UsageLine(f"{where}{exc.format_message()} (see --help)")
-
-
-class _Group(click.Group):
-    """The `jobstore` group: usage errors of the group and its commands in one line."""
-
-    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
-        try:
-            return super().make_context(*args, **kwargs)
-        except click.UsageError as exc:
-            raise _usage_line(exc) from None
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            raise _usage_line(exc) from None
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--db",
-    metavar="URL",
-    help="SQLAlchemy database URL (default: $JOBSTORE_DATABASE_URL, "
-    "then <KEYWORD>_JOBSTORE_DATABASE_URL / JOBSTORE_DATABASE_URL in HTCondor "
-    "configuration, then a SQLite file under ~/.local/share/htcondor-jobstore).",
-)
-@click.option(
-    "--keyword", "-k", metavar="KW", help="Hook keyword whose settings to use (default JOBSTORE)."
-)
-@click.version_option(package_name="htcondor-jobstore")
-@click.pass_context
-def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
-    """Job store for HTCondor fetch-work hooks: execute nodes pull these jobs."""
-    ctx.obj = Context(db, keyword)
-
-
-@main.command()
-@pass_ctx
-@_guard
-def init(ctx: Context) -> None:
-    """Create or upgrade the job database schema (runs the Alembic migrations)."""
-    upgrade(ctx.database_url)
-    click.echo(f"job store ready: {safe_url(ctx.database_url)}")
-
-
-@main.command()
-@click.argument("role")
-@click.option("--print", "print_only", is_flag=True, help="Only print the statements.")
-@pass_ctx
-@_guard
-def grant(ctx: Context, role: str, print_only: bool) -> None:
-    """Give PostgreSQL role ROLE only what the agent and the hooks need (run as the owner).
-
-    ROLE may read the job store, append events and change the columns a claim, a transition or a
-    report changes; never a job's owner, command, queue, submitted ad or user log. Point the
-    agent's JOBSTORE_DATABASE_URL at ROLE."""
-    from sqlalchemy.exc import DBAPIError
-
-    from jobstore.db.grants import grant_hook_role, hook_role_statements
-
-    engine = ctx.store.engine
-    try:
-        if print_only:
-            statements = hook_role_statements(engine, role)
-        else:
-            statements = grant_hook_role(engine, role)
-    except DBAPIError as exc:
-        _fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
-        return
-    for sql in statements:
-        click.echo(f"{sql};")
-
-
-@main.command()
+@click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--owner", metavar="USER", help="Run the jobs as USER (root only; default: you).")
 @click.option(
@@ -173,28 +28,13 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
     help="Queue to put the jobs in (default: the keyword's JOBSTORE_QUEUE).",
 )
 @pass_ctx
-@_guard
+@guard
 def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> None:
     """Queue the jobs of an HTCondor submit description (or a plain ClassAd file)."""
     from jobstore.api.submission import submit_path
 
     cluster, ids = submit_path(ctx.store, file, ctx.settings, owner=owner, queue=queue)
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
-
-
-def _select(ctx: Context, ids: tuple[str, ...]) -> list[Job]:
-    jobs: list[Job] = []
-    for text in ids:
-        cluster, _, proc = text.partition(".")
-        try:
-            c, p = int(cluster), (int(proc) if proc else None)
-        except ValueError:
-            raise ValueError(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
-        found = ctx.store.find_jobs(c, p)
-        if not found:
-            raise UnknownJob(text)
-        jobs.extend(found)
-    return jobs
 
 
 def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool) -> None:
@@ -211,7 +51,7 @@ def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool) -> Non
         click.echo(views.format_table(*views.job_rows(jobs)))
         counts: dict[str, int] = {}
         for job in jobs:
-            counts[job["status"]] = counts.get(job["status"], 0) + 1
+            counts[job.status] = counts.get(job.status, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         click.echo(f"\nTotal: {len(jobs)} jobs" + (f"; {summary}" if summary else ""))
 
@@ -276,29 +116,6 @@ def _split_args(args: tuple[str, ...], autoformat: bool) -> tuple[tuple[str, ...
     return ids, attrs
 
 
-def _query(
-    ctx: Context, ids: tuple[str, ...], constraint: str | None, **filters: Any
-) -> list[Job]:
-    """The jobs that `q`/`history` show: constraint conjuncts that translate filter in SQL,
-    the rest is evaluated by classad2 on each job's ad."""
-    from jobstore.db.constraint import matches, plan
-
-    p = plan(constraint) if constraint else None
-    if ids:
-        jobs = _select(ctx, ids)
-        residual = ExprTree(p.text) if p else None
-    else:
-        jobs = ctx.store.list_jobs(where=p.where if p else None, **filters)
-        residual = p.residual if p else None
-    if residual is not None:
-        jobs = [j for j in jobs if matches(residual, _ad(ctx, j))]
-    return jobs
-
-
-def _ad(ctx: Context, job: Job) -> Any:
-    return views.job_ad(job, keyword=ctx.settings.keyword, uid_domain=ctx.settings.uid_domain)
-
-
 def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
     exprs = []
     for a in attrs:
@@ -307,21 +124,13 @@ def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
         except Exception:  # classad2 raises ClassAdException
             raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
     for job in jobs:
-        click.echo(views.autoformat(_ad(ctx, job), exprs))
+        click.echo(views.autoformat(ctx.shown.ad(job), exprs))
 
 
 def _print_autoclusters(
     ctx: Context, ids: tuple[str, ...], constraint: str | None, as_json: bool, **filters: Any
 ) -> None:
-    from jobstore.db.constraint import plan
-    from jobstore.db.store import AUTOCLUSTER_KEY
-
-    p = plan(constraint) if constraint else None
-    if ids or (p and p.residual is not None):  # not all in SQL: group what _query found
-        jobs = _query(ctx, ids, constraint, **filters)
-        groups = views.group_jobs(jobs, AUTOCLUSTER_KEY)
-    else:
-        groups = ctx.store.autoclusters(where=p.where if p else None, **filters)
+    groups = query.autoclusters(ctx.store, ctx.shown, ids, constraint, **filters)
     if as_json:
         click.echo(json.dumps(groups, indent=1))
         return
@@ -330,7 +139,7 @@ def _print_autoclusters(
     click.echo(f"\nTotal: {total} jobs in {len(groups)} autoclusters")
 
 
-@main.command()
+@click.command()
 @click.argument("ids", nargs=-1, metavar="[JOB]... [ATTR]...")
 @click.option("--all", "-a", "include_final", is_flag=True, help="Include finished jobs.")
 @click.option(
@@ -342,7 +151,7 @@ def _print_autoclusters(
 )
 @_query_options
 @pass_ctx
-@_guard
+@guard
 def q(
     ctx: Context,
     ids: tuple[str, ...],
@@ -365,18 +174,18 @@ def q(
     if autocluster:
         _print_autoclusters(ctx, ids, constraint, as_json, **filters)
         return
-    jobs = _query(ctx, ids, constraint, **filters)
+    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, **filters)
     if attrs:
         _print_autoformat(ctx, jobs, attrs)
     else:
         _print_jobs(ctx, jobs, as_json, long)
 
 
-@main.command()
+@click.command()
 @click.argument("attrs", nargs=-1, metavar="[ATTR]...")
 @_query_options
 @pass_ctx
-@_guard
+@guard
 def history(
     ctx: Context,
     attrs: tuple[str, ...],
@@ -391,8 +200,9 @@ def history(
     """List finished jobs (completed, failed, removed), like condor_history."""
     if attrs and not autoformat:
         raise ValueError("attribute names need -af")
-    jobs = _query(
-        ctx, (), constraint, statuses=statuses, owners=owners, queues=queues, final_only=True
+    jobs = query.query_jobs(
+        ctx.store, ctx.shown, (), constraint, statuses=statuses, owners=owners, queues=queues,
+        final_only=True,
     )
     if autoformat:
         if not attrs:
@@ -402,24 +212,24 @@ def history(
         _print_jobs(ctx, jobs, as_json, long)
 
 
-@main.command()
+@click.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
 @pass_ctx
-@_guard
+@guard
 def events(ctx: Context, job: str, as_json: bool) -> None:
     """Show every recorded transition and report of JOB."""
-    for row in _select(ctx, (job,)):
-        evs = ctx.store.events(row["id"])
+    for row in query.select_jobs(ctx.store, (job,)):
+        evs = ctx.store.events(row.id)
         if as_json:
             for e in evs:
                 click.echo(json.dumps(views.event_json(e)))
         else:
-            click.echo(f"Job {views.job_id(row)} ({row['status']})")
+            click.echo(f"Job {views.job_id(row)} ({row.status})")
             click.echo(views.format_table(*views.event_rows(evs)))
 
 
-@main.command()
+@click.command()
 @click.argument("ids", nargs=-1, metavar="[JOB]...")
 @click.option("--owner", "owners", multiple=True, metavar="USER", help="Only USER's jobs.")
 @click.option("--queue", "-q", "queues", multiple=True, metavar="Q", help="Only queue Q.")
@@ -457,7 +267,7 @@ def events(ctx: Context, job: str, as_json: bool) -> None:
 )
 @click.option("--catch-up", type=click.FloatRange(0.1), default=5.0, hidden=True)
 @pass_ctx
-@_guard
+@guard
 def watch(
     ctx: Context,
     ids: tuple[str, ...],
@@ -513,8 +323,7 @@ def watch(
 
 def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None) -> None:
     failed = False
-    for job in _select(ctx, ids):
-        outcome = ctx.store.admin(job["id"], event, reason)
+    for job, outcome in query.act(ctx.store, ids, event, reason):
         if outcome.changed:
             click.echo(f"Job {views.job_id(job)}: {outcome.before} -> {outcome.after}")
         else:
@@ -526,11 +335,11 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @click.argument("ids", nargs=-1, required=True, metavar="JOB...")
 @click.option("--reason", "-r", default="held by the administrator", help="Hold reason.")
 @pass_ctx
-@_guard
+@guard
 def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
     """Put jobs on hold: they are not handed out until released.
 
@@ -540,28 +349,28 @@ def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
     _admin(ctx, ids, Event.HOLD, reason)
 
 
-@main.command()
+@click.command()
 @click.argument("ids", nargs=-1, required=True, metavar="JOB...")
 @pass_ctx
-@_guard
+@guard
 def release(ctx: Context, ids: tuple[str, ...]) -> None:
     """Release held jobs back to idle."""
     _admin(ctx, ids, Event.RELEASE, "released by the administrator")
 
 
-@main.command()
+@click.command()
 @click.argument("ids", nargs=-1, required=True, metavar="JOB...")
 @pass_ctx
-@_guard
+@guard
 def rm(ctx: Context, ids: tuple[str, ...]) -> None:
     """Remove jobs (like condor_rm). The same caveat as `hold` applies to running jobs."""
     _admin(ctx, ids, Event.REMOVE, "removed by the administrator")
 
 
-@main.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True)
 @pass_ctx
-@_guard
+@guard
 def stats(ctx: Context, as_json: bool) -> None:
     """Count jobs by queue and status."""
     rows = ctx.store.stats()
@@ -574,96 +383,5 @@ def stats(ctx: Context, as_json: bool) -> None:
         click.echo(
             views.format_table(["QUEUE", "STATUS", "JOBS"], [[q_, s, str(n)] for q_, s, n in rows])
         )
-
-
-@main.command()
-@pass_ctx
-@_guard
-def reap(ctx: Context) -> None:
-    """Send jobs whose lease ran out back to idle now (fetch_job also does it now and then)."""
-    outcomes = ctx.store.reap()
-    for o in outcomes:
-        click.echo(f"job {o.job_id}: {o.before} -> {o.after} ({o.reason})")
-    click.echo(f"{len(outcomes)} expired lease(s) recovered.")
-
-
-@main.command()
-@click.option(
-    "--spool",
-    "spool_dir",
-    metavar="DIR",
-    help="Spool directory (default: the keyword's JOBSTORE_SPOOL).",
-)
-@pass_ctx
-@_guard
-def replay(ctx: Context, spool_dir: str | None) -> None:
-    """Send the hook reports kept in the local spool while the database was away.
-
-    As root: every account's reports, each checked as its owner's (an ordinary account's only
-    about its own jobs); reports that cannot be applied are quarantined (renamed .bad)."""
-    from pathlib import Path
-
-    from jobstore.node.handlers import record_group, spool_sender
-    from jobstore.node.spool import SpoolError
-    from jobstore.node.spool import replay as replay_spool
-
-    directory = Path(spool_dir or ctx.settings.spool)
-    send = spool_sender(config.service_uids(config.startd_users()))
-    try:
-        done = replay_spool(directory, send, limit=1_000_000, group=record_group)
-    except SpoolError as exc:
-        _fail(str(exc))
-    click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
-               f"{directory}")
-    if done.left:
-        sys.exit(1)
-
-
-@main.command("install-hooks")
-@click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--python", metavar="PATH", help="Interpreter for the hooks (default: this one).")
-@click.option(
-    "--agent-socket",
-    metavar="PATH",
-    help="The agent's socket baked into the hooks ($JOBSTORE_AGENT_SOCKET still wins).",
-)
-@click.option(
-    "--agent-user",
-    "agent_users",
-    metavar="USER",
-    multiple=True,
-    help="An account the agent may run as besides root (repeatable); the hooks trust no "
-    "socket served by any other account.",
-)
-@_guard
-def install_hooks_cmd(
-    directory: str, python: str | None, agent_socket: str | None, agent_users: tuple[str, ...]
-) -> None:
-    """Write the six hook executables into DIRECTORY, for <KEYWORD>_HOOK_* settings."""
-    from jobstore.agent.hooktemplates import install_hooks
-
-    for name, path in install_hooks(directory, python, agent_socket, agent_users).items():
-        click.echo(f"JOBSTORE_HOOK_{name} = {path}")
-
-
-@main.command()
-@click.option("--socket", "socket_path", metavar="PATH",
-              help="Unix socket to listen on (default: JOBSTORE_AGENT_SOCKET).")
-@click.option("-f", "--foreground", is_flag=True,
-              help="Log to stderr, not to JOBSTORE_AGENT_LOG.")
-@_guard
-def agent(socket_path: str | None, foreground: bool) -> None:
-    """Run the per-node agent that serves the hooks (condor_master starts it)."""
-    from jobstore.agent.server import AgentError, run_agent
-
-    try:
-        code = run_agent(socket_path, foreground=foreground)
-    except AgentError as exc:
-        _fail(str(exc))
-    sys.exit(code)
-
-
-main.add_command(demo)
-main.add_command(emulate)
 
 

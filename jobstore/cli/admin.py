@@ -1,0 +1,137 @@
+"""The administrator's commands: the database, the node's hooks and agent, the spool."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from jobstore.cli.context import Context, fail, guard, pass_ctx
+from jobstore.db.engine import safe_url, upgrade
+from jobstore.node import config
+
+
+@click.command()
+@pass_ctx
+@guard
+def init(ctx: Context) -> None:
+    """Create or upgrade the job database schema (runs the Alembic migrations)."""
+    upgrade(ctx.database_url)
+    click.echo(f"job store ready: {safe_url(ctx.database_url)}")
+
+
+@click.command()
+@click.argument("role")
+@click.option("--print", "print_only", is_flag=True, help="Only print the statements.")
+@pass_ctx
+@guard
+def grant(ctx: Context, role: str, print_only: bool) -> None:
+    """Give PostgreSQL role ROLE only what the agent and the hooks need (run as the owner).
+
+    ROLE may read the job store, append events and change the columns a claim, a transition or a
+    report changes; never a job's owner, command, queue, submitted ad or user log. Point the
+    agent's JOBSTORE_DATABASE_URL at ROLE."""
+    from sqlalchemy.exc import DBAPIError
+
+    from jobstore.db.grants import grant_hook_role, hook_role_statements
+
+    engine = ctx.store.engine
+    try:
+        if print_only:
+            statements = hook_role_statements(engine, role)
+        else:
+            statements = grant_hook_role(engine, role)
+    except DBAPIError as exc:
+        fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
+        return
+    for sql in statements:
+        click.echo(f"{sql};")
+
+
+@click.command()
+@pass_ctx
+@guard
+def reap(ctx: Context) -> None:
+    """Send jobs whose lease ran out back to idle now (fetch_job also does it now and then)."""
+    outcomes = ctx.store.reap()
+    for o in outcomes:
+        click.echo(f"job {o.job_id}: {o.before} -> {o.after} ({o.reason})")
+    click.echo(f"{len(outcomes)} expired lease(s) recovered.")
+
+
+@click.command()
+@click.option(
+    "--spool",
+    "spool_dir",
+    metavar="DIR",
+    help="Spool directory (default: the keyword's JOBSTORE_SPOOL).",
+)
+@pass_ctx
+@guard
+def replay(ctx: Context, spool_dir: str | None) -> None:
+    """Send the hook reports kept in the local spool while the database was away.
+
+    As root: every account's reports, each checked as its owner's (an ordinary account's only
+    about its own jobs); reports that cannot be applied are quarantined (renamed .bad)."""
+    from pathlib import Path
+
+    from jobstore.node.handlers import record_group, spool_sender
+    from jobstore.node.spool import SpoolError
+    from jobstore.node.spool import replay as replay_spool
+
+    directory = Path(spool_dir or ctx.settings.spool)
+    send = spool_sender(config.service_uids(config.startd_users()))
+    try:
+        done = replay_spool(directory, send, limit=1_000_000, group=record_group)
+    except SpoolError as exc:
+        fail(str(exc))
+    click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
+               f"{directory}")
+    if done.left:
+        sys.exit(1)
+
+
+@click.command("install-hooks")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--python", metavar="PATH", help="Interpreter for the hooks (default: this one).")
+@click.option(
+    "--agent-socket",
+    metavar="PATH",
+    help="The agent's socket baked into the hooks ($JOBSTORE_AGENT_SOCKET still wins).",
+)
+@click.option(
+    "--agent-user",
+    "agent_users",
+    metavar="USER",
+    multiple=True,
+    help="An account the agent may run as besides root (repeatable); the hooks trust no "
+    "socket served by any other account.",
+)
+@guard
+def install_hooks_cmd(
+    directory: str, python: str | None, agent_socket: str | None, agent_users: tuple[str, ...]
+) -> None:
+    """Write the six hook executables into DIRECTORY, for <KEYWORD>_HOOK_* settings."""
+    from jobstore.agent.hooktemplates import install_hooks
+
+    for name, path in install_hooks(directory, python, agent_socket, agent_users).items():
+        click.echo(f"JOBSTORE_HOOK_{name} = {path}")
+
+
+@click.command()
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="Unix socket to listen on (default: JOBSTORE_AGENT_SOCKET).")
+@click.option("-f", "--foreground", is_flag=True,
+              help="Log to stderr, not to JOBSTORE_AGENT_LOG.")
+@guard
+def agent(socket_path: str | None, foreground: bool) -> None:
+    """Run the per-node agent that serves the hooks (condor_master starts it)."""
+    from jobstore.agent.server import AgentError, run_agent
+
+    try:
+        code = run_agent(socket_path, foreground=foreground)
+    except AgentError as exc:
+        fail(str(exc))
+    sys.exit(code)
+
+

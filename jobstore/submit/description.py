@@ -1,0 +1,392 @@
+"""Submit descriptions (the condor_submit language), read with htcondor2.Submit: macros,
+``+Attr``, queue statements."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import classad2
+import htcondor2
+
+from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
+from jobstore.submit.classadfile import AD_FIELDS
+from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
+from jobstore.submit.syntax import args_to_v2, env_to_v2
+from jobstore.submit.values import (
+    CONTROL,
+    IDENT,
+    INT,
+    SUBMIT_NAMES,
+    abspath,
+    check_custom_name,
+    check_spec,
+    check_text_controls,
+    check_value,
+    old_expr,
+    parse_int,
+    parse_retry_until,
+    parse_size,
+    read_text,
+)
+
+QUEUE_LINE = re.compile(r"(?i)queue(?:\s|$)")
+_QUEUE_KEYWORD = re.compile(r"(?i)(?:^|(?<=[\s,]))(in|from|matching)(?=\s|\(|$)")
+_CLUSTER_SENTINEL = "JOBSTORE_CLUSTER_ID_IS_NOT_KNOWN_AT_SUBMIT_TIME"
+
+
+_COMMANDS: dict[str, tuple[str, ...]] = {
+    "executable": ("executable",),
+    "arguments": ("arguments",),
+    "environment": ("environment", "env"),
+    "input": ("input",),
+    "output": ("output",),
+    "error": ("error",),
+    "initialdir": ("initialdir", "initial_dir"),
+    "request_cpus": ("request_cpus", "requestcpus"),
+    "request_memory": ("request_memory", "requestmemory"),
+    "request_disk": ("request_disk", "requestdisk"),
+    "requirements": ("requirements",),
+    "priority": ("priority", "prio"),
+    "max_retries": ("max_retries",),
+    "success_exit_code": ("success_exit_code",),
+    "retry_until": ("retry_until",),
+    "log": ("log",),
+    "universe": ("universe",),
+    "transfer_input_files": ("transfer_input_files",),
+}
+
+
+def parse_submit_file(
+    path: str | Path, *, extra_vars: dict[str, str] | None = None
+) -> list[JobSpec]:
+    """Read a submit description file; ``extra_vars`` are macros set after the file's own."""
+    path = Path(path)
+    text = read_text(path)
+    base_dir = Path(os.path.abspath(path)).parent
+    return parse_submit_text(text, base_dir=base_dir, extra_vars=extra_vars, source=str(path))
+
+
+def parse_submit_text(
+    text: str,
+    *,
+    base_dir: str | Path,
+    extra_vars: dict[str, str] | None = None,
+    source: str | None = None,
+) -> list[JobSpec]:
+    """Parse submit-language ``text``; relative paths resolve against ``base_dir``.
+
+    ``queue ... from FILE`` and ``queue ... matching GLOB`` are resolved against ``base_dir``
+    too (the process's working directory is changed for the duration of that call).
+    """
+    source = source or "submit description"
+    base = os.path.abspath(base_dir)
+    if not os.path.isdir(base):
+        raise SubmitError(f"{source}: base directory {base} does not exist")
+    text = text.replace("\r\n", "\n")
+    check_text_controls(source, text)
+    _check_submit_lines(source, text)
+    with contextlib.chdir(base):
+        submit = _make_submit(source, text)
+        for name, value in (extra_vars or {}).items():
+            _set_extra_var(source, submit, name, value)
+        keys = {k.lower(): k for k in submit}
+        items, count = _queue_items(source, submit)
+    return _SubmitExpander(source, base, submit, keys).specs(items, count)
+
+
+def _check_submit_lines(source: str, text: str) -> None:
+    """Exactly one queue statement; no commands run while parsing."""
+    queues: list[int] = []
+    in_block = continued = False
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        was_continued, continued = continued, line.endswith("\\")
+        if was_continued:
+            continue
+        if in_block:
+            in_block = not line.startswith(")")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        if re.match(r"(?i)include\s+command\b", line) or (
+            re.match(r"(?i)include\s*:", line) and line.endswith("|")
+        ):
+            raise SubmitError(
+                f"{source}: line {number}: 'include' of a command's output is not supported"
+            )
+        if QUEUE_LINE.match(line):
+            queues.append(number)
+            in_block = line.endswith("(")
+    if not queues:
+        raise SubmitError(f"{source}: no queue statement")
+    if len(queues) > 1:
+        raise SubmitError(
+            f"{source}: line {queues[1]}: only one queue statement is supported "
+            f"(first one on line {queues[0]})"
+        )
+
+
+def _make_submit(source: str, text: str) -> htcondor2.Submit:
+    """``htcondor2.Submit(text)`` with errors turned into SubmitError."""
+    try:
+        return htcondor2.Submit(text)
+    except Exception as exc:
+        detail = _find_bad_line(text) or str(exc)
+        raise SubmitError(f"{source}: syntax error: {detail}") from None
+
+
+_SUBMIT_LINE = re.compile(
+    r"""(?ix)
+    (?: [+A-Za-z_$(][^=:]*? \s* = .*            # name = value
+      | (?:include|use|error|warning)\b .* : .*   # include : file, use template : x
+      | (?:if|elif)\b .*  | else | endif
+      | queue\b .*
+    )$"""
+)
+
+
+def _find_bad_line(text: str) -> str | None:
+    """The first line that is not a submit statement, for a better syntax error message."""
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if line and not line.startswith("#") and not _SUBMIT_LINE.match(line):
+            return f"line {number}: cannot parse {line!r}"
+        if QUEUE_LINE.match(line):
+            return None
+    return None
+
+
+def _set_extra_var(source: str, submit: htcondor2.Submit, name: str, value: str) -> None:
+    """Set one caller-supplied macro."""
+    if not IDENT.fullmatch(name):
+        raise SubmitError(f"{source}: variable name {name!r} is not a valid identifier")
+    if CONTROL.search(value):
+        raise SubmitError(
+            f"{source}: variable {name} contains a newline or other control character"
+        )
+    submit[name] = value
+
+
+def _queue_items(source: str, submit: htcondor2.Submit) -> tuple[list[dict[str, str]], int]:
+    """The queue statement's item rows (one empty row for plain ``queue N``) and count N."""
+    qargs = (submit.getQArgs() or "").strip()
+    match = _QUEUE_KEYWORD.search(qargs)
+    head = qargs if match is None else qargs[: match.start(1)]
+    tokens = [t for t in re.split(r"[\s,]+", head.strip()) if t]
+    count_text = "1"
+    if match is None and head.strip():
+        count_text = head.strip()
+    elif tokens and not IDENT.fullmatch(tokens[0]):
+        count_text = tokens[0]
+    count = _queue_count(source, submit, count_text)
+    if match is None:
+        return [{}], count
+    if match.group(1).lower() == "from" and qargs.endswith("|"):
+        raise SubmitError(f"{source}: queue: 'from' a command's output is not supported")
+    try:
+        rows = submit.itemdata()
+        items = [] if rows is None else [dict(row) for row in rows]
+    except Exception as exc:
+        raise SubmitError(f"{source}: queue {qargs}: {exc}") from None
+    return items, count
+
+
+def _queue_count(source: str, submit: htcondor2.Submit, text: str) -> int:
+    """Expand and evaluate the count of a queue statement."""
+    submit["JobstoreQueueCount"] = text
+    try:
+        expanded = submit.expand("JobstoreQueueCount").strip()
+    except Exception as exc:
+        raise SubmitError(f"{source}: queue: cannot expand count {text!r}: {exc}") from None
+    if INT.fullmatch(expanded):
+        return _check_count(source, int(expanded), expanded)
+    try:
+        value = classad2.ExprTree(expanded).eval()
+    except Exception:
+        value = None
+    if type(value) is int:  # not bool, not classad2.Value (an IntEnum)
+        return _check_count(source, value, expanded)
+    raise SubmitError(f"{source}: queue: count {expanded!r} is not an integer")
+
+
+def _check_count(source: str, count: int, text: str) -> int:
+    """Queue counts must be non-negative and bounded."""
+    if count < 0:
+        raise SubmitError(f"{source}: queue: count {text!r} is negative")
+    if count > MAX_PROCS:
+        raise SubmitError(f"{source}: queue: {count} procs is more than the limit of {MAX_PROCS}")
+    return count
+
+
+class _SubmitExpander:
+    """Expands the commands of a parsed submit description once per proc."""
+
+    def __init__(self, source: str, base: str, submit: htcondor2.Submit, keys: dict[str, str]):
+        self.source = source
+        self.base = base
+        self.submit = submit
+        self.commands = self._command_keys(keys)
+        self.custom_keys = {k[3:]: k for low, k in keys.items() if low.startswith("my.")}
+        self.dynamic = any("$" in submit[k] for k in self._used_keys())
+        submit["Cluster"] = submit["ClusterId"] = _CLUSTER_SENTINEL
+
+    @staticmethod
+    def _command_keys(keys: dict[str, str]) -> dict[str, str]:
+        """Canonical command -> the key the file used for it (first alias present)."""
+        found: dict[str, str] = {}
+        for command, aliases in _COMMANDS.items():
+            for alias in aliases:
+                if alias in keys:
+                    found[command] = keys[alias]
+                    break
+        return found
+
+    def _used_keys(self) -> list[str]:
+        return [*self.commands.values(), *self.custom_keys.values()]
+
+    def specs(self, items: list[dict[str, str]], count: int) -> list[JobSpec]:
+        """One JobSpec per (item, step)."""
+        total = len(items) * count
+        if total > MAX_PROCS:
+            raise SubmitError(
+                f"{self.source}: queue: {total} procs is more than the limit of {MAX_PROCS}"
+            )
+        if total == 0:
+            raise SubmitError(f"{self.source}: the queue statement produces no jobs")
+        specs: list[JobSpec] = []
+        proc = 0
+        for row, item in enumerate(items):
+            for step in range(count):
+                if specs and not self.dynamic:
+                    first = specs[0]
+                    specs.append(
+                        dataclasses.replace(first, proc_id=proc, custom=dict(first.custom))
+                    )
+                else:
+                    self._set_proc_vars(item, proc, step, row)
+                    specs.append(self._spec(proc))
+                proc += 1
+        return specs
+
+    def _set_proc_vars(self, item: dict[str, str], proc: int, step: int, row: int) -> None:
+        """Set item variables and the per-proc built-in macros."""
+        for name, value in item.items():
+            self.submit[name] = value
+        for name in ("Process", "ProcId"):
+            self.submit[name] = str(proc)
+        self.submit["Step"] = str(step)
+        self.submit["Row"] = self.submit["ItemIndex"] = str(row)
+        if not item:
+            self.submit["Item"] = ""
+
+    def _expand(self, key: str, what: str, proc: int) -> str:
+        """Expand one command for the current proc (an empty value counts as unset)."""
+        raw = self.submit.get(key, "").strip()
+        if not raw:
+            return ""
+        try:
+            value = self.submit.expand(key).strip()
+        except Exception:
+            raise self._error(what, f"cannot expand the macros in {raw!r}", proc) from None
+        if _CLUSTER_SENTINEL in value:
+            message = "$(Cluster)/$(ClusterId) is not known when jobs are read for the job store"
+            raise self._error(what, message, proc)
+        return value
+
+    def _error(self, what: str, message: str, proc: int) -> SubmitError:
+        where = f" (proc {proc})" if self.dynamic else ""
+        return SubmitError(f"{self.source}{where}: {what}: {message}")
+
+    def _spec(self, proc: int) -> JobSpec:
+        """Build the JobSpec of one proc."""
+        values = {
+            command: self._expand(key, command, proc) for command, key in self.commands.items()
+        }
+        values = {k: v for k, v in values.items() if v != ""}
+        custom = {}
+        for name, key in self.custom_keys.items():
+            value = self._expand(key, f"+{name}", proc)
+            if value != "":
+                custom[name] = value
+        return self._build(values, custom, proc)
+
+    def _build(self, values: dict[str, str], custom: dict[str, str], proc: int) -> JobSpec:
+        """Convert expanded command values, naming the command in any error."""
+        current = "executable"
+
+        def conv(command: str, func: Callable[[str], Any], default: Any = None) -> Any:
+            nonlocal current
+            current = command
+            return func(values[command]) if command in values else default
+
+        try:
+            self._check_unsupported(values)
+            iwd = conv("initialdir", lambda v: abspath(self.base, v), self.base)
+            cmd = conv("executable", lambda v: abspath(iwd, v))
+            if cmd is None:
+                raise ValueError("missing: every job needs an executable")
+            spec = JobSpec(
+                cmd=cmd,
+                args=conv("arguments", args_to_v2, ""),
+                env=conv("environment", env_to_v2, ""),
+                iwd=iwd,
+                input=conv("input", str),
+                output=conv("output", str),
+                error=conv("error", str),
+                request_cpus=conv("request_cpus", lambda v: parse_int(v, 1), 1),
+                request_memory=conv(
+                    "request_memory", lambda v: parse_size(v, 1 << 20), DEFAULT_REQUEST_MEMORY
+                ),
+                request_disk=conv(
+                    "request_disk", lambda v: parse_size(v, 1 << 10), DEFAULT_REQUEST_DISK
+                ),
+                requirements=conv("requirements", old_expr),
+                priority=conv("priority", parse_int, 0),
+                max_retries=conv("max_retries", lambda v: parse_int(v, 0)),
+                success_exit_code=conv("success_exit_code", parse_int, 0),
+                retry_until=conv("retry_until", parse_retry_until),
+                user_log=conv("log", lambda v: abspath(iwd, v)),
+                proc_id=proc,
+            )
+            check_spec(spec, SUBMIT_NAMES)
+        except ValueError as exc:
+            raise self._error(getattr(exc, "what", current), str(exc), proc) from None
+        spec.custom = self._custom(custom, proc)
+        return spec
+
+    @staticmethod
+    def _check_unsupported(values: dict[str, str]) -> None:
+        """Universe other than vanilla and file transfer cannot be honoured."""
+        universe = values.get("universe", "vanilla")
+        if universe.lower() != "vanilla":
+            raise FieldError(
+                "universe",
+                f"{universe!r} is not supported; jobs fetched from the job store run in the "
+                "vanilla universe",
+            )
+        if values.get("transfer_input_files"):
+            raise FieldError(
+                "transfer_input_files",
+                "is not supported: jobs fetched from the job store have no file transfer "
+                "(use a shared file system)",
+            )
+
+    def _custom(self, custom: dict[str, str], proc: int) -> dict[str, str]:
+        """Validate ``+Attr`` / ``MY.Attr`` values."""
+        result: dict[str, str] = {}
+        for name, value in custom.items():
+            try:
+                check_custom_name(name)
+                if name.lower() in AD_FIELDS:
+                    raise ValueError(f"{name} is set by a submit command; use the command instead")
+                check_value(f"+{name}", value, is_string=False)
+                result[name] = old_expr(value)
+            except ValueError as exc:
+                raise self._error(getattr(exc, "what", f"+{name}"), str(exc), proc) from None
+        return result
