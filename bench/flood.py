@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobstore.testing.support import ensure_account
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -34,11 +36,7 @@ FLOOD = ROOT / "tests" / "agent_flood.py"  # the same client as tests/test_secur
 
 
 def account(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", name], check=True)
-        return pwd.getpwnam(name)
+    return ensure_account(name, home=False)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -32,6 +32,7 @@ from jobstore.db.constraint import plan
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import jobs
 from jobstore.db.store import JobStore
+from jobstore.testing.support import libpq_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 OWNERS = 50
@@ -44,15 +45,11 @@ STATUS_SQL = (
 )
 
 
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def populate(url: str, n: int) -> None:
     """n jobs in 1,000-job clusters with varied owners, requests and statuses; one event each."""
     ad = json.dumps({"Cmd": "/bin/sleep", "Arguments": "10", "Iwd": "/tmp", "Project": "bench"})
     now = time.time()
-    with psycopg.connect(libpq(url)) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         conn.execute(
             "INSERT INTO clusters (owner, queue, num_procs, submitted_at)"
             " SELECT 'user' || (c %% %s), 'default', 1000, %s"
@@ -75,7 +72,7 @@ def populate(url: str, n: int) -> None:
             " SELECT id, %s, 'submit', NULL, 'idle', 0 FROM jobs ORDER BY id",
             (now,),
         )
-    with psycopg.connect(libpq(url), autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
 
 
@@ -115,7 +112,7 @@ def main() -> int:
     args = ap.parse_args()
     n = 100_000 if args.quick else 1_000_000
     name = f"jobstore_bench_q_{secrets.token_hex(6)}"
-    admin = libpq(args.db_url)
+    admin = libpq_url(args.db_url)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = make_url(args.db_url).set(database=name).render_as_string(hide_password=False)

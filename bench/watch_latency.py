@@ -37,15 +37,12 @@ from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
+from jobstore.testing.support import libpq_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REQ = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@bench",
                    host="bench", keyword="JOBSTORE", claim_lease=600)
 EXIT = {"ExitCode": 0, "ExitBySignal": False}
-
-
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def submit(store: JobStore, n: int) -> list[int]:
@@ -143,7 +140,7 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of idle measurement")
     opts = ap.parse_args()
     name = f"jobstore_bench_watch_{uuid.uuid4().hex[:12]}"
-    admin = libpq(opts.db_url)
+    admin = libpq_url(opts.db_url)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(opts.db_url).set(database=name).render_as_string(hide_password=False)

@@ -1,3 +1,43 @@
-"""htcondor-jobstore: fetch-work hooks that pull HTCondor jobs from a job database."""
+"""htcondor-jobstore: fetch-work hooks that pull HTCondor jobs from a job database.
+
+The public face for Python callers, loaded on first use so that the hooks, which import
+`jobstore.agent.client`, never pay for the database layers:
+
+    from jobstore import JobStore, JobSpec, subscribe
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_PUBLIC = {
+    "JobStore": "jobstore.db.store",
+    "Outcome": "jobstore.db.store",
+    "Job": "jobstore.core.jobs",
+    "JobEvent": "jobstore.core.jobs",
+    "JobSpec": "jobstore.core.jobs",
+    "JobFinished": "jobstore.api.watch",
+    "subscribe": "jobstore.api.watch",
+    "watch": "jobstore.api.watch",
+    "submit_path": "jobstore.api.submission",
+    "SubmitError": "jobstore.submit",
+    "load_jobs": "jobstore.submit",
+    "DatabaseError": "jobstore.errors",
+    "UnknownJob": "jobstore.errors",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobstore' has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -12,17 +12,13 @@ import pytest
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from jobstore.testing.support import libpq_url  # noqa: F401 - for the tests
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TRANSCRIPTS = FIXTURES / "htcondor-transcripts"
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-
-
-def libpq_url(sqlalchemy_url: str) -> str:
-    """A SQLAlchemy URL (``postgresql+psycopg://...``) as a libpq connection URI."""
-    url = make_url(sqlalchemy_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

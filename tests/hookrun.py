@@ -9,6 +9,7 @@ from pathlib import Path
 
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.node.hooktable import BY_CONDOR_NAME, CONDOR_NAMES, OUTPUT_HOOKS
+from jobstore.testing.support import hook_env  # noqa: F401 - for the tests
 
 __all__ = ["BY_CONDOR_NAME", "CLOSED_OUTPUT", "HookResult", "hook_env", "run_hook"]
 CLOSED_OUTPUT = {ours for ours, condor in CONDOR_NAMES.items() if condor not in OUTPUT_HOOKS}
@@ -43,17 +44,3 @@ def run_hook(
         preexec_fn=hook_preexec(close_output),
     )
     return HookResult(proc.stdout or b"", proc.stderr or b"", proc.returncode)
-
-
-def hook_env(db_url: str, condor_config: Path, **extra: str) -> dict[str, str]:
-    """A hook environment: what the condor_master passes, plus our database URL."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": "/root",
-        "CONDOR_CONFIG": str(condor_config),
-        "JOBSTORE_DATABASE_URL": db_url,
-        "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
-        "JOBSTORE_SPOOL": str(condor_config.parent / "spool"),
-    }
-    env.update(extra)
-    return env

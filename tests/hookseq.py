@@ -3,8 +3,6 @@ job's whole hook sequence (FETCH_WORK .. JOB_EXIT) through the real hook executa
 
 from __future__ import annotations
 
-import os
-import pwd
 import random
 import signal
 import subprocess
@@ -18,18 +16,7 @@ from hookrun import CLOSED_OUTPUT, hook_preexec
 from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
-
-
-def ordinary_owner() -> str:
-    """An ordinary account (uid >= 1000) to own the jobs: the invoking user, or as root `alice`
-    (created if missing), since fetch_job never hands out root's or a system account's jobs."""
-    if os.getuid() != 0:
-        return pwd.getpwuid(os.getuid()).pw_name
-    try:
-        pwd.getpwnam("alice")
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "alice"], check=True)
-    return "alice"
+from jobstore.testing.support import ordinary_owner  # noqa: F401 - for the tests
 
 
 def submit_jobs(store: JobStore, n: int, owner: str, *, max_attempts: int = 5,

@@ -23,6 +23,7 @@ from jobstore.core.states import Event
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.formats import classads
+from jobstore.testing.support import insert_identity
 
 T = TRANSCRIPTS
 HOOKS = [
@@ -56,11 +57,6 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+\[\d+\] ")
 
 def sample(hook: str, argv: list[str]) -> bytes:
     return (T / SAMPLES[(hook, tuple(argv))]).read_bytes()
-
-
-def insert_identity(stdin: bytes, identity: list[bytes]) -> bytes:
-    """Our identity lines inserted at the top of the job ad; the rest stays as recorded."""
-    return b"\n".join(identity) + b"\n" + stdin
 
 
 def dump(store: JobStore) -> tuple[list[tuple], list[tuple]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import socket
 import subprocess
 import sys
@@ -15,18 +14,9 @@ import pytest
 from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 
+from jobstore.testing.support import ordinary_owner as _owner
+
 JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
-
-
-def _owner() -> str:
-    """An ordinary account to own jobs: ourselves, or (as root) `alice`, created if needed."""
-    if os.geteuid() != 0:
-        return pwd.getpwuid(os.getuid()).pw_name
-    try:
-        pwd.getpwnam("alice")
-    except KeyError:
-        subprocess.run(["useradd", "-u", "1001", "--create-home", "alice"], check=True)
-    return "alice"
 
 
 def cli(db_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
+from jobstore.testing.support import ordinary_owner
 
 WORKERS = 16
 STORE_JOBS = 2000
@@ -32,17 +33,10 @@ SLOT_AD = Path("htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin")
 
 @pytest.fixture(scope="session")
 def job_owner() -> str:
-    """An existing ordinary account to own the jobs: `alice` (uid 1001) when running as root,
-    created if missing; otherwise the invoking user."""
-    if os.getuid() != 0:
-        return pwd.getpwuid(os.getuid()).pw_name
-    try:
-        pwd.getpwnam("alice")
-    except KeyError:
-        subprocess.run(["useradd", "--uid", "1001", "--no-create-home", "alice"], check=True)
-    entry = pwd.getpwnam("alice")
-    assert 1000 <= entry.pw_uid < 65534
-    return "alice"
+    """An existing ordinary account to own the jobs (jobstore.testing.support.ordinary_owner)."""
+    owner = ordinary_owner()
+    assert 1000 <= pwd.getpwnam(owner).pw_uid < 65534
+    return owner
 
 
 def fill(url: str, n: int, owner: str) -> list[int]:

@@ -23,17 +23,14 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.node import config
+from jobstore.testing.support import ensure_account
 
 SERVICE_ACCOUNT = "jscondor"
 JOB_USERS = ("jsalice", "jsbob")
 
 
 def _ensure_account(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", name], check=True)
-        return pwd.getpwnam(name)
+    return ensure_account(name, home=True)
 
 
 def _node(tmp: Path, db_url: str, **overrides) -> tuple[EmulatorConfig, Path]:  # type: ignore[no-untyped-def]

@@ -28,6 +28,7 @@ from jobstore.db.store import JobStore
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
 from jobstore.node import config
+from jobstore.testing.support import a_job
 
 SLOT = TRANSCRIPTS
 SLOT_AD = "01-normal-job/01-FETCH_WORK.stdin"
@@ -347,10 +348,8 @@ SUBMITTABLE = st.text(
 @given(values=st.lists(st.text(max_size=20), min_size=1, max_size=6))
 def test_render_any_database_string(values: list[str]) -> None:
     """In-process: any string from the database is printed exactly on one line, or refused."""
-    row = {"ad": {"Cmd": "/bin/true", **{f"S{i}": v for i, v in enumerate(values)}},
-           "owner": "alice", "cluster_id": 1, "proc_id": 0, "id": 1, "submitted_at": 0,
-           "priority": 0, "request_cpus": 1, "request_memory": 1, "request_disk": 1,
-           "queue": "default", "claims": 1, "token": "0" * 32}
+    row = a_job(ad={"Cmd": "/bin/true", **{f"S{i}": v for i, v in enumerate(values)}},
+                owner="alice", claims=1, token="0" * 32)
     try:
         text = render_job(row, keyword="JOBSTORE", uid_domain="d", job_lease_duration=60)
     except classads.AdError as exc:

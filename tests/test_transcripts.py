@@ -15,7 +15,6 @@ import json
 import os
 import pwd
 import re
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from jobstore.core.states import Status
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
+from jobstore.testing.support import ensure_account, insert_identity
 
 IDENTITY = ("JobstoreAttempt", "JobstoreJobId", "JobstoreToken")
 REQUIRED_ATTRS = (
@@ -146,22 +146,6 @@ def recorded_job_ad(text: bytes) -> classad2.ClassAd | None:
     return ad if "ClusterId" in ad else None
 
 
-def insert_identity(stdin: bytes, identity: list[bytes], *, reply_fetch: bool) -> bytes:
-    """Insert our identity lines into the job ad part, in sorted position; nothing else changes."""
-    lines = stdin.split(b"\n")
-    end = lines.index(b"-----") if reply_fetch else len(lines)
-    for new in sorted(identity, key=lambda b: b.lower()):
-        name = new.split(b" = ", 1)[0].lower()
-        pos = end
-        for i in range(end):
-            if lines[i] and lines[i].split(b" = ", 1)[0].lower() > name:
-                pos = i
-                break
-        lines.insert(pos, new)
-        end += 1
-    return b"\n".join(lines)
-
-
 def claim_id_parts(stdin: bytes) -> list[bytes]:
     """Pieces of the ClaimId value that appear nowhere else in the stdin (the secret parts)."""
     last = stdin.rstrip(b"\n").rsplit(b"\n", 1)[-1]
@@ -231,7 +215,7 @@ def alice() -> str:
     except KeyError:
         if os.geteuid() != 0:
             pytest.skip("needs the account alice (uid 1001): run as root to create it")
-        subprocess.run(["useradd", "-u", "1001", "-M", "alice"], check=True)
+        ensure_account("alice", uid=1001)
     return "alice"
 
 

@@ -155,7 +155,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[st
                        slot="slot1@node01", host="node01", keyword="JOBSTORE", claim_lease=600)
     job = s.claim(req, lambda row: Verdict(take=True))
     assert job is not None
-    return s, dict(job), url
+    return s, job, url
 
 
 @settings(max_examples=200, deadline=None,

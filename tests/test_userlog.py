@@ -24,6 +24,7 @@ from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.formats.userlog import LogEvent, aborted_body, evicted_body, log_events
 from jobstore.node import config
+from jobstore.testing.support import a_job, ensure_account
 
 ET = htcondor2.JobEventType
 OWNER, SERVICE = "jsalice", "jscondor"
@@ -49,11 +50,7 @@ queue 6
 
 
 def _account(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", name], check=True)
-        return pwd.getpwnam(name)
+    return ensure_account(name, home=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -177,7 +174,7 @@ def _record(event: Event, before: str, after: str, **attrs: object) -> dict[str,
 
 def test_retries_and_failures_map_to_requeue_and_abort(tmp_path: Path) -> None:
     """Exit with a retry -> evicted 'terminated and requeued'; out of attempts -> aborted."""
-    job = {"cluster_id": 7, "proc_id": 2, "host": "n1", "slot": "slot1@n1", "image_size": 0}
+    job = a_job(cluster_id=7, proc_id=2, host="n1", slot="slot1@n1", image_size=0)
     records = [
         _record(Event.EXIT, "running", "idle", ExitCode=4, ExitBySignal=False),
         _record(Event.START, "accepted", "running", ImageSize=2048),

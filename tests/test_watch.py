@@ -23,7 +23,8 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
-from jobstore.db.store import NOTIFY_CHANNEL, JobStore
+from jobstore.db.notify import CHANNEL as NOTIFY_CHANNEL
+from jobstore.db.store import JobStore
 
 TIMEOUT = 120
 

@@ -87,7 +87,7 @@ def install_hooks(
     # usual way (site-packages).
     package_root = None
     if interpreter == sys.executable:
-        package_root = str(Path(__file__).resolve().parents[2])  # the directory that holds jobstore/
+        package_root = str(Path(__file__).resolve().parents[2])  # where jobstore/ is
     uids = agent_uids(agent_users)
     _compile_client()
     paths = {}

@@ -24,18 +24,18 @@ with backoff and goes on from the last id it saw.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from jobstore.core.jobs import FeedEvent, Job, JobEvent, parse_job_id
+from jobstore.core.jobs import FeedEvent, Job, JobEvent, JobRecord, parse_job_id
 from jobstore.core.states import FINAL, Status
 from jobstore.db.engine import make_engine
-from jobstore.db.store import NOTIFY_CHANNEL, JobStore
+from jobstore.db.notify import Listener
+from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, UnknownJob
 
 __all__ = [
@@ -55,7 +55,7 @@ MAX_GAP_RANGES = 100
 
 
 @dataclass(frozen=True)
-class JobFinished:
+class JobFinished(JobRecord):
     """The last record of a job: it reached a final state (completed, failed, removed).
 
     `succeeded`: completed, not by a signal, with the job's success_exit_code (default 0).
@@ -73,13 +73,6 @@ class JobFinished:
     reason: str | None
     event_id: int | None
     event: str = "finished"
-
-    @property
-    def job(self) -> str:
-        return f"{self.cluster}.{self.proc}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, **asdict(self)}
 
     @classmethod
     def from_job(cls, job: Job) -> JobFinished:
@@ -188,53 +181,6 @@ def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-class _Listener:
-    """A dedicated autocommit psycopg connection that LISTENs on the store's channel."""
-
-    def __init__(self, store: JobStore, connect_timeout: int) -> None:
-        self.store = store
-        self.connect_timeout = connect_timeout
-        self.conn: Any = None
-
-    def open(self) -> None:
-        import psycopg
-
-        engine = self.store.engine
-        _, params = engine.dialect.create_connect_args(engine.url)
-        params = {k: v for k, v in params.items() if k != "context"}
-        params.setdefault("connect_timeout", self.connect_timeout)
-        self.conn = psycopg.connect(**params, autocommit=True)
-        self.conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-
-    def probe(self, timeout: float = 3.0) -> bool:
-        """Does a notification sent from another connection arrive? (Not behind a pooler in
-        transaction mode: the LISTEN stays on a server connection we no longer hold.)"""
-        token = "probe:" + secrets.token_hex(8)
-        from sqlalchemy import text
-
-        with self.store.engine.begin() as conn:
-            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": token})
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if token in self.wait(left):
-                return True
-        return False
-
-    def wait(self, timeout: float) -> list[str]:
-        """Payloads of the notifications that arrive within `timeout` (all that are queued)."""
-        got = [n.payload for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
-        if got:
-            got += [n.payload for n in self.conn.notifies(timeout=0.001)]
-        return got
-
-    def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            finally:
-                self.conn = None
-
-
 def _names(value: str | Iterable[str] | None) -> frozenset[str]:
     if value is None:
         return frozenset()
@@ -275,7 +221,7 @@ class Subscription:
         self.tracked: set[int] = set()  # jobs whose end ends the iteration (until_done)
         self.outcomes: dict[int, JobFinished] = {}
         self._closed = threading.Event()
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         try:
             self._start(jobs, since)
         except BaseException:
@@ -314,7 +260,7 @@ class Subscription:
         # finished before the watch: told after the first read, unless that read tells it
         self._done_at_start = [j for j in candidates if j.status in FINAL]
         if pg and self.poll is not True:
-            listener = _Listener(store, connect_timeout=5)
+            listener = Listener(store.engine, connect_timeout=5)
             try:
                 listener.open()
                 ok = listener.probe()

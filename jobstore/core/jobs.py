@@ -133,8 +133,25 @@ class Job:
         return replace(self, **changes)
 
 
+class JobRecord:
+    """What a record about one job has (JobEvent, a watch's JobFinished): the job's HTCondor id,
+    and a JSON form."""
+
+    __slots__ = ()
+    cluster: int
+    proc: int
+
+    @property
+    def job(self) -> str:
+        """HTCondor's job id, `cluster.proc`."""
+        return f"{self.cluster}.{self.proc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, **asdict(self)}  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True, slots=True)
-class JobEvent:
+class JobEvent(JobRecord):
     """One row of `job_events` (a transition, or a report that changed nothing), with its job's
     cluster and proc: what `jobstore events` prints and a watch delivers."""
 
@@ -152,21 +169,13 @@ class JobEvent:
     reason: str | None
     attrs: dict[str, Any] | None
 
-    @property
-    def job(self) -> str:
-        """HTCondor's job id, `cluster.proc`."""
-        return f"{self.cluster}.{self.proc}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, **asdict(self)}
-
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobEvent:
         """From a `job_events` row joined with its job's `cluster_id` and `proc_id`."""
         return cls(
             cluster=row["cluster_id"],
             proc=row["proc_id"],
-            **{name: row[name] for name in _EVENT_ROW_COLUMNS},
+            **{name: row[name] for name in EVENT_COLUMNS},
         )
 
 
@@ -198,5 +207,5 @@ def parse_job_id(text: str | int) -> tuple[int, int | None]:
 
 
 JOB_COLUMNS = tuple(f.name for f in fields(Job))
-_EVENT_ROW_COLUMNS = tuple(f.name for f in fields(JobEvent) if f.name not in ("cluster", "proc"))
+EVENT_COLUMNS = tuple(f.name for f in fields(JobEvent) if f.name not in ("cluster", "proc"))
 FEED_COLUMNS = tuple(f.name for f in fields(FeedEvent) if f.name != "event")

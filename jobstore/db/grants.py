@@ -11,6 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 
 from jobstore.core.jobs import CHANGE_COLUMNS
+from jobstore.db.sql import GRANT_TARGETS
 
 # Columns of `jobs` written by the claim, the state transitions and the reports; nothing else.
 HOOK_UPDATE_COLUMNS = (
@@ -43,11 +44,6 @@ UPDATE_SQL = "GRANT UPDATE ({columns}) ON jobs TO {role}"
 # events: append the transition and report events, and take their ids.
 EVENTS_SQL = "GRANT INSERT ON job_events TO {role}"
 SEQUENCE_SQL = "GRANT USAGE ON SEQUENCE {sequence} TO {role}"
-# Finds the sequence behind job_events.id and the schema of the tables.
-FIND_SQL = (
-    "SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, "
-    "current_schema() AS schema"
-)
 
 
 def hook_role_statements(engine: Engine, role: str) -> list[str]:
@@ -56,7 +52,7 @@ def hook_role_statements(engine: Engine, role: str) -> list[str]:
         raise ValueError("database roles exist on PostgreSQL only")
     quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
-        found = conn.execute(text(FIND_SQL)).mappings().one()
+        found = conn.execute(GRANT_TARGETS).mappings().one()
     if found["sequence"] is None:
         raise ValueError("the job store's tables are missing: run `jobstore init` first")
     names = {

@@ -1,4 +1,4 @@
-"""The only module that talks SQL: submit, claim, transitions, queries, lease recovery.
+"""The write side of the job store: submit, claim, reports, admin events, lease recovery.
 
 Every change of a job's state goes through `_apply`, which updates the row and appends its event
 in the same transaction. Reports carry the attempt's token; a report from a superseded attempt is
@@ -7,41 +7,37 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
     Engine,
     and_,
-    case,
-    func,
     insert,
     or_,
     select,
-    text,
     update,
 )
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import CHANGE_COLUMNS, FeedEvent, Job, JobEvent, JobSpec
+from jobstore.core.jobs import CHANGE_COLUMNS, Job, JobSpec
 from jobstore.core.states import FINAL, Decision, Event, Status, decide
-from jobstore.db.engine import make_engine, safe_url
+from jobstore.db.notify import CHANNEL, notify
+from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.sql import CLAIM_FIRST
+from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
-from jobstore.formats import userlog
 from jobstore.formats.jobads import submitted_ad
 
-# PostgreSQL channel notified (payload: the job id) for every event row; see jobstore/watch.py.
-NOTIFY_CHANNEL = "jobstore_events"
 __all__ = [
+    "AUTOCLUSTER_KEY",
+    "AfterCommit",
+    "CommitListener",
     "JobStore",
     "Outcome",
     "ClaimRequest",
@@ -67,128 +63,42 @@ class Outcome:
 
 # Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
 ExitPolicy = Callable[[Job], tuple[bool, bool]]
-# Called just before a transaction that wrote events commits, with those events in order: each a
-# dict of the job_events columns plus "job", the job row before the transition (None when not
-# known). It may return a callable, called with True once the commit succeeded (False if it
-# failed): so a listener can take a lock before the commit and act after it, keeping the
-# database's order (jobstore.formats.userlog). Exceptions are logged in one line, never affect the
-# transition.
-AfterCommit = Callable[[bool], None]
-CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
 # The columns a submit writes; the others start as their server defaults or NULL.
 _INSERTED = frozenset(
     ("cluster_id", "proc_id", "queue", "status", "priority", "owner", "ad", "cmd", "request_cpus",
      "request_memory", "request_disk", "requirements", "max_attempts", "success_exit_code",
      "retry_until", "max_retries", "user_log", "submitted_at", "updated_at")
 )
-_PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
-_log = logging.getLogger(__name__)
 
-# The claim's fast path on PostgreSQL, one statement: lock the best idle candidate of the queue
-# that fits the slot (the partial index ix_jobs_claim gives the order), hand it out, append its
-# `fetch` event and notify `jobstore watch`; returns the row as it was before (or nothing).
+# The status the claim's fast path (claim_first in queries.sql) hands a job out in.
 _FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
-CLAIM_FIRST_SQL = f"""\
-WITH cand AS (
-    SELECT * FROM jobs
-    WHERE status = '{Status.IDLE.value}' AND queue = %(queue)s AND request_cpus <= %(cpus)s
-      AND request_memory <= %(memory)s AND request_disk <= %(disk)s
-    ORDER BY priority DESC, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE jobs SET status = '{_FETCHED}', token = %(token)s, claims = jobs.claims + 1,
-        lease_expires_at = %(lease_expires_at)s, slot = %(slot)s, host = %(host)s,
-        keyword = %(keyword)s, fetched_at = %(fetched_at)s, job_pid = %(job_pid)s,
-        reason = %(reason)s, updated_at = %(now)s
-    FROM cand WHERE jobs.id = cand.id AND jobs.status = '{Status.IDLE.value}'
-    RETURNING jobs.id, jobs.claims
-), ev AS (
-    INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host)
-    SELECT id, %(now)s, '{Event.FETCH}', '{Status.IDLE.value}', '{_FETCHED}', claims,
-        %(slot)s, %(host)s
-    FROM upd
-)
-SELECT cand.*, pg_notify(%(channel)s, cand.id::text) AS notified FROM cand CROSS JOIN upd"""
 
 
-def _note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> None:
-    """Keep an event written in this transaction for the commit listeners (JobStore._tx)."""
-    pending = conn.info.get(_PENDING)
-    if pending is not None:
-        pending.append({**values, "job": job})
+def _claim_changes(req: ClaimRequest, now: float) -> dict[str, Any]:
+    """The columns a claim sets on the job it hands out (besides status and claims)."""
+    return {
+        "token": secrets.token_hex(16),
+        "lease_expires_at": now + req.claim_lease,
+        "slot": req.slot,
+        "host": req.host,
+        "keyword": req.keyword,
+        "fetched_at": now,
+        "job_pid": None,
+        "reason": None,
+    }
 
 
 class _NotTaken(Exception):
     """The fast path's candidate was not taken by the judge: roll its claim back."""
 
 
-class JobStore:
+class JobStore(JobReads):
     """The job database. Thread-safe as far as the engine is; holds no session state."""
 
     def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
-        self.engine = engine
-        self.statement_timeout_ms = statement_timeout_ms
-        self._pg = engine.dialect.name == "postgresql"
+        super().__init__(engine, statement_timeout_ms)
         # (queue, slot)s whose best candidate was not taken last time: claim scans directly
         self._scan_first: set[tuple[str, str]] = set()
-        # Commit listeners (see CommitListener); the job event log writer is always one.
-        self.listeners: list[CommitListener] = [userlog.on_commit]
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        connect_timeout: int = 5,
-        statement_timeout_ms: int | None = 5000,
-        pool: bool = False,
-        max_overflow: int = 0,
-    ) -> JobStore:
-        """A store on `url`: one short connection per transaction, or (`pool`, for a
-        long-running caller) one kept connection plus at most `max_overflow` more."""
-        engine = make_engine(
-            url, connect_timeout=connect_timeout, pool=pool, max_overflow=max_overflow
-        )
-        return cls(engine, statement_timeout_ms)
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        pending: list[dict[str, Any]] = []
-        after: list[AfterCommit] = []
-        try:
-            with self.engine.begin() as conn:
-                if self._pg and self.statement_timeout_ms:
-                    # SET LOCAL, not a startup option: PgBouncer in transaction mode allows it.
-                    conn.execute(
-                        text(f"SET LOCAL statement_timeout = {int(self.statement_timeout_ms)}")
-                    )
-                conn.info[_PENDING] = pending  # conn.info outlives the checkout: always reset
-                try:
-                    yield conn
-                finally:
-                    conn.info.pop(_PENDING, None)
-                if pending:
-                    after = self._before_commit(pending)
-        except (OperationalError, DBAPIError) as exc:
-            _after_commit(after, False)
-            raise DatabaseError(_db_message(exc, self.engine.url)) from None
-        except BaseException:
-            _after_commit(after, False)
-            raise
-        _after_commit(after, True)
-
-    def _before_commit(self, events: list[dict[str, Any]]) -> list[AfterCommit]:
-        after = []
-        for listener in self.listeners:
-            try:
-                then = listener(events)
-            except Exception as exc:  # a listener never breaks a transition
-                _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
-            else:
-                if then is not None:
-                    after.append(then)
-        return after
 
     # ---- submit -------------------------------------------------------------------------
 
@@ -269,16 +179,7 @@ class JobStore:
         """One round trip: lock the best candidate, hand it out, write its `fetch` event (and
         the watch notification); raises _NotTaken, rolling it all back, if `judge` says no."""
         o = req.offer
-        changes = {
-            "token": secrets.token_hex(16),
-            "lease_expires_at": now + req.claim_lease,
-            "slot": req.slot,
-            "host": req.host,
-            "keyword": req.keyword,
-            "fetched_at": now,
-            "job_pid": None,
-            "reason": None,
-        }
+        changes = _claim_changes(req, now)
         params = {
             **changes,
             "queue": req.queue,
@@ -286,9 +187,9 @@ class JobStore:
             "memory": o.memory,
             "disk": o.disk,
             "now": now,
-            "channel": NOTIFY_CHANNEL,
+            "channel": CHANNEL,
         }
-        found = conn.exec_driver_sql(CLAIM_FIRST_SQL, params).mappings().first()
+        found = conn.exec_driver_sql(CLAIM_FIRST, params).mappings().first()
         if found is None:
             return None
         job = Job.from_row(found)
@@ -297,8 +198,8 @@ class JobStore:
         if verdict.hold_reason or not verdict.take:
             raise _NotTaken
         attempt = job.claims + 1
-        # CLAIM_FIRST_SQL wrote the event row; the commit listeners see it as _event's
-        _note_event(
+        # claim_first wrote the event row; the commit listeners see it as _event's
+        note_event(
             conn,
             {
                 "job_id": job.id,
@@ -365,18 +266,7 @@ class JobStore:
                             host=req.host,
                         )
                     elif verdict.take:
-                        token = secrets.token_hex(16)
-                        changes = {
-                            "token": token,
-                            "claims": row.claims + 1,
-                            "lease_expires_at": now + req.claim_lease,
-                            "slot": req.slot,
-                            "host": req.host,
-                            "keyword": req.keyword,
-                            "fetched_at": now,
-                            "job_pid": None,
-                            "reason": None,
-                        }
+                        changes = {**_claim_changes(req, now), "claims": row.claims + 1}
                         self._apply(
                             conn,
                             row,
@@ -629,219 +519,11 @@ class JobStore:
             attrs=dict(attrs) if attrs else None,
         )
         conn.execute(insert(job_events).values(**values))
-        _note_event(conn, values, job)
+        note_event(conn, values, job)
         if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
-            conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": str(job_id)})
+            notify(conn, str(job_id))
 
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
 
-    # ---- queries ------------------------------------------------------------------------
-
-    def get_job(self, job_id: int) -> Job:
-        with self._tx() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-        if row is None:
-            raise UnknownJob(job_id)
-        return Job.from_row(row._mapping)
-
-    def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
-        q = select(jobs).where(jobs.c.cluster_id == cluster_id)
-        if proc_id is not None:
-            q = q.where(jobs.c.proc_id == proc_id)
-        with self._tx() as conn:
-            return [Job.from_row(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
-
-    def list_jobs(
-        self,
-        *,
-        statuses: Sequence[str] | None = None,
-        owners: Sequence[str] | None = None,
-        queues: Sequence[str] | None = None,
-        include_final: bool = False,
-        final_only: bool = False,
-        limit: int | None = None,
-        where: ColumnElement[bool] | None = None,
-    ) -> list[Job]:
-        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.db.constraint)."""
-        q = select(jobs).where(
-            *_job_filter(statuses, owners, queues, include_final, final_only, where)
-        )
-        q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
-        if limit:
-            q = q.limit(limit)
-        with self._tx() as conn:
-            return [Job.from_row(r._mapping) for r in conn.execute(q)]
-
-    def autoclusters(
-        self,
-        *,
-        statuses: Sequence[str] | None = None,
-        owners: Sequence[str] | None = None,
-        queues: Sequence[str] | None = None,
-        include_final: bool = False,
-        final_only: bool = False,
-        where: ColumnElement[bool] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Jobs grouped like HTCondor's autoclusters (same owner, queue, requests and
-        Requirements), counted by status with one GROUP BY in the database."""
-        key = AUTOCLUSTER_KEY
-        counts = [
-            func.sum(case((jobs.c.status == s.value, 1), else_=0)).label(s.value) for s in Status
-        ]
-        q = (
-            select(*(jobs.c[k] for k in key), func.count().label("jobs"), *counts)
-            .where(*_job_filter(statuses, owners, queues, include_final, final_only, where))
-            .group_by(*(jobs.c[k] for k in key))
-            .order_by(*(jobs.c[k] for k in key))
-        )
-        with self._tx() as conn:
-            rows = [r._mapping for r in conn.execute(q)]
-        return [
-            {
-                "id": n,
-                **{k: r[k] for k in key},
-                "jobs": int(r["jobs"]),
-                "status": {s.value: int(r[s.value] or 0) for s in Status if r[s.value]},
-            }
-            for n, r in enumerate(rows, 1)
-        ]
-
-    def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[JobEvent]:
-        """Events in id order: of one job, or of all jobs; those after `after_id`."""
-        q = (
-            select(job_events, jobs.c.cluster_id, jobs.c.proc_id)
-            .join(jobs, jobs.c.id == job_events.c.job_id)
-            .where(job_events.c.id > after_id)
-        )
-        if job_id is not None:
-            q = q.where(job_events.c.job_id == job_id)
-        with self._tx() as conn:
-            rows = conn.execute(q.order_by(job_events.c.id))
-            return [JobEvent.from_row(r._mapping) for r in rows]
-
-    # ---- following job_events (jobstore watch) -------------------------------------------
-
-    def last_event_id(self, before: float | None = None) -> int:
-        """The highest event id (0 if none); with `before`, of the events before that time."""
-        q = select(func.max(job_events.c.id))
-        if before is not None:
-            q = q.where(job_events.c.time < before)
-        with self._tx() as conn:
-            return int(conn.execute(q).scalar() or 0)
-
-    def event_feed(
-        self, after_id: int, *, gaps: Sequence[tuple[int, int]] = (), limit: int = 1000
-    ) -> list[FeedEvent]:
-        """Events with id > `after_id` or in one of the `gaps` (lo, hi) id ranges, in id order,
-        each with its job's cluster_id, proc_id, owner, queue and outcome columns (job_status,
-        exit_code, exit_signal, exit_by_signal, success_exit_code); all events, the caller
-        filters (it must see every id)."""
-        wanted = or_(
-            job_events.c.id > after_id, *(job_events.c.id.between(lo, hi) for lo, hi in gaps)
-        )
-        q = (
-            select(
-                job_events,
-                jobs.c.cluster_id,
-                jobs.c.proc_id,
-                jobs.c.owner,
-                jobs.c.queue,
-                jobs.c.status.label("job_status"),
-                jobs.c.exit_code,
-                jobs.c.exit_signal,
-                jobs.c.exit_by_signal,
-                jobs.c.success_exit_code,
-            )
-            .join(jobs, jobs.c.id == job_events.c.job_id)
-            .where(wanted)
-            .order_by(job_events.c.id)
-            .limit(limit)
-        )
-        with self._tx() as conn:
-            return [FeedEvent.from_row(r._mapping) for r in conn.execute(q)]
-
-    def snapshot_bounds(self) -> tuple[int, int] | None:
-        """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events
-        knows when every transaction that could still add a lower event id has ended. SQLite:
-        None (one writer at a time, so event ids become visible in order)."""
-        if not self._pg:
-            return None
-        q = text(
-            "SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text"
-            " FROM pg_current_snapshot() AS s"
-        )
-        with self._tx() as conn:
-            xmin, xmax = conn.execute(q).one()
-        return int(xmin), int(xmax)
-
-    def xact_horizon(self) -> int | None:
-        """PostgreSQL: a transaction id assigned now (its transaction commits at once). Every
-        transaction that had an id before this call has a smaller one, so once a snapshot's
-        xmin is at or past it they have all ended. (A snapshot's xmax is no such bound: it is
-        one past the highest *completed* id, and a transaction still running may have a larger
-        one.) SQLite: None."""
-        if not self._pg:
-            return None
-        with self._tx() as conn:
-            return int(conn.execute(text("SELECT pg_current_xact_id()::text")).scalar_one())
-
-    def stats(self) -> list[tuple[str, str, int]]:
-        q = (
-            select(jobs.c.queue, jobs.c.status, func.count())
-            .group_by(jobs.c.queue, jobs.c.status)
-            .order_by(jobs.c.queue, jobs.c.status)
-        )
-        with self._tx() as conn:
-            return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
-
-
-# The attributes that put two jobs in the same autocluster (`jobstore q -autocluster`).
-AUTOCLUSTER_KEY = (
-    "owner",
-    "queue",
-    "request_cpus",
-    "request_memory",
-    "request_disk",
-    "requirements",
-)
-
-
-def _job_filter(
-    statuses: Sequence[str] | None,
-    owners: Sequence[str] | None,
-    queues: Sequence[str] | None,
-    include_final: bool,
-    final_only: bool,
-    where: ColumnElement[bool] | None,
-) -> list[ColumnElement[bool]]:
-    """The WHERE terms of the job queries (`jobstore q`, `history`, autoclusters)."""
-    terms: list[ColumnElement[bool]] = []
-    if statuses:
-        terms.append(jobs.c.status.in_(list(statuses)))
-    elif final_only:
-        terms.append(jobs.c.status.in_([s.value for s in FINAL]))
-    elif not include_final:
-        terms.append(jobs.c.status.not_in([s.value for s in FINAL]))
-    if owners:
-        terms.append(jobs.c.owner.in_(list(owners)))
-    if queues:
-        terms.append(jobs.c.queue.in_(list(queues)))
-    if where is not None:
-        terms.append(where)
-    return terms
-
-
-def _after_commit(after: list[AfterCommit], committed: bool) -> None:
-    for then in after:
-        try:
-            then(committed)
-        except Exception as exc:  # a listener never breaks a transition
-            _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
-
-
-def _db_message(exc: Exception, url: Any) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return f"database {safe_url(str(url))}: {first}"

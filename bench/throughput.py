@@ -1,0 +1,207 @@
+"""Section 2: claim + EXIT throughput through JobStore against a bare psycopg loop."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import secrets
+import threading
+import time
+from contextlib import suppress
+
+from common import KEYWORD, TP_CLAIMERS, Env, populate, progress, say, table, verdict
+
+from jobstore.testing.support import (
+    libpq_url,
+)
+
+
+def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
+    """The statements one claim + EXIT issues through the pooled JobStore, with their
+    parameters, split into transactions (each starts with SET LOCAL statement_timeout)."""
+    import sqlalchemy as sa
+
+    from jobstore.core.states import Event
+    from jobstore.db.engine import make_engine
+    from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+
+    store = JobStore(make_engine(url, pool=True))
+    seen: list[tuple[str, dict]] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda _c, _cur, stmt, params, *_a: seen.append((stmt, dict(params or {}))))
+    req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                       slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
+    job = store.claim(req, lambda _row: Verdict(take=True))
+    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+    store.engine.dispose()
+    txs: list[list[tuple[str, dict]]] = []
+    for stmt, params in seen:
+        if stmt.startswith("SET LOCAL") or not txs:
+            txs.append([])
+        txs[-1].append((stmt, params))
+    return txs
+
+
+def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str) -> dict:
+    """A captured parameter set for another job, slot and time (by parameter name)."""
+    out = {}
+    for k, v in tpl.items():
+        if k in ("id_1", "job_id") and job_id is not None:
+            v = job_id
+        elif k == "p" and job_id is not None:
+            v = str(job_id)
+        elif k == "token" and v is not None:
+            v = token
+        elif k == "slot" and v is not None:
+            v = slot
+        elif isinstance(v, float):
+            v = now + 600 if k == "lease_expires_at" else now
+        out[k] = v
+    return out
+
+
+def tp_worker(  # type: ignore[no-untyped-def]
+    mode: str, url: str, queue: str, slot: str, seconds: float, barrier, results, cycle
+):
+    """One claiming process: claim + complete until `seconds` have passed or the queue is empty.
+    `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, psycopg's implicit
+    BEGIN, the captured statements (with this job's id, token, slot and time), COMMIT."""
+    count, t0, t1, err = 0, 0.0, 0.0, None
+    try:
+        if mode == "bare":
+            import psycopg
+
+            # as make_engine connects: no server-side prepared statements (PgBouncer)
+            conn = psycopg.connect(libpq_url(url), connect_timeout=30, prepare_threshold=None)
+        else:
+            from jobstore.core.states import Event
+            from jobstore.db.engine import make_engine
+            from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+
+            store = JobStore(make_engine(url, connect_timeout=30, pool=mode == "pooled"))
+            req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                               slot=slot, host="node", keyword=KEYWORD, claim_lease=600)
+            take = Verdict(take=True)
+        barrier.wait(120)
+        t0 = time.monotonic()
+        stop = t0 + seconds
+        while time.monotonic() < stop:
+            if mode == "bare":  # the package's own statements, replayed
+                job_id, token, now = None, secrets.token_hex(16), time.time()
+                for tx in cycle:
+                    for stmt, tpl in tx:
+                        params = fill(tpl, job_id, token, now, slot)
+                        if "queue" in params:
+                            params["queue"] = queue
+                        cur = conn.execute(stmt, params)
+                        if stmt.startswith("WITH cand"):
+                            row = cur.fetchone()
+                            if row is None:
+                                break
+                            job_id = row[0]
+                        elif stmt.startswith(("UPDATE", "WITH upd")) and cur.rowcount != 1:
+                            raise RuntimeError(f"job {job_id}: {cur.rowcount} rows updated")
+                    conn.commit()
+                    if job_id is None:
+                        break
+                    now = time.time()
+                if job_id is None:
+                    break
+            else:
+                job = store.claim(req, lambda _row: take)
+                if job is None:
+                    break
+                out = store.report(job.id, Event.EXIT, token=job.token,
+                                   attempt=job.claims)
+                if out.after != "completed" or out.stale:
+                    raise RuntimeError(f"job {job.id}: EXIT gave {out}")
+            count += 1
+        t1 = time.monotonic()
+        if mode == "bare":
+            conn.close()
+        else:
+            store.engine.dispose()
+    except Exception as exc:
+        err = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        t1 = time.monotonic()
+        with suppress(Exception):
+            barrier.abort()  # a worker that never got going must not keep the others waiting
+    results.put((count, t0, t1, err))
+
+
+def section_throughput(
+    env: Env, seconds: float, jobs_per_run: int, ad: str, rounds: int = 2
+) -> dict:
+    import psycopg
+
+    say("")
+    say(f"== 2. Claim throughput on PostgreSQL: claim + EXIT per second, {rounds} rounds of"
+        f" {seconds:g} s per cell, package and bare alternating")
+    ctx = mp.get_context("fork")
+    modes = ("pooled", "bare")
+    done: dict[tuple[str, int], float] = {}
+    spent: dict[tuple[str, int], float] = {}
+    errors: list[str] = []
+    exhausted: list[str] = []
+    with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as admin:
+        durability = {
+            s: admin.execute(f"SHOW {s}").fetchone()[0]
+            for s in ("synchronous_commit", "fsync", "full_page_writes", "wal_sync_method")
+        }
+        populate(admin, "tp_capture", 1, ad)
+        cycle = capture_cycle(env.pg_url, "tp_capture")
+        for n in TP_CLAIMERS:
+            for rnd in range(rounds):
+                for mode in modes if rnd % 2 == 0 else modes[::-1]:
+                    queue = f"tp_{mode}_{n}_{rnd}"
+                    populate(admin, queue, jobs_per_run, ad)
+                    progress(f"throughput {mode} x{n}, round {rnd + 1}")
+                    barrier = ctx.Barrier(n + 1)
+                    results = ctx.Queue()
+                    procs = [
+                        ctx.Process(target=tp_worker,
+                                    args=(mode, env.pg_url, queue, f"slot{i}@node", seconds,
+                                          barrier, results, cycle), daemon=True)
+                        for i in range(n)
+                    ]
+                    env.workers = procs
+                    for p in procs:
+                        p.start()
+                    with suppress(threading.BrokenBarrierError):  # a worker failed: it says why
+                        barrier.wait(120)
+                    got = [results.get(timeout=seconds + 120) for _ in procs]
+                    for p in procs:
+                        p.join(30)
+                    env.workers = []
+                    errs = [g[3] for g in got if g[3]]
+                    errors += [f"{mode} x{n}: {e}" for e in errs]
+                    total = sum(g[0] for g in got)
+                    starts = [g[1] for g in got if g[1]]
+                    span = max(g[2] for g in got) - min(starts) if total and starts else 0
+                    done[(mode, n)] = done.get((mode, n), 0) + total
+                    spent[(mode, n)] = spent.get((mode, n), 0.0) + span
+                    if total >= jobs_per_run:
+                        exhausted.append(f"{mode} x{n}")
+    rates = {k: done[k] / spent[k] if spent[k] > 0 else 0.0 for k in done}
+    rows = []
+    for n in TP_CLAIMERS:
+        bare = rates[("bare", n)]
+        r = rates[("pooled", n)] / bare if bare else 0.0
+        rows.append([str(n), f"{rates[('pooled', n)]:.0f}", f"{bare:.0f}", f"{r:.2f}",
+                     verdict(r >= 0.9)])
+    say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90"], rows))
+    nstmt = sum(len(tx) for tx in cycle)
+    say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job) +"
+        f" report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
+        " transactions, text captured from the package in this run, replayed by a psycopg loop"
+        " on one persistent connection per claimer, connected as make_engine connects"
+        " (prepare_threshold=None: no server-side prepared statements, as PgBouncer in"
+        " transaction mode needs). Both make the same round trips: psycopg's BEGIN, the"
+        " statements, COMMIT (the package pings no pooled connection before use):")
+    for tx in cycle:
+        say("     tx: " + "; ".join(" ".join(st.split())[:60] for st, _ in tx) + "; COMMIT")
+    say("   durability: " + ", ".join(f"{k}={v}" for k, v in durability.items()))
+    if exhausted:
+        say("   queue ran dry (rate measured up to that point): " + ", ".join(exhausted))
+    for e in errors:
+        say(f"   ERROR {e}")
+    return {"rates": rates, "durability": durability, "errors": errors, "cycle": cycle}

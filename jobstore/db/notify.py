@@ -1,0 +1,64 @@
+"""PostgreSQL notifications of new job events: sent inside the transaction that writes the
+event (delivered at its commit), received on a dedicated LISTEN connection."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from jobstore.db.sql import LISTEN_EVENTS, NOTIFY_EVENT
+
+CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id
+
+
+def notify(conn: Connection, payload: str) -> None:
+    """Notify the followers when `conn`'s transaction commits (never if it rolls back)."""
+    conn.execute(NOTIFY_EVENT, {"channel": CHANNEL, "payload": payload})
+
+
+class Listener:
+    """A dedicated autocommit psycopg connection that LISTENs on the job store's channel."""
+
+    def __init__(self, engine: Engine, connect_timeout: int) -> None:
+        self.engine = engine
+        self.connect_timeout = connect_timeout
+        self.conn: Any = None
+
+    def open(self) -> None:
+        import psycopg
+
+        engine = self.engine
+        _, params = engine.dialect.create_connect_args(engine.url)
+        params = {k: v for k, v in params.items() if k != "context"}
+        params.setdefault("connect_timeout", self.connect_timeout)
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(LISTEN_EVENTS)
+
+    def probe(self, timeout: float = 3.0) -> bool:
+        """Does a notification sent from another connection arrive? (Not behind a pooler in
+        transaction mode: the LISTEN stays on a server connection we no longer hold.)"""
+        token = "probe:" + secrets.token_hex(8)
+        with self.engine.begin() as conn:
+            notify(conn, token)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if token in self.wait(left):
+                return True
+        return False
+
+    def wait(self, timeout: float) -> list[str]:
+        """Payloads of the notifications that arrive within `timeout` (all that are queued)."""
+        got = [n.payload for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
+        if got:
+            got += [n.payload for n in self.conn.notifies(timeout=0.001)]
+        return got
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None

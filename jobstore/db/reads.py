@@ -1,0 +1,211 @@
+"""The read side of the job store: jobs, autoclusters, events and the event feed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, case, func, or_, select
+
+from jobstore.core.jobs import FeedEvent, Job, JobEvent
+from jobstore.core.states import FINAL, Status
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.sql import SNAPSHOT_BOUNDS, XACT_HORIZON
+from jobstore.db.transactions import Transactions
+from jobstore.errors import UnknownJob
+
+# The attributes that put two jobs in the same autocluster (`jobstore q -autocluster`).
+AUTOCLUSTER_KEY = (
+    "owner",
+    "queue",
+    "request_cpus",
+    "request_memory",
+    "request_disk",
+    "requirements",
+)
+
+
+
+class JobReads(Transactions):
+    """Queries of the job store (JobStore adds the writes)."""
+
+    def get_job(self, job_id: int) -> Job:
+        with self._tx() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise UnknownJob(job_id)
+        return Job.from_row(row._mapping)
+
+    def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
+        q = select(jobs).where(jobs.c.cluster_id == cluster_id)
+        if proc_id is not None:
+            q = q.where(jobs.c.proc_id == proc_id)
+        with self._tx() as conn:
+            return [Job.from_row(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
+
+    def list_jobs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        limit: int | None = None,
+        where: ColumnElement[bool] | None = None,
+    ) -> list[Job]:
+        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.db.constraint)."""
+        q = select(jobs).where(
+            *_job_filter(statuses, owners, queues, include_final, final_only, where)
+        )
+        q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
+        if limit:
+            q = q.limit(limit)
+        with self._tx() as conn:
+            return [Job.from_row(r._mapping) for r in conn.execute(q)]
+
+    def autoclusters(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        where: ColumnElement[bool] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs grouped like HTCondor's autoclusters (same owner, queue, requests and
+        Requirements), counted by status with one GROUP BY in the database."""
+        key = AUTOCLUSTER_KEY
+        counts = [
+            func.sum(case((jobs.c.status == s.value, 1), else_=0)).label(s.value) for s in Status
+        ]
+        q = (
+            select(*(jobs.c[k] for k in key), func.count().label("jobs"), *counts)
+            .where(*_job_filter(statuses, owners, queues, include_final, final_only, where))
+            .group_by(*(jobs.c[k] for k in key))
+            .order_by(*(jobs.c[k] for k in key))
+        )
+        with self._tx() as conn:
+            rows = [r._mapping for r in conn.execute(q)]
+        return [
+            {
+                "id": n,
+                **{k: r[k] for k in key},
+                "jobs": int(r["jobs"]),
+                "status": {s.value: int(r[s.value] or 0) for s in Status if r[s.value]},
+            }
+            for n, r in enumerate(rows, 1)
+        ]
+
+    def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[JobEvent]:
+        """Events in id order: of one job, or of all jobs; those after `after_id`."""
+        q = (
+            select(job_events, jobs.c.cluster_id, jobs.c.proc_id)
+            .join(jobs, jobs.c.id == job_events.c.job_id)
+            .where(job_events.c.id > after_id)
+        )
+        if job_id is not None:
+            q = q.where(job_events.c.job_id == job_id)
+        with self._tx() as conn:
+            rows = conn.execute(q.order_by(job_events.c.id))
+            return [JobEvent.from_row(r._mapping) for r in rows]
+
+    # ---- following job_events (jobstore watch) -------------------------------------------
+
+    def last_event_id(self, before: float | None = None) -> int:
+        """The highest event id (0 if none); with `before`, of the events before that time."""
+        q = select(func.max(job_events.c.id))
+        if before is not None:
+            q = q.where(job_events.c.time < before)
+        with self._tx() as conn:
+            return int(conn.execute(q).scalar() or 0)
+
+    def event_feed(
+        self, after_id: int, *, gaps: Sequence[tuple[int, int]] = (), limit: int = 1000
+    ) -> list[FeedEvent]:
+        """Events with id > `after_id` or in one of the `gaps` (lo, hi) id ranges, in id order,
+        each with its job's cluster_id, proc_id, owner, queue and outcome columns (job_status,
+        exit_code, exit_signal, exit_by_signal, success_exit_code); all events, the caller
+        filters (it must see every id)."""
+        wanted = or_(
+            job_events.c.id > after_id, *(job_events.c.id.between(lo, hi) for lo, hi in gaps)
+        )
+        q = (
+            select(
+                job_events,
+                jobs.c.cluster_id,
+                jobs.c.proc_id,
+                jobs.c.owner,
+                jobs.c.queue,
+                jobs.c.status.label("job_status"),
+                jobs.c.exit_code,
+                jobs.c.exit_signal,
+                jobs.c.exit_by_signal,
+                jobs.c.success_exit_code,
+            )
+            .join(jobs, jobs.c.id == job_events.c.job_id)
+            .where(wanted)
+            .order_by(job_events.c.id)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return [FeedEvent.from_row(r._mapping) for r in conn.execute(q)]
+
+    def snapshot_bounds(self) -> tuple[int, int] | None:
+        """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events
+        knows when every transaction that could still add a lower event id has ended. SQLite:
+        None (one writer at a time, so event ids become visible in order)."""
+        if not self._pg:
+            return None
+        with self._tx() as conn:
+            xmin, xmax = conn.execute(SNAPSHOT_BOUNDS).one()
+        return int(xmin), int(xmax)
+
+    def xact_horizon(self) -> int | None:
+        """PostgreSQL: a transaction id assigned now (its transaction commits at once). Every
+        transaction that had an id before this call has a smaller one, so once a snapshot's
+        xmin is at or past it they have all ended. (A snapshot's xmax is no such bound: it is
+        one past the highest *completed* id, and a transaction still running may have a larger
+        one.) SQLite: None."""
+        if not self._pg:
+            return None
+        with self._tx() as conn:
+            return int(conn.execute(XACT_HORIZON).scalar_one())
+
+    def stats(self) -> list[tuple[str, str, int]]:
+        q = (
+            select(jobs.c.queue, jobs.c.status, func.count())
+            .group_by(jobs.c.queue, jobs.c.status)
+            .order_by(jobs.c.queue, jobs.c.status)
+        )
+        with self._tx() as conn:
+            return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
+
+
+
+def _job_filter(
+    statuses: Sequence[str] | None,
+    owners: Sequence[str] | None,
+    queues: Sequence[str] | None,
+    include_final: bool,
+    final_only: bool,
+    where: ColumnElement[bool] | None,
+) -> list[ColumnElement[bool]]:
+    """The WHERE terms of the job queries (`jobstore q`, `history`, autoclusters)."""
+    terms: list[ColumnElement[bool]] = []
+    if statuses:
+        terms.append(jobs.c.status.in_(list(statuses)))
+    elif final_only:
+        terms.append(jobs.c.status.in_([s.value for s in FINAL]))
+    elif not include_final:
+        terms.append(jobs.c.status.not_in([s.value for s in FINAL]))
+    if owners:
+        terms.append(jobs.c.owner.in_(list(owners)))
+    if queues:
+        terms.append(jobs.c.queue.in_(list(queues)))
+    if where is not None:
+        terms.append(where)
+    return terms
+
+

@@ -1,0 +1,49 @@
+"""The hand-written SQL statements (queries.sql), loaded once, each by its name."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+
+from sqlalchemy import TextClause, text
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One named statement of queries.sql."""
+
+    name: str
+    purpose: str  # its comment lines
+    sql: str  # without the trailing semicolon
+
+    @property
+    def clause(self) -> TextClause:
+        return text(self.sql)
+
+
+_NAME = re.compile(r"^-- name: (\w+)\n", re.M)
+
+
+def parse(source: str) -> dict[str, Statement]:
+    """The statements of a queries.sql text, by name; ValueError for a nameless or empty one."""
+    found: dict[str, Statement] = {}
+    parts = _NAME.split(source)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = body.strip().splitlines()
+        purpose = " ".join(ln[2:].strip() for ln in lines if ln.startswith("--"))
+        sql = "\n".join(ln for ln in lines if not ln.startswith("--")).strip().rstrip(";")
+        if not purpose or not sql or name in found:
+            raise ValueError(f"queries.sql: statement {name} needs a purpose, SQL and one name")
+        found[name] = Statement(name, purpose, sql)
+    return found
+
+
+QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding="utf-8"))
+CLAIM_FIRST = QUERIES["claim_first"].sql
+SET_STATEMENT_TIMEOUT = QUERIES["set_statement_timeout"].clause
+NOTIFY_EVENT = QUERIES["notify_event"].clause
+LISTEN_EVENTS = QUERIES["listen_events"].sql
+SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
+XACT_HORIZON = QUERIES["xact_horizon"].clause
+GRANT_TARGETS = QUERIES["grant_targets"].clause

@@ -1,0 +1,114 @@
+"""Transactions on the job database: the statement timeout, the commit listeners (the user log
+is one), and one clean DatabaseError whatever the driver raised."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Self
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from jobstore.core.jobs import Job
+from jobstore.db.engine import make_engine, safe_url
+from jobstore.db.sql import SET_STATEMENT_TIMEOUT
+from jobstore.errors import DatabaseError
+from jobstore.formats import userlog
+
+# Called just before a transaction that wrote events commits, with those events in order: each a
+# dict of the job_events columns plus "job", the job row before the transition (None when not
+# known). It may return a callable, called with True once the commit succeeded (False if it
+# failed): so a listener can take a lock before the commit and act after it, keeping the
+# database's order (jobstore.formats.userlog). Exceptions are logged in one line, never affect the
+# transition.
+AfterCommit = Callable[[bool], None]
+CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
+PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
+_log = logging.getLogger(__name__)
+
+
+def note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> None:
+    """Keep an event written in this transaction for the commit listeners."""
+    pending = conn.info.get(PENDING)
+    if pending is not None:
+        pending.append({**values, "job": job})
+
+
+class Transactions:
+    """The job database's engine and how a unit of work runs on it; holds no session state."""
+
+    def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
+        self.engine = engine
+        self.statement_timeout_ms = statement_timeout_ms
+        self._pg = engine.dialect.name == "postgresql"
+        # Commit listeners (see CommitListener); the job event log writer is always one.
+        self.listeners: list[CommitListener] = [userlog.on_commit]
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout: int = 5,
+        statement_timeout_ms: int | None = 5000,
+        pool: bool = False,
+        max_overflow: int = 0,
+    ) -> Self:
+        """A store on `url`: one short connection per transaction, or (`pool`, for a
+        long-running caller) one kept connection plus at most `max_overflow` more."""
+        engine = make_engine(
+            url, connect_timeout=connect_timeout, pool=pool, max_overflow=max_overflow
+        )
+        return cls(engine, statement_timeout_ms)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        pending: list[dict[str, Any]] = []
+        after: list[AfterCommit] = []
+        try:
+            with self.engine.begin() as conn:
+                if self._pg and self.statement_timeout_ms:
+                    timeout = str(int(self.statement_timeout_ms))
+                    conn.execute(SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
+                conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
+                try:
+                    yield conn
+                finally:
+                    conn.info.pop(PENDING, None)
+                if pending:
+                    after = self._before_commit(pending)
+        except (OperationalError, DBAPIError) as exc:
+            _after_commit(after, False)
+            raise DatabaseError(_db_message(exc, self.engine.url)) from None
+        except BaseException:
+            _after_commit(after, False)
+            raise
+        _after_commit(after, True)
+
+    def _before_commit(self, events: list[dict[str, Any]]) -> list[AfterCommit]:
+        after = []
+        for listener in self.listeners:
+            try:
+                then = listener(events)
+            except Exception as exc:  # a listener never breaks a transition
+                _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
+            else:
+                if then is not None:
+                    after.append(then)
+        return after
+
+
+def _after_commit(after: list[AfterCommit], committed: bool) -> None:
+    for then in after:
+        try:
+            then(committed)
+        except Exception as exc:  # a listener never breaks a transition
+            _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
+
+
+def _db_message(exc: Exception, url: Any) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return f"database {safe_url(str(url))}: {first}"

@@ -1,0 +1,97 @@
+"""Helpers the tests and the benchmarks share: database URLs, local accounts, hook environments
+and the job store's identity lines in a recorded hook stdin."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from jobstore.core.jobs import Job, JobSpec
+
+# The account that owns the recorded jobs of the transcripts (uid 1001 on the recording node).
+RECORDED_OWNER = "alice"
+RECORDED_UID = 1001
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """A SQLAlchemy URL (``postgresql+psycopg://...``) as a libpq connection URI."""
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def with_database(sqlalchemy_url: str, name: str) -> str:
+    """The same server and account, database `name` (password kept)."""
+    return make_url(sqlalchemy_url).set(database=name).render_as_string(hide_password=False)
+
+
+def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> pwd.struct_passwd:
+    """The local account `name`, created (as root) when missing."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    if os.geteuid() != 0:
+        raise PermissionError(f"the account {name} is missing and only root may create it")
+    argv = ["useradd", "--create-home" if home else "--no-create-home"]
+    if uid is not None:
+        argv += ["--uid", str(uid)]
+    subprocess.run([*argv, name], check=True)
+    return pwd.getpwnam(name)
+
+
+def ordinary_owner() -> str:
+    """An ordinary account (uid >= 1000) to own jobs: the invoking user, or as root the recorded
+    owner (created if missing), since fetch_job never hands out root's or a system account's
+    jobs."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.getuid()).pw_name
+    return ensure_account(RECORDED_OWNER, uid=RECORDED_UID, home=True).pw_name
+
+
+def hook_env(
+    db_url: str, condor_config: Path, *, spool: Path | None = None, hook_log: Path | None = None,
+    **extra: str,
+) -> dict[str, str]:
+    """A hook's environment as the condor_master gives it (with a session key the hooks must
+    never print), plus the job store's database URL, spool and hook log."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/root",
+        "CONDOR_CONFIG": str(condor_config),
+        "JOBSTORE_DATABASE_URL": db_url,
+        "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
+        "JOBSTORE_SPOOL": str(spool or condor_config.parent / "spool"),
+    }
+    if hook_log is not None:
+        env["JOBSTORE_HOOK_LOG"] = str(hook_log)
+    env.update(extra)
+    return env
+
+
+def insert_identity(stdin: bytes, identity: list[bytes], *, reply_fetch: bool = False) -> bytes:
+    """A recorded hook stdin with the job store's identity lines (`JobstoreJobId = 7`, ...) in
+    their sorted place in the job ad part (before the `-----` of REPLY_FETCH's stdin); every
+    recorded byte is kept."""
+    lines = stdin.split(b"\n")
+    end = lines.index(b"-----") if reply_fetch else len(lines)
+    for new in sorted(identity, key=lambda b: b.lower()):
+        name = new.split(b" = ", 1)[0].lower()
+        pos = next(
+            (i for i in range(end) if lines[i] and lines[i].split(b" = ", 1)[0].lower() > name),
+            end,
+        )
+        lines.insert(pos, new)
+        end += 1
+    return b"\n".join(lines)
+
+
+def a_job(**columns: object) -> Job:
+    """An idle job of cluster 1 owned by the recorded owner, with `columns` changed: a job row
+    for in-process tests of what renders or logs a job."""
+    job = Job.queued(JobSpec(cmd="/bin/true"), id=1, cluster_id=1, owner=RECORDED_OWNER,
+                     queue="default", ad={"Cmd": "/bin/true"}, max_attempts=1, now=0.0)
+    return job.but(**columns)

@@ -1,0 +1,41 @@
+"""The package's shape as a caller meets it: the public face, and a hot path that stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jobstore
+
+HEAVY = ("sqlalchemy", "psycopg", "classad2", "htcondor2", "click", "alembic", "jobstore.db")
+
+
+def test_the_public_face_names_what_it_exports() -> None:
+    from jobstore.core.jobs import JobSpec
+    from jobstore.db.store import JobStore
+
+    assert jobstore.JobStore is JobStore and jobstore.JobSpec is JobSpec
+    assert set(jobstore.__all__) <= set(dir(jobstore))
+    for name in jobstore.__all__:
+        assert getattr(jobstore, name) is not None
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    try:
+        jobstore.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("jobstore.NoSuchThing did not raise")
+
+
+def test_the_hooks_hot_path_imports_nothing_heavy() -> None:
+    """What an installed hook imports before it talks to the agent: the standard library and
+    the stdlib-only modules (import-linter checks the direct imports; this, the whole closure)."""
+    code = (
+        "import sys; import jobstore.agent.client; "
+        f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
+    )
+    out = subprocess.run([sys.executable, "-sS", "-c", code], capture_output=True, text=True,
+                         check=True, env={"PYTHONPATH": str(jobstore.__path__[0] + "/..")})
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,0 +1,86 @@
+"""The named SQL statements and the typed rows: one place each, and in step with the schema and
+the state machine."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from jobstore.core.jobs import EVENT_COLUMNS, JOB_COLUMNS, Job, JobEvent, JobSpec, parse_job_id
+from jobstore.core.states import Event, Status, decide
+from jobstore.db import notify, sql
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.store import JobStore
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jobstore"
+# Words that start a hand-written statement in a string literal.
+SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LISTEN ", "NOTIFY ",
+              "SET LOCAL", "SET statement")
+# Where statements may be written outside queries.sql: generated GRANTs, Alembic migrations.
+ALLOWED = {"db/grants.py"}
+
+
+def test_every_statement_has_a_name_a_purpose_and_sql() -> None:
+    assert set(sql.QUERIES) >= {"claim_first", "notify_event", "listen_events",
+                                "set_statement_timeout", "snapshot_bounds", "xact_horizon"}
+    for st in sql.QUERIES.values():
+        assert st.purpose and st.sql and not st.sql.endswith(";"), st.name
+
+
+def test_a_statement_without_a_purpose_is_refused() -> None:
+    with pytest.raises(ValueError, match="purpose"):
+        sql.parse("-- name: bare\nSELECT 1;\n")
+    with pytest.raises(ValueError, match="one name"):
+        sql.parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
+
+
+def test_the_claims_literals_are_the_state_machines() -> None:
+    fetched = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status
+    text = sql.CLAIM_FIRST
+    assert "status = 'idle'" in text and Status.IDLE.value == "idle"
+    assert f"'{Event.FETCH}', '{Status.IDLE.value}', '{fetched}'" in text
+    assert f"status = '{fetched}'" in text
+
+
+def test_listen_and_notify_use_one_channel() -> None:
+    assert f"LISTEN {notify.CHANNEL}" == sql.LISTEN_EVENTS
+
+
+def test_no_statement_is_written_anywhere_else() -> None:
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in ALLOWED or rel.startswith("db/migrations/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_text = isinstance(node, ast.Constant) and isinstance(node.value, str)
+            if is_text and node.value.lstrip().startswith(SQL_STARTS):
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"hand-written SQL outside jobstore/db/queries.sql: {found}"
+
+
+def test_typed_rows_have_every_column_of_their_table() -> None:
+    assert set(JOB_COLUMNS) == set(jobs.c.keys())
+    assert set(EVENT_COLUMNS) == set(job_events.c.keys())
+
+
+def test_job_ids_parse_as_htcondor_spells_them() -> None:
+    assert parse_job_id("12") == (12, None) and parse_job_id("12.3") == (12, 3)
+    with pytest.raises(ValueError, match="CLUSTER.PROC"):
+        parse_job_id("12.x")
+
+
+def test_a_queued_job_is_the_row_the_database_holds(store: JobStore) -> None:
+    """The job the commit listeners see at submit (Job.queued) is the row read back."""
+    seen: list[Job] = []
+
+    def listener(events):  # type: ignore[no-untyped-def]
+        seen.extend(e["job"] for e in events)
+
+    store.listeners.append(listener)
+    spec = JobSpec(cmd="/bin/true", iwd="/tmp", max_retries=2, custom={"Project": '"x"'})
+    _, (job_id,) = store.submit([spec], owner="alice", queue="q", max_attempts=5)
+    assert seen == [store.get_job(job_id)]
+    assert isinstance(store.events(job_id)[0], JobEvent)
