@@ -17,9 +17,7 @@ from jobstore.db.store import JobStore
 PACKAGE = Path(__file__).resolve().parents[1] / "jobstore"
 # Words that start a hand-written statement in a string literal.
 SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LISTEN ", "NOTIFY ",
-              "SET LOCAL", "SET statement")
-# Where statements may be written outside queries.sql: generated GRANTs, Alembic migrations.
-ALLOWED = {"db/grants.py"}
+              "SET LOCAL", "SET statement", "GRANT ", "REVOKE ")
 
 
 def test_every_statement_has_a_name_a_purpose_and_sql() -> None:
@@ -52,7 +50,7 @@ def test_no_statement_is_written_anywhere_else() -> None:
     found = []
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in ALLOWED or rel.startswith("db/migrations/"):
+        if rel.startswith("db/migrations/"):  # Alembic's revisions keep their own DDL
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             is_text = isinstance(node, ast.Constant) and isinstance(node.value, str)

@@ -595,3 +595,26 @@ def test_fresh_store_from_url(db_url):
         assert s.stats() == [] and s.events() == [] and claim(s) is None
     finally:
         s.engine.dispose()
+
+
+def test_a_connection_lost_mid_transaction_is_a_database_error(
+    pg_url: str, pg_admin_url: str
+) -> None:
+    """The server ends the session inside a transaction (a restart, pg_terminate_backend): the
+    caller gets the store's DatabaseError, never SQLAlchemy's PendingRollbackError."""
+    import psycopg
+
+    from jobstore.errors import DatabaseError
+    from jobstore.testing.support import libpq_url
+
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    try:
+        with pytest.raises(DatabaseError, match="terminating connection"), store._tx() as conn:
+            pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+            with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            conn.execute(sa.text("SELECT 1"))
+        assert store.stats() == []  # and the store works again at once
+    finally:
+        store.engine.dispose()

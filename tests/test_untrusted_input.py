@@ -182,7 +182,6 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
     assert after == before
 
 
-
 # ---- the live agent -------------------------------------------------------------------------
 
 HOOK_NAMES = st.sampled_from([n.encode() for n in NAMES] + [b"nope", b""])

@@ -27,7 +27,6 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
     ctx.obj = Context(db, keyword)
 
 
-
 for command in (
     admin.init, admin.grant, queue.submit, queue.q, queue.history, queue.events, queue.watch,
     queue.hold, queue.release, queue.rm, queue.stats, admin.reap, admin.replay,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, text
 
 from jobstore.core.jobs import CHANGE_COLUMNS
-from jobstore.db.sql import GRANT_TARGETS
+from jobstore.db.sql import GRANT_TARGETS, QUERIES
 
 # Columns of `jobs` written by the claim, the state transitions and the reports; nothing else.
 HOOK_UPDATE_COLUMNS = (
@@ -32,18 +32,9 @@ HOOK_UPDATE_COLUMNS = (
 )
 TABLES = ("clusters", "jobs", "job_events")
 
-# Named statements (`{role}`, `{schema}`, `{sequence}` are quoted identifiers filled in below).
-# revoke: start from nothing on the job store's tables.
-REVOKE_SQL = "REVOKE ALL ON clusters, jobs, job_events FROM {role}"
-# schema: let the role see the schema the tables live in.
-SCHEMA_SQL = "GRANT USAGE ON SCHEMA {schema} TO {role}"
-# read: the queue, the clusters (job ads) and the events (user logs, watch).
-READ_SQL = "GRANT SELECT ON clusters, jobs, job_events TO {role}"
-# update: the columns a claim, a transition or a report may change (also FOR UPDATE locks).
-UPDATE_SQL = "GRANT UPDATE ({columns}) ON jobs TO {role}"
-# events: append the transition and report events, and take their ids.
-EVENTS_SQL = "GRANT INSERT ON job_events TO {role}"
-SEQUENCE_SQL = "GRANT USAGE ON SEQUENCE {sequence} TO {role}"
+# The statements of queries.sql that make the grants, in order.
+GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_events",
+          "grant_sequence")
 
 
 def hook_role_statements(engine: Engine, role: str) -> list[str]:
@@ -61,10 +52,7 @@ def hook_role_statements(engine: Engine, role: str) -> list[str]:
         "sequence": found["sequence"],  # already quoted by pg_get_serial_sequence
         "columns": ", ".join(quote(c) for c in HOOK_UPDATE_COLUMNS),
     }
-    return [
-        sql.format(**names)
-        for sql in (REVOKE_SQL, SCHEMA_SQL, READ_SQL, UPDATE_SQL, EVENTS_SQL, SEQUENCE_SQL)
-    ]
+    return [QUERIES[name].sql.format(**names) for name in GRANTS]
 
 
 def grant_hook_role(engine: Engine, role: str) -> list[str]:

@@ -55,3 +55,30 @@ SELECT pg_current_xact_id()::text;
 -- name: grant_targets
 -- The sequence behind job_events.id and the schema of the tables (jobstore grant).
 SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() AS schema;
+
+-- The grants of `jobstore grant ROLE`, run in this order; `{role}`, `{schema}`, `{sequence}` and
+-- `{columns}` are identifiers the caller quotes (no bind parameters in DDL).
+
+-- name: grant_revoke
+-- Start the role from nothing on the job store's tables.
+REVOKE ALL ON clusters, jobs, job_events FROM {role};
+
+-- name: grant_schema
+-- Let the role see the schema the tables live in.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+
+-- name: grant_read
+-- Read the queue, the clusters and the events (user logs, watch).
+GRANT SELECT ON clusters, jobs, job_events TO {role};
+
+-- name: grant_update
+-- Change only the columns a claim, a transition or a report changes (also FOR UPDATE locks).
+GRANT UPDATE ({columns}) ON jobs TO {role};
+
+-- name: grant_events
+-- Append the transition and report events.
+GRANT INSERT ON job_events TO {role};
+
+-- name: grant_sequence
+-- Take the ids of new events.
+GRANT USAGE ON SEQUENCE {sequence} TO {role};

@@ -25,7 +25,6 @@ AUTOCLUSTER_KEY = (
 )
 
 
-
 class JobReads(Transactions):
     """Queries of the job store (JobStore adds the writes)."""
 
@@ -181,7 +180,6 @@ class JobReads(Transactions):
         )
         with self._tx() as conn:
             return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
-
 
 
 def _job_filter(

@@ -26,13 +26,17 @@ _NAME = re.compile(r"^-- name: (\w+)\n", re.M)
 
 
 def parse(source: str) -> dict[str, Statement]:
-    """The statements of a queries.sql text, by name; ValueError for a nameless or empty one."""
+    """The statements of a queries.sql text, by name: the comment lines after `-- name:` are the
+    purpose, the SQL runs to the first line that ends with `;`; whatever follows (a comment about
+    the next statements) is not part of it. ValueError for a statement without either."""
     found: dict[str, Statement] = {}
     parts = _NAME.split(source)
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         lines = body.strip().splitlines()
-        purpose = " ".join(ln[2:].strip() for ln in lines if ln.startswith("--"))
-        sql = "\n".join(ln for ln in lines if not ln.startswith("--")).strip().rstrip(";")
+        lead = next((i for i, ln in enumerate(lines) if not ln.startswith("--")), len(lines))
+        end = next((i for i in range(lead, len(lines)) if lines[i].rstrip().endswith(";")), -1)
+        purpose = " ".join(ln[2:].strip() for ln in lines[:lead])
+        sql = "\n".join(lines[lead : end + 1]).strip().rstrip(";")
         if not purpose or not sql or name in found:
             raise ValueError(f"queries.sql: statement {name} needs a purpose, SQL and one name")
         found[name] = Statement(name, purpose, sql)

@@ -76,7 +76,8 @@ class Transactions:
                 try:
                     yield conn
                 finally:
-                    conn.info.pop(PENDING, None)
+                    if not conn.invalidated:  # a lost connection's info cannot be touched
+                        conn.info.pop(PENDING, None)
                 if pending:
                     after = self._before_commit(pending)
         except (OperationalError, DBAPIError) as exc:

@@ -19,7 +19,6 @@ from jobstore.node.hooktable import OUTPUT_HOOKS
 PIPE_BUFFER_MAX = 10240
 
 
-
 @dataclass
 class HookCall:
     """One hook invocation as the emulator saw it."""

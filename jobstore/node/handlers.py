@@ -232,7 +232,6 @@ def evict_claim(request: HookRequest) -> HookResponse:
 # ---- starter hooks --------------------------------------------------------------------------
 
 
-
 def prepare_job(request: HookRequest) -> HookResponse:
     job = _starter_ad(request)
     if job is None:

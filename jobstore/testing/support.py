@@ -39,8 +39,11 @@ def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> 
     argv = ["useradd", "--create-home" if home else "--no-create-home"]
     if uid is not None:
         argv += ["--uid", str(uid)]
-    subprocess.run([*argv, name], check=True)
-    return pwd.getpwnam(name)
+    made = subprocess.run([*argv, name], capture_output=True, text=True)
+    try:
+        return pwd.getpwnam(name)  # made now, or by another test process meanwhile
+    except KeyError:
+        raise RuntimeError(f"useradd {name}: {made.stderr.strip()}") from None
 
 
 def ordinary_owner() -> str:
