@@ -19,6 +19,7 @@ from typing import Any
 
 from jobstore.node.hooktable import CONDOR_NAMES, OUTPUT_HOOKS
 from jobstore.testing.support import (
+    hook_env,
     libpq_url,
     with_database,
 )
@@ -222,3 +223,8 @@ def stop_agent(env: Env, proc: subprocess.Popen) -> None:
         env.agents.remove(proc)
     HOOK_MODE_ENV.clear()
     HOOK_MODE_ENV["JOBSTORE_HOOK_MODE"] = "direct"
+
+
+def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
+    return hook_env(db_url, env.condor_config, spool=env.spool, hook_log=env.hook_log,
+                    **{**HOOK_MODE_ENV, **extra})

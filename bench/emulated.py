@@ -5,11 +5,10 @@ from __future__ import annotations
 import statistics
 import time
 
-from common import KEYWORD, OWNER, Env
+from common import KEYWORD, OWNER, Env, node_env
 
 from jobstore.node.hooktable import CONDOR_NAMES
 from jobstore.testing.support import (
-    hook_env,
     libpq_url,
 )
 
@@ -34,7 +33,7 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
         hooks=hooks, work_dir=str(env.tmp / f"node-{mode}"), keyword=KEYWORD, static_slots=8,
         cpus=8, memory=8192, initial_update_interval=1.0, update_interval=5.0,
         fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
-        env=hook_env(env, env.pg_url, {}),
+        env=node_env(env, env.pg_url, {}),
     )
     counts: list[int] = []
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as mon:

@@ -20,6 +20,7 @@ from common import (
     LIFE,
     Env,
     ms,
+    node_env,
     progress,
     say,
     submit_one,
@@ -28,7 +29,6 @@ from common import (
 
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.testing.support import (
-    hook_env,
     insert_identity,
 )
 
@@ -109,11 +109,6 @@ def proc_cpu(pid: int) -> float:
     """CPU seconds (user + system, all threads) a live process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
-    return hook_env(db_url, env.condor_config, spool=env.spool, hook_log=env.hook_log,
-                    **{**HOOK_MODE_ENV, **extra})
 
 
 class LifeError(RuntimeError):
