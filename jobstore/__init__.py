@@ -6,11 +6,6 @@ The public face for Python callers, loaded on first use so that the hooks, which
     from jobstore import JobStore, JobSpec, subscribe
 """
 
-from __future__ import annotations
-
-from importlib import import_module
-from typing import Any
-
 __version__ = "0.1.0"
 
 # name -> the module that defines it
@@ -32,10 +27,16 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC)
 
 
-def __getattr__(name: str) -> Any:
+# No imports up here: the hooks import this package first, and `typing` alone would cost them
+# more than the rest of their start (tests/test_layers.py).
+
+
+def __getattr__(name: str) -> object:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'jobstore' has no attribute {name!r}")
+    from importlib import import_module
+
     return getattr(import_module(module), name)
 
 
