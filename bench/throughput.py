@@ -17,7 +17,7 @@ from jobstore.testing.support import (
 
 def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     """The statements one claim + EXIT issues through the pooled JobStore, with their
-    parameters, split into transactions (each starts with SET LOCAL statement_timeout)."""
+    parameters, split into transactions where the package commits."""
     import sqlalchemy as sa
 
     from jobstore.core.states import Event
@@ -25,20 +25,22 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
     store = JobStore(make_engine(url, pool=True))
-    seen: list[tuple[str, dict]] = []
+    seen: list[tuple[str, dict] | None] = []  # None: a commit
     sa.event.listen(store.engine, "before_cursor_execute",
                     lambda _c, _cur, stmt, params, *_a: seen.append((stmt, dict(params or {}))))
+    sa.event.listen(store.engine, "commit", lambda _conn: seen.append(None))
     req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                        slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
     job = store.claim(req, lambda _row: Verdict(take=True))
     store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
     store.engine.dispose()
-    txs: list[list[tuple[str, dict]]] = []
-    for stmt, params in seen:
-        if stmt.startswith("SET LOCAL") or not txs:
+    txs: list[list[tuple[str, dict]]] = [[]]
+    for item in seen:
+        if item is None:
             txs.append([])
-        txs[-1].append((stmt, params))
-    return txs
+        else:
+            txs[-1].append(item)
+    return [tx for tx in txs if tx]
 
 
 def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str) -> dict:
