@@ -11,6 +11,8 @@ PYTHON_FOR_VENV := $(shell if [ -x /usr/bin/python3 ]; then echo /usr/bin/python
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# `make test` runs its tests in this many processes (pytest-xdist; `auto`: one per CPU, at most 4).
+TEST_WORKERS ?= auto
 
 .PHONY: venv demo test test-slow test-all lint bench
 
@@ -27,9 +29,11 @@ demo: venv
 	$(VENV)/bin/jobstore demo
 
 # `make test`: everything but the long scale, concurrency, fault and emulated-node runs (marked
-# `slow`), which `make test-slow` runs; CI (.ci/run) runs both, one after the other.
+# `slow`), in parallel; `make test-slow` runs those one at a time (they measure and load the
+# machine themselves). CI (.ci/run) runs both, one after the other.
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --maxprocesses=4 \
+		--durations=15 $(PYTEST_ARGS)
 
 test-slow: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=15 $(PYTEST_ARGS)

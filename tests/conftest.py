@@ -22,9 +22,10 @@ DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Let .ci/run exit with pytest's own status (make turns every failure into 2)."""
+    """Let .ci/run exit with pytest's own status (make turns every failure into 2); with
+    pytest-xdist, the controller's (a worker's session is only its share)."""
     status_file = os.environ.get("JOBSTORE_PYTEST_STATUS_FILE")
-    if status_file:
+    if status_file and not hasattr(session.config, "workerinput"):
         Path(status_file).write_text(f"{int(exitstatus)}\n")
 
 
