@@ -32,7 +32,7 @@ OWNER = "alice"  # the recorded job owner (uid 1001 on the recording node)
 CLOSED_OUTPUT = {ours for ours, condor in CONDOR_NAMES.items() if condor not in OUTPUT_HOOKS}
 IDENTITY = (b"JobstoreAttempt", b"JobstoreJobId", b"JobstoreToken")
 # (label, executable, transcript file, argv); the order of one job's life
-LIFE = (
+LIFE: tuple[tuple[str, str, str, list[str]], ...] = (
     ("fetch_job (work)", "fetch_job", "01-FETCH_WORK", []),
     ("reply_fetch accept", "reply_fetch", "02-REPLY_FETCH", ["accept"]),
     ("update_job_info (no pid)", "update_job_info", "03-UPDATE_JOB_INFO", []),
@@ -103,11 +103,11 @@ def populate(conn, queue: str, n: int, ad: str) -> None:  # type: ignore[no-unty
     """N idle jobs in `queue`, inserted by one INSERT ... SELECT generate_series (PostgreSQL)."""
     now = time.time()
     with conn.transaction():
-        cid = conn.execute(
+        cid = first(conn.execute(
             "INSERT INTO clusters (owner, queue, num_procs, submitted_at) "
             "VALUES (%s, %s, %s, %s) RETURNING id",
             (OWNER, queue, n, now),
-        ).fetchone()[0]
+        ))
         conn.execute(
             "INSERT INTO jobs (cluster_id, proc_id, queue, status, priority, owner, ad, cmd,"
             " request_cpus, request_memory, request_disk, max_attempts, success_exit_code,"
@@ -130,9 +130,9 @@ class Env:
     hook_log: Path
     spool: Path
     admin_url: str
-    pg_url: str | None = None
+    pg_url: str = ""  # made by create_pg
     pg_name: str | None = None
-    sqlite_url: str | None = None
+    sqlite_url: str = ""  # made by create_sqlite
     workers: list[Any] = field(default_factory=list)
     agents: list[Any] = field(default_factory=list)
 
@@ -228,3 +228,11 @@ def stop_agent(env: Env, proc: subprocess.Popen) -> None:
 def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
     return hook_env(db_url, env.condor_config, spool=env.spool, hook_log=env.hook_log,
                     **{**HOOK_MODE_ENV, **extra})
+
+
+def first(cursor: Any) -> Any:
+    """The first column of the one row a psycopg query returned."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row[0]

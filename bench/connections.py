@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from common import IDENTITY, KEYWORD, LIFE, Env, say, submit_one, table
+from common import IDENTITY, KEYWORD, LIFE, Env, first, say, submit_one, table
 from hookcost import LifeError, run_empty_fetch, run_life
 
 from jobstore.testing.support import (
@@ -37,9 +37,9 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
                     mon.execute("SELECT pg_stat_clear_snapshot()")
-                    n = mon.execute(
+                    n = first(mon.execute(
                         "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
-                    ).fetchone()[0]
+                    ))
                     stable = stable + 1 if n == last else 0
                     if stable >= 3:
                         return int(n)

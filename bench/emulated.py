@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from common import KEYWORD, OWNER, Env, node_env
+from common import KEYWORD, OWNER, Env, first, node_env
 
 from jobstore.node.hooktable import CONDOR_NAMES
 from jobstore.testing.support import (
@@ -39,20 +39,20 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as mon:
 
         def done() -> bool:
-            n = mon.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
-                            " current_database() AND pid <> pg_backend_pid()").fetchone()[0]
+            n = first(mon.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                            " current_database() AND pid <> pg_backend_pid()"))
             counts.append(int(n))
-            left = mon.execute("SELECT count(*) FROM jobs WHERE queue = %s AND status NOT IN"
+            left = first(mon.execute("SELECT count(*) FROM jobs WHERE queue = %s AND status NOT IN"
                                " ('completed', 'failed', 'held', 'removed')",
-                               (queue,)).fetchone()[0]
+                               (queue,)))
             return left == 0
 
         completed = ("SELECT count(*) FROM jobs WHERE queue = %s AND status = 'completed'"
                      " AND cmd = '/bin/sleep' AND ad::text LIKE '%%0.1%%'")
-        before = mon.execute(completed, (queue,)).fetchone()[0]  # earlier runs' jobs
+        before = first(mon.execute(completed, (queue,)))  # earlier runs' jobs
         t0 = time.monotonic()
         Emulator(cfg).run(until=done, timeout=150, wait_for_jobs=True)
         span = time.monotonic() - t0
-        finished = mon.execute(completed, (queue,)).fetchone()[0] - before
+        finished = first(mon.execute(completed, (queue,))) - before
     counts = counts[len(counts) // 5:] or [0]  # steady state: skip the start
     return finished / span, finished, max(counts), int(statistics.median(counts))

@@ -211,7 +211,7 @@ def section_hooks(
              f"{im[0] / bo[0]:.1f}", f"{im[1] / bo[1]:.1f}"],
         ]
         per: dict[str, tuple[float, float, float, float]] = {}
-        for label, exe, *_ in [(EMPTY_FETCH, "fetch_job"), *LIFE]:
+        for label, exe in [(EMPTY_FETCH, "fetch_job"), *((lb, ex) for lb, ex, *_ in LIFE)]:
             w, c = med(samples[label])
             b = bc if exe in CLOSED_OUTPUT else bo
             per[label] = (w, c, w / b[0], c / b[1])

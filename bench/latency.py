@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from common import KEYWORD, Env, ms, pct, populate, progress, say, table
+from common import KEYWORD, Env, first, ms, pct, populate, progress, say, table
 
 from jobstore.testing.support import (
     libpq_url,
@@ -46,9 +46,9 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
                 store.report(job.id, Event.REJECT, token=job.token, attempt=job.claims)
                 if i >= 10:  # the first few warm the caches
                     lat.append(dt)
-            idle = admin.execute(
+            idle = first(admin.execute(
                 "SELECT count(*) FROM jobs WHERE queue = %s AND status = 'idle'", (queue,)
-            ).fetchone()[0]
+            ))
             if idle != size:
                 raise RuntimeError(f"{queue}: {idle} idle jobs after the loop, expected {size}")
             out[size] = (pct(lat, 0.5), pct(lat, 0.99), fill)

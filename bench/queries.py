@@ -94,6 +94,8 @@ def explain(store: JobStore, statement: str, params: Any) -> tuple[int, int]:
         out = conn.exec_driver_sql(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params
         ).scalar()
+    if out is None:
+        raise RuntimeError("EXPLAIN returned nothing")
     top = (json.loads(out) if isinstance(out, str) else out)[0]["Plan"]
     return int(top.get("Shared Hit Blocks", 0)), int(top.get("Shared Read Blocks", 0))
 

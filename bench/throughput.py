@@ -8,7 +8,7 @@ import threading
 import time
 from contextlib import suppress
 
-from common import KEYWORD, TP_CLAIMERS, Env, populate, progress, say, table, verdict
+from common import KEYWORD, TP_CLAIMERS, Env, first, populate, progress, say, table, verdict
 
 from jobstore.testing.support import (
     libpq_url,
@@ -32,6 +32,8 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                        slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
     job = store.claim(req, lambda _row: Verdict(take=True))
+    if job is None:
+        raise RuntimeError("no idle job to capture a claim with")
     store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
     store.engine.dispose()
     txs: list[list[tuple[str, dict]]] = [[]]
@@ -146,7 +148,7 @@ def section_throughput(
     exhausted: list[str] = []
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as admin:
         durability = {
-            s: admin.execute(f"SHOW {s}").fetchone()[0]
+            s: first(admin.execute(f"SHOW {s}"))
             for s in ("synchronous_commit", "fsync", "full_page_writes", "wal_sync_method")
         }
         populate(admin, "tp_capture", 1, ad)
