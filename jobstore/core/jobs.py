@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from jobstore.core.states import Status
+
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
 # The job columns a report may set: name -> (type, lowest, highest). Nothing else, ever.
@@ -115,8 +117,8 @@ class Job:
         """The idle job `spec` becomes when it is queued."""
         attempts = spec.max_retries + 1 if spec.max_retries is not None else max_attempts
         return cls(
-            id=id, cluster_id=cluster_id, proc_id=spec.proc_id, queue=queue, status="idle",
-            priority=spec.priority, owner=owner, ad=ad, cmd=spec.cmd,
+            id=id, cluster_id=cluster_id, proc_id=spec.proc_id, queue=queue,
+            status=Status.IDLE.value, priority=spec.priority, owner=owner, ad=ad, cmd=spec.cmd,
             request_cpus=spec.request_cpus, request_memory=spec.request_memory,
             request_disk=spec.request_disk, requirements=spec.requirements,
             max_attempts=max(1, attempts), success_exit_code=spec.success_exit_code,

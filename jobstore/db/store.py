@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import CHANGE_COLUMNS, Job, JobSpec
+from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec
 from jobstore.core.states import FINAL, Decision, Event, Status, decide
 from jobstore.db.notify import CHANNEL, notify
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
@@ -63,12 +63,6 @@ class Outcome:
 
 # Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
 ExitPolicy = Callable[[Job], tuple[bool, bool]]
-# The columns a submit writes; the others start as their server defaults or NULL.
-_INSERTED = frozenset(
-    ("cluster_id", "proc_id", "queue", "status", "priority", "owner", "ad", "cmd", "request_cpus",
-     "request_memory", "request_disk", "requirements", "max_attempts", "success_exit_code",
-     "retry_until", "max_retries", "user_log", "submitted_at", "updated_at")
-)
 
 # The status the claim's fast path (claim_first in queries.sql) hands a job out in.
 _FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
@@ -134,7 +128,7 @@ class JobStore(JobReads):
                     spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue, ad=ad,
                     max_attempts=max_attempts, now=now,
                 )
-                values = {name: getattr(job, name) for name in _INSERTED}
+                values = {name: getattr(job, name) for name in JOB_COLUMNS if name != "id"}
                 job = job.but(
                     id=conn.execute(insert(jobs).values(values).returning(jobs.c.id)).scalar_one()
                 )
