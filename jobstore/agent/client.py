@@ -34,6 +34,8 @@ from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
     MAX_STDIN,
     append_hook_log,
+    log_entry,
+    one_line,
     prologue,
     read_stdin,
     write_all,
@@ -61,13 +63,12 @@ def _say(hook: str, stderr_open: bool, error: str | None, *, logged: bool = Fals
     agent `logged` it already (it writes the hook log for the calls it serves)."""
     if not error:
         return
-    line = error.replace("\n", " ").replace("\r", " ")[:2000]
+    line = one_line(error)
     if stderr_open:
         write_all(2, (line + "\n").encode("utf-8", "replace"))
     path = os.environ.get("JOBSTORE_HOOK_LOG")
     if path and not logged:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        append_hook_log(path, f"{stamp} {hook}[{os.getpid()}] {line}\n")
+        append_hook_log(path, log_entry(hook, os.getpid(), line))
 
 
 def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:

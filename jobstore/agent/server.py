@@ -42,7 +42,7 @@ from jobstore.agent.protocol import (
 from jobstore.agent.work import WorkQueue
 from jobstore.node import config, handlers, spool
 from jobstore.node.handlers import HookRequest, HookResponse
-from jobstore.node.hookproc import append_hook_log
+from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 
 log = logging.getLogger("jobstore.agent")
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
@@ -475,12 +475,8 @@ class Agent:
             lines.append(response.error)
         if not path or not lines:
             return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        text = "".join(
-            f"{stamp} {hook}[{peer.pid}] (agent, uid {peer.uid}) "
-            f"{x.replace(chr(10), ' ').replace(chr(13), ' ')[:2000]}\n"
-            for x in lines
-        )
+        via = f"(agent, uid {peer.uid}) "
+        text = "".join(log_entry(hook, peer.pid, one_line(x), via) for x in lines)
         with self._hook_log_lock:
             if not append_hook_log(path, text):
                 self._throttle.warn("hooklog", 0, "hook log %s cannot be written", path)

@@ -30,7 +30,6 @@ HOOK_UPDATE_COLUMNS = (
     "reason",
     *CHANGE_COLUMNS,
 )
-TABLES = ("clusters", "jobs", "job_events")
 
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_events",

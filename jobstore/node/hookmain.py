@@ -14,7 +14,14 @@ import threading
 import time
 from typing import NoReturn
 
-from jobstore.node.hookproc import MAX_STDIN, append_hook_log, read_stdin, write_all
+from jobstore.node.hookproc import (
+    MAX_STDIN,
+    append_hook_log,
+    log_entry,
+    one_line,
+    read_stdin,
+    write_all,
+)
 from jobstore.node.hookproc import prologue as _reopen_fds
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 
@@ -64,7 +71,7 @@ _stderr_open = True
 def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
     """Write one line to stderr (where HTCondor keeps it) and to the hook log; an account that
     may not write the hook log (a job's user: condor made it 0644) sends it to syslog instead."""
-    line = message.replace("\n", " ").replace("\r", " ")[:2000]
+    line = one_line(message)
     if to_stderr and _stderr_open:
         try:
             os.write(2, (line + "\n").encode("utf-8", "replace"))
@@ -73,8 +80,7 @@ def _log_line(hook: str, message: str, *, to_stderr: bool = False) -> None:
     path = os.environ.get("JOBSTORE_HOOK_LOG") or _configured_log()
     if not path:
         return
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    if not append_hook_log(path, f"{stamp} {hook}[{os.getpid()}] {line}\n"):
+    if not append_hook_log(path, log_entry(hook, os.getpid(), line)):
         import syslog
 
         syslog.openlog("jobstore-hook", syslog.LOG_PID, syslog.LOG_DAEMON)

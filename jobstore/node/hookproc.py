@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _signal
 import os
+import time
 
 MAX_STDIN = 4 * 1024 * 1024  # larger stdin is ignored (a slot ad is a few KiB)
 DEFAULT_SOCKET = "/run/jobstore/agent.sock"  # where the hooks find the agent
@@ -50,6 +51,16 @@ def write_all(fd: int, data: bytes) -> None:
         except OSError:
             return
         view = view[n:]
+
+
+def one_line(message: str) -> str:
+    """A message as one line of stderr or the hook log: no line breaks, at most 2,000 chars."""
+    return message.replace("\n", " ").replace("\r", " ")[:2000]
+
+
+def log_entry(hook: str, pid: int, line: str, via: str = "") -> str:
+    """One hook-log entry, `2026-11-22 21:00:00 fetch_job[123] <via>line`, newline ended."""
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S')} {hook}[{pid}] {via}{line}\n"
 
 
 def append_hook_log(path: str, text: str) -> bool:
