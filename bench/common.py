@@ -100,7 +100,8 @@ def submit_one(store) -> int:  # type: ignore[no-untyped-def]
 
 
 def populate(conn, queue: str, n: int, ad: str) -> None:  # type: ignore[no-untyped-def]
-    """N idle jobs in `queue`, inserted by one INSERT ... SELECT generate_series (PostgreSQL)."""
+    """N idle jobs in `queue`, one autocluster, inserted by one INSERT ... SELECT
+    generate_series (PostgreSQL)."""
     now = time.time()
     with conn.transaction():
         cid = first(conn.execute(
@@ -108,13 +109,21 @@ def populate(conn, queue: str, n: int, ad: str) -> None:  # type: ignore[no-unty
             "VALUES (%s, %s, %s, %s) RETURNING id",
             (OWNER, queue, n, now),
         ))
+        ac = first(conn.execute(
+            "INSERT INTO autoclusters (signature, queue, owner, submitter, request_cpus,"
+            " request_memory, request_disk, created_at) VALUES (%s, %s, %s, %s, 1, 64, 1024, %s)"
+            " ON CONFLICT (signature) DO UPDATE SET queue = EXCLUDED.queue RETURNING id",
+            (f"bench:{queue}", queue, OWNER, OWNER, now),
+        ))
+        conn.execute("INSERT INTO submitters (name, updated_at) VALUES (%s, %s)"
+                     " ON CONFLICT DO NOTHING", (OWNER, now))
         conn.execute(
             "INSERT INTO jobs (cluster_id, proc_id, queue, status, priority, owner, ad, cmd,"
             " request_cpus, request_memory, request_disk, max_attempts, success_exit_code,"
-            " claims, attempts, submitted_at, updated_at)"
+            " claims, attempts, submitted_at, updated_at, submitter, autocluster_id)"
             " SELECT %s, g, %s, 'idle', 0, %s, %s::json, '/bin/sleep', 1, 64, 1024, 5, 0, 0, 0,"
-            " %s, %s FROM generate_series(0, %s::int - 1) AS g",
-            (cid, queue, OWNER, ad, now, now, n),
+            " %s, %s, %s, %s FROM generate_series(0, %s::int - 1) AS g",
+            (cid, queue, OWNER, ad, now, now, OWNER, ac, n),
         )
     conn.execute("ANALYZE jobs")
 

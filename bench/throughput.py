@@ -91,13 +91,18 @@ def tp_worker(  # type: ignore[no-untyped-def]
         while time.monotonic() < stop:
             if mode == "bare":  # the package's own statements, replayed
                 job_id, token, now = None, secrets.token_hex(16), time.time()
+                idle: list[int] = []
                 for tx in cycle:
                     for stmt, tpl in tx:
                         params = fill(tpl, job_id, token, now, slot)
                         if "queue" in params:
                             params["queue"] = queue
+                        if "autoclusters" in params:  # those the menu just listed
+                            params["autoclusters"] = idle
                         cur = conn.execute(stmt, params)
-                        if stmt.startswith("WITH cand"):
+                        if stmt.startswith("WITH RECURSIVE idle"):
+                            idle = [r[0] for r in cur.fetchall()]
+                        elif stmt.startswith("WITH cand"):
                             row = cur.fetchone()
                             if row is None:
                                 break

@@ -20,9 +20,11 @@ from jobstore.testing.support import ordinary_owner  # noqa: F401 - for the test
 
 
 def submit_jobs(store: JobStore, n: int, owner: str, *, max_attempts: int = 5,
-                cmd: str = "/bin/true", queue: str = "default") -> list[int]:
+                cmd: str = "/bin/true", queue: str = "default",
+                concurrency_limits: str | None = None) -> list[int]:
     """One cluster of `n` idle jobs through the store API (each with its submit event)."""
-    new = [JobSpec(cmd=cmd, iwd="/tmp", request_memory=64, proc_id=i) for i in range(n)]
+    new = [JobSpec(cmd=cmd, iwd="/tmp", request_memory=64, proc_id=i,
+                   concurrency_limits=concurrency_limits) for i in range(n)]
     _, ids = store.submit(new, owner=owner, queue=queue, max_attempts=max_attempts)
     return ids
 

@@ -28,6 +28,7 @@ from jobstore.agent.protocol import MAGIC, MAX_REQUEST
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
+from jobstore.formats import classads
 from jobstore.node import spool
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
@@ -305,3 +306,31 @@ def test_job_user_without_credentials_spools_for_the_agent(
     node.start()
     node.wait_log("1 report(s) replayed")
     assert _status(store, job_id) == "completed"
+
+
+def test_agent_fetches_share_slots_and_respect_limits(
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+) -> None:
+    """Through the agent (one store, verdicts remembered): two owners who queued in turn hold
+    slots in turn, and a limit from the configuration caps the jobs that name it."""
+    alice, bob = accounts[1].pw_name, accounts[2].pw_name
+    with open(node.config, "a") as fh:
+        fh.write("LIC_LIMIT = 2\n")
+    first = submit_jobs(store, 4, alice)
+    second = submit_jobs(store, 4, bob)
+    limited = submit_jobs(store, 4, alice, concurrency_limits="lic")
+    node.start()
+    env = {"JOBSTORE_HOOK_MODE": "agent"}
+    got = []
+    for n in range(11):
+        out = node.hook("fetch_job", slot_ad(f"slot{n}@node01"), **env)
+        assert out.returncode == 0 and not out.stderr, out.stderr
+        if out.stdout:
+            ad = classads.parse_ad(classads.decode(out.stdout))
+            got.append(classads.get_int(ad, "JobstoreJobId"))
+    owners = [store.get_job(i).owner for i in got]
+    assert owners[:8] == [alice, bob] * 4 or owners[:8] == [bob, alice] * 4, owners
+    assert len(got) == 10  # the 11th slot finds only limited jobs, the limit full
+    assert len(set(got) & set(limited)) == 2
+    assert set(first) | set(second) <= set(got)
+    assert node.stop() == 0

@@ -210,3 +210,51 @@ def test_grant_prints_and_applies_least_privilege(db: str) -> None:
     assert "status" in update and "exit_code" in update
     for decided in ("owner", "cmd", "queue", "user_log", "ad", "priority"):
         assert f"{decided}," not in update and f"{decided})" not in update
+
+
+def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
+    """condor_userprio's table for the submitters of a submit file with accounting_group, a
+    factor set by the admin, usage reset; bad input is one line and exit status 1."""
+    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.db.store import JobStore
+
+    grouped = _write(tmp_path, "g.sub", "executable = /bin/true\naccounting_group = physics\n"
+                     "concurrency_limits = lic\nqueue 3\n")
+    plain = _write(tmp_path, "p.sub", "executable = /bin/true\nqueue 2\n")
+    assert submit(db, grouped).returncode == 0 and submit(db, plain).returncode == 0
+    store = JobStore.from_url(db)
+    try:
+        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                           slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=60,
+                           weight=2.0)
+        job = store.claim(req, lambda _j: Verdict(take=True))
+    finally:
+        store.engine.dispose()
+    owner = _owner()
+    out = cli(db, "userprio")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Last Priority Update: ")
+    assert lines[1].split()[:3] == ["SUBMITTER", "EFFECTIVE", "PRIORITY"]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if line and line[0] != "N"}
+    assert set(rows) == {f"physics.{owner}", owner}
+    holder = rows[job.submitter]
+    assert holder[1:5] == ["0.50", "0.50", "1.00", "2"] and holder[-1] == "<now"
+    assert "Number of submitters: 2" in out.stdout
+    assert cli(db, "userprio", "-setfactor", owner, "3").returncode == 0
+    data = {d["Name"]: d for d in json.loads(cli(db, "userprio", "--json").stdout)}
+    assert data[owner]["PriorityFactor"] == 3.0
+    assert data[owner]["Priority"] == 1.5
+    assert data[job.submitter]["WeightedResourcesUsed"] == 2.0
+    reset = cli(db, "userprio", "-resetall")
+    assert reset.returncode == 0 and "of 2 submitter(s) was reset" in reset.stdout
+    for args, words in ((("-setfactor", owner, "0.5"), "bad priority factor"),
+                        (("-setfactor", "nobody", "2"), "no submitter 'nobody'"),
+                        (("-resetusage", "nobody"), "no submitter 'nobody'")):
+        bad = cli(db, "userprio", *args)
+        assert bad.returncode == 1 and words in bad.stderr and bad.stderr.count("\n") == 1
+    auto = cli(db, "q", "-autocluster")
+    assert "lic" in auto.stdout and f"physics.{owner}" in auto.stdout
+    assert "Total: 5 jobs in 2 autoclusters" in auto.stdout
+    af = cli(db, "q", "-af", "ConcurrencyLimits", "AccountingGroup").stdout.splitlines()
+    assert sorted(af) == [f"lic physics.{owner}"] * 3 + ["undefined undefined"] * 2

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from bulk import clone
 from hookrun import hook_env, run_hook
 
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
-from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
 from jobstore.testing.support import ordinary_owner
@@ -40,50 +42,26 @@ def job_owner() -> str:
 
 
 def fill(url: str, n: int, owner: str) -> list[int]:
-    """One cluster of n idle jobs with their submit events, inserted in bulk."""
+    """One cluster of n idle jobs (one autocluster) with their submit events, copied in bulk."""
     upgrade(url)
-    engine = JobStore.from_url(url).engine
-    now = time.time()
+    store = JobStore.from_url(url)
     try:
-        with engine.begin() as conn:
-            cluster = conn.execute(
-                clusters.insert()
-                .values(owner=owner, queue="default", num_procs=n, submitted_at=now)
-                .returning(clusters.c.id)
-            ).scalar_one()
-            conn.execute(
-                jobs.insert(),
-                [
-                    dict(
-                        cluster_id=cluster,
-                        proc_id=i,
-                        queue="default",
-                        status="idle",
-                        priority=0,
-                        owner=owner,
-                        ad={"Cmd": "/bin/true", "Iwd": "/tmp"},
-                        cmd="/bin/true",
-                        request_cpus=1,
-                        request_memory=128,
-                        request_disk=1024,
-                        max_attempts=3,
-                        submitted_at=now,
-                        updated_at=now,
-                    )
-                    for i in range(n)
-                ],
-            )
+        _, (first,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=owner,
+                                   queue="default", max_attempts=3)
+        clone(store, first, n - 1)
+        now = time.time()
+        with store.engine.begin() as conn:
             ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).scalars())
             conn.execute(
                 job_events.insert(),
                 [
                     dict(job_id=i, time=now, event="submit", to_status="idle", attempt=0)
-                    for i in ids
+                    for i in ids[1:]
                 ],
             )
         return ids
     finally:
-        engine.dispose()
+        store.engine.dispose()
 
 
 def check_database(url: str, ids: list[int], final: str) -> None:
@@ -240,3 +218,56 @@ def test_concurrent_fetch_job_hooks(
     assert set(claimed) == set(ids)
     report_rate(f"hooks/fetch_job processes on {backend}", len(claimed), seconds)
     check_database(url, ids, "completed")
+
+
+LIMIT_WORKERS = 32
+LIMIT_JOBS = 60
+
+
+@pytest.mark.slow
+def test_concurrency_limit_is_never_overshot(db_url, job_owner):
+    """32 processes claim jobs that use limit `lic` (maximum 3), each holding its job a little:
+    never more than 3 held at once, every job handed out exactly once."""
+    upgrade(db_url)
+    store = JobStore.from_url(db_url)
+    try:
+        _, (first,) = store.submit(
+            [JobSpec(cmd="/bin/true", iwd="/tmp", concurrency_limits="LIC")], owner=job_owner,
+            queue="default", max_attempts=3,
+        )
+        clone(store, first, LIMIT_JOBS - 1)
+    finally:
+        store.engine.dispose()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = Path(__file__).with_name("limit_worker.py")
+    procs = [
+        subprocess.Popen([sys.executable, str(script), db_url, f"slot{n}@node"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+        for n in range(LIMIT_WORKERS)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        held = []
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            held.extend(json.loads(out)["held"])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    ids = [h[0] for h in held]
+    assert len(ids) == len(set(ids)) == LIMIT_JOBS, "a job was lost or handed out twice"
+    # each interval lies inside the time the database counted the job as holding the limit
+    edges = sorted([(h[1], 1) for h in held] + [(h[2], -1) for h in held])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    assert most <= 3, f"{most} jobs held limit lic (maximum 3) at once"
+    assert most == 3, "the claims never filled the limit: the test saw no concurrency"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -44,7 +45,7 @@ def _metadata_index(name: str) -> sa.Index:
 
 
 def _sqlite_desc_false_positive(conn: sa.Connection, diffs: list) -> list:
-    """SQLite's reflection drops the DESC of `ix_jobs_claim (queue, priority DESC, id)`, so
+    """SQLite's reflection drops the DESC of the claim index (..., priority DESC, id), so
     alembic reports remove+add of that one index. Accept exactly that pair, and only after
     checking with PRAGMA index_xinfo that the real index has those columns and sort orders."""
     if conn.dialect.name != "sqlite":
@@ -55,10 +56,10 @@ def _sqlite_desc_false_positive(conn: sa.Connection, diffs: list) -> list:
     if len(pair) != 2 or {d[0] for d in pair} != {"remove_index", "add_index"}:
         return diffs
     removed = next(d[1] for d in pair if d[0] == "remove_index")
-    assert [c.name for c in removed.columns] == ["queue", "priority", "id"]
+    assert [c.name for c in removed.columns] == ["queue", "autocluster_id", "priority", "id"]
     xinfo = conn.exec_driver_sql("PRAGMA index_xinfo(ix_jobs_claim)").fetchall()
     keys = [(row[2], row[3]) for row in xinfo if row[5]]  # (column, desc) of key columns
-    assert keys == [("queue", 0), ("priority", 1), ("id", 0)]
+    assert keys == [("queue", 0), ("autocluster_id", 0), ("priority", 1), ("id", 0)]
     return [d for d in diffs if d not in pair]
 
 
@@ -250,3 +251,45 @@ def test_cli_init_refuses_unusable_urls(url, condor_config):
     assert proc.returncode == 1
     assert proc.stderr.startswith("jobstore: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_upgrade_gives_existing_jobs_autoclusters_and_submitters(db_url):
+    """A job store of revision 0001 with queued jobs: after the upgrade every job has its
+    submitter and an autocluster (shared by identical jobs), and the idle ones are claimable."""
+    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.db.store import JobStore
+
+    upgrade(db_url, "0001")
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO clusters (id, owner, queue, num_procs, submitted_at) "
+                "VALUES (1, 'alice', 'default', 3, 1.0)"))
+            for proc, (status, memory) in enumerate(
+                [("idle", 128), ("idle", 128), ("idle", 4096), ("completed", 128)]
+            ):
+                conn.execute(sa.text(
+                    "INSERT INTO jobs (cluster_id, proc_id, queue, status, priority, owner, ad, "
+                    "cmd, request_cpus, request_memory, request_disk, max_attempts, "
+                    "submitted_at, updated_at) VALUES (1, :proc, 'default', :status, 0, 'alice', "
+                    ":ad, '/bin/true', 1, :memory, 1024, 3, 1.0, 1.0)"),
+                    {"proc": proc, "status": status, "memory": memory,
+                     "ad": json.dumps({"Cmd": "/bin/true", "Arguments": str(proc)})})
+    finally:
+        engine.dispose()
+    upgrade(db_url)
+    store = JobStore.from_url(db_url)
+    try:
+        jobs = store.list_jobs(include_final=True)
+        assert {j.submitter for j in jobs} == {"alice"}
+        groups = [j.autocluster_id for j in jobs]
+        assert None not in groups
+        assert groups[0] == groups[1] == groups[3] != groups[2]
+        assert [u.name for u, _ in store.usage_table()] == ["alice"]
+        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=8192, disk=4096),
+                           slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=60)
+        claimed = {store.claim(req, lambda _j: Verdict(take=True)).id for _ in range(3)}
+        assert claimed == {jobs[0].id, jobs[1].id, jobs[2].id}
+    finally:
+        store.engine.dispose()

@@ -115,8 +115,10 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
     ids: list[int] = []
     errors: list[str] = []
     store = JobStore(make_engine(url, connect_timeout=30, pool=pooled))
+    # the whole negotiator: two submitters (fair share) and a concurrency limit (locked, counted)
     req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot=slot, host="node", keyword="JOBSTORE", claim_lease=600)
+                       slot=slot, host="node", keyword="JOBSTORE", claim_lease=600,
+                       limit=lambda _name: 1000.0)
     try:
         while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
             kw = {"token": job.token, "attempt": job.claims, "lease": 600}
@@ -150,7 +152,9 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
     owner = ordinary_owner()
     store = JobStore.from_url(bouncer_url)
     try:
-        ids = submit_jobs(store, JOBS - HOOK_JOBS, owner)
+        half = (JOBS - HOOK_JOBS) // 2
+        ids = submit_jobs(store, half, owner, concurrency_limits="lic")
+        ids += submit_jobs(store, JOBS - HOOK_JOBS - half, "pgbouncer_other")
         # The hook executables pull from their own queue, at the same time as the workers.
         hook_ids = submit_jobs(store, HOOK_JOBS, owner, queue="hooks")
         ids += hook_ids

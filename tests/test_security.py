@@ -25,7 +25,7 @@ from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.db.grants import grant_hook_role
-from jobstore.db.store import JobStore
+from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.node import spool
 
 FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
@@ -192,6 +192,28 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
                 conn.execute(f"UPDATE jobs SET {column} = %s WHERE id = %s", (value, job_id))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("DELETE FROM job_events")
+        # the accountant may update priorities and usage, never a factor an admin set
+        conn.execute("UPDATE submitters SET priority = 0.5")
+        for statement in ("UPDATE submitters SET factor = 0.001",
+                          "UPDATE autoclusters SET owner = 'root'",
+                          "DELETE FROM autocluster_limits"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    # the role runs the whole negotiation: two submitters, a concurrency limit, the accountant
+    limited = submit_jobs(store, 2, alice.pw_name, concurrency_limits="lic")
+    submit_jobs(store, 1, users[JOB_USERS[1]].pw_name)
+    role_store = JobStore.from_url(make_url(nd.db_url).set(password="hooks-pw")
+                                   .render_as_string(hide_password=False))
+    try:
+        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                           slot="slot9@node01", host="node01", keyword="JOBSTORE", claim_lease=60,
+                           limit=lambda name: 1.0)
+        got = [role_store.claim(req, lambda _job: Verdict(take=True)) for _ in range(3)]
+        assert sum(1 for j in got if j and j.id in limited) == 1
+        assert sum(1 for j in got if j) == 2
+        assert role_store.update_priorities(interval=0) >= 2
+    finally:
+        role_store.engine.dispose()
 
 
 # ---- 2. the spool cannot be turned against its reader ---------------------------------------

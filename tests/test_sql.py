@@ -21,8 +21,9 @@ SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LIST
 
 
 def test_every_statement_has_a_name_a_purpose_and_sql() -> None:
-    assert set(sql.QUERIES) >= {"claim_first", "notify_event", "listen_events",
-                                "set_statement_timeout", "snapshot_bounds", "xact_horizon"}
+    assert set(sql.QUERIES) >= {"claim_in_autoclusters", "idle_autoclusters", "notify_event",
+                                "listen_events", "set_statement_timeout", "snapshot_bounds",
+                                "xact_horizon", "submitter_usage", "lock_limits", "limits_in_use"}
     for st in sql.QUERIES.values():
         assert st.purpose and st.sql and not st.sql.endswith(";"), st.name
 
@@ -36,10 +37,23 @@ def test_a_statement_without_a_purpose_is_refused() -> None:
 
 def test_the_claims_literals_are_the_state_machines() -> None:
     fetched = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status
-    text = sql.CLAIM_FIRST
+    text = sql.CLAIM_IN_AUTOCLUSTERS
     assert "status = 'idle'" in text and Status.IDLE.value == "idle"
     assert f"'{Event.FETCH}', '{Status.IDLE.value}', '{fetched}'" in text
     assert f"status = '{fetched}'" in text
+
+
+def test_the_holding_statuses_are_the_negotiators() -> None:
+    """Fair share and limits count the jobs in the statuses that hold a slot, in SQL too."""
+    from jobstore.db.negotiator import ACTIVE
+
+    assert set(ACTIVE) == {"fetched", "accepted", "running"}
+    literal = "status IN ('" + "', '".join(ACTIVE) + "')"
+    for name in ("submitter_usage", "limits_in_use"):
+        assert literal in sql.QUERIES[name].sql, name
+    for index in jobs.indexes:
+        if index.name.startswith("ix_jobs_active"):
+            assert literal == str(index.dialect_options["postgresql"]["where"])
 
 
 def test_listen_and_notify_use_one_channel() -> None:

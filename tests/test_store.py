@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from bulk import clone
 
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
@@ -135,31 +136,25 @@ def test_claim_order_is_priority_then_age(store):
     assert claim(store, queue="other").id == other[0]
 
 
-def test_claim_pages_through_candidates(store):
-    """Keyset paging across batches: the judge skips the first 7 of 10 mixed-priority jobs."""
-    ids = submit(store, 4, priority=1) + submit(store, 6, priority=0)
-    order = ids  # priority 1 first, then 0, each by age
+def test_claim_judges_one_job_per_autocluster(store):
+    """Jobs that differ only in per-job attributes share an autocluster and one verdict; a
+    verdict is remembered per slot shape, and not without one."""
+    same = submit(store, 10, args="x")
+    other = submit(store, 5, requirements="TARGET.Memory > 1")
     seen: list[int] = []
 
     def judge(row):  # type: ignore[no-untyped-def]
         seen.append(row.id)
-        return Verdict(take=row.id == order[7])
+        return Verdict(take=row.id in other)
 
-    job = store.claim(request(batch=3), judge)
-    assert job.id == order[7]
-    assert seen == order[:8]
-
-
-def test_claim_scan_limit_bounds_the_judged_candidates(store):
-    submit(store, 10)
-    seen: list[int] = []
-
-    def judge(row):  # type: ignore[no-untyped-def]
-        seen.append(row.id)
-        return Verdict()
-
-    assert store.claim(request(batch=3, scan_limit=5), judge) is None
-    assert len(seen) == 5
+    assert store.claim(request(shape="s1"), judge).id == other[0]
+    assert sorted(seen) == [same[0], other[0]]  # each autocluster's first job, once
+    assert store.claim(request(shape="s1"), judge).id == other[1]
+    assert len(seen) == 2  # remembered for this shape
+    store.claim(request(shape="s2"), judge)
+    assert len(seen) == 4
+    store.claim(request(), judge)
+    assert len(seen) == 6
 
 
 @pytest.mark.parametrize(
@@ -195,7 +190,8 @@ def test_claim_resource_prefilter(store, offer, fits):
 
 
 def test_claim_judge_skips(store):
-    first, second = submit(store, 2)
+    (first,) = submit(store, requirements="TARGET.Arch == \"ARM\"")
+    (second,) = submit(store)
     job = store.claim(request(), lambda row: Verdict(take=row.id != first))
     assert job.id == second
     skipped = store.get_job(first)
@@ -205,7 +201,8 @@ def test_claim_judge_skips(store):
 
 
 def test_claim_judge_holds(store):
-    first, second = submit(store, 2)
+    (first,) = submit(store, requirements="TARGET.Arch == \"ARM\"")
+    (second,) = submit(store)
 
     def judge(row):  # type: ignore[no-untyped-def]
         if row.id == first:
@@ -525,39 +522,16 @@ def test_every_state_change_has_exactly_one_event(store):
     ]
 
 
-# ---- the claim query uses the partial claim index -------------------------------------------
+# ---- the claim's queries use the partial claim index ------------------------------------------
 
 
-def _fill(store: JobStore, n: int) -> None:
-    """n idle and n completed jobs, inserted server-side."""
-    with store.engine.begin() as conn:
-        conn.execute(clusters.insert().values(
-            id=1, owner="alice", queue="default", num_procs=2 * n, submitted_at=1.0
-        ))
-        if store.engine.dialect.name == "postgresql":
-            series = f"generate_series(0, {2 * n - 1}) AS g(i)"
-            prefix = ""
-        else:
-            series = "s"
-            prefix = (f"WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s "
-                      f"WHERE i < {2 * n - 1}) ")
-        ad = json.dumps({"Cmd": "/bin/true"})
-        conn.execute(sa.text(
-            f"INSERT INTO jobs (cluster_id, proc_id, queue, status, priority, owner, ad, cmd, "
-            f"request_cpus, request_memory, request_disk, max_attempts, submitted_at, updated_at) "
-            f"{prefix}SELECT 1, i, 'default', CASE WHEN i % 2 = 0 THEN 'idle' ELSE 'completed' "
-            f"END, i % 7, 'alice', :ad, '/bin/true', 1, 128, 1024, 3, 1.0, 1.0 FROM {series}"
-        ), {"ad": ad})
-        conn.exec_driver_sql("ANALYZE")
-
-
-def _capture_claim_select(store: JobStore) -> tuple[str, Any]:
+def _capture_claim_statements(store: JobStore) -> list[tuple[str, Any]]:
     captured: list[tuple[str, Any]] = []
 
     def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-        # the claim's candidate query: PostgreSQL's one-statement claim (WITH cand AS (SELECT
-        # ... FOR UPDATE SKIP LOCKED) UPDATE ... INSERT ...), SQLite's SELECT
-        if "FROM jobs" in statement and "ORDER BY" in statement:
+        # the skip scan of idle autoclusters, and the claim itself (PostgreSQL's one statement,
+        # SQLite's SELECT of an autocluster's first job)
+        if "autocluster_id" in statement and "ORDER BY" in statement:
             captured.append((statement, parameters))
 
     sa.event.listen(store.engine, "before_cursor_execute", listener)
@@ -566,26 +540,31 @@ def _capture_claim_select(store: JobStore) -> tuple[str, Any]:
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", listener)
     assert job is not None and job.status == "fetched"
-    assert len(captured) == 1
-    return captured[0]
+    return captured
 
 
-def test_claim_query_uses_the_claim_index(store):
+def test_claim_queries_use_the_claim_index(store):
+    """Behind 20,000 idle and 20,000 completed jobs, both claim statements walk ix_jobs_claim
+    and never sort."""
     pg = store.engine.dialect.name == "postgresql"
-    _fill(store, 20_000 if pg else 5_000)
-    statement, params = _capture_claim_select(store)
+    (first,) = submit(store, priority=3)
+    clone(store, first, 20_000 if pg else 5_000, priority="i % 7")
+    clone(store, first, 20_000 if pg else 5_000, status="completed")
+    captured = _capture_claim_statements(store)
+    assert len(captured) == 2
     with store.engine.connect() as conn:
-        if pg:
-            assert "FOR UPDATE SKIP LOCKED" in statement
-            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar()
-            text = json.dumps(plan)
-            assert '"Index Name": "ix_jobs_claim"' in text, text
-            assert '"Node Type": "Sort"' not in text, text  # the index gives the order
-        else:
-            plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params).fetchall()
-            text = " | ".join(str(row[-1]) for row in plan)
-            assert "ix_jobs_claim" in text, text
-            assert "TEMP B-TREE" not in text, text  # the index gives the order
+        for statement, params in captured:
+            if pg:
+                plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar()
+                text = json.dumps(plan)
+                assert '"Index Name": "ix_jobs_claim"' in text, text
+                assert '"Node Type": "Sort"' not in text, text  # the index gives the order
+                assert '"Node Type": "Seq Scan"' not in text.split('"Relation Name": "jobs"')[0]
+            else:
+                plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params).fetchall()
+                text = " | ".join(str(row[-1]) for row in plan)
+                assert "ix_jobs_claim" in text, text
+                assert "TEMP B-TREE" not in text, text  # the index gives the order
 
 
 def test_fresh_store_from_url(db_url):

@@ -249,6 +249,37 @@ def test_priority_retries_exit_code(tmp_path: Path) -> None:
     assert one(tmp_path, "max_retries = 0").max_retries == 0
 
 
+def test_accounting_group_and_concurrency_limits(tmp_path: Path) -> None:
+    job = one(tmp_path, "accounting_group = group_physics\naccounting_group_user = alice\n"
+                        "concurrency_limits = XSW, small.db:2")
+    assert (job.accounting_group, job.accounting_group_user) == ("group_physics", "alice")
+    assert job.concurrency_limits == "small.db:2,xsw"
+    assert one(tmp_path, "").concurrency_limits is None
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ("concurrency_limits = xsw:0", "concurrency_limits: concurrency limit 'xsw:0'"),
+        ("concurrency_limits = a b", "concurrency_limits: bad concurrency limit name"),
+        ('accounting_group = a"b', "accounting_group: accounting_group 'a\"b' is not a valid name"),
+        ("+AccountingGroup = \"x.y\"", "+AccountingGroup"),
+        ("+ConcurrencyLimits = \"x\"", "+ConcurrencyLimits"),
+    ],
+)
+def test_bad_accounting_and_limits(tmp_path: Path, body: str, words: str) -> None:
+    assert words in submit_error(tmp_path, f"executable = /bin/true\n{body}\nqueue\n")
+
+
+def test_classad_file_accounting_and_limits(tmp_path: Path) -> None:
+    text = ('Cmd = "/bin/true"\nAccountingGroup = "physics.bob"\n'
+            'ConcurrencyLimits = "Lic:3"\n\nCmd = "/bin/true"\nAcctGroup = "chem"\n')
+    first, second = parse_classad_file(write(tmp_path, text, "jobs.ad"))
+    assert (first.accounting_group, first.accounting_group_user) == ("physics", "bob")
+    assert first.concurrency_limits == "lic:3"
+    assert (second.accounting_group, second.accounting_group_user) == ("chem", None)
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [

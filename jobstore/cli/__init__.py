@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jobstore.cli import admin, queue
+from jobstore.cli import admin, queue, userprio
 from jobstore.cli.context import Context, Group
 from jobstore.cli.demo import demo, emulate
 
@@ -29,7 +29,7 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 
 for command in (
     admin.init, admin.grant, queue.submit, queue.q, queue.history, queue.events, queue.watch,
-    queue.hold, queue.release, queue.rm, queue.stats, admin.reap, admin.replay,
+    queue.hold, queue.release, queue.rm, queue.stats, userprio.userprio, admin.reap, admin.replay,
     admin.install_hooks_cmd, admin.agent, demo, emulate,
 ):
     main.add_command(command)

@@ -52,11 +52,17 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
 @pass_ctx
 @guard
 def reap(ctx: Context) -> None:
-    """Send jobs whose lease ran out back to idle now (fetch_job also does it now and then)."""
+    """Send jobs whose lease ran out back to idle now, and update the submitters' priorities
+    when due (fetch_job also does both now and then)."""
     outcomes = ctx.store.reap()
     for o in outcomes:
         click.echo(f"job {o.job_id}: {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(outcomes)} expired lease(s) recovered.")
+    s = ctx.settings
+    updated = ctx.store.update_priorities(
+        halflife=s.priority_halflife, interval=s.priority_update_interval
+    )
+    click.echo(f"{updated} submitter priorities updated.")
 
 
 @click.command()

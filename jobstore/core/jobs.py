@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from jobstore.core import fairshare, limits
 from jobstore.core.states import Status
 
 INT32 = 2**31 - 1
@@ -48,6 +49,9 @@ class JobSpec:
     success_exit_code: int = 0
     retry_until: str | None = None  # ClassAd expression text
     user_log: str | None = None
+    accounting_group: str | None = None  # the submitter is accounting_group.user
+    accounting_group_user: str | None = None  # the user of that submitter (default the owner)
+    concurrency_limits: str | None = None  # HTCondor's `NAME[:n], ...`
     custom: dict[str, str] = field(default_factory=dict)  # +Attr: name -> expression text
     proc_id: int = 0
 
@@ -95,6 +99,10 @@ class Job:
     started_at: float | None
     finished_at: float | None
     updated_at: float
+    submitter: str  # who fair share charges (jobstore.core.fairshare.submitter_name)
+    concurrency_limits: str | None  # canonical `name[:n],...` (jobstore.core.limits)
+    autocluster_id: int | None  # set by the store at submit
+    slot_weight: float | None  # the weighted slots this attempt holds (SLOT_WEIGHT)
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -114,7 +122,7 @@ class Job:
         max_attempts: int,
         now: float,
     ) -> Job:
-        """The idle job `spec` becomes when it is queued."""
+        """The idle job `spec` becomes when it is queued; ValueError for bad concurrency limits."""
         attempts = spec.max_retries + 1 if spec.max_retries is not None else max_attempts
         return cls(
             id=id, cluster_id=cluster_id, proc_id=spec.proc_id, queue=queue,
@@ -128,6 +136,11 @@ class Job:
             remote_user_cpu=None, remote_sys_cpu=None, image_size=None, memory_usage=None,
             reason=None, submitted_at=now, fetched_at=None, started_at=None, finished_at=None,
             updated_at=now,
+            submitter=fairshare.submitter_name(
+                owner, spec.accounting_group, spec.accounting_group_user
+            ),
+            concurrency_limits=limits.render(limits.parse(spec.concurrency_limits)),
+            autocluster_id=None, slot_weight=None,
         )
 
     def but(self, **changes: Any) -> Job:

@@ -28,12 +28,13 @@ HOOK_UPDATE_COLUMNS = (
     "finished_at",
     "updated_at",
     "reason",
+    "slot_weight",
     *CHANGE_COLUMNS,
 )
 
 # The statements of queries.sql that make the grants, in order.
-GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_events",
-          "grant_sequence")
+GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
+          "grant_accountant", "grant_events", "grant_sequence")
 
 
 def hook_role_statements(engine: Engine, role: str) -> list[str]:

@@ -1,33 +1,97 @@
 -- The hand-written statements of the job store, by name; everything else is built with
 -- SQLAlchemy Core from jobstore.db.schema. Each statement: `-- name: NAME`, a one-line
 -- `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's text()),
--- except `claim_first`, which runs as driver SQL (psycopg's `%(name)s`) on the claim's hot path.
+-- except `claim_in_autoclusters`, which runs as driver SQL (psycopg's `%(name)s`) on the claim's hot path.
 -- The literal statuses and events are jobstore.core.states' values (tests/test_sql.py checks).
 
--- name: claim_first
--- The claim's fast path on PostgreSQL in one round trip: lock the best idle candidate of the
--- queue that fits the slot (the partial index ix_jobs_claim gives the order), hand it out,
--- append its `fetch` event and notify followers; returns the row as it was before (or nothing).
+-- name: idle_autoclusters
+-- The queue's autoclusters with idle jobs that fit the slot's resources, each with its first
+-- job in claim order (the head a slot judges): a skip scan of ix_jobs_claim that finds the next
+-- autocluster and its head in one index probe, whatever the number of idle jobs (PostgreSQL).
+WITH RECURSIVE idle(ac, priority, id) AS (
+    (SELECT autocluster_id, priority, id FROM jobs WHERE status = 'idle' AND queue = :queue
+     ORDER BY autocluster_id, priority DESC, id LIMIT 1)
+    UNION ALL
+    SELECT n.autocluster_id, n.priority, n.id FROM idle CROSS JOIN LATERAL (
+        SELECT autocluster_id, priority, id FROM jobs
+        WHERE status = 'idle' AND queue = :queue AND autocluster_id > idle.ac
+        ORDER BY autocluster_id, priority DESC, id LIMIT 1
+    ) AS n
+)
+SELECT a.id, a.submitter, a.concurrency_limits, idle.id AS head_id,
+    idle.priority AS head_priority
+FROM idle JOIN autoclusters AS a ON a.id = idle.ac
+WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk <= :disk;
+
+-- name: idle_autoclusters_portable
+-- idle_autoclusters for SQLite, which has no LATERAL: three index probes per autocluster.
+WITH RECURSIVE idle(id) AS (
+    SELECT min(autocluster_id) FROM jobs WHERE status = 'idle' AND queue = :queue
+    UNION ALL
+    SELECT (SELECT min(j.autocluster_id) FROM jobs AS j
+            WHERE j.status = 'idle' AND j.queue = :queue AND j.autocluster_id > idle.id)
+    FROM idle WHERE idle.id IS NOT NULL
+), heads AS (
+    SELECT a.id, a.submitter, a.concurrency_limits,
+        (SELECT j.id FROM jobs AS j
+         WHERE j.status = 'idle' AND j.queue = :queue AND j.autocluster_id = a.id
+         ORDER BY j.priority DESC, j.id LIMIT 1) AS head_id
+    FROM idle JOIN autoclusters AS a ON a.id = idle.id
+    WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk <= :disk
+)
+SELECT heads.id, heads.submitter, heads.concurrency_limits, heads.head_id,
+    h.priority AS head_priority
+FROM heads JOIN jobs AS h ON h.id = heads.head_id;
+
+-- name: submitter_usage
+-- Fair share's view of some submitters: the accountant's row and the weighted slots their
+-- handed-out jobs hold now (ix_jobs_active_submitter).
+SELECT s.name, s.factor, s.priority, s.usage, s.updated_at, s.last_usage,
+    (SELECT coalesce(sum(j.slot_weight), 0) FROM jobs AS j
+     WHERE j.submitter = s.name AND j.status IN ('fetched', 'accepted', 'running')) AS in_use
+FROM submitters AS s WHERE s.name IN :names;
+
+-- name: lock_limits
+-- Serialise the claims of jobs that use these concurrency limits (PostgreSQL; a SQLite write
+-- transaction is serialised already), in name order so that two claims never deadlock.
+SELECT name FROM concurrency_limits WHERE name IN :names ORDER BY name FOR UPDATE;
+
+-- name: limits_in_use
+-- The units of each named concurrency limit that handed-out jobs hold, across all nodes.
+SELECT l.name, sum(l.amount) AS in_use
+FROM autocluster_limits AS l JOIN jobs AS j ON j.autocluster_id = l.autocluster_id
+WHERE l.name IN :names AND j.status IN ('fetched', 'accepted', 'running')
+GROUP BY l.name;
+
+-- name: claim_in_autoclusters
+-- The claim on PostgreSQL in one round trip: lock the first idle job (claim order) of the first
+-- of the given autoclusters that has one unlocked, hand it out, append its `fetch` event and
+-- notify followers; returns the row as it was before (or nothing).
 WITH cand AS (
-    SELECT * FROM jobs
-    WHERE status = 'idle' AND queue = %(queue)s AND request_cpus <= %(cpus)s
-      AND request_memory <= %(memory)s AND request_disk <= %(disk)s
-    ORDER BY priority DESC, id
+    SELECT j.* FROM unnest(%(autoclusters)s::bigint[]) AS a(id)
+    CROSS JOIN LATERAL (
+        SELECT * FROM jobs
+        WHERE status = 'idle' AND queue = %(queue)s AND autocluster_id = a.id
+        ORDER BY priority DESC, id
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS j
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
 ), upd AS (
     UPDATE jobs SET status = 'fetched', token = %(token)s, claims = jobs.claims + 1,
         lease_expires_at = %(lease_expires_at)s, slot = %(slot)s, host = %(host)s,
         keyword = %(keyword)s, fetched_at = %(fetched_at)s, job_pid = %(job_pid)s,
-        reason = %(reason)s, updated_at = %(now)s
+        reason = %(reason)s, updated_at = %(now)s,
+        slot_weight = CASE WHEN %(partitionable)s THEN cand.request_cpus ELSE %(weight)s END
     FROM cand WHERE jobs.id = cand.id AND jobs.status = 'idle'
-    RETURNING jobs.id, jobs.claims
+    RETURNING jobs.id, jobs.claims, jobs.slot_weight
 ), ev AS (
     INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host)
     SELECT id, %(now)s, 'fetch', 'idle', 'fetched', claims, %(slot)s, %(host)s
     FROM upd
 )
-SELECT cand.*, pg_notify(%(channel)s, cand.id::text) AS notified FROM cand CROSS JOIN upd;
+SELECT cand.*, upd.slot_weight AS claimed_weight, pg_notify(%(channel)s, cand.id::text) AS notified
+FROM cand CROSS JOIN upd;
 
 -- name: set_statement_timeout
 -- Bound every statement of this transaction (set_config(..., true) is SET LOCAL: PgBouncer in
@@ -61,19 +125,30 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
-REVOKE ALL ON clusters, jobs, job_events FROM {role};
+REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
+    submitters FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
 GRANT USAGE ON SCHEMA {schema} TO {role};
 
 -- name: grant_read
--- Read the queue, the clusters and the events (user logs, watch).
-GRANT SELECT ON clusters, jobs, job_events TO {role};
+-- Read the queue, the clusters and the events (user logs, watch), and the negotiator's tables.
+GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
+    submitters TO {role};
 
 -- name: grant_update
 -- Change only the columns a claim, a transition or a report changes (also FOR UPDATE locks).
 GRANT UPDATE ({columns}) ON jobs TO {role};
+
+-- name: grant_limit_locks
+-- Lock a concurrency limit's row while a claim counts it (SELECT ... FOR UPDATE needs this).
+GRANT UPDATE (name) ON concurrency_limits TO {role};
+
+-- name: grant_accountant
+-- Update the submitters' priorities and usage (the accountant); never their factors.
+GRANT UPDATE (priority, usage, in_use, updated_at, first_usage, last_usage) ON submitters
+    TO {role};
 
 -- name: grant_events
 -- Append the transition and report events.

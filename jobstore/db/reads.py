@@ -14,14 +14,18 @@ from jobstore.db.sql import SNAPSHOT_BOUNDS, XACT_HORIZON
 from jobstore.db.transactions import Transactions
 from jobstore.errors import UnknownJob
 
-# The attributes that put two jobs in the same autocluster (`jobstore q -autocluster`).
+# What `jobstore q -autocluster` shows of an autocluster (jobstore.core.autoclusters): its id
+# and the columns that are the same for all its jobs.
 AUTOCLUSTER_KEY = (
+    "autocluster_id",
     "owner",
+    "submitter",
     "queue",
     "request_cpus",
     "request_memory",
     "request_disk",
     "requirements",
+    "concurrency_limits",
 )
 
 
@@ -73,8 +77,8 @@ class JobReads(Transactions):
         final_only: bool = False,
         where: ColumnElement[bool] | None = None,
     ) -> list[dict[str, Any]]:
-        """Jobs grouped like HTCondor's autoclusters (same owner, queue, requests and
-        Requirements), counted by status with one GROUP BY in the database."""
+        """Jobs grouped by the autocluster the claim matches them by, counted by status with
+        one GROUP BY in the database."""
         key = AUTOCLUSTER_KEY
         counts = [
             func.sum(case((jobs.c.status == s.value, 1), else_=0)).label(s.value) for s in Status
@@ -89,12 +93,12 @@ class JobReads(Transactions):
             rows = [r._mapping for r in conn.execute(q)]
         return [
             {
-                "id": n,
+                "id": r["autocluster_id"],
                 **{k: r[k] for k in key},
                 "jobs": int(r["jobs"]),
                 "status": {s.value: int(r[s.value] or 0) for s in Status if r[s.value]},
             }
-            for n, r in enumerate(rows, 1)
+            for r in rows
         ]
 
     def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[JobEvent]:

@@ -48,6 +48,55 @@ clusters = Table(
     Column("submitted_at", Epoch(), nullable=False),
 )
 
+# Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).
+autoclusters = Table(
+    "autoclusters",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("signature", String(64), nullable=False),
+    Column("queue", String(64), nullable=False),
+    Column("owner", String(64), nullable=False),
+    Column("submitter", String(255), nullable=False),
+    Column("request_cpus", Integer, nullable=False),
+    Column("request_memory", Integer, nullable=False),
+    Column("request_disk", BigInteger, nullable=False),
+    Column("requirements", Text),
+    Column("concurrency_limits", Text),
+    Column("created_at", Epoch(), nullable=False),
+    UniqueConstraint("signature"),
+)
+
+# The concurrency limits an autocluster's jobs each use: name -> units.
+autocluster_limits = Table(
+    "autocluster_limits",
+    metadata,
+    Column("autocluster_id", BigId, ForeignKey("autoclusters.id"), primary_key=True),
+    Column("name", String(255), primary_key=True),
+    Column("amount", Float, nullable=False),
+    Index("ix_autocluster_limits_name", "name"),
+)
+
+# One row per concurrency limit ever named: a claim of a job that uses it locks the row.
+concurrency_limits = Table(
+    "concurrency_limits",
+    metadata,
+    Column("name", String(255), primary_key=True),
+)
+
+# condor_userprio's table: one row per submitter, updated by the accountant.
+submitters = Table(
+    "submitters",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("factor", Float, nullable=False, server_default=text("1")),
+    Column("priority", Float, nullable=False, server_default=text("0.5")),
+    Column("usage", Float, nullable=False, server_default=text("0")),
+    Column("in_use", Float, nullable=False, server_default=text("0")),
+    Column("updated_at", Epoch(), nullable=False),
+    Column("first_usage", Epoch()),
+    Column("last_usage", Epoch()),
+)
+
 jobs = Table(
     "jobs",
     metadata,
@@ -92,11 +141,17 @@ jobs = Table(
     Column("started_at", Epoch()),
     Column("finished_at", Epoch()),
     Column("updated_at", Epoch(), nullable=False),
+    Column("submitter", String(255)),
+    Column("concurrency_limits", Text),
+    Column("autocluster_id", BigId, ForeignKey("autoclusters.id")),
+    Column("slot_weight", Float),
     UniqueConstraint("cluster_id", "proc_id"),
-    # The claim path: idle jobs of a queue in claim order; partial, so finished jobs cost nothing.
+    # The claim path: a queue's idle autoclusters (a skip scan), and each one's idle jobs in
+    # claim order; partial, so finished jobs cost nothing.
     Index(
         "ix_jobs_claim",
         "queue",
+        "autocluster_id",
         text("priority DESC"),
         "id",
         postgresql_where=text("status = 'idle'"),
@@ -106,6 +161,21 @@ jobs = Table(
     Index(
         "ix_jobs_lease",
         "lease_expires_at",
+        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
+        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
+    ),
+    # Fair share and concurrency limits: what the handed-out jobs hold, by submitter and by
+    # autocluster.
+    Index(
+        "ix_jobs_active_submitter",
+        "submitter",
+        "slot_weight",
+        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
+        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
+    ),
+    Index(
+        "ix_jobs_active_autocluster",
+        "autocluster_id",
         postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
         sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
     ),
@@ -130,4 +200,15 @@ job_events = Table(
     Index("ix_job_events_job_id", "job_id", "id"),
 )
 
-__all__ = ["metadata", "clusters", "jobs", "job_events", "Epoch", "BigId"]
+__all__ = [
+    "metadata",
+    "clusters",
+    "autoclusters",
+    "autocluster_limits",
+    "concurrency_limits",
+    "submitters",
+    "jobs",
+    "job_events",
+    "Epoch",
+    "BigId",
+]

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from importlib.resources import files
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import TextClause, bindparam, text
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,10 @@ class Statement:
     @property
     def clause(self) -> TextClause:
         return text(self.sql)
+
+    def expanding(self, *names: str) -> TextClause:
+        """The statement with `IN :name` parameters that take a list."""
+        return text(self.sql).bindparams(*(bindparam(n, expanding=True) for n in names))
 
 
 _NAME = re.compile(r"^-- name: (\w+)\n", re.M)
@@ -44,7 +48,12 @@ def parse(source: str) -> dict[str, Statement]:
 
 
 QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding="utf-8"))
-CLAIM_FIRST = QUERIES["claim_first"].sql
+CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
+IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].clause
+IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
+SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")
+LOCK_LIMITS = QUERIES["lock_limits"].expanding("names")
+LIMITS_IN_USE = QUERIES["limits_in_use"].expanding("names")
 SET_STATEMENT_TIMEOUT = QUERIES["set_statement_timeout"].clause
 NOTIFY_EVENT = QUERIES["notify_event"].clause
 LISTEN_EVENTS = QUERIES["listen_events"].sql

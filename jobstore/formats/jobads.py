@@ -43,6 +43,11 @@ RESERVED = frozenset(
         "ChildClaimIds",
         "ClaimIdList",
         "TransferKey",
+        # set by the accounting_group, accounting_group_user and concurrency_limits commands
+        "AccountingGroup",
+        "AcctGroup",
+        "AcctGroupUser",
+        "ConcurrencyLimits",
     )
 )
 
@@ -74,6 +79,10 @@ def submitted_ad(spec: JobSpec) -> dict[str, Any]:
         attrs["Requirements"] = Expr(spec.requirements)
     if spec.user_log:
         attrs["UserLog"] = spec.user_log
+    if spec.accounting_group:
+        attrs["AcctGroup"] = spec.accounting_group
+        if spec.accounting_group_user:
+            attrs["AcctGroupUser"] = spec.accounting_group_user
     if spec.max_retries is not None:
         attrs["MaxRetries"] = spec.max_retries
         attrs["SuccessExitCode"] = spec.success_exit_code
@@ -103,6 +112,12 @@ def job_attrs(
         HookKeyword=keyword,
         JobLeaseDuration=job_lease_duration,
     )
+    if job.submitter != job.owner:
+        attrs["AccountingGroup"] = job.submitter
+        if not attrs.get("AcctGroupUser"):
+            attrs["AcctGroupUser"] = job.owner
+    if job.concurrency_limits:
+        attrs["ConcurrencyLimits"] = job.concurrency_limits
     attrs[ATTR_JOB_ID] = int(job.id)
     attrs[ATTR_QUEUE] = job.queue
     if job.token:

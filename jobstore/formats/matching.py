@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from classad2 import ClassAd, ExprTree
 
 from jobstore.core.claims import Offer
@@ -34,6 +36,50 @@ def slot_offer(slot: ClassAd) -> Offer | None:
     if cpus is None or memory is None or disk is None:
         return None
     return Offer(cpus=cpus, memory=memory, disk=disk)
+
+
+# Slot attributes that change from one fetch to the next without changing what the slot offers;
+# left out of its shape so that verdicts are remembered across fetches (for a limited time: a
+# START that looks at load or idle time is judged again when the verdict expires).
+VOLATILE = frozenset(
+    n.lower()
+    for n in (
+        "State", "Activity", "MyCurrentTime", "LastHeardFrom", "UpdateSequenceNumber",
+        "EnteredCurrentState", "EnteredCurrentActivity", "LastFetchWorkSpawned",
+        "LastFetchWorkCompleted", "NextFetchWorkDelay", "LoadAvg", "CondorLoadAvg",
+        "TotalLoadAvg", "TotalCondorLoadAvg", "KeyboardIdle", "ConsoleIdle", "CpuBusy",
+        "CpuBusyTime", "CpuIsBusy", "ClockMin", "ClockDay", "DaemonCoreDutyCycle",
+        "TotalTimeUnclaimedIdle", "TotalTimeClaimedIdle", "TotalTimeClaimedBusy", "JobStarts",
+        "ActivationRequests", "ClaimRequests", "JobPreemptions", "JobRankPreemptions",
+        "JobUserPrioPreemptions", "NewDSlotNotMatch", "NumPids", "CpusUsage", "DiskUsage",
+        "MemoryUsage", "RetirementTimeRemaining", "TimeToLive", "LastBenchmark",
+    )
+)
+_VOLATILE_PREFIXES = ("recent", "monitorself", "expectedmachine", "child")
+
+
+def slot_shape(slot: ClassAd, *extra: str) -> str:
+    """A digest of everything in the slot ad that a match could depend on (all but VOLATILE),
+    with `extra` (the caller's own settings that judge a job)."""
+    parts = list(extra)
+    for name in sorted(slot.keys(), key=str.lower):
+        low = name.lower()
+        if low in VOLATILE or low.startswith(_VOLATILE_PREFIXES):
+            continue
+        parts.append(f"{low}={slot.lookup(name)}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def slot_weight(slot: ClassAd) -> float:
+    """What a job holds when it takes this static slot: SlotWeight (SLOT_WEIGHT, by default the
+    slot's Cpus), at least 0."""
+    try:
+        value = slot.eval("SlotWeight") if "SlotWeight" in slot else None
+    except Exception:
+        value = None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+        value = get_int(slot, "Cpus") or 1
+    return max(0.0, float(value))
 
 
 def matches(job: ClassAd, slot: ClassAd) -> bool:

@@ -8,6 +8,8 @@ from typing import Any
 
 from classad2 import ClassAd, ExprTree, Value
 
+from jobstore.core import fairshare
+from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job, JobEvent
 from jobstore.formats.classads import Expr, sprint_ad
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
@@ -130,10 +132,11 @@ def group_jobs(jobs: Iterable[Job], key: Sequence[str]) -> list[dict[str, Any]]:
         counts = groups.setdefault(tuple(getattr(job, k) for k in key), {})
         counts[job.status] = counts.get(job.status, 0) + 1
     order = sorted(groups, key=lambda t: tuple((v is not None, v) for v in t))
+    found = [dict(zip(key, k, strict=True)) for k in order]
     return [
-        {"id": n, **dict(zip(key, k, strict=True)), "jobs": sum(groups[k].values()),
+        {"id": f.get("autocluster_id", n), **f, "jobs": sum(groups[k].values()),
          "status": dict(sorted(groups[k].items()))}
-        for n, k in enumerate(order, 1)
+        for n, (f, k) in enumerate(zip(found, order, strict=True), 1)
     ]
 
 
@@ -142,14 +145,14 @@ _STATUS_WORDS = {1: "idle", 2: "running", 3: "removed", 4: "completed", 5: "held
 
 
 def autocluster_rows(clusters: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """`q -autocluster`: one row per group of jobs with the same owner, queue and requests.
+    """`q -autocluster`: one row per autocluster (the jobs the claim matches as one).
 
     `clusters` come from JobStore.autoclusters: counts by our status in `status`; the table
     adds them up by HTCondor JobStatus (fetched counts as idle, accepted as running, ...).
     """
     words = list(_STATUS_WORDS.values())
     header = ["ID", "JOBS", *(w.upper() for w in words)]
-    header += ["OWNER", "QUEUE", "CPUS", "MEMORY", "DISK", "REQUIREMENTS"]
+    header += ["SUBMITTER", "QUEUE", "CPUS", "MEMORY", "DISK", "LIMITS", "REQUIREMENTS"]
     rows = []
     for c in clusters:
         by_word = dict.fromkeys(words, 0)
@@ -160,11 +163,12 @@ def autocluster_rows(clusters: Iterable[Mapping[str, Any]]) -> tuple[list[str], 
                 str(c["id"]),
                 str(c["jobs"]),
                 *(str(by_word[w]) for w in words),
-                c["owner"],
+                c.get("submitter") or c["owner"],
                 c["queue"],
                 str(c["request_cpus"]),
                 str(c["request_memory"]),
                 str(c["request_disk"]),
+                c.get("concurrency_limits") or "-",
                 _short(c["requirements"] or "", 60),
             ]
         )
@@ -266,3 +270,44 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     return "\n".join(lines)
+
+
+def userprio_rows(
+    table: Iterable[tuple[Usage, float | None]], now: float
+) -> tuple[list[str], list[list[str]]]:
+    """`jobstore userprio`: condor_userprio's columns, best effective priority first; the
+    priorities and usage as the accountant last wrote them, the slots in use as of now."""
+    header = ["SUBMITTER", "EFFECTIVE PRIORITY", "REAL PRIORITY", "FACTOR", "RES IN USE",
+              "USAGE (WGHTED-HRS)", "USAGE START", "LAST USAGE"]
+    rows = []
+    for u, first in sorted(table, key=lambda t: fairshare.effective_priority(t[0])):
+        real = fairshare.real_priority(u)
+        rows.append([
+            u.name, f"{real * u.factor:.2f}", f"{real:.2f}", f"{u.factor:.2f}",
+            f"{u.in_use:g}", f"{u.usage / 3600:.2f}", _when(first) or "-",
+            "<now" if u.in_use > 0 else _since(u.last_usage, now),
+        ])
+    return header, rows
+
+
+def userprio_json(table: Iterable[tuple[Usage, float | None]], now: float) -> list[dict[str, Any]]:
+    """`jobstore userprio --json`: one object per submitter, HTCondor's Accounting ad names."""
+    out = []
+    for u, first in table:
+        real = fairshare.real_priority(u)
+        out.append({
+            "Name": u.name, "Priority": real * u.factor, "RealPriority": real,
+            "PriorityFactor": u.factor, "WeightedResourcesUsed": u.in_use,
+            "WeightedAccumulatedUsage": u.usage, "BeginUsageTime": first,
+            "LastUsageTime": now if u.in_use > 0 else u.last_usage,
+            "LastUpdate": u.updated_at,
+        })
+    return out
+
+
+def _since(t: float | None, now: float) -> str:
+    """condor_userprio's `d+hh:mm` since a time."""
+    if t is None:
+        return "-"
+    minutes = int(max(0.0, now - t) // 60)
+    return f"{minutes // 1440}+{minutes % 1440 // 60:02d}:{minutes % 60:02d}"

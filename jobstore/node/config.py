@@ -27,7 +27,7 @@ def _param(name: str) -> str | None:
     value = htcondor2.param.get(name)
     if value is None:
         return None
-    value = value.strip()
+    value = str(value).strip()  # htcondor2 gives known parameters typed (PRIORITY_HALFLIFE)
     return value or None
 
 
@@ -78,6 +78,10 @@ class Settings:
     hook_log: str | None = None
     job_lease_duration: int = 2400
     spool: str = "/var/lib/jobstore/spool"
+    fair_share: bool = True  # JOBSTORE_FAIR_SHARE
+    concurrency_limits: bool = True  # JOBSTORE_CONCURRENCY_LIMITS: enforce them
+    priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
+    priority_update_interval: int = 60  # JOBSTORE_PRIORITY_UPDATE_INTERVAL: the accountant's
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
@@ -93,6 +97,45 @@ def _setting(keyword: str, name: str) -> str | None:
 
 def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:
     return _checked_int(f"{keyword}_JOBSTORE_{name}", _setting(keyword, name), default, minimum)
+
+
+def _bool(keyword: str, name: str, default: bool) -> bool:
+    raw = _setting(keyword, name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{keyword}_JOBSTORE_{name} must be true or false, not {raw!r}")
+
+
+def _halflife(keyword: str) -> float:
+    """<KEYWORD>_JOBSTORE_PRIORITY_HALFLIFE, else the negotiator's PRIORITY_HALFLIFE (seconds)."""
+    param = f"{keyword}_JOBSTORE_PRIORITY_HALFLIFE"
+    raw = _param(param)
+    if raw is None:
+        param, raw = "PRIORITY_HALFLIFE", _param("PRIORITY_HALFLIFE")
+    if raw is None:
+        return 86400.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{param} must be a number of seconds, not {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{param} must be more than 0")
+    return value
+
+
+def limit_maximum(name: str) -> float:
+    """A concurrency limit's maximum from the configuration (jobstore.core.limits.maximum)."""
+    from jobstore.core.limits import maximum
+
+    try:
+        return maximum(name, _param)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _checked_int(param: str, raw: str | None, default: int, minimum: int) -> int:
@@ -166,6 +209,10 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         hook_log=_setting(kw, "HOOK_LOG"),
         job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
         spool=_setting(kw, "SPOOL") or os.environ.get("JOBSTORE_SPOOL") or Settings.spool,
+        fair_share=_bool(kw, "FAIR_SHARE", True),
+        concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
+        priority_halflife=_halflife(kw),
+        priority_update_interval=_int(kw, "PRIORITY_UPDATE_INTERVAL", 60),
     )
 
 

@@ -28,7 +28,13 @@ from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import classads
 from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
-from jobstore.formats.matching import matches, slot_offer, why_slot_cannot_take
+from jobstore.formats.matching import (
+    matches,
+    slot_offer,
+    slot_shape,
+    slot_weight,
+    why_slot_cannot_take,
+)
 from jobstore.node import config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
 from jobstore.node.reports import (
@@ -160,6 +166,9 @@ def fetch_job(request: HookRequest) -> HookResponse:
     store = store_for(settings)
     if random.random() < REAP_PROBABILITY:
         store.reap(limit=50)
+        store.update_priorities(
+            halflife=settings.priority_halflife, interval=settings.priority_update_interval
+        )
     offer = slot_offer(slot)
     assert offer is not None  # why_slot_cannot_take checked it
     ad_kw = {
@@ -183,6 +192,11 @@ def fetch_job(request: HookRequest) -> HookResponse:
         host=get_str(slot, "Machine"),
         keyword=settings.keyword,
         claim_lease=settings.claim_lease,
+        shape=slot_shape(slot, settings.keyword, settings.uid_domain, *settings.allowed_owners),
+        partitionable=get_bool(slot, "PartitionableSlot") is True,
+        weight=slot_weight(slot),
+        fair_share=settings.fair_share,
+        limit=config.limit_maximum if settings.concurrency_limits else None,
     )
     job = store.claim(request_, judge)
     if job is None:

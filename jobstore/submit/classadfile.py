@@ -11,6 +11,8 @@ from typing import Any
 
 import classad2
 
+from jobstore.core import limits
+from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
 from jobstore.submit.syntax import env_v1_to_v2, env_words_to_v2, join_args_v2, split_args_v2
@@ -179,7 +181,8 @@ def _skip_quoted(source: str, text: str, i: int) -> int:
 AD_FIELDS = {
     "cmd", "args", "arguments", "env", "environment", "iwd", "in", "out", "err",
     "requestcpus", "requestmemory", "requestdisk", "requirements", "jobprio", "maxretries",
-    "successexitcode", "retryuntil", "userlog",
+    "successexitcode", "retryuntil", "userlog", "acctgroup", "acctgroupuser", "accountinggroup",
+    "concurrencylimits",
 }  # fmt: skip
 
 
@@ -232,10 +235,29 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
         spec.retry_until = _ad_retry_until(attrs.get(lower.get("retryuntil", "")))
         current = "Requirements"
         check_spec(spec, AD_NAMES)
+        _ad_accounting(spec, get)
         spec.custom = _ad_custom(attrs)
     except ValueError as exc:
         raise SubmitError(f"{where}: {getattr(exc, 'what', current)}: {exc}") from None
     return spec
+
+
+def _ad_accounting(spec: JobSpec, get: Callable[..., Any]) -> None:
+    """AcctGroup and AcctGroupUser (or the older AccountingGroup, `group.user`), and
+    ConcurrencyLimits, as the submit commands set them."""
+    group, user = get("AcctGroup", str), get("AcctGroupUser", str)
+    combined = get("AccountingGroup", str)
+    if group is None and combined is not None:
+        group, dot, user = combined.rpartition(".")
+        if not dot:
+            group, user = combined, None
+    if group is not None:
+        spec.accounting_group = check_group_name("AcctGroup", group)
+    if user is not None:
+        spec.accounting_group_user = check_group_name("AcctGroupUser", user)
+    text = get("ConcurrencyLimits", str)
+    if text is not None:
+        spec.concurrency_limits = limits.render(limits.parse(text))
 
 
 def _ad_args(get: Callable[..., Any]) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 import classad2
 import htcondor2
 
+from jobstore.core import limits
+from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
@@ -57,6 +59,9 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "success_exit_code": ("success_exit_code",),
     "retry_until": ("retry_until",),
     "log": ("log",),
+    "accounting_group": ("accounting_group",),
+    "accounting_group_user": ("accounting_group_user",),
+    "concurrency_limits": ("concurrency_limits",),
     "universe": ("universe",),
     "transfer_input_files": ("transfer_input_files",),
 }
@@ -352,6 +357,16 @@ class _SubmitExpander:
                 success_exit_code=conv("success_exit_code", parse_int, 0),
                 retry_until=conv("retry_until", parse_retry_until),
                 user_log=conv("log", lambda v: abspath(iwd, v)),
+                accounting_group=conv(
+                    "accounting_group", lambda v: check_group_name("accounting_group", v)
+                ),
+                accounting_group_user=conv(
+                    "accounting_group_user",
+                    lambda v: check_group_name("accounting_group_user", v),
+                ),
+                concurrency_limits=conv(
+                    "concurrency_limits", lambda v: limits.render(limits.parse(v))
+                ),
                 proc_id=proc,
             )
             check_spec(spec, SUBMIT_NAMES)

@@ -1,0 +1,432 @@
+"""The negotiator inside the claim: autoclusters, fair share between submitters, concurrency
+limits, and the accountant that keeps condor_userprio's table.
+
+A claim lists the queue's idle autoclusters that fit the slot (one index probe each), judges each
+autocluster once per slot shape (the verdict is remembered), orders the submitters that have a
+matching one by fair share, and hands out the first idle job, in claim order, of the best
+submitter's matching autoclusters whose concurrency limits have room: one transaction that writes
+the row and its `fetch` event.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import starmap
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from jobstore.core import fairshare, limits
+from jobstore.core.autoclusters import signature
+from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
+from jobstore.core.fairshare import Usage
+from jobstore.core.jobs import Job
+from jobstore.core.states import Event, Status, decide
+from jobstore.db.notify import CHANNEL
+from jobstore.db.schema import (
+    autocluster_limits,
+    autoclusters,
+    concurrency_limits,
+    jobs,
+    submitters,
+)
+from jobstore.db.sql import (
+    CLAIM_IN_AUTOCLUSTERS,
+    IDLE_AUTOCLUSTERS,
+    IDLE_AUTOCLUSTERS_PORTABLE,
+    LIMITS_IN_USE,
+    LOCK_LIMITS,
+    SUBMITTER_USAGE,
+)
+from jobstore.db.transactions import note_event
+from jobstore.db.transitions import Transitions
+
+# The statuses in which a job holds a slot (and its concurrency limits).
+ACTIVE = tuple(s.value for s in (Status.FETCHED, Status.ACCEPTED, Status.RUNNING))
+# The status the claim hands a job out in.
+_FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
+# Autoclusters one claim statement tries, in order (the next ones only if none of those has an
+# idle, unlocked job).
+CLAIM_CHUNK = 64
+# Jobs of an autocluster a refused owner's claim puts on hold at once (the rest next time).
+HOLD_BATCH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCluster:
+    """An autocluster with idle jobs that fit the slot, and its first job in claim order."""
+
+    id: int
+    submitter: str
+    concurrency_limits: str | None
+    head_id: int
+    head_priority: int
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (-self.head_priority, self.head_id)
+
+
+def _claim_changes(req: ClaimRequest, now: float) -> dict[str, Any]:
+    """The columns a claim sets on the job it hands out (besides status, claims, weight)."""
+    return {
+        "token": secrets.token_hex(16),
+        "lease_expires_at": now + req.claim_lease,
+        "slot": req.slot,
+        "host": req.host,
+        "keyword": req.keyword,
+        "fetched_at": now,
+        "job_pid": None,
+        "reason": None,
+    }
+
+
+class Negotiator(Transitions):
+    """Matching, fair share and limits in the claim; the accountant; userprio's table."""
+
+    def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
+        super().__init__(engine, statement_timeout_ms)
+        self.verdicts = VerdictCache()
+
+    # ---- submit: the autocluster and submitter of new jobs --------------------------------
+
+    def _register(self, conn: Connection, queued: Sequence[Job], now: float) -> list[int]:
+        """The autocluster id of each job (created when new), with its limits and submitter
+        rows."""
+        ids: dict[str, int] = {}
+        out = []
+        for job in queued:
+            sig = signature(job)
+            if sig not in ids:
+                ids[sig] = self._autocluster(conn, sig, job, now)
+            out.append(ids[sig])
+        for name in {job.submitter for job in queued}:
+            self._insert_missing(conn, submitters, {"name": name, "updated_at": now})
+        return out
+
+    def _autocluster(self, conn: Connection, sig: str, job: Job, now: float) -> int:
+        found = conn.execute(
+            select(autoclusters.c.id).where(autoclusters.c.signature == sig)
+        ).scalar()
+        if found is not None:
+            return int(found)
+        values = {
+            "signature": sig,
+            "queue": job.queue,
+            "owner": job.owner,
+            "submitter": job.submitter,
+            "request_cpus": job.request_cpus,
+            "request_memory": job.request_memory,
+            "request_disk": job.request_disk,
+            "requirements": job.requirements,
+            "concurrency_limits": job.concurrency_limits,
+            "created_at": now,
+        }
+        self._insert_missing(conn, autoclusters, values, ["signature"])
+        ac = int(
+            conn.execute(select(autoclusters.c.id).where(autoclusters.c.signature == sig))
+            .scalar_one()
+        )
+        for name, amount in limits.parse(job.concurrency_limits).items():
+            self._insert_missing(conn, concurrency_limits, {"name": name})
+            self._insert_missing(
+                conn, autocluster_limits, {"autocluster_id": ac, "name": name, "amount": amount}
+            )
+        return ac
+
+    def _insert_missing(
+        self, conn: Connection, table: Any, values: Mapping[str, Any],
+        keys: Sequence[str] | None = None,
+    ) -> None:
+        """INSERT, or nothing when a row with the same key exists (a concurrent submit)."""
+        insert = pg_insert if self._pg else sqlite_insert
+        conn.execute(insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
+
+    # ---- the claim ------------------------------------------------------------------------
+
+    def claim(self, req: ClaimRequest, judge: Callable[[Job], Verdict]) -> Job | None:
+        """Hand the best matching idle job of `req.queue` to a slot, atomically.
+
+        `judge` sees one job of each autocluster not yet judged for this slot shape and decides
+        for the whole autocluster (Requirements both ways, owner rules); a `hold_reason` puts the
+        autocluster's idle jobs on hold. Among the submitters with a matching autocluster the
+        fair-share order decides (with `req.fair_share`), then the job's priority and age; a job
+        whose concurrency limits have no room is passed over (with `req.limit`).
+        """
+        now = time.time()
+        with self._tx() as conn:
+            params = {
+                "queue": req.queue,
+                "cpus": req.offer.cpus,
+                "memory": req.offer.memory,
+                "disk": req.offer.disk,
+            }
+            menu_sql = IDLE_AUTOCLUSTERS if self._pg else IDLE_AUTOCLUSTERS_PORTABLE
+            menu = list(starmap(IdleCluster, conn.execute(menu_sql, params).all()))
+            matching = self._matching(conn, req, judge, menu, now) if menu else []
+            for group in self._submitter_order(conn, req, matching, now):
+                job = self._take_within_limits(conn, req, group, now)
+                if job is not None:
+                    return job
+        return None
+
+    def _matching(
+        self,
+        conn: Connection,
+        req: ClaimRequest,
+        judge: Callable[[Job], Verdict],
+        menu: list[IdleCluster],
+        now: float,
+    ) -> list[IdleCluster]:
+        """The autoclusters of `menu` that match the slot: remembered verdicts, else `judge` on
+        each one's first job (fetched in one query)."""
+        known = {m.id: self.verdicts.get(req.shape, m.id) for m in menu}
+        unknown = [m.head_id for m in menu if known[m.id] is None]
+        heads: dict[int, Job] = {}
+        if unknown:
+            rows = conn.execute(select(jobs).where(jobs.c.id.in_(unknown)))
+            heads = {r.id: Job.from_row(r._mapping) for r in rows}
+        out = []
+        for m in menu:
+            verdict = known[m.id]
+            if verdict is None:
+                head = heads.get(m.head_id)
+                if head is None:  # claimed since the menu was read
+                    continue
+                verdict = judge(head)
+                if verdict.hold_reason:
+                    self._hold_idle(conn, req, m.id, verdict.hold_reason, now)
+                    continue
+                self.verdicts.put(req.shape, m.id, verdict)
+            if verdict.take:
+                out.append(m)
+        return out
+
+    def _hold_idle(
+        self, conn: Connection, req: ClaimRequest, autocluster: int, reason: str, now: float
+    ) -> None:
+        q = (
+            select(jobs)
+            .where(jobs.c.status == Status.IDLE.value, jobs.c.autocluster_id == autocluster)
+            .order_by(jobs.c.id)
+            .limit(HOLD_BATCH)
+            .with_for_update(skip_locked=True)
+        )
+        for row in conn.execute(q).all():
+            self._apply(
+                conn, Job.from_row(row._mapping), Event.HOLD, decide_args={}, now=now,
+                reason=reason, slot=req.slot, host=req.host,
+            )
+
+    def _submitter_order(
+        self, conn: Connection, req: ClaimRequest, matching: list[IdleCluster], now: float
+    ) -> list[list[IdleCluster]]:
+        """The matching autoclusters in groups to try in turn, each in claim order: one group per
+        submitter in fair-share order, or (fair share off, or one submitter) a single group."""
+        if not matching:
+            return []
+        by_submitter: dict[str, list[IdleCluster]] = {}
+        for m in matching:
+            by_submitter.setdefault(m.submitter, []).append(m)
+        if not req.fair_share or len(by_submitter) == 1:
+            return [sorted(matching, key=lambda m: m.order)]
+        usages = {u.name: u for u in self._usages(conn, list(by_submitter))}
+        for name in by_submitter:
+            usages.setdefault(name, Usage(name, fairshare.DEFAULT_FACTOR,
+                                          fairshare.MIN_PRIORITY, 0.0, now, 0.0))
+        order = fairshare.fair_order(usages.values())
+        return [sorted(by_submitter[name], key=lambda m: m.order) for name in order]
+
+    def _usages(self, conn: Connection, names: list[str]) -> list[Usage]:
+        rows = conn.execute(SUBMITTER_USAGE, {"names": names})
+        return [
+            Usage(r.name, r.factor, r.priority, r.usage, r.updated_at, float(r.in_use or 0),
+                  r.last_usage)
+            for r in rows
+        ]
+
+    def _take_within_limits(
+        self, conn: Connection, req: ClaimRequest, group: list[IdleCluster], now: float
+    ) -> Job | None:
+        """The first idle job of `group` whose limits have room; the autoclusters before the
+        first one with limits are tried without taking any limit's lock."""
+        if req.limit is None:
+            return self._take(conn, req, group, now)
+        free = 0
+        while free < len(group) and not group[free].concurrency_limits:
+            free += 1
+        if free:
+            job = self._take(conn, req, group[:free], now)
+            if job is not None or free == len(group):
+                return job
+        rest = group[free:]
+        needed = {m.id: limits.parse(m.concurrency_limits) for m in rest}
+        names = sorted({name for need in needed.values() for name in need})
+        if self._pg:  # claims of jobs using one limit go one at a time, until commit
+            conn.execute(LOCK_LIMITS, {"names": names}).all()
+        in_use = {r.name: float(r.in_use) for r in conn.execute(LIMITS_IN_USE, {"names": names})}
+        allowed = [m for m in rest if limits.over(needed[m.id], in_use, req.limit) is None]
+        return self._take(conn, req, allowed, now) if allowed else None
+
+    def _take(
+        self, conn: Connection, req: ClaimRequest, group: Sequence[IdleCluster], now: float
+    ) -> Job | None:
+        """Hand out the first idle, unlocked job of the first autocluster of `group` that has
+        one; PostgreSQL in one statement, SQLite (writes serialised) row by row."""
+        if not group:
+            return None
+        changes = _claim_changes(req, now)
+        if self._pg:
+            for start in range(0, len(group), CLAIM_CHUNK):
+                job = self._take_pg(conn, req, group[start : start + CLAIM_CHUNK], changes, now)
+                if job is not None:
+                    return job
+            return None
+        for m in group:
+            row = conn.execute(
+                select(jobs)
+                .where(
+                    jobs.c.status == Status.IDLE.value,
+                    jobs.c.queue == req.queue,
+                    jobs.c.autocluster_id == m.id,
+                )
+                .order_by(jobs.c.priority.desc(), jobs.c.id)
+                .limit(1)
+            ).first()
+            if row is None:
+                continue
+            job = Job.from_row(row._mapping)
+            weight = float(job.request_cpus) if req.partitionable else req.weight
+            all_changes = {**changes, "claims": job.claims + 1, "slot_weight": weight}
+            self._apply(
+                conn, job, Event.FETCH, decide_args={}, now=now, changes=all_changes,
+                slot=req.slot, host=req.host, attempt=job.claims + 1,
+            )
+            return job.but(**all_changes, status=_FETCHED)
+        return None
+
+    def _take_pg(
+        self, conn: Connection, req: ClaimRequest, group: Sequence[IdleCluster],
+        changes: dict[str, Any], now: float,
+    ) -> Job | None:
+        """claim_in_autoclusters over `group`: lock, hand out, event, notify; one round trip."""
+        params = {
+            **changes,
+            "autoclusters": [m.id for m in group],
+            "queue": req.queue,
+            "partitionable": req.partitionable,
+            "weight": req.weight,
+            "now": now,
+            "channel": CHANNEL,
+        }
+        found = conn.exec_driver_sql(CLAIM_IN_AUTOCLUSTERS, params).mappings().first()
+        if found is None:
+            return None
+        job = Job.from_row(found)
+        attempt = job.claims + 1
+        note_event(conn, _fetch_event(job.id, attempt, req, now), job)
+        return job.but(**changes, claims=attempt, status=_FETCHED,
+                       slot_weight=found["claimed_weight"])
+
+    # ---- the accountant and condor_userprio ------------------------------------------------
+
+    def update_priorities(
+        self, *, halflife: float = fairshare.DEFAULT_HALFLIFE, interval: float = 60.0,
+        now: float | None = None,
+    ) -> int:
+        """Decay every submitter's real priority towards what it holds now and accumulate its
+        usage, for the rows not updated in the last `interval` seconds (the negotiator's
+        accountant); concurrent callers never update a row twice. Returns the rows updated."""
+        now = time.time() if now is None else now
+        with self._tx() as conn:
+            due = conn.execute(
+                select(submitters)
+                .where(submitters.c.updated_at <= now - interval)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if not due:
+                return 0
+            held = self._held(conn, [r.name for r in due])
+            for r in due:
+                u = Usage(r.name, r.factor, r.priority, r.usage, r.updated_at,
+                          held.get(r.name, 0.0), r.last_usage)
+                new = fairshare.accrued(u, now, halflife)
+                conn.execute(
+                    update(submitters)
+                    .where(submitters.c.name == r.name)
+                    .values(
+                        priority=new.priority, usage=new.usage, in_use=new.in_use,
+                        updated_at=now, last_usage=new.last_usage,
+                        first_usage=r.first_usage or (now if new.in_use > 0 else None),
+                    )
+                )
+            return len(due)
+
+    def _held(self, conn: Connection, names: Iterable[str] | None = None) -> dict[str, float]:
+        """Weighted slots held now, by submitter."""
+        q = (
+            select(jobs.c.submitter, func.coalesce(func.sum(jobs.c.slot_weight), 0.0))
+            .where(jobs.c.status.in_(ACTIVE))
+            .group_by(jobs.c.submitter)
+        )
+        if names is not None:
+            q = q.where(jobs.c.submitter.in_(list(names)))
+        return {name: float(amount) for name, amount in conn.execute(q)}
+
+    def usage_table(self) -> list[tuple[Usage, float | None]]:
+        """Every submitter's accounting row with what it holds now, and its first usage
+        (condor_userprio's table; `jobstore.core.fairshare` computes the priorities)."""
+        with self._tx() as conn:
+            rows = conn.execute(select(submitters).order_by(submitters.c.name)).all()
+            held = self._held(conn)
+        return [
+            (
+                Usage(r.name, r.factor, r.priority, r.usage, r.updated_at,
+                      held.get(r.name, 0.0), r.last_usage),
+                r.first_usage,
+            )
+            for r in rows
+        ]
+
+    def set_factor(self, name: str, factor: float) -> bool:
+        """condor_userprio -setfactor; False when the submitter is unknown."""
+        if not factor >= 1.0:
+            raise ValueError("a priority factor must be at least 1")
+        with self._tx() as conn:
+            done = conn.execute(
+                update(submitters).where(submitters.c.name == name).values(factor=factor)
+            )
+            return bool(done.rowcount)
+
+    def reset_usage(self, name: str | None = None, *, now: float | None = None) -> int:
+        """condor_userprio -resetusage (one submitter) or -resetall: accumulated usage to 0 and
+        real priority to its lowest value. Returns the rows reset."""
+        now = time.time() if now is None else now
+        q = update(submitters).values(
+            usage=0.0, priority=fairshare.MIN_PRIORITY, first_usage=None, updated_at=now
+        )
+        if name is not None:
+            q = q.where(submitters.c.name == name)
+        with self._tx() as conn:
+            return int(conn.execute(q).rowcount)
+
+
+def _fetch_event(job_id: int, attempt: int, req: ClaimRequest, now: float) -> dict[str, Any]:
+    """The `fetch` event claim_in_autoclusters wrote, as the commit listeners see events."""
+    return {
+        "job_id": job_id,
+        "time": now,
+        "event": str(Event.FETCH),
+        "from_status": Status.IDLE.value,
+        "to_status": _FETCHED,
+        "attempt": attempt,
+        "slot": req.slot,
+        "host": req.host,
+        "reason": None,
+        "attrs": None,
+    }

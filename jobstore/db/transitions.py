@@ -1,0 +1,153 @@
+"""The one place a job's state changes: the row and its event, in the caller's transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from jobstore.core.jobs import Job
+from jobstore.core.states import FINAL, Decision, Event, Status, decide
+from jobstore.db.notify import notify
+from jobstore.db.schema import job_events, jobs
+from jobstore.db.transactions import Transactions, note_event
+from jobstore.errors import DatabaseError
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of an event: the job's status before and after, and whether it changed."""
+
+    job_id: int
+    event: str
+    before: str | None
+    after: str | None
+    changed: bool
+    stale: bool = False
+    reason: str | None = None
+
+
+class Transitions(Transactions):
+    """Writes a transition (`_apply`) or a recorded event (`_event`) on a locked job row."""
+
+    # ---- the one place a transition is written ------------------------------------------
+
+    def _apply(
+        self,
+        conn: Connection,
+        job: Job,
+        event: Event,
+        *,
+        decide_args: Mapping[str, Any],
+        now: float,
+        changes: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        slot: str | None = None,
+        host: str | None = None,
+        attempt: int | None = None,
+        record_ignored: bool = True,
+    ) -> Outcome:
+        before = Status(job.status)
+        d: Decision = decide(
+            event,
+            before,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            **decide_args,
+        )
+        attempt = job.claims if attempt is None else attempt
+        why = reason if d.reason is None else (f"{reason}; {d.reason}" if reason else d.reason)
+        if d.to_status is None:
+            if record_ignored:
+                self._event(
+                    conn,
+                    job.id,
+                    event,
+                    before,
+                    None,
+                    now,
+                    attempt=attempt,
+                    slot=slot,
+                    host=host,
+                    reason=why,
+                    attrs=attrs,
+                )
+            return Outcome(job.id, event, before, before, False, reason=why)
+        values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
+        if d.counts_attempt:
+            values["attempts"] = job.attempts + 1
+        if d.ends_attempt:
+            values.update(token=None, lease_expires_at=None)
+        if d.to_status in FINAL:
+            values["finished_at"] = now
+        if d.to_status in (Status.HELD, Status.FAILED) or (why and d.to_status == Status.IDLE):
+            values["reason"] = why
+        if d.to_status == Status.RUNNING and before != Status.RUNNING:
+            values.setdefault("started_at", now)
+        result = conn.execute(
+            update(jobs)
+            .where(
+                jobs.c.id == job.id,
+                jobs.c.status == before.value,
+                jobs.c.claims == job.claims,
+            )
+            .values(**values)
+        )
+        if result.rowcount != 1:  # cannot happen while the row is locked; refuse to guess
+            raise DatabaseError(f"job {job.id} changed under a locked transition")
+        self._event(
+            conn,
+            job.id,
+            event,
+            before,
+            d.to_status,
+            now,
+            attempt=attempt,
+            slot=slot,
+            host=host,
+            reason=why,
+            attrs=attrs,
+            job=job,
+        )
+        return Outcome(job.id, event, before, d.to_status, True, reason=why)
+
+    def _event(
+        self,
+        conn: Connection,
+        job_id: int,
+        event: Event | str,
+        before: Status | str | None,
+        after: Status | str | None,
+        now: float,
+        *,
+        attempt: int | None = None,
+        slot: str | None = None,
+        host: str | None = None,
+        reason: str | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        job: Job | None = None,
+    ) -> None:
+        values = dict(
+            job_id=job_id,
+            time=now,
+            event=str(event),
+            from_status=None if before is None else str(before),
+            to_status=None if after is None else str(after),
+            attempt=attempt,
+            slot=slot,
+            host=host,
+            reason=reason,
+            attrs=dict(attrs) if attrs else None,
+        )
+        conn.execute(insert(job_events).values(**values))
+        note_event(conn, values, job)
+        if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
+            notify(conn, str(job_id))
+
+    def _lock(self, conn: Connection, job_id: int) -> Job | None:
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
+        return None if row is None else Job.from_row(row._mapping)
+
