@@ -18,8 +18,6 @@ from itertools import starmap
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from jobstore.core import fairshare, limits
 from jobstore.core.autoclusters import signature
@@ -144,8 +142,19 @@ class Negotiator(Transitions):
         keys: Sequence[str] | None = None,
     ) -> None:
         """INSERT, or nothing when a row with the same key exists (a concurrent submit)."""
-        insert = pg_insert if self._pg else sqlite_insert
-        conn.execute(insert(table).values(**values).on_conflict_do_nothing(index_elements=keys))
+        # imported here: a hook, which never submits, does not pay for them
+        if self._pg:
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            conn.execute(
+                pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+            )
+        else:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            conn.execute(
+                sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+            )
 
     # ---- the claim ------------------------------------------------------------------------
 
