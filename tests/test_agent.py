@@ -25,6 +25,7 @@ from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.agent.protocol import MAGIC, MAX_REQUEST
+from jobstore.core.jobs import JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
@@ -333,4 +334,18 @@ def test_agent_fetches_share_slots_and_respect_limits(
     assert len(got) == 10  # the 11th slot finds only limited jobs, the limit full
     assert len(set(got) & set(limited)) == 2
     assert set(first) | set(second) <= set(got)
+    assert node.stop() == 0
+
+
+def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> None:
+    """A job whose periodic_remove fires is removed by the agent's periodic pass, with no hook
+    call and no `jobstore reap` (PERIODIC_EXPR_INTERVAL = 1 here)."""
+    with open(node.config, "a") as fh:
+        fh.write("PERIODIC_EXPR_INTERVAL = 1\n")
+    spec = JobSpec(cmd="/bin/true", iwd="/tmp", custom={"PeriodicRemove": "JobStatus == 1"})
+    (job_id,) = store.submit([spec], owner=ordinary_owner(), queue="default",
+                             max_attempts=3)[1]
+    node.start()
+    node.wait_log(f"job {job_id}: periodic policy: remove idle -> removed")
+    assert _status(store, job_id) == "removed"
     assert node.stop() == 0

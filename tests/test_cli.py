@@ -258,3 +258,23 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
     assert "Total: 5 jobs in 2 autoclusters" in auto.stdout
     af = cli(db, "q", "-af", "ConcurrencyLimits", "AccountingGroup").stdout.splitlines()
     assert sorted(af) == [f"lic physics.{owner}"] * 3 + ["undefined undefined"] * 2
+
+
+def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> None:
+    """`jobstore hold` is HoldReasonCode 1 (UserRequest); a periodic_hold is 3 with the submit
+    file's subcode and reason; `q -hold` shows both like condor_q -hold, `reap` runs the pass."""
+    path = _write(tmp_path, "p.sub", "executable = /bin/true\nperiodic_hold = JobStatus == 1\n"
+                  'periodic_hold_reason = "waits too long"\nperiodic_hold_subcode = 5\nqueue\n')
+    plain = _write(tmp_path, "q.sub", "executable = /bin/true\nqueue\n")
+    assert submit(db, path).returncode == 0 and submit(db, plain).returncode == 0
+    assert cli(db, "hold", "2.0", "-reason", "by hand").returncode == 0
+    reap = cli(db, "reap")
+    assert reap.returncode == 0 and "1 job(s) changed by their periodic policy" in reap.stdout
+    out = cli(db, "q", "-hold")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(None, 6) for line in out.stdout.splitlines()[1:] if line[:1].isdigit()]
+    assert [(r[0], r[4], r[5], r[6].strip()) for r in rows] == [
+        ("1.0", "3", "5", "waits too long"), ("2.0", "1", "0", "by hand")]
+    assert "Total: 2 held jobs" in out.stdout
+    af = cli(db, "q", "1.0", "-af", "HoldReasonCode", "HoldReasonSubCode", "NumHolds")
+    assert af.stdout.split() == ["3", "5", "1"]

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from bulk import clone
 
 from jobstore.core.jobs import JobSpec
+from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events
@@ -353,14 +354,14 @@ def test_evict_requeues_and_counts(store):
 
 def test_exit_policy_through_the_store(store):
     (job_id,) = submit(store, max_attempts=2)
-    retry = lambda row: (False, True)  # noqa: E731
+    retry = lambda row: ExitVerdict(False, True)  # noqa: E731
     job = claim(store)
     assert report(store, job, Event.EXIT, exit_policy=retry).after == "idle"
     job = claim(store)
     assert report(store, job, Event.EXIT, exit_policy=retry).after == "failed"
     (other,) = submit(store, max_attempts=2)
     job = claim(store)
-    out = report(store, job, Event.EXIT, exit_policy=lambda row: (False, False))
+    out = report(store, job, Event.EXIT, exit_policy=lambda row: ExitVerdict(False, False))
     assert out.after == "completed"
     assert store.get_job(other).attempts == 0
 

@@ -271,6 +271,25 @@ def test_bad_accounting_and_limits(tmp_path: Path, body: str, words: str) -> Non
     assert words in submit_error(tmp_path, f"executable = /bin/true\n{body}\nqueue\n")
 
 
+def test_policy_commands_set_htcondor_attributes(tmp_path: Path) -> None:
+    job = one(tmp_path, "periodic_hold = NumJobStarts > 2\nperiodic_hold_reason = \"many\"\n"
+                        "periodic_hold_subcode = 3\nperiodic_release = true\n"
+                        "periodic_remove = JobStatus == 5\non_exit_hold = ExitCode != 0\n"
+                        "on_exit_hold_reason = \"bad\"\non_exit_hold_subcode = 2\n"
+                        "on_exit_remove = ExitCode == 0\nallowed_execute_duration = 60\n"
+                        "allowed_job_duration = 3600")
+    assert job.custom == {
+        "PeriodicHold": "NumJobStarts > 2", "PeriodicHoldReason": '"many"',
+        "PeriodicHoldSubCode": "3", "PeriodicRelease": "true", "PeriodicRemove": "JobStatus == 5",
+        "OnExitHold": "ExitCode != 0", "OnExitHoldReason": '"bad"', "OnExitHoldSubCode": "2",
+        "OnExitRemove": "ExitCode == 0", "AllowedExecuteDuration": "60",
+        "AllowedJobDuration": "3600",
+    }
+    message = submit_error(tmp_path, "executable = /bin/true\nperiodic_remove = JobStatus >\n"
+                                     "queue\n")
+    assert "periodic_remove: 'JobStatus >' is not a valid ClassAd expression" in message
+
+
 def test_classad_file_accounting_and_limits(tmp_path: Path) -> None:
     text = ('Cmd = "/bin/true"\nAccountingGroup = "physics.bob"\n'
             'ConcurrencyLimits = "Lic:3"\n\nCmd = "/bin/true"\nAcctGroup = "chem"\n')

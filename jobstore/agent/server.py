@@ -45,6 +45,9 @@ from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 
 log = logging.getLogger("jobstore.agent")
+# Seconds between two looks at whether the periodic policy pass is due (it runs once per
+# PERIODIC_EXPR_INTERVAL in the whole pool, JobStore.police_due).
+POLICE_TICK = 10.0
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
 _package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
@@ -117,6 +120,7 @@ class Agent:
         self._stop = False
         self._reload = False
         self._replaying = threading.Event()
+        self._policing = threading.Event()
         self._throttle = _Throttle()
         self._hook_log_lock = threading.Lock()
 
@@ -190,8 +194,9 @@ class Agent:
             t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
-        next_replay = 0.0
+        next_replay = next_police = 0.0
         replayer: threading.Thread | None = None
+        policer: threading.Thread | None = None
         try:
             while not self._stop:
                 now = time.monotonic()
@@ -202,6 +207,13 @@ class Agent:
                         replayer = threading.Thread(target=self._replay, name="replay",
                                                     daemon=True)
                         replayer.start()
+                if now >= next_police:
+                    next_police = now + self._police_tick()
+                    if not self._policing.is_set():
+                        self._policing.set()
+                        policer = threading.Thread(target=self._police, name="police",
+                                                   daemon=True)
+                        policer.start()
                 for key, _ in sel.select(timeout=0.5):
                     if key.data == "listen":
                         self._accept(listener, sel, conns)
@@ -237,8 +249,9 @@ class Agent:
                 self._release(item.conn)
             for t in workers:
                 t.join()
-            if replayer is not None:
-                replayer.join()
+            for duty in (replayer, policer):
+                if duty is not None:
+                    duty.join()
             handlers.drop_stores()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()
@@ -490,6 +503,33 @@ class Agent:
         ))
         log.warning("fetch_job: the hook left before its answer; job given back (%s)",
                     back.error or "; ".join(back.log))
+
+    def _police_tick(self) -> float:
+        """How often to ask whether the policy pass is due: PERIODIC_EXPR_INTERVAL, at most
+        POLICE_TICK seconds."""
+        try:
+            return float(min(POLICE_TICK, config.load_settings(None).periodic_expr_interval))
+        except config.ConfigError:
+            return POLICE_TICK
+
+    def _police(self) -> None:
+        """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
+        due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL)."""
+        try:
+            for keyword in dict.fromkeys([None, config._param("STARTD_JOB_HOOK_KEYWORD")]):
+                try:
+                    settings = config.load_settings(keyword)
+                    store = handlers.store_for(settings)
+                except config.ConfigError:
+                    continue
+                acted = store.police_due(settings.periodic_expr_interval)
+                for o in acted or ():
+                    log.info("job %d: periodic policy: %s %s -> %s (%s)", o.job_id, o.event,
+                             o.before, o.after, o.reason)
+        except Exception as exc:
+            log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._policing.clear()
 
     def _replay(self) -> None:
         try:

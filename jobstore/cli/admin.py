@@ -52,12 +52,17 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
 @pass_ctx
 @guard
 def reap(ctx: Context) -> None:
-    """Send jobs whose lease ran out back to idle now, and update the submitters' priorities
-    when due (fetch_job also does both now and then)."""
+    """Send jobs whose lease ran out back to idle, evaluate every job's periodic policy
+    (periodic_hold, periodic_release, periodic_remove, allowed_*_duration) and update the
+    submitters' priorities when due, now (fetch_job and the agent also do it now and then)."""
     outcomes = ctx.store.reap()
     for o in outcomes:
         click.echo(f"job {o.job_id}: {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(outcomes)} expired lease(s) recovered.")
+    acted = ctx.store.police()
+    for o in acted:
+        click.echo(f"job {o.job_id}: {o.event} {o.before} -> {o.after} ({o.reason})")
+    click.echo(f"{len(acted)} job(s) changed by their periodic policy.")
     s = ctx.settings
     updated = ctx.store.update_priorities(
         halflife=s.priority_halflife, interval=s.priority_update_interval

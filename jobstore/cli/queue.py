@@ -147,7 +147,14 @@ def _print_autoclusters(
     "--autocluster",
     "autocluster",
     is_flag=True,
-    help="Count jobs by autocluster (owner, queue, requests, Requirements) and status.",
+    help="Count jobs by autocluster (what the claim matches as one) and status.",
+)
+@click.option(
+    "-hold",
+    "--hold",
+    "held",
+    is_flag=True,
+    help="Only held jobs, with when and why (HoldReasonCode, HoldReasonSubCode, HoldReason).",
 )
 @_query_options
 @pass_ctx
@@ -157,6 +164,7 @@ def q(
     ids: tuple[str, ...],
     include_final: bool,
     autocluster: bool,
+    held: bool,
     constraint: str | None,
     autoformat: bool,
     statuses: tuple[str, ...],
@@ -170,6 +178,8 @@ def q(
     With -af, the arguments that are not job ids are the attributes to print.
     """
     ids, attrs = _split_args(ids, autoformat)
+    if held:
+        statuses = (Status.HELD.value,)
     filters = dict(statuses=statuses, owners=owners, queues=queues, include_final=include_final)
     if autocluster:
         _print_autoclusters(ctx, ids, constraint, as_json, **filters)
@@ -177,6 +187,9 @@ def q(
     jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, **filters)
     if attrs:
         _print_autoformat(ctx, jobs, attrs)
+    elif held and not (as_json or long):
+        click.echo(views.format_table(*views.hold_rows(jobs)))
+        click.echo(f"\nTotal: {len(jobs)} held jobs")
     else:
         _print_jobs(ctx, jobs, as_json, long)
 
@@ -337,7 +350,8 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
 
 @click.command()
 @click.argument("ids", nargs=-1, required=True, metavar="JOB...")
-@click.option("--reason", "-r", default="held by the administrator", help="Hold reason.")
+@click.option("-reason", "--reason", "-r", "reason", default="held by the administrator",
+              help="Hold reason (HoldReason; HoldReasonCode is 1, UserRequest).")
 @pass_ctx
 @guard
 def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:

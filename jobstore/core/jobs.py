@@ -103,6 +103,10 @@ class Job:
     concurrency_limits: str | None  # canonical `name[:n],...` (jobstore.core.limits)
     autocluster_id: int | None  # set by the store at submit
     slot_weight: float | None  # the weighted slots this attempt holds (SLOT_WEIGHT)
+    hold_code: int | None  # HoldReasonCode while held (jobstore.core.holds)
+    hold_subcode: int | None  # HoldReasonSubCode while held
+    num_holds: int | None  # NumHolds: times the job was put on hold
+    periodic: bool | None  # has periodic policy expressions (set by the store at submit)
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -140,7 +144,8 @@ class Job:
                 owner, spec.accounting_group, spec.accounting_group_user
             ),
             concurrency_limits=limits.render(limits.parse(spec.concurrency_limits)),
-            autocluster_id=None, slot_weight=None,
+            autocluster_id=None, slot_weight=None, hold_code=None, hold_subcode=None,
+            num_holds=0, periodic=None,
         )
 
     def but(self, **changes: Any) -> Job:

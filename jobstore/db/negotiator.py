@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from jobstore.core import fairshare, limits
+from jobstore.core import fairshare, holds, limits
 from jobstore.core.autoclusters import signature
 from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
@@ -230,6 +230,7 @@ class Negotiator(Transitions):
             self._apply(
                 conn, Job.from_row(row._mapping), Event.HOLD, decide_args={}, now=now,
                 reason=reason, slot=req.slot, host=req.host,
+                hold=(holds.FAILED_TO_ACCESS_USER_ACCOUNT, 0),
             )
 
     def _submitter_order(

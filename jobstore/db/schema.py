@@ -97,6 +97,14 @@ submitters = Table(
     Column("last_usage", Epoch()),
 )
 
+# When a pool-wide periodic pass (the policy pass) last ran: one runner per interval.
+passes = Table(
+    "passes",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("last_run_at", Epoch(), nullable=False),
+)
+
 jobs = Table(
     "jobs",
     metadata,
@@ -145,6 +153,10 @@ jobs = Table(
     Column("concurrency_limits", Text),
     Column("autocluster_id", BigId, ForeignKey("autoclusters.id")),
     Column("slot_weight", Float),
+    Column("hold_code", Integer),
+    Column("hold_subcode", Integer),
+    Column("num_holds", Integer),
+    Column("periodic", Boolean),
     UniqueConstraint("cluster_id", "proc_id"),
     # The claim path: a queue's idle autoclusters (a skip scan), and each one's idle jobs in
     # claim order; partial, so finished jobs cost nothing.
@@ -179,6 +191,13 @@ jobs = Table(
         postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
         sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
     ),
+    # The periodic pass: jobs with periodic policy expressions.
+    Index(
+        "ix_jobs_periodic",
+        "id",
+        postgresql_where=text("periodic"),
+        sqlite_where=text("periodic"),
+    ),
     Index("ix_jobs_status_queue", "status", "queue"),
     Index("ix_jobs_owner", "owner"),
 )
@@ -207,6 +226,7 @@ __all__ = [
     "autocluster_limits",
     "concurrency_limits",
     "submitters",
+    "passes",
     "jobs",
     "job_events",
     "Epoch",

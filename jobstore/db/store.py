@@ -12,17 +12,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import Connection, insert, select, update
 
+from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec
+from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
 from jobstore.db.negotiator import ACTIVE, Negotiator
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
-from jobstore.db.schema import clusters, jobs
+from jobstore.db.schema import clusters, jobs, passes
 from jobstore.db.transactions import AfterCommit, CommitListener
 from jobstore.db.transitions import Outcome
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
+from jobstore.formats import views
 from jobstore.formats.jobads import submitted_ad
 
 __all__ = [
@@ -39,8 +42,13 @@ __all__ = [
 ]
 
 
-# Called inside the transaction for EXIT: (job row) -> (exit succeeded, retry wanted).
-ExitPolicy = Callable[[Job], tuple[bool, bool]]
+# Called inside the transaction for EXIT with the job row (and the exit's usage columns): how the
+# exit ends (jobstore.core.policy.exit_verdict).
+ExitPolicy = Callable[[Job], ExitVerdict]
+# Statuses the periodic pass looks at, and its page size.
+POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
+                                  Status.RUNNING))
+PAGE = 500
 
 class JobStore(Negotiator, JobReads):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
@@ -85,7 +93,8 @@ class JobStore(Negotiator, JobReads):
             groups = self._register(conn, queued, now)
             ids = []
             for job, autocluster in zip(queued, groups, strict=True):
-                job = job.but(autocluster_id=autocluster)
+                job = job.but(autocluster_id=autocluster,
+                              periodic=policy.has_periodic(job.ad) or None)
                 values = {name: getattr(job, name) for name in JOB_COLUMNS if name != "id"}
                 job = job.but(
                     id=conn.execute(insert(jobs).values(values).returning(jobs.c.id)).scalar_one()
@@ -154,17 +163,21 @@ class JobStore(Negotiator, JobReads):
                 )
                 return Outcome(job_id, event, job.status, job.status, False, True, reason)
             decide_args: dict[str, Any] = {}
-            if event == Event.EXIT and exit_policy is not None:
-                succeeded, retry = exit_policy(job)
-                decide_args = {"exit_succeeded": succeeded, "retry_wanted": retry}
+            hold = (holds.STARTD_HELD_JOB if event == Event.HOOK_HOLD else holds.UNSPECIFIED, 0)
             all_changes = dict(changes or {})
+            if event == Event.EXIT and exit_policy is not None:
+                verdict = exit_policy(job.but(**all_changes))
+                if verdict.hold is not None:  # on_exit_hold: the exit puts the job on hold
+                    event, reason = Event.HOLD, verdict.hold.reason
+                    hold = (verdict.hold.code, verdict.hold.subcode)
+                decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
             if lease is not None:
                 all_changes["lease_expires_at"] = now + lease
-            return self._apply(
+            outcome = self._apply(
                 conn,
                 job,
                 event,
-                decide_args=decide_args,
+                decide_args={} if event == Event.HOLD else decide_args,
                 now=now,
                 changes=all_changes,
                 attrs=attrs,
@@ -172,18 +185,83 @@ class JobStore(Negotiator, JobReads):
                 slot=slot,
                 host=host,
                 attempt=attempt,
+                hold=hold,
             )
+            if job.periodic and outcome.changed and outcome.after in ACTIVE:
+                self._police_one(conn, job.but(**all_changes, status=outcome.after), now)
+            return outcome
 
     def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
-        """An administrator's hold, release or rm of one job."""
+        """An administrator's hold (HoldReasonCode 1, UserRequest), release or rm of one job."""
         now = time.time()
         with self._tx() as conn:
             job = self._lock(conn, job_id)
             if job is None:
                 raise UnknownJob(job_id)
             return self._apply(
-                conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False
+                conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False,
+                hold=(holds.USER_REQUEST, 0),
             )
+
+    # ---- the job's own policy: the periodic pass ---------------------------------------
+
+    def police(self, *, now: float | None = None, limit: int | None = None) -> list[Outcome]:
+        """Evaluate the periodic policy (periodic_hold, _release, _remove, allowed_*_duration)
+        of the jobs that have one, in pages, and act on what fires; returns what changed.
+        `limit` bounds the jobs looked at (None: all)."""
+        now = time.time() if now is None else now
+        out: list[Outcome] = []
+        after, seen = 0, 0
+        while limit is None or seen < limit:
+            size = PAGE if limit is None else min(PAGE, limit - seen)
+            with self._tx() as conn:
+                rows = conn.execute(
+                    select(jobs)
+                    .where(jobs.c.periodic.is_(True), jobs.c.id > after,
+                           jobs.c.status.in_(POLICED))
+                    .order_by(jobs.c.id)
+                    .limit(size)
+                    .with_for_update(skip_locked=True)
+                ).all()
+                for row in rows:
+                    outcome = self._police_one(conn, Job.from_row(row._mapping), now)
+                    if outcome is not None:
+                        out.append(outcome)
+            if len(rows) < size:
+                break
+            after = rows[-1].id
+            seen += len(rows)
+        return out
+
+    def police_due(self, interval: float, *, now: float | None = None) -> list[Outcome] | None:
+        """`police` every job, unless a pass started less than `interval` seconds ago anywhere
+        in the pool (None then): one runner per interval, whoever asks first."""
+        now = time.time() if now is None else now
+        if not self._take_pass("police", interval, now):
+            return None
+        return self.police(now=now)
+
+    def _take_pass(self, name: str, interval: float, now: float) -> bool:
+        with self._tx() as conn:
+            self._insert_missing(conn, passes, {"name": name, "last_run_at": 0.0})
+            done = conn.execute(
+                update(passes)
+                .where(passes.c.name == name, passes.c.last_run_at <= now - interval)
+                .values(last_run_at=now)
+            )
+            return bool(done.rowcount)
+
+    def _police_one(self, conn: Connection, job: Job, now: float) -> Outcome | None:
+        """Act on the first periodic expression of `job` (locked) that fires."""
+        action = policy.periodic_action(views.policy_ad(job), now)
+        if action is None:
+            return None
+        event = {policy.HOLD: Event.HOLD, policy.RELEASE: Event.RELEASE,
+                 policy.REMOVE: Event.REMOVE}[action.kind]
+        return self._apply(
+            conn, job, event, decide_args={}, now=now, reason=action.reason,
+            hold=(action.code, action.subcode), attrs={"PolicyAction": action.kind},
+        )
 
     def reap(self, *, now: float | None = None, limit: int = 500) -> list[Outcome]:
         """Send jobs whose lease ran out back to idle (or to failed, out of attempts)."""

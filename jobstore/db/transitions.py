@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
+from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, Decision, Event, Status, decide
 from jobstore.db.notify import notify
@@ -49,7 +50,11 @@ class Transitions(Transactions):
         host: str | None = None,
         attempt: int | None = None,
         record_ignored: bool = True,
+        hold: tuple[int, int] = (holds.UNSPECIFIED, 0),
     ) -> Outcome:
+        """Apply `event` to the locked `job`: the row and its event. A job put on hold gets
+        `hold` as its HoldReasonCode and HoldReasonSubCode (also in the event's attrs, for the
+        user log); a released one loses them."""
         before = Status(job.status)
         d: Decision = decide(
             event,
@@ -83,10 +88,18 @@ class Transitions(Transactions):
             values.update(token=None, lease_expires_at=None)
         if d.to_status in FINAL:
             values["finished_at"] = now
-        if d.to_status in (Status.HELD, Status.FAILED) or (why and d.to_status == Status.IDLE):
+        if d.to_status in (Status.HELD, Status.FAILED) or (
+            why and d.to_status in (Status.IDLE, Status.REMOVED)
+        ):
             values["reason"] = why
         if d.to_status == Status.RUNNING and before != Status.RUNNING:
             values.setdefault("started_at", now)
+        if d.to_status == Status.HELD:
+            values.update(hold_code=hold[0], hold_subcode=hold[1],
+                          num_holds=(job.num_holds or 0) + 1)
+            attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
+        elif before == Status.HELD:
+            values.update(hold_code=None, hold_subcode=None)
         result = conn.execute(
             update(jobs)
             .where(

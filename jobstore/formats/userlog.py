@@ -29,8 +29,6 @@ from jobstore.core.states import Event, Status
 log = logging.getLogger(__name__)
 
 SUBMIT, EXECUTE, EVICTED, TERMINATED, IMAGE_SIZE, ABORTED, HELD, RELEASED = 0, 1, 4, 5, 6, 9, 12, 13
-# HoldReasonCode 1 (UserRequest) for `jobstore hold`, as condor_hold; 0 (Unspecified) otherwise.
-HOLD_USER_REQUEST = 1
 _ZERO_USAGE = (0, 0)
 _warned: set[tuple[str, int]] = set()
 
@@ -201,8 +199,9 @@ def log_events(record: Mapping[str, Any], job: Job) -> list[LogEvent]:
         if after == Status.FAILED:  # out of attempts: the log must still end
             add(ABORTED, aborted_body(reason))
     elif event in (Event.HOLD, Event.HOOK_HOLD):
-        code = HOLD_USER_REQUEST if event == Event.HOLD and not record.get("slot") else 0
-        add(HELD, held_body(reason, _int(attrs.get("HoldReasonCode")) or code))
+        # the store puts HoldReasonCode and HoldReasonSubCode in every hold's attrs
+        add(HELD, held_body(reason, _int(attrs.get("HoldReasonCode")) or 0,
+                            _int(attrs.get("HoldReasonSubCode")) or 0))
     elif event == Event.RELEASE:
         add(RELEASED, released_body(reason))
     elif event in (Event.REMOVE, Event.HOOK_REMOVE):

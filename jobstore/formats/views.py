@@ -54,6 +54,8 @@ def job_json(job: Job) -> dict[str, Any]:
         "request_memory": job.request_memory,
         "request_disk": job.request_disk,
         "reason": job.reason,
+        "hold_code": job.hold_code,
+        "hold_subcode": job.hold_subcode,
         "submitted_at": job.submitted_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
@@ -87,9 +89,16 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
         "RemoteSysCpu": job.remote_sys_cpu,
         "ImageSize": job.image_size,
         "MemoryUsage": job.memory_usage,
+        "ResidentSetSize": job.memory_usage,
         "JobStartDate": None if job.started_at is None else int(job.started_at),
+        "JobCurrentStartDate": None if job.started_at is None else int(job.started_at),
+        "JobCurrentStartExecutingDate": None if job.started_at is None else int(job.started_at),
+        "ShadowBday": None if job.fetched_at is None or job.token is None else int(job.fetched_at),
         "CompletionDate": None if job.finished_at is None else int(job.finished_at),
         "HoldReason" if job.status == "held" else "LastReason": job.reason,
+        "HoldReasonCode": job.hold_code if job.status == "held" else None,
+        "HoldReasonSubCode": job.hold_subcode if job.status == "held" else None,
+        "NumHolds": job.num_holds or 0,
     }
     ad = ClassAd()
     for name, value in attrs.items():
@@ -99,6 +108,16 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
             ad[name] = column
         elif name in ad:
             del ad[name]
+    return ad
+
+
+def policy_ad(job: Job, exit_attrs: Mapping[str, Any] | None = None) -> ClassAd:
+    """The job ad its policy expressions see (jobstore.core.policy): condor_q's, with the exit
+    attributes of a JOB_EXIT when given."""
+    ad = job_ad(job, keyword=job.keyword or "JOBSTORE", uid_domain="localdomain")
+    for name, value in (exit_attrs or {}).items():
+        if name in ("ExitCode", "ExitBySignal", "ExitSignal") and value is not None:
+            ad[name] = value
     return ad
 
 
@@ -202,6 +221,19 @@ def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
                 _short(job.cmd),
             ]
         )
+    return header, rows
+
+
+def hold_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+    """`q -hold`: the held jobs with why, like condor_q -hold (plus HoldReasonCode/SubCode)."""
+    header = ["ID", "OWNER", "HELD_SINCE", "CODE", "SUB", "HOLD_REASON"]
+    rows = [
+        [job_id(job), job.owner, _when(job.updated_at),
+         str(job.hold_code if job.hold_code is not None else 0), str(job.hold_subcode or 0),
+         job.reason or ""]
+        for job in jobs
+        if job.status == "held"
+    ]
     return header, rows
 
 

@@ -82,6 +82,7 @@ class Settings:
     concurrency_limits: bool = True  # JOBSTORE_CONCURRENCY_LIMITS: enforce them
     priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
     priority_update_interval: int = 60  # JOBSTORE_PRIORITY_UPDATE_INTERVAL: the accountant's
+    periodic_expr_interval: int = 60  # PERIODIC_EXPR_INTERVAL: the jobs' periodic policy pass
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
@@ -109,6 +110,16 @@ def _bool(keyword: str, name: str, default: bool) -> bool:
     if value in ("false", "0", "no", "off"):
         return False
     raise ConfigError(f"{keyword}_JOBSTORE_{name} must be true or false, not {raw!r}")
+
+
+def _int_text(raw: str | None) -> str | None:
+    """An HTCondor integer parameter as htcondor2 gives it (`60` or `60.0`) as integer text."""
+    if raw is None:
+        return None
+    try:
+        return str(int(float(raw)))
+    except ValueError:
+        return raw
 
 
 def _halflife(keyword: str) -> float:
@@ -213,6 +224,12 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
         priority_halflife=_halflife(kw),
         priority_update_interval=_int(kw, "PRIORITY_UPDATE_INTERVAL", 60),
+        periodic_expr_interval=_checked_int(
+            "PERIODIC_EXPR_INTERVAL",
+            _setting(kw, "PERIODIC_EXPR_INTERVAL") or _int_text(_param("PERIODIC_EXPR_INTERVAL")),
+            60,
+            1,
+        ),
     )
 
 

@@ -25,7 +25,7 @@ from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
-from jobstore.formats import classads
+from jobstore.formats import classads, views
 from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
 from jobstore.formats.matching import (
@@ -169,6 +169,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
         store.update_priorities(
             halflife=settings.priority_halflife, interval=settings.priority_update_interval
         )
+        store.police_due(settings.periodic_expr_interval)
     offer = slot_offer(slot)
     assert offer is not None  # why_slot_cannot_take checked it
     ad_kw = {
@@ -474,8 +475,8 @@ def apply_report(
     exit_policy = None
     if event == Event.EXIT:
 
-        def exit_policy(row: Job) -> tuple[bool, bool]:
-            return policy.exit_verdict(row, attrs)
+        def exit_policy(row: Job) -> policy.ExitVerdict:
+            return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
     return store_for(settings).report(
         report.job_id,

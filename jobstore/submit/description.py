@@ -17,6 +17,7 @@ import htcondor2
 from jobstore.core import limits
 from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
+from jobstore.core.policy import POLICY_COMMANDS
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
 from jobstore.submit.syntax import args_to_v2, env_to_v2
@@ -62,6 +63,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "accounting_group": ("accounting_group",),
     "accounting_group_user": ("accounting_group_user",),
     "concurrency_limits": ("concurrency_limits",),
+    **{command: (command,) for command in POLICY_COMMANDS},
     "universe": ("universe",),
     "transfer_input_files": ("transfer_input_files",),
 }
@@ -372,7 +374,9 @@ class _SubmitExpander:
             check_spec(spec, SUBMIT_NAMES)
         except ValueError as exc:
             raise self._error(getattr(exc, "what", current), str(exc), proc) from None
-        spec.custom = self._custom(custom, proc)
+        # the policy commands set their HTCondor attributes, as +PeriodicHold = ... would
+        policy = {POLICY_COMMANDS[c]: values[c] for c in POLICY_COMMANDS if c in values}
+        spec.custom = self._custom({**policy, **custom}, proc)
         return spec
 
     @staticmethod
@@ -395,13 +399,15 @@ class _SubmitExpander:
     def _custom(self, custom: dict[str, str], proc: int) -> dict[str, str]:
         """Validate ``+Attr`` / ``MY.Attr`` values."""
         result: dict[str, str] = {}
+        commands = {attr: command for command, attr in POLICY_COMMANDS.items()}
         for name, value in custom.items():
+            what = commands.get(name, f"+{name}")
             try:
                 check_custom_name(name)
                 if name.lower() in AD_FIELDS:
                     raise ValueError(f"{name} is set by a submit command; use the command instead")
-                check_value(f"+{name}", value, is_string=False)
+                check_value(what, value, is_string=False)
                 result[name] = old_expr(value)
             except ValueError as exc:
-                raise self._error(getattr(exc, "what", f"+{name}"), str(exc), proc) from None
+                raise self._error(getattr(exc, "what", what), str(exc), proc) from None
         return result

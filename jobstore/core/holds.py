@@ -1,0 +1,15 @@
+"""Why a job is held: HTCondor's HoldReasonCode values (condor_holdcodes.h), the ones the job
+store gives."""
+
+from __future__ import annotations
+
+UNSPECIFIED = 0
+USER_REQUEST = 1  # condor_hold, jobstore hold
+JOB_POLICY = 3  # periodic_hold, on_exit_hold
+FAILED_TO_CREATE_PROCESS = 6  # the executable cannot be run (subcode: errno)
+UNABLE_TO_OPEN_INPUT = 8  # the job's `input` cannot be read (subcode: errno)
+IWD_ERROR = 14  # the job's initial directory cannot be entered (subcode: errno)
+STARTD_HELD_JOB = 21  # the startd or starter put the job on hold (JOB_EXIT hold)
+FAILED_TO_ACCESS_USER_ACCOUNT = 23  # the job's owner may not run jobs on the node
+JOB_DURATION_EXCEEDED = 46  # allowed_job_duration
+JOB_EXECUTE_EXCEEDED = 47  # allowed_execute_duration

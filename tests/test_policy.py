@@ -1,0 +1,226 @@
+"""A job's own policy with HTCondor's semantics: periodic_hold/_release/_remove,
+allowed_job_duration, allowed_execute_duration, on_exit_hold/_remove; hold codes; the periodic
+pass; as unit tests and through the store on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from classad2 import ClassAd, ExprTree
+
+from jobstore.core import holds, policy
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
+from jobstore.core.states import Event
+from jobstore.db.store import JobStore
+from jobstore.formats import views
+from jobstore.testing.support import a_job, ordinary_owner
+
+# ---- policy: pure functions ---------------------------------------------------------------
+
+
+def ad(**attrs: Any) -> ClassAd:
+    out = ClassAd()
+    for name, value in attrs.items():
+        out[name] = ExprTree(value) if isinstance(value, str) else value
+    return out
+
+
+def test_periodic_hold_with_reason_and_subcode() -> None:
+    fired = policy.periodic_action(
+        ad(JobStatus=2, PeriodicHold="RemoteUserCpu > 10", RemoteUserCpu=11,
+           PeriodicHoldReason='strcat("used ", RemoteUserCpu, " s")', PeriodicHoldSubCode="7"),
+        now=0)
+    assert fired == policy.Action("hold", "used 11 s", holds.JOB_POLICY, 7)
+    plain = policy.periodic_action(ad(JobStatus=1, PeriodicHold="JobStatus == 1"), now=0)
+    assert plain == policy.Action(
+        "hold", "The job attribute PeriodicHold expression 'JobStatus == 1' evaluated to TRUE",
+        holds.JOB_POLICY, 0)
+
+
+@pytest.mark.parametrize("expr", ["undefined", "NoSuchAttr > 3", '"yes"', "error", "0", "false"])
+def test_undefined_or_false_never_fires(expr: str) -> None:
+    for name in ("PeriodicHold", "PeriodicRemove"):
+        assert policy.periodic_action(ad(JobStatus=1, **{name: expr}), now=0) is None
+    assert policy.exit_action(ad(ExitCode=0, OnExitHold=expr)) is None
+
+
+def test_a_number_other_than_zero_fires() -> None:
+    assert policy.periodic_action(ad(JobStatus=1, PeriodicRemove="2"), now=0).kind == "remove"
+
+
+def test_order_and_states() -> None:
+    both = dict(PeriodicHold="true", PeriodicRemove="true")
+    assert policy.periodic_action(ad(JobStatus=1, **both), now=0).kind == "hold"  # hold first
+    assert policy.periodic_action(ad(JobStatus=5, **both), now=0).kind == "remove"  # held
+    for done in (3, 4):  # removed, completed: nothing
+        assert policy.periodic_action(ad(JobStatus=done, **both), now=0) is None
+
+
+def test_periodic_release_never_undoes_a_user_hold() -> None:
+    rel = dict(JobStatus=5, PeriodicRelease="true")
+    assert policy.periodic_action(ad(HoldReasonCode=1, **rel), now=0) is None
+    assert policy.periodic_action(ad(HoldReasonCode=3, **rel), now=0).kind == "release"
+    assert policy.periodic_action(ad(JobStatus=1, PeriodicRelease="true"), now=0) is None
+
+
+def test_allowed_durations_hold_running_jobs() -> None:
+    running = dict(JobStatus=2, ShadowBday=1000, JobCurrentStartExecutingDate=1010)
+    job = ad(AllowedJobDuration=100, **running)
+    assert policy.periodic_action(job, now=1099) is None
+    fired = policy.periodic_action(job, now=1100)
+    assert (fired.kind, fired.code) == ("hold", holds.JOB_DURATION_EXCEEDED)
+    assert fired.reason == "The job exceeded allowed job duration of 0:01:40"
+    exe = ad(AllowedExecuteDuration=60, **running)
+    assert policy.periodic_action(exe, now=1070) is None  # not more than 60 s yet
+    assert policy.periodic_action(exe, now=1071).code == holds.JOB_EXECUTE_EXCEEDED
+    idle = ad(JobStatus=1, AllowedJobDuration=1, ShadowBday=0)
+    assert policy.periodic_action(idle, now=10**9) is None
+
+
+def test_on_exit_hold_and_remove() -> None:
+    hold = policy.exit_action(ad(ExitCode=3, ExitBySignal=False, OnExitHold="ExitCode != 0",
+                                 OnExitHoldReason='"bad exit"', OnExitHoldSubCode=4))
+    assert hold == policy.Action("hold", "bad exit", holds.JOB_POLICY, 4)
+    again = policy.exit_action(ad(ExitCode=1, OnExitRemove="ExitCode == 0"))
+    assert again is not None and again.kind == "requeue"
+    assert policy.exit_action(ad(ExitCode=0, OnExitRemove="ExitCode == 0")) is None
+    assert policy.exit_action(ad(ExitCode=0)) is None
+
+
+def test_on_exit_remove_decides_over_max_retries() -> None:
+    job = a_job(max_retries=3)
+    attrs = {"ExitCode": 1, "ExitBySignal": False}
+    assert policy.exit_verdict(job, attrs) == policy.ExitVerdict(False, True)
+    keep = ad(ExitCode=1, OnExitRemove="true")
+    assert policy.exit_verdict(job, attrs, keep) == policy.ExitVerdict(False, False)
+    again = ad(ExitCode=0, OnExitRemove="false")
+    assert policy.exit_verdict(a_job(), {"ExitCode": 0}, again).retry
+
+
+# ---- through the store ------------------------------------------------------------------------
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6), slot="slot1@n",
+                   host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+
+
+def submit(store: JobStore, **custom: str) -> int:
+    spec = JobSpec(cmd="/bin/true", iwd="/tmp", custom=custom)
+    return store.submit([spec], owner="alice", queue="default", max_attempts=3)[1][0]
+
+
+def running(store: JobStore, **changes: Any) -> Any:
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    out = store.report(job.id, Event.START, token=job.token, attempt=job.claims,
+                       changes={"job_pid": 42, **changes})
+    assert out.after == "running"
+    return store.get_job(job.id)
+
+
+def exit_with(store: JobStore, job: Any, code: int) -> Any:
+    attrs = {"ExitCode": code, "ExitBySignal": False}
+
+    def exit_policy(row: Any) -> policy.ExitVerdict:
+        return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
+
+    return store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
+                        changes={"exit_code": code}, attrs=attrs, exit_policy=exit_policy)
+
+
+def test_periodic_pass_removes_holds_and_releases(store: JobStore) -> None:
+    gone = submit(store, PeriodicRemove="JobStatus == 1")
+    kept = submit(store, PeriodicRemove="JobStatus == 2")
+    plain = submit(store)
+    assert store.get_job(plain).periodic is None and store.get_job(gone).periodic
+    changed = store.police()
+    assert [(o.job_id, o.after) for o in changed] == [(gone, "removed")]
+    job = store.get_job(gone)
+    assert job.reason == ("The job attribute PeriodicRemove expression 'JobStatus == 1' "
+                          "evaluated to TRUE")
+    assert store.get_job(kept).status == "idle" and store.get_job(plain).status == "idle"
+    assert store.police() == []
+    # a release by policy, but never of a job the user held
+    rel = submit(store, PeriodicRelease="true")
+    store.admin(rel, Event.HOLD, "by hand")
+    assert (store.get_job(rel).hold_code, store.police()) == (holds.USER_REQUEST, [])
+    store.admin(rel, Event.RELEASE)
+    assert store.get_job(rel).hold_code is None
+
+
+def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
+    job_id = submit(store, PeriodicHold="RemoteUserCpu > 10", PeriodicHoldReason='"cpu"',
+                    PeriodicHoldSubCode="9")
+    job = running(store, remote_user_cpu=5.0)
+    assert job.status == "running"
+    out = store.report(job.id, Event.UPDATE, token=job.token, attempt=job.claims,
+                       changes={"remote_user_cpu": 11.0})
+    assert out.after == "running"  # the report itself is applied, then the policy acts
+    held = store.get_job(job_id)
+    assert (held.status, held.reason, held.hold_code, held.hold_subcode, held.num_holds) == (
+        "held", "cpu", holds.JOB_POLICY, 9, 1)
+    assert held.token is None  # the attempt is over: its JOB_EXIT is only recorded
+    late = exit_with(store, job, 0)
+    assert late.stale and store.get_job(job_id).status == "held"
+    ev = store.events(job_id)[-2]
+    assert (ev.event, ev.to_status, ev.attrs["HoldReasonCode"], ev.attrs["HoldReasonSubCode"]) \
+        == ("hold", "held", 3, 9)
+
+
+def test_allowed_job_duration_in_the_periodic_pass(store: JobStore) -> None:
+    job_id = submit(store, AllowedJobDuration="100")
+    job = running(store)
+    assert store.police(now=job.fetched_at + 50) == []
+    (out,) = store.police(now=job.fetched_at + 100)
+    assert (out.job_id, out.after) == (job_id, "held")
+    assert store.get_job(job_id).hold_code == holds.JOB_DURATION_EXCEEDED
+
+
+def test_on_exit_hold_and_on_exit_remove_at_exit(store: JobStore) -> None:
+    held_id = submit(store, OnExitHold="ExitCode != 0", OnExitHoldReason='"bad exit"',
+                     OnExitHoldSubCode="4")
+    out = exit_with(store, running(store), 3)
+    held = store.get_job(held_id)
+    assert (out.event, held.status, held.reason, held.hold_code, held.hold_subcode) == (
+        "hold", "held", "bad exit", holds.JOB_POLICY, 4)
+    assert held.exit_code == 3
+    again_id = submit(store, OnExitRemove="ExitCode == 0")
+    assert exit_with(store, running(store), 1).after == "idle"
+    again = store.get_job(again_id)
+    assert again.attempts == 1
+    assert exit_with(store, running(store), 0).after == "completed"
+
+
+def test_hook_holds_carry_their_codes(store: JobStore) -> None:
+    submit(store)
+    job = running(store)
+    store.report(job.id, Event.HOOK_HOLD, token=job.token, attempt=job.claims)
+    assert store.get_job(job.id).hold_code == holds.STARTD_HELD_JOB
+    root = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="root",
+                        queue="default", max_attempts=3)[1][0]
+    store.claim(REQ, lambda j: Verdict(hold_reason="jobs may not run as root"))
+    assert store.get_job(root).hold_code == holds.FAILED_TO_ACCESS_USER_ACCOUNT
+
+
+def test_one_periodic_pass_per_interval_in_the_pool(store: JobStore) -> None:
+    submit(store, PeriodicRemove="true")
+    assert store.police_due(60, now=1000.0) is not None
+    assert store.police_due(60, now=1030.0) is None  # another node's pass ran 30 s ago
+    assert store.police_due(60, now=1061.0) == []
+
+
+def test_user_log_has_the_hold_codes(store: JobStore) -> None:
+    """The 012 event of a policy hold says HoldReasonCode 3 and the expression's subcode."""
+    base = Path(tempfile.mkdtemp(prefix="jobstore-policy-"))
+    base.chmod(0o777)  # the log is written as the job's owner, who must reach it
+    log = base / "job.log"
+    spec = JobSpec(cmd="/bin/true", iwd="/tmp", user_log=str(log),
+                   custom={"PeriodicHold": "true", "PeriodicHoldSubCode": "12"})
+    store.submit([spec], owner=ordinary_owner(), queue="default", max_attempts=3)
+    store.police()
+    text = log.read_text()
+    shutil.rmtree(base)
+    assert "012 (" in text and "Code 3 Subcode 12" in text
