@@ -25,11 +25,14 @@ from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.agent.protocol import MAGIC, MAX_REQUEST
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import JobSpec
+from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.formats import classads
+from jobstore.formats.jobads import render_job
 from jobstore.node import spool
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
@@ -349,3 +352,41 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     node.wait_log(f"job {job_id}: periodic policy: remove idle -> removed")
     assert _status(store, job_id) == "removed"
     assert node.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["agent", "direct"])
+def test_a_held_running_job_is_ended_by_its_next_update(
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...], mode: str
+) -> None:
+    """`jobstore hold` (or rm) of a running job: the next UPDATE_JOB_INFO of its attempt, run as
+    the job's user, ends the job's process group; the job stays held with its reason."""
+    if node.db_url.startswith("sqlite"):
+        pytest.skip("the job's user reaches the database only on PostgreSQL here")
+    alice = accounts[1]
+    (job_id,) = submit_jobs(store, 1, alice.pw_name)
+    job = store.claim(ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
+                                   host="n", keyword="JOBSTORE", claim_lease=600),
+                      lambda _j: Verdict(take=True))
+    sleeper = subprocess.Popen(["sleep", "300"], user=alice.pw_uid, group=alice.pw_gid,
+                               extra_groups=[], start_new_session=True)
+    try:
+        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                     changes={"job_pid": sleeper.pid})
+        store.admin(job_id, Event.HOLD, "held by hand")
+        ad = render_job(job, keyword="JOBSTORE", uid_domain="localdomain",
+                        job_lease_duration=2400).encode()
+        ad += f'JobPid = {sleeper.pid}\nJobState = "Running"\n'.encode()
+        if mode == "agent":
+            node.start()
+        out = node.hook("update_job_info", ad, user=alice, JOBSTORE_HOOK_MODE=mode)
+        assert out.returncode == 0
+        assert sleeper.wait(10) == -signal.SIGTERM
+        got = store.get_job(job_id)
+        assert (got.status, got.reason, got.hold_code) == ("held", "held by hand", 1)
+        assert store.events(job_id)[-1].reason.startswith("stale:")
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+    if mode == "agent":
+        assert node.stop() == 0

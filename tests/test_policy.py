@@ -224,3 +224,81 @@ def test_user_log_has_the_hold_codes(store: JobStore) -> None:
     text = log.read_text()
     shutil.rmtree(base)
     assert "012 (" in text and "Code 3 Subcode 12" in text
+
+
+# ---- PREPARE_JOB finds what keeps the job from starting ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "code", "sub", "words"),
+    [
+        (dict(cmd="/no/such/executable"), holds.FAILED_TO_CREATE_PROCESS, 2,
+         "Failed to execute '/no/such/executable': (errno=2: 'No such file or directory')"),
+        (dict(cmd="/etc/passwd"), holds.FAILED_TO_CREATE_PROCESS, 13,
+         "Failed to execute '/etc/passwd': (errno=13: 'Permission denied')"),
+        (dict(iwd="/no/such/dir"), holds.IWD_ERROR, 2,
+         "Failed to enter the job's initial directory '/no/such/dir'"),
+        (dict(input="missing.txt"), holds.UNABLE_TO_OPEN_INPUT, 2,
+         "Failed to open '/tmp/missing.txt' as standard input"),
+    ],
+)
+def test_prepare_job_holds_a_job_that_cannot_start(
+    db_url: str, hook_dir: Path, condor_config: Path, spec: dict, code: int, sub: int,
+    words: str,
+) -> None:
+    """The real hooks: PREPARE_JOB (as the job's user, before the exec) finds the problem, holds
+    the job with HTCondor's HoldReasonCode and errno, and tells the starter not to run it; the
+    JOB_EXIT evict that follows changes nothing."""
+    from hookrun import hook_env
+    from hookseq import run_sequence
+
+    from jobstore.db.engine import upgrade
+    from jobstore.testing.support import ordinary_owner
+
+    upgrade(db_url)
+    store = JobStore.from_url(db_url)
+    try:
+        full = {"cmd": "/bin/true", "iwd": "/tmp", **spec}
+        (job_id,) = store.submit([JobSpec(**full)], owner=ordinary_owner(), queue="default",
+                                 max_attempts=3)[1]
+        seq = run_sequence(hook_dir, hook_env(db_url, condor_config), "slot1@node01")
+        assert seq.job_id == job_id
+        prepared = next(c for c in seq.calls if c.hook == "prepare_job")
+        assert prepared.returncode == 1 and b"HookStatusCode = 301" in prepared.stdout
+        assert seq.calls[-1].hook == "job_exit" and seq.calls[-1].argv == ["evict"]
+        job = store.get_job(job_id)
+        assert (job.status, job.hold_code, job.hold_subcode) == ("held", code, sub)
+        assert job.reason.startswith("Error from ") and words in job.reason
+        assert job.attempts == 0  # a hold, not a failed attempt
+    finally:
+        store.engine.dispose()
+
+
+def test_launch_check_can_be_turned_off_and_leaves_other_jobs_alone(
+    db_url: str, hook_dir: Path, condor_config: Path
+) -> None:
+    """JOBSTORE_CHECK_LAUNCH = false (a wrapper or container brings the executable): the job
+    starts as before. An ad that is not a job store job is never refused."""
+    from hookrun import hook_env, run_hook
+    from hookseq import run_sequence
+
+    from jobstore.db.engine import upgrade
+    from jobstore.testing.support import ordinary_owner
+
+    upgrade(db_url)
+    with condor_config.open("a") as fh:
+        fh.write("JOBSTORE_CHECK_LAUNCH = false\n")
+    env = hook_env(db_url, condor_config)
+    store = JobStore.from_url(db_url)
+    try:
+        (job_id,) = store.submit([JobSpec(cmd="/no/such/executable", iwd="/tmp")],
+                                 owner=ordinary_owner(), queue="default", max_attempts=3)[1]
+        seq = run_sequence(hook_dir, env, "slot1@node01")
+        assert seq.job_id == job_id
+        assert next(c for c in seq.calls if c.hook == "prepare_job").returncode == 0
+        assert store.get_job(job_id).status == "completed"
+    finally:
+        store.engine.dispose()
+    other = b'Cmd = "/no/such/executable"\nIwd = "/tmp"\nClusterId = 5\nProcId = 0\n'
+    res = run_hook(hook_dir, "prepare_job", other, env=hook_env(db_url, condor_config))
+    assert res.returncode == 0 and b"HookStatusCode" not in res.stdout

@@ -101,7 +101,8 @@ def old_string(value: str) -> str:
 def submit_file(values: list[str], kind: str) -> tuple[str, dict[str, object]]:
     """A submit description carrying `values` as `kind`, and the job ad values it must give."""
     joined = "_".join(values)
-    lines = ["executable = /opt/rt/run"]
+    # the hostile executables exist only on (imaginary) execute nodes
+    lines = ["executable = /opt/rt/run", "transfer_executable = false"]
     expect: dict[str, object] = {}
     if kind == "arguments":
         lines.append(f"arguments = {v2_submit_value(values)}")

@@ -101,10 +101,12 @@ def test_minimal_defaults(tmp_path: Path) -> None:
 
 
 def test_executable_relative_to_initialdir(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "run.sh").touch()
     jobs = parse_submit_file(write(tmp_path, "Executable = bin/run.sh\nqueue\n"))
     assert jobs[0].cmd == str(tmp_path / "bin" / "run.sh")
     (tmp_path / "work").mkdir()
-    job = one(tmp_path, "initialdir = work\nexecutable = ../x/run")
+    job = one(tmp_path, "initialdir = work\nexecutable = ../x/run\ntransfer_executable = false")
     assert job.iwd == str(tmp_path / "work")
     assert job.cmd == str(tmp_path / "x" / "run")
 
@@ -369,8 +371,19 @@ def test_extra_vars(tmp_path: Path) -> None:
         parse_submit_file(path, extra_vars={"bad name": "1"})
 
 
+def test_missing_executable_is_refused_unless_not_transferred(tmp_path: Path) -> None:
+    """As condor_submit: an executable that is not on the submit machine is an error, unless
+    the submit file says it exists only on the execute nodes."""
+    message = submit_error(tmp_path, "executable = /no/such/run\nqueue\n")
+    assert "executable: /no/such/run does not exist here" in message
+    assert "transfer_executable = false" in message
+    for no in ("false", "False", "no", "0"):
+        assert one(tmp_path, f"executable = /x/run\ntransfer_executable = {no}").cmd == "/x/run"
+
+
 def test_parse_submit_text(tmp_path: Path) -> None:
-    jobs = parse_submit_text("executable = run\nqueue 2\n", base_dir=tmp_path)
+    jobs = parse_submit_text("executable = run\ntransfer_executable = false\nqueue 2\n",
+                             base_dir=tmp_path)
     assert [(j.cmd, j.proc_id) for j in jobs] == [
         (str(tmp_path / "run"), 0),
         ((str(tmp_path / "run")), 1),

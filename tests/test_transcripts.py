@@ -223,7 +223,8 @@ def alice() -> str:
 def env_for(db_url: str, condor_config: Path, tmp_path: Path):
     """Hook environment with keyword TEST (as on the recording node) and a hook log file."""
     with condor_config.open("a") as fh:
-        fh.write("STARTD_JOB_HOOK_KEYWORD = TEST\n")
+        # the recorded executables and directories are the recording node's, not this one's
+        fh.write("STARTD_JOB_HOOK_KEYWORD = TEST\nJOBSTORE_CHECK_LAUNCH = false\n")
     log = tmp_path / "hooks.log"
 
     def make(call_env: dict[str, str] | None = None) -> dict[str, str]:

@@ -33,14 +33,17 @@ from jobstore.agent.protocol import (
 from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
     MAX_STDIN,
+    STOP_JOB,
     append_hook_log,
     log_entry,
     one_line,
     prologue,
     read_stdin,
+    stop_job,
     write_all,
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
+from jobstore.node.launchcheck import annotate
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -140,6 +143,8 @@ def main(
     started = time.monotonic()
     stderr_open = prologue()
     stdin = read_stdin()
+    if hook == "prepare_job" and len(stdin) <= MAX_STDIN:  # as the job's user, before the exec
+        stdin = annotate(stdin)
     mode = os.environ.get("JOBSTORE_HOOK_MODE", "")
     if mode == "direct":
         _direct(hook, stdin, started, stderr_open)
@@ -176,4 +181,8 @@ def main(
     _say(hook, stderr_open, error.decode("utf-8", "replace") or None, logged=status == OK)
     if status == OK and stdout:
         write_all(1, stdout)
-    os._exit(int(code or b"0") if status == OK and code.isdigit() else 0)
+    exit_code = int(code or b"0") if status == OK and code.isdigit() else 0
+    if hook == "update_job_info" and exit_code == STOP_JOB:  # with this user's rights, here
+        _say(hook, False, f"{hook}: {stop_job(stdin)}")
+        exit_code = 0
+    os._exit(exit_code)

@@ -355,10 +355,11 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
 @pass_ctx
 @guard
 def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
-    """Put jobs on hold: they are not handed out until released.
+    """Put jobs on hold (HoldReasonCode 1): they are not handed out until released.
 
-    A job already running on a node keeps running there (there is no schedd to stop it), but
-    its reports no longer change it, and a job not yet started is refused by PREPARE_JOB.
+    A job running on a node is ended there by its next UPDATE_JOB_INFO (every
+    STARTER_UPDATE_INTERVAL), which runs as the job's user; one not yet started is refused by
+    PREPARE_JOB.
     """
     _admin(ctx, ids, Event.HOLD, reason)
 
@@ -377,7 +378,7 @@ def release(ctx: Context, ids: tuple[str, ...]) -> None:
 @pass_ctx
 @guard
 def rm(ctx: Context, ids: tuple[str, ...]) -> None:
-    """Remove jobs (like condor_rm). The same caveat as `hold` applies to running jobs."""
+    """Remove jobs (like condor_rm). A running job ends as with `hold`."""
     _admin(ctx, ids, Event.REMOVE, "removed by the administrator")
 
 

@@ -50,6 +50,22 @@ POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Stat
                                   Status.RUNNING))
 PAGE = 500
 
+def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
+    """The HoldReasonCode and SubCode a JOB_EXIT hold or PREPARE_JOB carried (HTCondor's code
+    range), else StartdHeldJob."""
+    code, sub = attrs.get("HoldReasonCode"), attrs.get("HoldReasonSubCode")
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 < code < 1000:
+        return holds.STARTD_HELD_JOB, 0
+    if isinstance(sub, int) and not isinstance(sub, bool) and abs(sub) < 2**31:
+        return code, sub
+    return code, 0
+
+
+def _text(attrs: Mapping[str, Any], name: str) -> str | None:
+    value = attrs.get(name)
+    return value if isinstance(value, str) and value else None
+
+
 class JobStore(Negotiator, JobReads):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts)."""
@@ -163,7 +179,10 @@ class JobStore(Negotiator, JobReads):
                 )
                 return Outcome(job_id, event, job.status, job.status, False, True, reason)
             decide_args: dict[str, Any] = {}
-            hold = (holds.STARTD_HELD_JOB if event == Event.HOOK_HOLD else holds.UNSPECIFIED, 0)
+            hold = (holds.UNSPECIFIED, 0)
+            if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"
+                hold = _hook_hold(attrs or {})
+                reason = reason or _text(attrs or {}, "HoldReason")
             all_changes = dict(changes or {})
             if event == Event.EXIT and exit_policy is not None:
                 verdict = exit_policy(job.but(**all_changes))

@@ -83,6 +83,7 @@ class Settings:
     priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
     priority_update_interval: int = 60  # JOBSTORE_PRIORITY_UPDATE_INTERVAL: the accountant's
     periodic_expr_interval: int = 60  # PERIODIC_EXPR_INTERVAL: the jobs' periodic policy pass
+    check_launch: bool = True  # JOBSTORE_CHECK_LAUNCH: PREPARE_JOB holds jobs that cannot start
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
@@ -224,6 +225,7 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
         priority_halflife=_halflife(kw),
         priority_update_interval=_int(kw, "PRIORITY_UPDATE_INTERVAL", 60),
+        check_launch=_bool(kw, "CHECK_LAUNCH", True),
         periodic_expr_interval=_checked_int(
             "PERIODIC_EXPR_INTERVAL",
             _setting(kw, "PERIODIC_EXPR_INTERVAL") or _int_text(_param("PERIODIC_EXPR_INTERVAL")),

@@ -37,6 +37,7 @@ from jobstore.formats.matching import (
 )
 from jobstore.node import config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
+from jobstore.node.hookproc import STOP_JOB
 from jobstore.node.reports import (
     MAX_TEXT,
     REPORT_ATTRS,
@@ -251,7 +252,22 @@ def prepare_job(request: HookRequest) -> HookResponse:
     job = _starter_ad(request)
     if job is None:
         return HookResponse()
-    resp = _report(request, job, Event.PREPARE, slot=request.env.get("_CONDOR_SLOT"))
+    slot = request.env.get("_CONDOR_SLOT")
+    problem = get_str(job, "JobstoreLaunchError") if _ours(job) else None
+    if problem and config.load_settings(
+        config.starter_keyword(get_str(job, "HookKeyword"))
+    ).check_launch:  # found by jobstore.node.launchcheck, as the job's user: hold, never run
+        code = get_int(job, "JobstoreLaunchErrorCode") or 0
+        job["HoldReason"] = f"Error from {slot or 'the execute node'}: {problem}"
+        job["HoldReasonCode"] = code
+        job["HoldReasonSubCode"] = get_int(job, "JobstoreLaunchErrorSubCode") or 0
+        resp = _report(request, job, Event.HOOK_HOLD, slot=slot)
+        msg = "".join(c if c.isprintable() and c not in '"\\' else "?"
+                      for c in f"not started: {problem}"[:MAX_TEXT])
+        out = f'HookStatusCode = 301\nHookStatusMessage = "{msg}"\n'
+        return HookResponse(stdout=out.encode("utf-8", "surrogateescape"),
+                            error=f"prepare_job: {msg}", exit_code=1, log=resp.log)
+    resp = _report(request, job, Event.PREPARE, slot=slot)
     if resp.exit_code:
         return resp
     if resp.stale:
@@ -265,14 +281,24 @@ def prepare_job(request: HookRequest) -> HookResponse:
     return resp
 
 
+def _ours(job: ClassAd) -> bool:
+    """Is this the ad of a job store job's attempt (not another system's job)?"""
+    return get_int(job, ATTR_JOB_ID) is not None and get_str(job, ATTR_TOKEN) is not None
+
+
 def update_job_info(request: HookRequest) -> HookResponse:
     job = _starter_ad(request)
     if job is None:
         return HookResponse()
     event = Event.START if get_int(job, "JobPid") else Event.UPDATE
-    return _report(
+    resp = _report(
         request, job, event, slot=request.env.get("_CONDOR_SLOT"), changes=_usage_changes(job)
     )
+    if resp.stale and get_int(job, "JobPid"):
+        # The attempt was held, removed or given to another slot: the hook process (the job's
+        # user) ends the job's process (hookproc.stop_job); the JOB_EXIT that follows is stale.
+        resp.exit_code = STOP_JOB
+    return resp
 
 
 def job_exit(request: HookRequest) -> HookResponse:

@@ -16,10 +16,12 @@ from typing import NoReturn
 
 from jobstore.node.hookproc import (
     MAX_STDIN,
+    STOP_JOB,
     append_hook_log,
     log_entry,
     one_line,
     read_stdin,
+    stop_job,
     write_all,
 )
 from jobstore.node.hookproc import prologue as _reopen_fds
@@ -130,6 +132,9 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
             if response.stdout:
                 write_all(1, response.stdout)
             code = response.exit_code
+            if hook == "update_job_info" and code == STOP_JOB:
+                _log_line(hook, f"{hook}: {stop_job(stdin)}")
+                code = 0
     except BaseException as exc:  # noqa: BLE001 - a hook must never show a traceback
         _log_line(hook, f"{hook}: internal error: {type(exc).__name__}: {exc}", to_stderr=True)
         code = 0

@@ -76,3 +76,31 @@ def append_hook_log(path: str, text: str) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+# UPDATE_JOB_INFO's answer (as its exit status, which HTCondor ignores) when the job store no
+# longer wants this attempt to run: it was held, removed, or given to another slot.
+STOP_JOB = 75
+
+
+def stop_job(stdin: bytes) -> str:
+    """End the process of the job whose starter ad is `stdin` (its JobPid, and its process
+    group): what a starter hook of a stopped attempt does, with the job user's own rights.
+    Never as root (a hook run as root could be told to signal anything). A note for the log."""
+    if os.geteuid() == 0:
+        return "attempt stopped; not signalling its process as root"
+    pid = 0
+    for line in stdin.split(b"\n"):
+        name, sep, value = line.partition(b" = ")
+        if sep and name.strip().lower() == b"jobpid" and value.strip().isdigit():
+            pid = int(value.strip())
+    if pid <= 1:
+        return "attempt stopped; no JobPid to signal"
+    try:
+        os.killpg(pid, _signal.SIGTERM)
+    except OSError:
+        try:
+            os.kill(pid, _signal.SIGTERM)
+        except OSError as exc:
+            return f"attempt stopped; cannot signal JobPid {pid}: {exc.strerror}"
+    return f"attempt stopped; sent SIGTERM to the job's process {pid}"

@@ -41,6 +41,9 @@ REPORT_ATTRS = (
     "VacateReason",
     "VacateReasonCode",
     "VacateReasonSubCode",
+    "HoldReason",
+    "HoldReasonCode",
+    "HoldReasonSubCode",
 )
 MAX_TEXT = 1024  # any string in a report: slot, host, token, attribute values
 MAX_RECORD = 64 * 1024  # bytes of one spooled report

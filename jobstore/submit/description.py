@@ -65,6 +65,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "concurrency_limits": ("concurrency_limits",),
     **{command: (command,) for command in POLICY_COMMANDS},
     "universe": ("universe",),
+    "transfer_executable": ("transfer_executable",),
     "transfer_input_files": ("transfer_input_files",),
 }
 
@@ -231,6 +232,11 @@ def _check_count(source: str, count: int, text: str) -> int:
     return count
 
 
+def _is_true(text: str) -> bool:
+    """A submit file's boolean, as condor_submit reads one (true/false, yes/no, 1/0)."""
+    return text.strip().lower() not in ("false", "no", "0", "f", "n")
+
+
 class _SubmitExpander:
     """Expands the commands of a parsed submit description once per proc."""
 
@@ -338,6 +344,11 @@ class _SubmitExpander:
             cmd = conv("executable", lambda v: abspath(iwd, v))
             if cmd is None:
                 raise ValueError("missing: every job needs an executable")
+            if not os.path.exists(cmd) and _is_true(values.get("transfer_executable", "true")):
+                raise ValueError(
+                    f"{cmd} does not exist here (when it exists only on the execute nodes, "
+                    "say transfer_executable = false)"
+                )
             spec = JobSpec(
                 cmd=cmd,
                 args=conv("arguments", args_to_v2, ""),
