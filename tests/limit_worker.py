@@ -17,7 +17,7 @@ from jobstore.db.engine import DatabaseError, make_engine
 from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 
 LIMIT = 3
-HOLD = 0.03
+HOLD = 0.2  # long enough that three holds overlap even on a loaded machine
 
 
 def main(url: str, slot: str) -> None:

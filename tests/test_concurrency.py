@@ -97,20 +97,14 @@ def report_rate(label: str, n: int, seconds: float) -> None:
     )
 
 
-@pytest.mark.slow
-def test_concurrent_store_claims(db_url, job_owner, request):
-    ids = fill(db_url, STORE_JOBS, job_owner)
+def run_workers(script: Path, url: str, slots: list[str]) -> list[dict]:
+    """One `script` process per slot (URL SLOT): all started and ready before a "go" line
+    starts them together; their JSON results."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), db_url, f"slot{n}@node"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for n in range(1, WORKERS + 1)
+        subprocess.Popen([sys.executable, str(script), url, slot], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for slot in slots
     ]
     try:
         for p in procs:  # all imported and connected-ready before anyone claims
@@ -123,10 +117,17 @@ def test_concurrent_store_claims(db_url, job_owner, request):
             out, err = p.communicate(timeout=300)
             assert p.returncode == 0, err
             results.append(json.loads(out))
+        return results
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+@pytest.mark.slow
+def test_concurrent_store_claims(db_url, job_owner, request):
+    ids = fill(db_url, STORE_JOBS, job_owner)
+    results = run_workers(WORKER_SCRIPT, db_url, [f"slot{n}@node" for n in range(1, WORKERS + 1)])
     claimed = [i for r in results for i in r["ids"]]
     assert len(claimed) == len(set(claimed)), "a job was handed out twice"
     assert set(claimed) == set(ids)
@@ -238,29 +239,9 @@ def test_concurrency_limit_is_never_overshot(db_url, job_owner):
         clone(store, first, LIMIT_JOBS - 1)
     finally:
         store.engine.dispose()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     script = Path(__file__).with_name("limit_worker.py")
-    procs = [
-        subprocess.Popen([sys.executable, str(script), db_url, f"slot{n}@node"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
-        for n in range(LIMIT_WORKERS)
-    ]
-    try:
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        held = []
-        for p in procs:
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err
-            held.extend(json.loads(out)["held"])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    results = run_workers(script, db_url, [f"slot{n}@node" for n in range(LIMIT_WORKERS)])
+    held = [h for r in results for h in r["held"]]
     ids = [h[0] for h in held]
     assert len(ids) == len(set(ids)) == LIMIT_JOBS, "a job was lost or handed out twice"
     # each interval lies inside the time the database counted the job as holding the limit

@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
+from jobstore.core.jobs import JobSpec
 from jobstore.db.grants import grant_hook_role
 from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.node import spool
@@ -212,6 +213,12 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
         assert sum(1 for j in got if j and j.id in limited) == 1
         assert sum(1 for j in got if j) == 2
         assert role_store.update_priorities(interval=0) >= 2
+        # ... and the jobs' periodic policy pass, with its hold codes
+        (policed,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp",
+                                           custom={"PeriodicHold": "true"})],
+                                  owner=alice.pw_name, queue="other", max_attempts=3)[1]
+        assert role_store.police_due(0) is not None
+        assert (store.get_job(policed).status, store.get_job(policed).hold_code) == ("held", 3)
     finally:
         role_store.engine.dispose()
 

@@ -29,12 +29,15 @@ HOOK_UPDATE_COLUMNS = (
     "updated_at",
     "reason",
     "slot_weight",
+    "hold_code",
+    "hold_subcode",
+    "num_holds",
     *CHANGE_COLUMNS,
 )
 
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
-          "grant_accountant", "grant_events", "grant_sequence")
+          "grant_accountant", "grant_passes", "grant_events", "grant_sequence")
 
 
 def hook_role_statements(engine: Engine, role: str) -> list[str]:

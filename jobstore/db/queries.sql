@@ -126,7 +126,7 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters FROM {role};
+    submitters, passes FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -135,7 +135,7 @@ GRANT USAGE ON SCHEMA {schema} TO {role};
 -- name: grant_read
 -- Read the queue, the clusters and the events (user logs, watch), and the negotiator's tables.
 GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters TO {role};
+    submitters, passes TO {role};
 
 -- name: grant_update
 -- Change only the columns a claim, a transition or a report changes (also FOR UPDATE locks).
@@ -149,6 +149,10 @@ GRANT UPDATE (name) ON concurrency_limits TO {role};
 -- Update the submitters' priorities and usage (the accountant); never their factors.
 GRANT UPDATE (priority, usage, in_use, updated_at, first_usage, last_usage) ON submitters
     TO {role};
+
+-- name: grant_passes
+-- Take the turn of a pool-wide periodic pass (the jobs' policy pass: JobStore.police_due).
+GRANT INSERT, UPDATE ON passes TO {role};
 
 -- name: grant_events
 -- Append the transition and report events.

@@ -165,12 +165,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if request.set_deadline is not None:
         request.set_deadline(settings.fetch_deadline)
     store = store_for(settings)
-    if random.random() < REAP_PROBABILITY:
-        store.reap(limit=50)
-        store.update_priorities(
-            halflife=settings.priority_halflife, interval=settings.priority_update_interval
-        )
-        store.police_due(settings.periodic_expr_interval)
+    notes = _maintain(store, settings) if random.random() < REAP_PROBABILITY else []
     offer = slot_offer(slot)
     assert offer is not None  # why_slot_cannot_take checked it
     ad_kw = {
@@ -202,7 +197,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
     )
     job = store.claim(request_, judge)
     if job is None:
-        return HookResponse()
+        return HookResponse(log=notes)
     try:
         text = render_job(job, **ad_kw)
     except AdError as exc:
@@ -217,8 +212,23 @@ def fetch_job(request: HookRequest) -> HookResponse:
         raise HookError(f"job {job.id} put on hold: {exc}") from None
     return HookResponse(
         stdout=text.encode("utf-8", "surrogateescape"),
-        log=[f"{name}: fetched job {job.id} attempt {job.claims}"],
+        log=[*notes, f"{name}: fetched job {job.id} attempt {job.claims}"],
     )
+
+
+def _maintain(store: JobStore, settings: config.Settings) -> list[str]:
+    """What a fetch does now and then, so that no extra daemon is needed: recover expired
+    leases, update the submitters' priorities, run the periodic policy pass when due. A failure
+    here is logged and never costs the fetch its job."""
+    try:
+        store.reap(limit=50)
+        store.update_priorities(
+            halflife=settings.priority_halflife, interval=settings.priority_update_interval
+        )
+        store.police_due(settings.periodic_expr_interval)
+    except DatabaseError as exc:
+        return [f"upkeep (lease recovery, priorities, policy) failed: {exc}"]
+    return []
 
 
 # ---- REPLY_FETCH and EVICT_CLAIM (startd side) ---------------------------------------------
