@@ -19,6 +19,7 @@ import pytest
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.api.submission import submit_path
 from jobstore.cli.demo import write_node_config
+from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
@@ -224,3 +225,47 @@ def test_demo_command_runs() -> None:
         assert (out_dir / "out.5").read_text().startswith("job 5 ran")
     finally:
         shutil.rmtree(out_dir.parent, ignore_errors=True)
+
+
+def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None:  # type: ignore[no-untyped-def]
+    """The agent learns that a running job was removed (JOBSTORE_AGENT_WATCH_INTERVAL) and asks
+    the startd to vacate its slot (here the emulator, through JOBSTORE_AGENT_VACATE_COMMAND):
+    the job's process ends long before its `sleep 600` would, the job stays removed, and the
+    slot fetches the next job, which completes."""
+    store, tmp = node_db
+    owner = _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
+    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
+    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+    control = tmp / "control"
+    control.mkdir()
+    script = tmp / "vacate.sh"
+    script.write_text(f'#!/bin/sh\ntouch "{control}/vacate-$1"\n')
+    script.chmod(0o755)
+    cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
+                               static_slots=1, cpus=1, control_dir=str(control))
+    with open(condor_config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\nJOBSTORE_AGENT_WATCH_INTERVAL = 1\n")
+    if os.geteuid() == 0:
+        cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
+        for path in (tmp, tmp / "jobstore.db"):
+            if path.exists():
+                os.chmod(path, 0o777 if path.is_dir() else 0o666)
+    removed: list[bool] = []
+
+    def until() -> bool:
+        if not removed and store.get_job(long_job).status == "running":
+            store.admin(long_job, Event.REMOVE, "removed while it runs")
+            removed.append(True)
+        return store.get_job(next_job).status == "completed"
+
+    with ExitStack() as stack:
+        cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
+    assert removed, "the long job never ran"
+    job = store.get_job(long_job)
+    assert (job.status, job.reason) == ("removed", "removed while it runs")
+    assert store.get_job(next_job).status == "completed"
+    after = [e for e in store.events(long_job) if e.event in ("exit", "evict")]
+    assert after and all(e.to_status is None for e in after)  # recorded, changed nothing
+    assert after[0].attrs.get("VacateReasonCode") == 1010  # the vacate, not the shutdown
+    assert "vacated slot" in (tmp / "agent.log").read_text()

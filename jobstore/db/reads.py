@@ -39,6 +39,14 @@ class JobReads(Transactions):
             raise UnknownJob(job_id)
         return Job.from_row(row._mapping)
 
+    def attempt_states(self, job_ids: Sequence[int]) -> dict[int, tuple[str, int]]:
+        """(status, current attempt) of each of `job_ids` that exists: one indexed query."""
+        if not job_ids:
+            return {}
+        q = select(jobs.c.id, jobs.c.status, jobs.c.claims).where(jobs.c.id.in_(list(job_ids)))
+        with self._tx() as conn:
+            return {r.id: (r.status, r.claims) for r in conn.execute(q)}
+
     def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
         q = select(jobs).where(jobs.c.cluster_id == cluster_id)
         if proc_id is not None:

@@ -49,6 +49,9 @@ class EmulatorConfig:
     vacate_after: dict[int, float] | VacateCallback | None = None  # dict keys: ClusterId
     vacate_fast: bool = False  # automatic vacates use SIGKILL
     keep_sandboxes: bool = False
+    # A directory where a file `vacate-<slot name>` asks the startd to vacate that slot fast, as
+    # `condor_vacate -fast` or the agent's Startd.vacateSlot would (the startd removes the file).
+    control_dir: str | None = None
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -105,6 +106,7 @@ class Emulator:
         while time.monotonic() < deadline:
             if until is not None and until():
                 break
+            self._vacate_requests()
             with self.lock:
                 self._tick()
                 busy = any(s.starter is not None for s in self.slots)
@@ -137,6 +139,26 @@ class Emulator:
                 return
             slot.set_state("Preempting", "Vacating")
         starter.vacate(fast, reason, code)
+
+    def _vacate_requests(self) -> None:
+        """Honour the vacate requests left in the control directory (EmulatorConfig)."""
+        directory = self.config.control_dir
+        if not directory:
+            return
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return
+        for name in names:
+            if not name.startswith("vacate-"):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+            slot = name[len("vacate-"):]
+            try:
+                self.vacate(slot, fast=True)
+            except ValueError:
+                pass  # no such slot (any more)
 
     def slot_names(self) -> list[str]:
         with self.lock:

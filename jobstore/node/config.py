@@ -255,6 +255,8 @@ class AgentSettings:
     read_timeout: float = 5.0
     replay_interval: int = 60
     db_overflow: int = 0
+    watch_interval: float = 2.0  # seconds between two looks at the attempts this node runs
+    vacate_command: str | None = None  # instead of the startd's vacateSlot (an emulator)
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -320,4 +322,6 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         read_timeout=float(number("READ_TIMEOUT", 5)),
         replay_interval=number("REPLAY_INTERVAL", 60),
         db_overflow=number("DB_OVERFLOW", 0, minimum=0),
+        watch_interval=float(number("WATCH_INTERVAL", 2)),
+        vacate_command=_param("JOBSTORE_AGENT_VACATE_COMMAND"),
     )
