@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import multiprocessing as mp
 import os
 import random
@@ -33,7 +32,18 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from common import DEFAULT_ADMIN_URL, OWNER, Env, first, make_env, progress, say, table, verdict
+from common import (
+    DEFAULT_ADMIN_URL,
+    OWNER,
+    Env,
+    first,
+    make_env,
+    pct,
+    progress,
+    say,
+    table,
+    verdict,
+)
 from common import cleanup as cleanup_env
 from common import create_pg as create_pg_db
 
@@ -137,11 +147,6 @@ def timed_fetches(
                 conn.execute(sa.text("UPDATE jobs SET status = 'idle', token = NULL"
                                      " WHERE id = :id"), {"id": job.id})
     return times
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 # ---- 1 and 2 ----------------------------------------------------------------------------------

@@ -40,11 +40,13 @@ class Attempts:
             self._by_job[job_id] = seen
         return seen
 
-    def ended(self, job_ad: bytes) -> None:
-        """Forget the attempt of a job whose JOB_EXIT (or REPLY_FETCH reject) came."""
+    def ended(self, stdin: bytes, *, reply_fetch: bool = False) -> None:
+        """Forget the attempt of a job whose JOB_EXIT (its job ad) or REPLY_FETCH reject (job ad,
+        `-----`, slot ad) came."""
         try:
-            text = classads.decode(job_ad).split("\n-----\n", 1)[0]
-            job_id = classads.get_int(classads.parse_ad(text), ATTR_JOB_ID)
+            text = classads.decode(stdin)
+            job = classads.split_reply_fetch(text).job if reply_fetch else classads.parse_ad(text)
+            job_id = classads.get_int(job, ATTR_JOB_ID)
         except classads.AdError:
             return
         if job_id is not None:

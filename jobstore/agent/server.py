@@ -481,8 +481,10 @@ class Agent:
                 self._give_back(item.stdin, response)
             elif hook == "fetch_job" and response.stdout:
                 self._attempts.fetched(item.stdin, response.stdout)
-            elif hook == "job_exit" or (hook == "reply_fetch" and item.argv == ["reject"]):
+            elif hook == "job_exit":
                 self._attempts.ended(item.stdin)
+            elif hook == "reply_fetch" and item.argv == ["reject"]:
+                self._attempts.ended(item.stdin, reply_fetch=True)
         except Exception as exc:  # never let one call take the service down
             log.error("%s uid %d pid %d: internal error: %s: %s", hook, peer.uid, peer.pid,
                       type(exc).__name__, exc)

@@ -272,23 +272,27 @@ def prepare_job(request: HookRequest) -> HookResponse:
         job["HoldReasonCode"] = code
         job["HoldReasonSubCode"] = get_int(job, "JobstoreLaunchErrorSubCode") or 0
         resp = _report(request, job, Event.HOOK_HOLD, slot=slot)
-        msg = "".join(c if c.isprintable() and c not in '"\\' else "?"
-                      for c in f"not started: {problem}"[:MAX_TEXT])
-        out = f'HookStatusCode = 301\nHookStatusMessage = "{msg}"\n'
-        return HookResponse(stdout=out.encode("utf-8", "surrogateescape"),
-                            error=f"prepare_job: {msg}", exit_code=1, log=resp.log)
+        return _not_started(f"not started: {problem}", resp.log)
     resp = _report(request, job, Event.PREPARE, slot=slot)
     if resp.exit_code:
         return resp
     if resp.stale:
         # This attempt was superseded (lease expired, held, removed): stop it before it runs,
         # so the job never runs twice. HTCondor then runs JOB_EXIT evict.
-        msg = "superseded attempt; the job store gave this job to another slot or stopped it"
-        out = f'HookStatusCode = 301\nHookStatusMessage = "{msg}"\n'
-        return HookResponse(
-            stdout=out.encode(), error=f"prepare_job: {msg}", exit_code=1, log=resp.log
+        return _not_started(
+            "superseded attempt; the job store gave this job to another slot or stopped it",
+            resp.log,
         )
     return resp
+
+
+def _not_started(message: str, log: list[str]) -> HookResponse:
+    """PREPARE_JOB's refusal: the starter does not run the job (HookStatusCode 301, exit 1) and
+    says why; the message is made safe to quote in the ClassAd string."""
+    msg = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in message[:MAX_TEXT])
+    out = f'HookStatusCode = 301\nHookStatusMessage = "{msg}"\n'
+    return HookResponse(stdout=out.encode("utf-8", "surrogateescape"),
+                        error=f"prepare_job: {msg}", exit_code=1, log=log)
 
 
 def _ours(job: ClassAd) -> bool:
@@ -395,13 +399,13 @@ def _report(
     database outage or a killed hook loses nothing (replayed by the next call, the agent or
     `jobstore replay`). It is checked as a spooled one will be (`Report.parse`) before that.
     """
+    if not _ours(job):
+        return HookResponse(log=["not a job store job; left alone"])
     job_id, attempt, token = (
         get_int(job, ATTR_JOB_ID),
         get_int(job, ATTR_ATTEMPT),
         get_str(job, ATTR_TOKEN),
     )
-    if job_id is None or token is None:
-        return HookResponse(log=["not a job store job; left alone"])
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
     report = Report.parse(
