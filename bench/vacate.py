@@ -2,10 +2,14 @@
 """rm of a running job, through the agent (issue 12): how long until its process is gone, and
 what the agent costs while it watches.
 
+Both in the agent's two modes: LISTEN (PostgreSQL notifies it of every hold or rm of a handed-out
+job; it polls every 30 s besides) and poll (JOBSTORE_AGENT_WATCH_LISTEN = false: one query every
+JOBSTORE_AGENT_WATCH_INTERVAL, 2 s).
+
 1. An emulated node (8 static slots) with the agent runs N jobs of `sleep 600` (N = 50; 20 with
    --quick). Each job is removed as soon as it runs; the time from `rm` to the JOB_EXIT of its
    vacated attempt (the job's processes are gone then) is taken per job: p50 and p99, also as a
-   ratio to JOBSTORE_AGENT_WATCH_INTERVAL (the agent's poll; LISTEN is not used yet).
+   ratio to the watch interval.
 2. The agent's idle cost over a quiet window: its CPU and the database's transactions per
    second, with no job running and with 32 running (32 slots, STARTER_UPDATE_INTERVAL long
    enough that no report falls into the window).
@@ -76,11 +80,12 @@ def submit(env: Env, n: int) -> list[int]:
         store.engine.dispose()
 
 
-def section_rm(env: Env, jobs: int) -> list[float]:
+def section_rm(env: Env, jobs: int, mode: str) -> list[float]:
     from jobstore.core.states import Event
     from jobstore.db.store import JobStore
 
-    say(f"== 1. rm of a running job to its process gone: {jobs} jobs of `sleep 600`, 8 slots")
+    say(f"== 1. ({mode}) rm of a running job to its process gone: {jobs} jobs of `sleep 600`,"
+        " 8 slots")
     ids = set(submit(env, jobs))
     store = JobStore.from_url(env.pg_url, pool=True)
     removed: dict[int, float] = {}
@@ -104,7 +109,7 @@ def section_rm(env: Env, jobs: int) -> list[float]:
         return len(gone) == len(ids)
 
     try:
-        emulator(env, 8, "rm", 300.0).run(until=until, timeout=60 + jobs * 3)
+        emulator(env, 8, f"rm-{mode}", 300.0).run(until=until, timeout=60 + jobs * 3)
     finally:
         store.engine.dispose()
     latencies = [gone[i] - removed[i] for i in gone]
@@ -127,15 +132,16 @@ def quiet_cost(env: Env, agent_pid: int, seconds: float) -> tuple[float, float]:
     return 100 * (c1 - c0) / (t1 - t0), max(0, x1 - x0 - 2) / (t1 - t0)
 
 
-def section_idle(env: Env, agent_pid: int, seconds: float) -> dict[str, tuple[float, float]]:
+def section_idle(env: Env, agent_pid: int, seconds: float,
+                 mode: str) -> dict[str, tuple[float, float]]:
     import threading
 
     say("")
-    say(f"== 2. The agent's cost while it watches, {seconds:g} s windows")
+    say(f"== 2. ({mode}) The agent's cost while it watches, {seconds:g} s windows")
     time.sleep(5)  # the last node's shutdown reports settle
     out = {"no job running": quiet_cost(env, agent_pid, seconds)}
     ids = submit(env, 32)
-    node = emulator(env, 32, "idle", 3600.0)
+    node = emulator(env, 32, f"idle-{mode}", 3600.0)
     result: dict[str, tuple[float, float]] = {}
 
     def measure() -> None:
@@ -154,8 +160,43 @@ def section_idle(env: Env, agent_pid: int, seconds: float) -> dict[str, tuple[fl
     t.start()
     node.run(until=lambda: not t.is_alive(), timeout=200)
     t.join()
+    remove_all(env, ids)  # not left for the next mode's node to fetch
     out.update(result)
     return out
+
+
+def remove_all(env: Env, ids: list[int]) -> None:
+    from jobstore.core.states import Event
+    from jobstore.db.store import JobStore
+
+    store = JobStore.from_url(env.pg_url)
+    try:
+        for job_id in ids:
+            store.admin(job_id, Event.REMOVE, "bench: done")
+    finally:
+        store.engine.dispose()
+
+
+def run_mode(env: Env, mode: str, quick: bool) -> tuple[list[float], dict[str, Any]]:
+    """Both sections with the agent in `mode` (listen or poll)."""
+    with open(env.condor_config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_WATCH_LISTEN = {'true' if mode == 'listen' else 'false'}\n")
+    agent = start_agent(env, env.pg_url)
+    try:
+        # the vacate command writes into vacate.sh.d; each emulated node reads its own control
+        # directory, so point that at the node that runs (one at a time)
+        link = env.tmp / "vacate.sh.d"
+        progress(f"{mode}: rm section")
+        os.symlink(env.tmp / f"control-rm-{mode}", link)
+        lat = section_rm(env, 20 if quick else 50, mode)
+        os.unlink(link)
+        os.symlink(env.tmp / f"control-idle-{mode}", link)
+        progress(f"{mode}: idle section")
+        idle = section_idle(env, agent.pid, 10.0 if quick else 30.0, mode)
+        os.unlink(link)
+    finally:
+        stop_agent(env, agent)
+    return lat, idle
 
 
 def main() -> int:
@@ -169,31 +210,22 @@ def main() -> int:
         create_pg(env)
         with open(env.condor_config, "a") as fh:
             script = env.tmp / "vacate.sh"
-            script.write_text('#!/bin/sh\ntouch "$0.d/vacate-$1"\n')
+            script.write_text('#!/bin/sh\nprintf %s "$1" > "$0.d/vacate-$2"\n')
             script.chmod(0o755)
             fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\n"
                      f"JOBSTORE_AGENT_WATCH_INTERVAL = {WATCH:g}\n")
-        agent = start_agent(env, env.pg_url)
-        # the vacate command writes into vacate.sh.d; each emulated node reads its own control
-        # directory, so point that at the node that runs (one at a time)
-        progress("rm section")
-        os.symlink(env.tmp / "control-rm", env.tmp / "vacate.sh.d")
-        lat = section_rm(env, 20 if args.quick else 50)
-        os.unlink(env.tmp / "vacate.sh.d")
-        os.symlink(env.tmp / "control-idle", env.tmp / "vacate.sh.d")
-        progress("idle section")
-        idle = section_idle(env, agent.pid, 10.0 if args.quick else 30.0)
-        stop_agent(env, agent)
-        if lat:
-            say(table(["figure", "value"], [
-                ["jobs measured", str(len(lat))],
-                ["rm -> process gone, p50 (s)", f"{statistics.median(lat):.2f}"],
-                ["rm -> process gone, p99 (s)", f"{pct(lat, 0.99):.2f}"],
-                ["p50 / watch interval", f"{statistics.median(lat) / WATCH:.2f}"],
-                ["p99 / watch interval", f"{pct(lat, 0.99) / WATCH:.2f}"],
-            ]))
-        say(table(["agent watching", "agent CPU %", "db transactions/s"],
-                  [[k, f"{v[0]:.2f}", f"{v[1]:.2f}"] for k, v in idle.items()]))
+        results = {mode: run_mode(env, mode, args.quick) for mode in ("listen", "poll")}
+        rows = []
+        for mode, (lat, _) in results.items():
+            if lat:
+                rows.append([mode, str(len(lat)), f"{statistics.median(lat):.2f}",
+                             f"{pct(lat, 0.99):.2f}", f"{statistics.median(lat) / WATCH:.2f}",
+                             f"{pct(lat, 0.99) / WATCH:.2f}"])
+        say(table(["agent mode", "jobs", "rm->gone p50 (s)", "p99 (s)", "p50/watch",
+                   "p99/watch"], rows))
+        say(table(["agent mode", "watching", "agent CPU %", "db transactions/s"],
+                  [[mode, k, f"{v[0]:.2f}", f"{v[1]:.2f}"]
+                   for mode, (_, idle) in results.items() for k, v in idle.items()]))
         return 0
     finally:
         cleanup(env)

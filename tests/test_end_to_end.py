@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,31 +100,53 @@ def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  #
     shutil.rmtree(base, ignore_errors=True)
 
 
+class _AgentProc:
+    """`jobstore agent -f` on a socket in `tmp`, logging to `tmp/agent.log` (appended to, so
+    that a restart keeps what the first one said)."""
+
+    def __init__(self, tmp: Path, condor_config: Path) -> None:
+        self.sock, self.log, self.condor_config = str(tmp / "agent.sock"), tmp / "agent.log", \
+            condor_config
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        said = self.log.read_text() if self.log.exists() else ""
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket", self.sock],
+                env={**os.environ, "CONDOR_CONFIG": str(self.condor_config)},
+                stdout=out,
+                stderr=out,
+            )
+        deadline = time.monotonic() + 60
+        while self.log.read_text().count("listening on") <= said.count("listening on"):
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(60) == 0, self.log.read_text()
+        self.proc = None
+
+
 @contextmanager
-def _agent(tmp: Path, condor_config: Path, startd_user: str | None) -> Iterator[dict[str, str]]:
-    """`jobstore agent` on a socket in `tmp`; yields the hook environment that uses it only."""
-    sock = str(tmp / "agent.sock")
+def _agent(tmp: Path, condor_config: Path, startd_user: str | None,
+           fallback: bool = False) -> Iterator[dict[str, str]]:
+    """`jobstore agent` on a socket in `tmp`; yields the hook environment that uses it (only
+    it, unless `fallback`: then the hooks work directly while it is down)."""
     if startd_user:
         with open(condor_config, "a") as fh:
             fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {startd_user}\n")
-    log = tmp / "agent.log"
-    with open(log, "wb") as out:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket", sock],
-            env={**os.environ, "CONDOR_CONFIG": str(condor_config)},
-            stdout=out,
-            stderr=out,
-        )
+    agent = _AgentProc(tmp, condor_config)
+    agent.start()
     try:
-        deadline = time.monotonic() + 60
-        while "listening on" not in log.read_text():
-            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
         # JOBSTORE_HOOK_MODE=agent: no fallback, so every call below went through the agent
-        yield {"JOBSTORE_AGENT_SOCKET": sock, "JOBSTORE_HOOK_MODE": "agent"}
+        yield {"JOBSTORE_AGENT_SOCKET": agent.sock,
+               **({} if fallback else {"JOBSTORE_HOOK_MODE": "agent"})}
     finally:
-        agent.send_signal(signal.SIGTERM)
-        assert agent.wait(60) == 0, log.read_text()
+        if agent.proc is not None:
+            agent.stop()
 
 
 @pytest.mark.slow
@@ -227,29 +251,44 @@ def test_demo_command_runs() -> None:
         shutil.rmtree(out_dir.parent, ignore_errors=True)
 
 
-def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None:  # type: ignore[no-untyped-def]
-    """The agent learns that a running job was removed (JOBSTORE_AGENT_WATCH_INTERVAL) and asks
-    the startd to vacate its slot (here the emulator, through JOBSTORE_AGENT_VACATE_COMMAND):
-    the job's process ends long before its `sleep 600` would, the job stays removed, and the
-    slot fetches the next job, which completes."""
-    store, tmp = node_db
-    owner = _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
-    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
-    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+def _vacating_node(store: JobStore, tmp: Path, host: str = "node01.example.org",
+                   **overrides: Any) -> tuple[EmulatorConfig, Path]:
+    """A one-slot node whose agent vacates slots through the emulator's control directory
+    (JOBSTORE_AGENT_VACATE_COMMAND, with condor_vacate's -graceful/-fast), looks every second,
+    and knows the node's name (NETWORK_HOSTNAME, so FULL_HOSTNAME is the slots' Machine)."""
     control = tmp / "control"
     control.mkdir()
     script = tmp / "vacate.sh"
-    script.write_text(f'#!/bin/sh\ntouch "{control}/vacate-$1"\n')
+    script.write_text(f'#!/bin/sh\nprintf %s "$1" > "{control}/vacate-$2"\n')
     script.chmod(0o755)
     cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
-                               static_slots=1, cpus=1, control_dir=str(control))
+                               static_slots=1, cpus=1, control_dir=str(control), host=host,
+                               **overrides)
     with open(condor_config, "a") as fh:
-        fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\nJOBSTORE_AGENT_WATCH_INTERVAL = 1\n")
+        fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\nJOBSTORE_AGENT_WATCH_INTERVAL = 1\n"
+                 f"NETWORK_HOSTNAME = {host}\n")
     if os.geteuid() == 0:
         cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
         for path in (tmp, tmp / "jobstore.db"):
             if path.exists():
                 os.chmod(path, 0o777 if path.is_dir() else 0o666)
+    return cfg, condor_config
+
+
+def _job_owner() -> str | None:
+    return _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
+
+
+def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None:  # type: ignore[no-untyped-def]
+    """The agent learns that a running job was removed (JOBSTORE_AGENT_WATCH_INTERVAL) and asks
+    the startd to vacate its slot gracefully (here the emulator, through
+    JOBSTORE_AGENT_VACATE_COMMAND): the job's process ends long before its `sleep 600` would,
+    the job stays removed, and the slot fetches the next job, which completes."""
+    store, tmp = node_db
+    owner = _job_owner()
+    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
+    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+    cfg, condor_config = _vacating_node(store, tmp)
     removed: list[bool] = []
 
     def until() -> bool:
@@ -263,9 +302,186 @@ def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None
         Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
     assert removed, "the long job never ran"
     job = store.get_job(long_job)
-    assert (job.status, job.reason) == ("removed", "removed while it runs")
+    assert (job.status, job.reason, job.winding_down_until) == (
+        "removed", "removed while it runs", None)
     assert store.get_job(next_job).status == "completed"
     after = [e for e in store.events(long_job) if e.event in ("exit", "evict")]
     assert after and all(e.to_status is None for e in after)  # recorded, changed nothing
     assert after[0].attrs.get("VacateReasonCode") == 1010  # the vacate, not the shutdown
-    assert "vacated slot" in (tmp / "agent.log").read_text()
+    assert after[0].attrs.get("ExitSignal") == signal.SIGTERM  # graceful: its KillSig
+    assert "vacated (graceful)" in (tmp / "agent.log").read_text()
+
+
+STUBBORN = """\
+#!/bin/sh
+# The first attempt ignores SIGTERM and sleeps; a later one succeeds at once.
+if [ -e first.ran ]; then exit 0; fi
+touch first.ran
+trap '' TERM
+exec sleep 600
+"""
+
+
+def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None:  # type: ignore[no-untyped-def]
+    """condor_hold then condor_release of a running job that ignores its KillSig: the agent
+    vacates gracefully, the job keeps its hold until the attempt ends (the startd's hard kill
+    after job_max_vacate_time), the release made meanwhile takes effect then, and only then
+    does the job run again (attempt 2, which completes): never two attempts at once."""
+    store, tmp = node_db
+    owner = _job_owner()
+    script = tmp / "submit" / "stubborn.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(STUBBORN)
+    script.chmod(0o755)
+    (job_id,) = _submit(store, tmp, f"executable = {script}\ninitialdir = {script.parent}\n"
+                        "job_max_vacate_time = 2\nkill_sig = SIGTERM\nqueue\n", owner)
+    cfg, condor_config = _vacating_node(store, tmp)
+    acted: list[Any] = []
+
+    def until() -> bool:
+        if not acted and store.get_job(job_id).status == "running":
+            acted.append(store.admin(job_id, Event.HOLD, "held while it runs"))
+            acted.append(store.admin(job_id, Event.RELEASE, "released at once"))
+        return store.get_job(job_id).status == "completed"
+
+    with ExitStack() as stack:
+        cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
+    assert [(o.after, o.pending) for o in acted] == [("held", False), ("held", True)]
+    seen = [(e.event, e.from_status, e.to_status, e.attempt) for e in store.events(job_id)]
+    held = seen.index(("hold", "running", "held", 1))
+    assert seen[held + 1] == ("release", "held", None, 1)  # pending
+    ended = next(i for i, e in enumerate(seen) if e[0] == "evict")
+    assert held < ended and seen[ended][2] is None  # the hard kill's JOB_EXIT, stale
+    assert seen[ended + 1] == ("release", "held", "idle", 1)
+    assert seen.index(("fetch", "idle", "fetched", 2)) > ended + 1
+    assert seen[-1][0] == "exit" and seen[-1][2] == "completed"
+    evict = store.events(job_id)[ended]
+    assert evict.attrs.get("ExitSignal") == signal.SIGKILL  # SIGTERM was ignored
+
+
+def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ignore[no-untyped-def]
+    """A running job is removed while the node's agent is down (the hooks work directly
+    meanwhile): the agent that starts next finds the attempt in the job store (its node's
+    FULL_HOSTNAME) and vacates the slot, so that the job ends and the slot runs the next one."""
+    store, tmp = node_db
+    owner = _job_owner()
+    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
+    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+    # no UPDATE_JOB_INFO after the first: only the agent can end the job here
+    cfg, condor_config = _vacating_node(store, tmp, update_interval=600.0)
+    if cfg.condor_user:
+        with open(condor_config, "a") as fh:
+            fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {cfg.condor_user}\n")
+    agent = _AgentProc(tmp, condor_config)
+    cfg.env["JOBSTORE_AGENT_SOCKET"] = agent.sock
+    restarted: list[bool] = []
+
+    def until() -> bool:
+        if not restarted and store.get_job(long_job).status == "running":
+            agent.stop()
+            store.admin(long_job, Event.REMOVE, "removed while the agent was down")
+            agent.start()
+            restarted.append(True)
+        return store.get_job(next_job).status == "completed"
+
+    agent.start()
+    try:
+        Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
+    finally:
+        if agent.proc is not None:
+            agent.stop()
+    assert restarted, "the long job never ran"
+    assert store.get_job(long_job).status == "removed"
+    log = agent.log.read_text()
+    assert "1 attempt(s) of this node found in the job store" in log
+    assert f"job {long_job} attempt 1 is removed: slot slot1@node01.example.org vacated" in log
+
+
+def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None:  # type: ignore[no-untyped-def]
+    """Two nodes with their agents fetch from one job store. A job whose periodic_hold fires
+    while it runs (the agent's periodic pass, PERIODIC_EXPR_INTERVAL 1 s) is held with
+    HoldReasonCode 3, its slot is vacated, and neither node ever fetches it again while the
+    other jobs run on both."""
+    store, base = node_db
+    owner = _job_owner()
+    (held_job,) = _submit(
+        store, base, "executable = /bin/sleep\narguments = 600\n"
+        "periodic_hold = time() - JobCurrentStartDate > 1\nqueue\n", owner)
+    quick = _submit(store, base, "executable = /bin/sleep\narguments = 1\nqueue 6\n", owner)
+    nodes = []
+    for name in ("a", "b"):
+        tmp = base / f"node-{name}"
+        tmp.mkdir()
+        os.chmod(tmp, 0o777)
+        cfg, condor_config = _vacating_node(store, tmp, host=f"node-{name}.example.org")
+        with open(condor_config, "a") as fh:
+            fh.write("PERIODIC_EXPR_INTERVAL = 1\n")
+        nodes.append((tmp, cfg, condor_config))
+    done = threading.Event()
+
+    def until() -> bool:
+        job = store.get_job(held_job)
+        finished = all(store.get_job(j).status == "completed" for j in quick)
+        if finished and job.status == "held" and job.winding_down_until is None:
+            done.set()
+        return done.is_set()
+
+    with ExitStack() as stack:
+        for tmp, cfg, condor_config in nodes:
+            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        other = threading.Thread(target=Emulator(nodes[1][1]).run,
+                                 kwargs={"until": done.is_set, "timeout": 120,
+                                         "wait_for_jobs": False})
+        other.start()
+        try:
+            Emulator(nodes[0][1]).run(until=until, timeout=120, wait_for_jobs=False)
+        finally:
+            done.set()
+            other.join()
+    job = store.get_job(held_job)
+    assert (job.status, job.hold_code) == ("held", 3), job.reason
+    fetches = [e for e in store.events(held_job) if e.event == "fetch"]
+    assert len(fetches) == 1
+    assert any(e.event == "evict" for e in store.events(held_job))  # its process ended
+    hosts = {e.host for j in quick for e in store.events(j) if e.event == "fetch"}
+    assert hosts == {"node-a.example.org", "node-b.example.org"}
+
+
+def test_the_agent_hears_of_a_removal_on_postgresql_without_polling(
+        pg_url: str) -> None:
+    """On PostgreSQL the agent LISTENs for stopped attempts: with a watch interval of 60 s
+    (and its safety poll at 30 s), a removal still reaches the slot within the 25 s this test
+    allows, so it came by notification."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    base = Path(tempfile.mkdtemp(prefix="jobstore-e2e-"))
+    os.chmod(base, 0o755)
+    try:
+        owner = _job_owner()
+        (long_job,) = _submit(store, base, "executable = /bin/sleep\narguments = 600\nqueue\n",
+                              owner)
+        (next_job,) = _submit(store, base, "executable = /bin/true\nqueue\n", owner)
+        # no UPDATE_JOB_INFO after the first: only the agent can end the job here
+        cfg, condor_config = _vacating_node(store, base, update_interval=600.0)
+        with open(condor_config, "a") as fh:
+            fh.write("JOBSTORE_AGENT_WATCH_INTERVAL = 60\n")
+        removed: list[float] = []
+
+        def until() -> bool:
+            if not removed and store.get_job(long_job).status == "running":
+                store.admin(long_job, Event.REMOVE, "removed while it runs")
+                removed.append(time.monotonic())
+            return store.get_job(next_job).status == "completed"
+
+        with ExitStack() as stack:
+            cfg.env.update(stack.enter_context(_agent(base, condor_config, cfg.condor_user)))
+            Emulator(cfg).run(until=until, timeout=25, wait_for_jobs=False)
+        assert removed, "the long job never ran"
+        assert store.get_job(next_job).status == "completed"
+        log = (base / "agent.log").read_text()
+        assert "listening for stopped attempts" in log
+        assert "vacated (graceful)" in log
+    finally:
+        store.engine.dispose()
+        shutil.rmtree(base, ignore_errors=True)

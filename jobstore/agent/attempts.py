@@ -1,9 +1,11 @@
-"""The attempts this node's slots run, as the agent saw them handed out: so that it can vacate
-the slot of one the job store stopped (held, removed, given to another slot)."""
+"""The attempts this node's slots run, as the agent saw them handed out (or found them in the
+job store after a restart): so that it can vacate the slot of one the job store stopped (held,
+removed, given to another slot)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobstore.formats import classads
@@ -16,14 +18,17 @@ class Attempt:
     job_id: int
     attempt: int
     keyword: str | None
+    max_vacate_time: int | None = None  # the job's JobMaxVacateTime, when it has one
 
 
 class Attempts:
-    """Thread-safe: the hook workers add and drop, the watcher reads."""
+    """Thread-safe: the hook workers add and drop, the watcher reads and marks the ones whose
+    slot it asked to vacate gracefully."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_job: dict[int, Attempt] = {}
+        self._vacating: dict[int, float] = {}  # job id -> when a graceful vacate was asked
 
     def fetched(self, slot_ad: bytes, job_ad: bytes) -> Attempt | None:
         """Remember the attempt a FETCH_WORK answer (`job_ad`) gave the slot of `slot_ad`."""
@@ -35,10 +40,27 @@ class Attempts:
         job_id, attempt = classads.get_int(job, ATTR_JOB_ID), classads.get_int(job, ATTR_ATTEMPT)
         if not slot or job_id is None or attempt is None:
             return None
-        seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"))
+        seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
+                       classads.get_int(job, "JobMaxVacateTime"))
         with self._lock:
             self._by_job[job_id] = seen
+            self._vacating.pop(job_id, None)
         return seen
+
+    def restore(self, found: Iterable[Attempt]) -> int:
+        """Add attempts found in the job store (oldest first): the newest one per slot, unless
+        this agent already knows one of that job or that slot. How many were added."""
+        newest: dict[str, Attempt] = {}
+        for a in found:
+            newest[a.slot] = a
+        added = 0
+        with self._lock:
+            slots = {a.slot for a in self._by_job.values()}
+            for a in newest.values():
+                if a.job_id not in self._by_job and a.slot not in slots:
+                    self._by_job[a.job_id] = a
+                    added += 1
+        return added
 
     def ended(self, stdin: bytes, *, reply_fetch: bool = False) -> None:
         """Forget the attempt of a job whose JOB_EXIT (its job ad) or REPLY_FETCH reject (job ad,
@@ -55,6 +77,20 @@ class Attempts:
     def drop(self, job_id: int) -> None:
         with self._lock:
             self._by_job.pop(job_id, None)
+            self._vacating.pop(job_id, None)
+
+    def vacating_since(self, job_id: int) -> float | None:
+        with self._lock:
+            return self._vacating.get(job_id)
+
+    def vacating(self, job_id: int, since: float) -> None:
+        with self._lock:
+            if job_id in self._by_job:
+                self._vacating[job_id] = since
+
+    def vacating_any(self) -> bool:
+        with self._lock:
+            return bool(self._vacating)
 
     def snapshot(self) -> list[Attempt]:
         with self._lock:

@@ -40,15 +40,13 @@ from jobstore.agent.protocol import (
     decode_env,
     encode,
 )
+from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.core.states import HANDED_OUT
-from jobstore.errors import DatabaseError
 from jobstore.node import config, handlers, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 
 log = logging.getLogger("jobstore.agent")
-HANDED_OUT_VALUES = frozenset(s.value for s in HANDED_OUT)
 # Seconds between two looks at whether the periodic policy pass is due (it runs once per
 # PERIODIC_EXPR_INTERVAL in the whole pool, JobStore.police_due).
 POLICE_TICK = 10.0
@@ -199,7 +197,9 @@ class Agent:
             t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
-        watcher = threading.Thread(target=self._watch, name="watch", daemon=True)
+        watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
+        watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
+                                   daemon=True)
         watcher.start()
         next_replay = next_police = 0.0
         replayer: threading.Thread | None = None
@@ -517,51 +517,28 @@ class Agent:
         log.warning("fetch_job: the hook left before its answer; job given back (%s)",
                     back.error or "; ".join(back.log))
 
-    def _watch(self) -> None:
-        """Every JOBSTORE_AGENT_WATCH_INTERVAL: the attempts this node's slots run whose job was
-        held, removed or given to another slot since; vacate their slots, so that the job's
-        processes end (the JOB_EXIT that follows is recorded and changes nothing)."""
-        while not self._stop:
-            time.sleep(self.settings.watch_interval)
-            running = self._attempts.snapshot()
-            if not running:
-                continue
-            by_keyword: dict[str | None, list[Attempt]] = {}
-            for a in running:
-                by_keyword.setdefault(a.keyword, []).append(a)
-            for keyword, attempts in by_keyword.items():
-                try:
-                    store = handlers.store_for(config.load_settings(keyword))
-                    states = store.attempt_states([a.job_id for a in attempts])
-                except (config.ConfigError, DatabaseError) as exc:
-                    log.warning("watch: %s", exc)
-                    continue
-                for a in attempts:
-                    status, claims = states.get(a.job_id, ("gone", -1))
-                    if status in HANDED_OUT_VALUES and claims == a.attempt:
-                        continue
-                    self._attempts.drop(a.job_id)
-                    why = status if claims == a.attempt else f"attempt {claims} is current"
-                    self._vacate(a, why)
-
-    def _vacate(self, attempt: Attempt, why: str) -> None:
-        """Ask the startd to vacate the slot (fast: the job's processes are killed)."""
+    def _vacate(self, attempt: Attempt, fast: bool, why: str) -> bool:
+        """Ask the startd to vacate the slot of `attempt`: fast (the job's processes are
+        killed) or graceful (the job gets its KillSig first). Whether the startd took it."""
+        how = "fast" if fast else "graceful"
         try:
             if self.settings.vacate_command:
                 import subprocess
 
-                subprocess.run([self.settings.vacate_command, attempt.slot], timeout=10,
-                               check=True, capture_output=True)
+                subprocess.run([self.settings.vacate_command, f"-{how}", attempt.slot],
+                               timeout=10, check=True, capture_output=True)
             else:
                 import htcondor2
 
-                htcondor2.Startd().vacateSlot(attempt.slot, htcondor2.VacateType.Fast)
+                kind = htcondor2.VacateType.Fast if fast else htcondor2.VacateType.Graceful
+                htcondor2.Startd().vacateSlot(attempt.slot, kind)
         except Exception as exc:
             log.error("job %d attempt %d (%s): cannot vacate slot %s: %s", attempt.job_id,
                       attempt.attempt, why, attempt.slot, one_line(str(exc)))
-            return
-        log.info("job %d attempt %d is %s: vacated slot %s", attempt.job_id, attempt.attempt,
-                 why, attempt.slot)
+            return False
+        log.info("job %d attempt %d is %s: slot %s vacated (%s)", attempt.job_id,
+                 attempt.attempt, why, attempt.slot, how)
+        return True
 
     def _police_tick(self) -> float:
         """How often to ask whether the policy pass is due: PERIODIC_EXPR_INTERVAL, at most

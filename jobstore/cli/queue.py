@@ -339,6 +339,9 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
     for job, outcome in query.act(ctx.store, ids, event, reason):
         if outcome.changed:
             click.echo(f"Job {views.job_id(job)}: {outcome.before} -> {outcome.after}")
+        elif outcome.pending:
+            click.echo(f"Job {views.job_id(job)}: {outcome.before} -> idle when its attempt on "
+                       f"{job.slot} has ended (release pending)")
         else:
             failed = True
             click.echo(
@@ -357,8 +360,9 @@ def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None)
 def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
     """Put jobs on hold (HoldReasonCode 1): they are not handed out until released.
 
-    A job running on a node is ended there by its next UPDATE_JOB_INFO (every
-    STARTER_UPDATE_INTERVAL), which runs as the job's user; one not yet started is refused by
+    A job running on a node is ended there: within JOBSTORE_AGENT_WATCH_INTERVAL by the
+    node's agent, which vacates its slot; without an agent by its next UPDATE_JOB_INFO (every
+    STARTER_UPDATE_INTERVAL), which runs as the job's user. One not yet started is refused by
     PREPARE_JOB.
     """
     _admin(ctx, ids, Event.HOLD, reason)
@@ -369,7 +373,11 @@ def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
 @pass_ctx
 @guard
 def release(ctx: Context, ids: tuple[str, ...]) -> None:
-    """Release held jobs back to idle."""
+    """Release held jobs back to idle.
+
+    A job whose stopped attempt is still ending on its slot becomes idle when that attempt's
+    JOB_EXIT comes (or its lease would have run out), so that it never runs twice at once.
+    """
     _admin(ctx, ids, Event.RELEASE, "released by the administrator")
 
 

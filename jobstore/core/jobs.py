@@ -107,6 +107,10 @@ class Job:
     hold_subcode: int | None  # HoldReasonSubCode while held
     num_holds: int | None  # NumHolds: times the job was put on hold
     periodic: bool | None  # has periodic policy expressions (set by the store at submit)
+    # An attempt stopped by the store (held, removed) may go on running on its slot until its
+    # end is reported, at the latest until then; a release waits for it (release_pending).
+    winding_down_until: float | None
+    release_pending: bool | None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -145,7 +149,7 @@ class Job:
             ),
             concurrency_limits=limits.render(limits.parse(spec.concurrency_limits)),
             autocluster_id=None, slot_weight=None, hold_code=None, hold_subcode=None,
-            num_holds=0, periodic=None,
+            num_holds=0, periodic=None, winding_down_until=None, release_pending=None,
         )
 
     def but(self, **changes: Any) -> Job:

@@ -1,5 +1,6 @@
-"""PostgreSQL notifications of new job events: sent inside the transaction that writes the
-event (delivered at its commit), received on a dedicated LISTEN connection."""
+"""PostgreSQL notifications, sent inside the transaction that writes what they announce
+(delivered at its commit), received on a dedicated LISTEN connection: new job events (for
+`jobstore watch`), and attempts the store stopped (for the node agents)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from jobstore.db.sql import LISTEN_EVENTS, NOTIFY_EVENT
+from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, NOTIFY_EVENT
 
 CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id
+STOPS = "jobstore_stops"  # as listen_stops; payload: the id of a handed-out job held or removed
+_LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS}
 
 
-def notify(conn: Connection, payload: str) -> None:
+def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
     """Notify the followers when `conn`'s transaction commits (never if it rolls back)."""
-    conn.execute(NOTIFY_EVENT, {"channel": CHANNEL, "payload": payload})
+    conn.execute(NOTIFY_EVENT, {"channel": channel, "payload": payload})
 
 
 class Listener:
-    """A dedicated autocommit psycopg connection that LISTENs on the job store's channel."""
+    """A dedicated autocommit psycopg connection that LISTENs on one of the store's channels."""
 
-    def __init__(self, engine: Engine, connect_timeout: int) -> None:
+    def __init__(self, engine: Engine, connect_timeout: int, channel: str = CHANNEL) -> None:
         self.engine = engine
         self.connect_timeout = connect_timeout
+        self.channel = channel
         self.conn: Any = None
 
     def open(self) -> None:
@@ -35,14 +39,14 @@ class Listener:
         params = {k: v for k, v in params.items() if k != "context"}
         params.setdefault("connect_timeout", self.connect_timeout)
         self.conn = psycopg.connect(**params, autocommit=True)
-        self.conn.execute(LISTEN_EVENTS)
+        self.conn.execute(_LISTEN[self.channel])
 
     def probe(self, timeout: float = 3.0) -> bool:
         """Does a notification sent from another connection arrive? (Not behind a pooler in
         transaction mode: the LISTEN stays on a server connection we no longer hold.)"""
         token = "probe:" + secrets.token_hex(8)
         with self.engine.begin() as conn:
-            notify(conn, token)
+            notify(conn, token, self.channel)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
             if token in self.wait(left):

@@ -107,6 +107,11 @@ SELECT pg_notify(:channel, :payload);
 -- Follow the job store's notification channel (jobstore.db.notify.CHANNEL) on this connection.
 LISTEN jobstore_events;
 
+-- name: listen_stops
+-- Follow the channel of stopped attempts (jobstore.db.notify.STOPS: a handed-out job held or
+-- removed; payload its id), as the node agents do.
+LISTEN jobstore_stops;
+
 -- name: snapshot_bounds
 -- xmin and xmax of a snapshot taken now: a follower of job_events knows when every transaction
 -- that could still add a lower event id has ended.

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, case, func, or_, select
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
-from jobstore.core.states import FINAL, Status
+from jobstore.core.states import FINAL, HANDED_OUT, Status
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.sql import SNAPSHOT_BOUNDS, XACT_HORIZON
 from jobstore.db.transactions import Transactions
@@ -29,6 +29,26 @@ AUTOCLUSTER_KEY = (
 )
 
 
+class AttemptState(NamedTuple):
+    """Where a job's attempts stand, as a node's agent asks about the attempt its slot runs."""
+
+    status: str
+    claims: int  # the current attempt
+    winding_down: bool  # the current attempt was stopped and has not reported its end
+
+
+class NodeAttempt(NamedTuple):
+    """An attempt handed to a slot of a node that has not reported its end (the agent's view
+    after a restart)."""
+
+    job_id: int
+    slot: str
+    attempt: int
+    keyword: str | None
+    fetched_at: float | None
+    ad: dict[str, Any]
+
+
 class JobReads(Transactions):
     """Queries of the job store (JobStore adds the writes)."""
 
@@ -39,13 +59,34 @@ class JobReads(Transactions):
             raise UnknownJob(job_id)
         return Job.from_row(row._mapping)
 
-    def attempt_states(self, job_ids: Sequence[int]) -> dict[int, tuple[str, int]]:
-        """(status, current attempt) of each of `job_ids` that exists: one indexed query."""
+    def attempt_states(self, job_ids: Sequence[int]) -> dict[int, AttemptState]:
+        """The attempt state of each of `job_ids` that exists: one indexed query."""
         if not job_ids:
             return {}
-        q = select(jobs.c.id, jobs.c.status, jobs.c.claims).where(jobs.c.id.in_(list(job_ids)))
+        q = select(jobs.c.id, jobs.c.status, jobs.c.claims, jobs.c.winding_down_until).where(
+            jobs.c.id.in_(list(job_ids)))
         with self._tx() as conn:
-            return {r.id: (r.status, r.claims) for r in conn.execute(q)}
+            return {r.id: AttemptState(r.status, r.claims, r.winding_down_until is not None)
+                    for r in conn.execute(q)}
+
+    def attempts_on(self, hosts: Sequence[str]) -> list[NodeAttempt]:
+        """The attempts handed to slots of `hosts` (Machine) whose end was not reported: the
+        handed-out jobs and the stopped attempts still winding down; oldest first."""
+        if not hosts:
+            return []
+        q = select(jobs.c.id, jobs.c.slot, jobs.c.claims, jobs.c.keyword, jobs.c.fetched_at,
+                   jobs.c.ad)
+        handed_out = q.where(jobs.c.status.in_([s.value for s in HANDED_OUT]),
+                             jobs.c.host.in_(list(hosts)))
+        winding = q.where(jobs.c.winding_down_until.is_not(None), jobs.c.host.in_(list(hosts)))
+        with self._tx() as conn:
+            rows = {r.id: r for r in conn.execute(handed_out)}
+            rows.update({r.id: r for r in conn.execute(winding)})
+        return sorted(
+            (NodeAttempt(r.id, r.slot, r.claims, r.keyword, r.fetched_at, r.ad or {})
+             for r in rows.values() if r.slot),
+            key=lambda a: (a.fetched_at or 0.0, a.job_id),
+        )
 
     def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
         q = select(jobs).where(jobs.c.cluster_id == cluster_id)

@@ -157,6 +157,8 @@ jobs = Table(
     Column("hold_subcode", Integer),
     Column("num_holds", Integer),
     Column("periodic", Boolean),
+    Column("winding_down_until", Epoch()),
+    Column("release_pending", Boolean),
     UniqueConstraint("cluster_id", "proc_id"),
     # The claim path: a queue's idle autoclusters (a skip scan), and each one's idle jobs in
     # claim order; partial, so finished jobs cost nothing.
@@ -197,6 +199,14 @@ jobs = Table(
         "id",
         postgresql_where=text("periodic"),
         sqlite_where=text("periodic"),
+    ),
+    # Attempts stopped by the store whose end has not been reported (the agent's restart, a
+    # pending release).
+    Index(
+        "ix_jobs_winding_down",
+        "host",
+        postgresql_where=text("winding_down_until IS NOT NULL"),
+        sqlite_where=text("winding_down_until IS NOT NULL"),
     ),
     Index("ix_jobs_status_queue", "status", "queue"),
     Index("ix_jobs_owner", "owner"),

@@ -49,6 +49,9 @@ ExitPolicy = Callable[[Job], ExitVerdict]
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
 PAGE = 500
+# Reports that say an attempt is over (a stopped attempt that was winding down has ended).
+ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
+                          Event.REJECT, Event.CLAIM_EVICTED})
 
 def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
     """The HoldReasonCode and SubCode a JOB_EXIT hold or PREPARE_JOB carried (HTCondor's code
@@ -177,6 +180,12 @@ class JobStore(Negotiator, JobReads):
                     reason="stale: " + reason,
                     attrs=attrs,
                 )
+                if (job.winding_down_until is not None and attempt == job.claims
+                        and event in ENDS_ATTEMPT):
+                    released = self._wound_down(
+                        conn, job, now, f"released: attempt {attempt} ended ({event})")
+                    if released is not None:
+                        return released
                 return Outcome(job_id, event, job.status, job.status, False, True, reason)
             decide_args: dict[str, Any] = {}
             hold = (holds.UNSPECIFIED, 0)
@@ -205,6 +214,7 @@ class JobStore(Negotiator, JobReads):
                 host=host,
                 attempt=attempt,
                 hold=hold,
+                attempt_ended=True,
             )
             if job.periodic and outcome.changed and outcome.after in ACTIVE:
                 self._police_one(conn, job.but(**all_changes, status=outcome.after), now)
@@ -283,8 +293,27 @@ class JobStore(Negotiator, JobReads):
         )
 
     def reap(self, *, now: float | None = None, limit: int = 500) -> list[Outcome]:
-        """Send jobs whose lease ran out back to idle (or to failed, out of attempts)."""
+        """Send jobs whose lease ran out back to idle (or to failed, out of attempts); give up
+        waiting for stopped attempts that never reported their end (a pending release then
+        takes effect)."""
         now = now or time.time()
+        out = self._reap_leases(now, limit)
+        with self._tx() as conn:
+            gone = conn.execute(
+                select(jobs)
+                .where(jobs.c.winding_down_until < now)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            ).all()
+            for row in gone:
+                job = Job.from_row(row._mapping)
+                why = f"released: attempt {job.claims} did not report its end in time"
+                released = self._wound_down(conn, job, now, why)
+                if released is not None:
+                    out.append(released)
+        return out
+
+    def _reap_leases(self, now: float, limit: int) -> list[Outcome]:
         q = (
             select(jobs)
             .where(

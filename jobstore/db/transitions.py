@@ -10,11 +10,14 @@ from sqlalchemy import Connection, insert, select, update
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, Decision, Event, Status, decide
-from jobstore.db.notify import notify
+from jobstore.core.states import FINAL, HANDED_OUT, Decision, Event, Status, decide
+from jobstore.db.notify import STOPS, notify
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
+
+# The store's own events that take a job from its slot while its processes may still run there.
+STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Outcome:
     changed: bool
     stale: bool = False
     reason: str | None = None
+    pending: bool = False  # a release that waits for the job's stopped attempt to end
 
 
 class Transitions(Transactions):
@@ -51,11 +55,25 @@ class Transitions(Transactions):
         attempt: int | None = None,
         record_ignored: bool = True,
         hold: tuple[int, int] = (holds.UNSPECIFIED, 0),
+        attempt_ended: bool = False,
     ) -> Outcome:
         """Apply `event` to the locked `job`: the row and its event. A job put on hold gets
         `hold` as its HoldReasonCode and HoldReasonSubCode (also in the event's attrs, for the
-        user log); a released one loses them."""
+        user log); a released one loses them.
+
+        A hold or rm of a handed-out job whose attempt has not ended (`attempt_ended`: the
+        event comes from the attempt's own end report) leaves the attempt winding down on its
+        slot until its end is reported, at the latest until its lease would have run out; a
+        release meanwhile is pending (`release_pending`) and takes effect then."""
         before = Status(job.status)
+        if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
+            pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
+            if not job.release_pending:
+                conn.execute(update(jobs).where(jobs.c.id == job.id)
+                             .values(release_pending=True, updated_at=now))
+                self._event(conn, job.id, event, before, None, now, attempt=job.claims,
+                            slot=job.slot, host=job.host, reason=pending)
+            return Outcome(job.id, event, before, before, False, reason=pending, pending=True)
         d: Decision = decide(
             event,
             before,
@@ -86,6 +104,10 @@ class Transitions(Transactions):
             values["attempts"] = job.attempts + 1
         if d.ends_attempt:
             values.update(token=None, lease_expires_at=None)
+            if before in HANDED_OUT and event in STOPS_ATTEMPT and not attempt_ended:
+                values["winding_down_until"] = max(job.lease_expires_at or now, now)
+                if self._pg:  # the node's agent vacates the slot (jobstore.agent)
+                    notify(conn, str(job.id), STOPS)
         if d.to_status in FINAL:
             values["finished_at"] = now
         if d.to_status in (Status.HELD, Status.FAILED) or (
@@ -160,7 +182,23 @@ class Transitions(Transactions):
         if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
             notify(conn, str(job_id))
 
+    def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
+        """The stopped attempt of the locked `job` ended (its end report came, or its time ran
+        out): forget it, and carry out a release that waited for it."""
+        conn.execute(update(jobs).where(jobs.c.id == job.id)
+                     .values(winding_down_until=None, release_pending=None))
+        pending = job.release_pending and job.status == Status.HELD
+        job = job.but(winding_down_until=None, release_pending=None)
+        if not pending:
+            return None
+        return self._apply(conn, job, Event.RELEASE, decide_args={}, now=now, reason=why)
+
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
 
+
+
+def winding_down(job: Job, now: float) -> bool:
+    """Whether `job`'s attempt, stopped by the store, may still be running on its slot."""
+    return job.winding_down_until is not None and job.winding_down_until > now

@@ -49,9 +49,13 @@ class EmulatorConfig:
     vacate_after: dict[int, float] | VacateCallback | None = None  # dict keys: ClusterId
     vacate_fast: bool = False  # automatic vacates use SIGKILL
     keep_sandboxes: bool = False
-    # A directory where a file `vacate-<slot name>` asks the startd to vacate that slot fast, as
-    # `condor_vacate -fast` or the agent's Startd.vacateSlot would (the startd removes the file).
+    # A directory where a file `vacate-<slot name>` asks the startd to vacate that slot, as
+    # `condor_vacate` or the agent's Startd.vacateSlot would: fast when the file says `-fast`
+    # (or nothing), else graceful (the startd removes the file).
     control_dir: str | None = None
+    # MachineMaxVacateTime: a graceful vacate sends the job its KillSig, then SIGKILL after
+    # min(JobMaxVacateTime, this) seconds.
+    max_vacate_time: float = 600.0
 
 
 @dataclass

@@ -152,11 +152,17 @@ class Emulator:
         for name in names:
             if not name.startswith("vacate-"):
                 continue
+            path = os.path.join(directory, name)
+            try:
+                with open(path) as fh:
+                    how = fh.read(64).strip()
+            except OSError:
+                how = ""
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+                os.unlink(path)
             slot = name[len("vacate-"):]
             try:
-                self.vacate(slot, fast=True)
+                self.vacate(slot, fast=how in ("", "-fast"))
             except ValueError:
                 pass  # no such slot (any more)
 

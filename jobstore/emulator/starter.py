@@ -93,11 +93,37 @@ class Starter:
         if pid is not None and not exited:
             if fast:
                 kill_group(pid, signal.SIGKILL)
-            else:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                return
+            try:
+                os.kill(pid, self._kill_sig())
+            except ProcessLookupError:
+                return
+            timer = threading.Timer(self._max_vacate_time(), self._hard_kill, args=(pid,))
+            timer.daemon = True
+            timer.start()
+
+    def _kill_sig(self) -> int:
+        """The job's KillSig (a name or a number), SIGTERM when it has none or a bad one."""
+        value = wire.eval_attr(self.ad, "KillSig")
+        try:
+            if isinstance(value, int):
+                return int(signal.Signals(value))
+            name = str(value).upper()
+            return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+        except (KeyError, ValueError):
+            return int(signal.SIGTERM)
+
+    def _max_vacate_time(self) -> float:
+        """min(JobMaxVacateTime, MachineMaxVacateTime), as the starter's graceful shutdown."""
+        job = wire.eval_attr(self.ad, "JobMaxVacateTime")
+        machine = self.config.max_vacate_time
+        return min(float(job), machine) if isinstance(job, int | float) and job >= 0 else machine
+
+    def _hard_kill(self, pid: int) -> None:
+        with self._lock:
+            exited = self._exited
+        if not exited:
+            kill_group(pid, signal.SIGKILL)
 
     @property
     def vacated(self) -> bool:

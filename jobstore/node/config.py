@@ -102,7 +102,14 @@ def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:
 
 
 def _bool(keyword: str, name: str, default: bool) -> bool:
-    raw = _setting(keyword, name)
+    return _checked_bool(f"{keyword}_JOBSTORE_{name}", _setting(keyword, name), default)
+
+
+def _flag(param: str, default: bool) -> bool:
+    return _checked_bool(param, _param(param), default)
+
+
+def _checked_bool(param: str, raw: str | None, default: bool) -> bool:
     if raw is None:
         return default
     value = raw.strip().lower()
@@ -110,7 +117,7 @@ def _bool(keyword: str, name: str, default: bool) -> bool:
         return True
     if value in ("false", "0", "no", "off"):
         return False
-    raise ConfigError(f"{keyword}_JOBSTORE_{name} must be true or false, not {raw!r}")
+    raise ConfigError(f"{param} must be true or false, not {raw!r}")
 
 
 def _int_text(raw: str | None) -> str | None:
@@ -256,7 +263,9 @@ class AgentSettings:
     replay_interval: int = 60
     db_overflow: int = 0
     watch_interval: float = 2.0  # seconds between two looks at the attempts this node runs
+    watch_listen: bool = True  # LISTEN for stopped attempts on PostgreSQL (else: poll only)
     vacate_command: str | None = None  # instead of the startd's vacateSlot (an emulator)
+    max_vacate_time: float = 600.0  # MACHINE_MAX_VACATE_TIME: a graceful vacate's longest grace
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -323,5 +332,22 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         replay_interval=number("REPLAY_INTERVAL", 60),
         db_overflow=number("DB_OVERFLOW", 0, minimum=0),
         watch_interval=float(number("WATCH_INTERVAL", 2)),
+        watch_listen=_flag("JOBSTORE_AGENT_WATCH_LISTEN", True),
         vacate_command=_param("JOBSTORE_AGENT_VACATE_COMMAND"),
+        max_vacate_time=_max_vacate_time(),
     )
+
+
+def _max_vacate_time() -> float:
+    """MACHINE_MAX_VACATE_TIME (the startd's; an expression such as `10 * 60`), 600 when it is
+    unset or not a constant number."""
+    raw = _param("MACHINE_MAX_VACATE_TIME")
+    if raw is None:
+        return 600.0
+    import classad2
+
+    try:
+        value = classad2.ExprTree(raw).eval()
+    except Exception:  # noqa: BLE001 - the startd's setting; not ours to refuse
+        return 600.0
+    return float(value) if isinstance(value, int | float) and value >= 0 else 600.0

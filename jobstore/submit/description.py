@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,23 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "accounting_group_user": ("accounting_group_user",),
     "concurrency_limits": ("concurrency_limits",),
     **{command: (command,) for command in POLICY_COMMANDS},
+    "kill_sig": ("kill_sig",),
+    "job_max_vacate_time": ("job_max_vacate_time",),
     "universe": ("universe",),
     "transfer_executable": ("transfer_executable",),
     "transfer_input_files": ("transfer_input_files",),
 }
+
+
+def kill_signal(value: str) -> str:
+    """condor_submit's kill_sig: a signal name (SIGINT, INT) or number -> its name."""
+    text = value.strip().upper()
+    try:
+        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
+            text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise ValueError(f"{value.strip()!r} is not a signal") from None
+    return sig.name
 
 
 def parse_submit_file(
@@ -387,6 +401,13 @@ class _SubmitExpander:
             raise self._error(getattr(exc, "what", current), str(exc), proc) from None
         # the policy commands set their HTCondor attributes, as +PeriodicHold = ... would
         policy = {POLICY_COMMANDS[c]: values[c] for c in POLICY_COMMANDS if c in values}
+        if "job_max_vacate_time" in values:
+            policy["JobMaxVacateTime"] = values["job_max_vacate_time"]
+        if "kill_sig" in values:
+            try:
+                policy["KillSig"] = f'"{kill_signal(values["kill_sig"])}"'
+            except ValueError as exc:
+                raise self._error("kill_sig", str(exc), proc) from None
         spec.custom = self._custom({**policy, **custom}, proc)
         return spec
 
@@ -411,6 +432,7 @@ class _SubmitExpander:
         """Validate ``+Attr`` / ``MY.Attr`` values."""
         result: dict[str, str] = {}
         commands = {attr: command for command, attr in POLICY_COMMANDS.items()}
+        commands.update(JobMaxVacateTime="job_max_vacate_time", KillSig="kill_sig")
         for name, value in custom.items():
             what = commands.get(name, f"+{name}")
             try:

@@ -1,0 +1,212 @@
+"""A job held or removed while its attempt runs: the attempt winds down on its slot until its end
+is reported; a release waits for it; the node's agent finds such attempts after a restart, is
+notified of them on PostgreSQL, and judges each one (keep, forget, vacate gracefully or fast)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from jobstore.agent.attempts import Attempt, Attempts
+from jobstore.agent.watch import grace, judge, restored
+from jobstore.core import holds, policy
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.notify import STOPS, Listener
+from jobstore.db.reads import AttemptState
+from jobstore.db.store import JobStore
+from jobstore.formats import views
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@node1", host="node1", keyword="JOBSTORE", claim_lease=600,
+                   shape="s")
+
+
+def submit(store: JobStore, n: int = 1, **custom: str) -> list[int]:
+    specs = [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i, custom=custom) for i in range(n)]
+    return store.submit(specs, owner="alice", queue="default", max_attempts=3)[1]
+
+
+def running(store: JobStore, req: ClaimRequest = REQ) -> Any:
+    job = store.claim(req, lambda _j: Verdict(take=True))
+    assert job is not None
+    store.report(job.id, Event.START, token=job.token, attempt=job.claims,
+                 changes={"job_pid": 42}, lease=600)
+    return store.get_job(job.id)
+
+
+def evict(store: JobStore, job: Any) -> Any:
+    """The JOB_EXIT evict of `job`'s attempt (the one it had when it ran)."""
+    return store.report(job.id, Event.EVICT, token=job.token, attempt=job.claims,
+                        attrs={"VacateReasonCode": 1010})
+
+
+def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
+        store: JobStore) -> None:
+    (job_id,) = submit(store)
+    job = running(store)
+    held = store.admin(job_id, Event.HOLD, "held while it runs")
+    assert (held.before, held.after) == ("running", "held")
+    row = store.get_job(job_id)
+    assert row.winding_down_until is not None and row.winding_down_until > time.time()
+    assert store.attempt_states([job_id])[job_id] == AttemptState("held", job.claims, True)
+
+    waiting = store.admin(job_id, Event.RELEASE, "released by the administrator")
+    assert waiting.pending and not waiting.changed
+    assert "still ending on slot1@node1" in (waiting.reason or "")
+    assert store.get_job(job_id).status == "held"  # not idle: another slot could take it
+    assert store.claim(REQ, lambda _j: Verdict(take=True)) is None
+    again = store.admin(job_id, Event.RELEASE, "released by the administrator")
+    assert again.pending
+
+    ended = evict(store, job)  # the vacated attempt's JOB_EXIT: the release takes effect
+    assert (ended.event, ended.before, ended.after) == ("release", "held", "idle")
+    row = store.get_job(job_id)
+    assert (row.status, row.winding_down_until, row.release_pending, row.hold_code) == (
+        "idle", None, None, None)
+    assert [(e.event, e.from_status, e.to_status) for e in store.events(job_id)][-5:] == [
+        ("start", "fetched", "running"),
+        ("hold", "running", "held"),
+        ("release", "held", None),  # pending, recorded once
+        ("evict", "held", None),  # stale: recorded, changes nothing
+        ("release", "held", "idle"),
+    ]
+    second = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert second is not None and second.claims == job.claims + 1
+
+
+def test_a_release_without_a_running_attempt_is_at_once(store: JobStore) -> None:
+    (job_id,) = submit(store)
+    store.admin(job_id, Event.HOLD, "held while idle")
+    assert store.get_job(job_id).winding_down_until is None
+    out = store.admin(job_id, Event.RELEASE, "released")
+    assert (out.changed, out.after, out.pending) == (True, "idle", False)
+
+
+def test_a_report_that_ends_the_attempt_leaves_nothing_winding_down(store: JobStore) -> None:
+    (job_id,) = submit(store, OnExitHold="ExitCode == 3")
+    job = running(store)
+    attrs = {"ExitCode": 3, "ExitBySignal": False}
+
+    def exit_policy(row: Any) -> policy.ExitVerdict:
+        return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
+
+    out = store.report(job_id, Event.EXIT, token=job.token, attempt=job.claims,
+                       changes={"exit_code": 3}, attrs=attrs, exit_policy=exit_policy)
+    assert out.after == "held"
+    row = store.get_job(job_id)
+    assert (row.hold_code, row.winding_down_until) == (holds.JOB_POLICY, None)
+    assert store.admin(job_id, Event.RELEASE, "released").after == "idle"
+
+
+def test_a_stale_report_of_an_older_attempt_does_not_end_the_winding_down(
+        store: JobStore) -> None:
+    (job_id,) = submit(store)
+    job = running(store)
+    store.admin(job_id, Event.REMOVE, "removed while it runs")
+    older = store.report(job_id, Event.EVICT, token=job.token, attempt=job.claims - 1)
+    assert older.stale
+    assert store.get_job(job_id).winding_down_until is not None
+    update = store.report(job_id, Event.UPDATE, token=job.token, attempt=job.claims)
+    assert update.stale  # not an end: still winding down
+    assert store.get_job(job_id).winding_down_until is not None
+    evict(store, job)
+    assert store.get_job(job_id).winding_down_until is None
+
+
+def test_reap_gives_up_waiting_and_carries_out_the_pending_release(store: JobStore) -> None:
+    (job_id,) = submit(store)
+    running(store)
+    store.admin(job_id, Event.HOLD, "held")
+    assert store.admin(job_id, Event.RELEASE, "released").pending
+    deadline = store.get_job(job_id).winding_down_until
+    assert deadline is not None
+    assert not [o for o in store.reap(now=deadline - 1) if o.job_id == job_id]
+    (out,) = [o for o in store.reap(now=deadline + 1) if o.job_id == job_id]
+    assert (out.event, out.after) == ("release", "idle")
+    assert "did not report its end in time" in (out.reason or "")
+
+
+def test_attempts_on_a_node_after_a_restart(store: JobStore) -> None:
+    ids = submit(store, 4)
+    other = ClaimRequest(**{**REQ.__dict__, "slot": "slot1@node2", "host": "node2"})
+    a = running(store)
+    b = running(store, ClaimRequest(**{**REQ.__dict__, "slot": "slot2@node1"}))
+    c = running(store, other)
+    store.admin(a.id, Event.REMOVE, "removed while the agent was down")
+    found = store.attempts_on(["node1"])
+    assert [(n.job_id, n.slot, n.attempt) for n in found] == [
+        (a.id, "slot1@node1", a.claims), (b.id, "slot2@node1", b.claims)]
+    assert {n.job_id for n in store.attempts_on(["node2"])} == {c.id}
+    evict(store, a)
+    assert [n.job_id for n in store.attempts_on(["node1"])] == [b.id]
+    assert store.attempts_on([]) == []
+    assert set(ids) >= {a.id, b.id, c.id}
+
+
+def test_a_hold_of_a_handed_out_job_notifies_the_agents(pg_url: str) -> None:
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    listener = Listener(store.engine, connect_timeout=5, channel=STOPS)
+    try:
+        listener.open()
+        assert listener.probe()
+        idle, _ = submit(store, 2)
+        store.admin(idle, Event.HOLD, "idle: nothing runs")
+        assert listener.wait(0.3) == []
+        job = running(store)
+        store.admin(job.id, Event.HOLD, "held while it runs")
+        assert listener.wait(5) == [str(job.id)]
+    finally:
+        listener.close()
+        store.engine.dispose()
+
+
+# ---- the agent's side: pure --------------------------------------------------------------------
+
+A = Attempt("slot1@n", 7, 2, "JOBSTORE", max_vacate_time=30)
+
+
+@pytest.mark.parametrize(("state", "since", "now", "action"), [
+    (None, None, 0, "fast"),  # the job is gone
+    (AttemptState("running", 3, False), None, 0, "fast"),  # another attempt is current
+    (AttemptState("idle", 2, False), None, 0, "fast"),  # its lease ran out
+    (AttemptState("running", 2, False), None, 0, "keep"),
+    (AttemptState("fetched", 2, False), None, 0, "keep"),
+    (AttemptState("removed", 2, True), None, 0, "graceful"),
+    (AttemptState("held", 2, True), None, 0, "graceful"),
+    (AttemptState("held", 2, True), 100.0, 131.0, "keep"),  # within grace + margin
+    (AttemptState("held", 2, True), 100.0, 132.0, "fast"),  # 30 s grace + 2 s margin
+    (AttemptState("held", 2, False), None, 0, "forget"),  # its end was reported elsewhere
+    (AttemptState("completed", 2, False), None, 0, "forget"),
+])
+def test_judge(state: AttemptState | None, since: float | None, now: float,
+               action: str) -> None:
+    assert judge(A, state, since, now, max_vacate_time=600, margin=2).action == action
+
+
+def test_grace_is_the_smaller_of_the_jobs_and_the_machines() -> None:
+    assert grace(A, 600) == 30
+    assert grace(A, 10) == 10
+    assert grace(Attempt("s", 1, 1, None), 600) == 600
+
+
+def test_restore_keeps_the_newest_attempt_per_slot_and_what_the_agent_knows() -> None:
+    from jobstore.db.reads import NodeAttempt
+
+    attempts = Attempts()
+    attempts.restore([Attempt("slot3@n", 1, 1, None)])
+    found = [
+        NodeAttempt(10, "slot1@n", 1, None, 1.0, {"JobMaxVacateTime": 5}),
+        NodeAttempt(11, "slot1@n", 1, None, 2.0, {}),  # newer on the same slot: it wins
+        NodeAttempt(12, "slot3@n", 1, None, 3.0, {}),  # the agent knows that slot's attempt
+    ]
+    added = attempts.restore(restored(found))
+    assert added == 1
+    assert sorted((a.slot, a.job_id) for a in attempts.snapshot()) == [
+        ("slot1@n", 11), ("slot3@n", 1)]
+    assert restored(found)[0].max_vacate_time == 5
