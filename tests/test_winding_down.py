@@ -210,3 +210,26 @@ def test_restore_keeps_the_newest_attempt_per_slot_and_what_the_agent_knows() ->
     assert sorted((a.slot, a.job_id) for a in attempts.snapshot()) == [
         ("slot1@n", 11), ("slot3@n", 1)]
     assert restored(found)[0].max_vacate_time == 5
+
+
+@pytest.mark.parametrize("stage", ["fetched", "accepted", "running"])
+@pytest.mark.parametrize("event", [Event.HOLD, Event.REMOVE])
+def test_every_handed_out_stage_winds_down(store: JobStore, stage: str, event: Event) -> None:
+    """A hold or rm of a fetched, accepted or running job leaves its attempt winding down
+    on its slot (the agent finds it), until the attempt's end is reported."""
+    (job_id,) = submit(store)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    if stage != "fetched":
+        store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims)
+    if stage == "running":
+        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                     changes={"job_pid": 42})
+    assert store.get_job(job_id).status == stage
+    out = store.admin(job_id, event, "stopped")
+    assert out.after == ("held" if event == Event.HOLD else "removed")
+    assert [n.job_id for n in store.attempts_on(["node1"])] == [job_id]
+    end = Event.REJECT if stage != "running" else Event.EVICT
+    store.report(job_id, end, token=job.token, attempt=job.claims)
+    assert store.get_job(job_id).winding_down_until is None
+    assert store.attempts_on(["node1"]) == []

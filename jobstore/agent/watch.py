@@ -158,7 +158,8 @@ class AttemptWatch:
     # ---- notifications --------------------------------------------------------------------
 
     def _follow(self, stores: dict[str | None, config.Settings]) -> None:
-        """LISTEN when all keywords use one PostgreSQL database and notifications arrive."""
+        """Follow the stops channel when all keywords use one PostgreSQL database and a probe
+        notification arrives."""
         urls = {s.database_url for s in stores.values()}
         url = next(iter(urls)) if len(urls) == 1 and self.settings().watch_listen else None
         if self._listener is not None and self._listen_url == url:
