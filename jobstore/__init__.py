@@ -3,13 +3,17 @@
 The public face for Python callers, loaded on first use so that the hooks, which import
 `jobstore.agent.client`, never pay for the database layers:
 
-    from jobstore import JobStore, JobSpec, subscribe
+    import jobstore
+    schedd = jobstore.Schedd()   # as htcondor2.Schedd(): submit, query, act, edit, history
 """
 
 __version__ = "0.1.0"
 
 # name -> the module that defines it
 _PUBLIC = {
+    "Schedd": "jobstore.api.schedd",
+    "SubmitResult": "jobstore.api.schedd",
+    "JobAction": "jobstore.api.schedd",
     "JobStore": "jobstore.db.store",
     "Outcome": "jobstore.db.store",
     "Job": "jobstore.core.jobs",

@@ -15,7 +15,7 @@ from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 from jobstore.submit import SubmitError, load_jobs
 
-__all__ = ["submit_path", "invoking_user", "SubmitError"]
+__all__ = ["submit_path", "invoking_user", "choose_owner", "check_renders", "SubmitError"]
 
 
 # POSIX portable user names (useradd's default NAME_REGEX, plus upper case): it becomes part of
@@ -45,7 +45,7 @@ def choose_owner(requested: str | None, settings: config.Settings) -> str:
     return owner
 
 
-def _check_renders(specs: list[JobSpec], owner: str, settings: config.Settings) -> None:
+def check_renders(specs: list[JobSpec], owner: str, settings: config.Settings) -> None:
     """Store and render every job's ad as FETCH_WORK would, so that a job that cannot be sent
     is refused now."""
     for spec in specs:
@@ -76,7 +76,7 @@ def submit_path(
     if not specs:
         raise SubmitError(f"{path}: no jobs to queue")
     who = choose_owner(owner, settings)
-    _check_renders(specs, who, settings)
+    check_renders(specs, who, settings)
     return store.submit(
         specs,
         owner=who,

@@ -140,21 +140,21 @@ class Negotiator(Transitions):
     def _insert_missing(
         self, conn: Connection, table: Any, values: Mapping[str, Any],
         keys: Sequence[str] | None = None,
-    ) -> None:
-        """INSERT, or nothing when a row with the same key exists (a concurrent submit)."""
+    ) -> bool:
+        """INSERT, or nothing when a row with the same key exists (a concurrent submit); whether
+        the row was inserted."""
         # imported here: a hook, which never submits, does not pay for them
         if self._pg:
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-            conn.execute(
-                pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-            )
+            stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing(
+                index_elements=keys)
         else:
             from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-            conn.execute(
-                sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-            )
+            stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(
+                index_elements=keys)
+        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
 
     # ---- the claim ------------------------------------------------------------------------
 

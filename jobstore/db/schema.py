@@ -46,6 +46,9 @@ clusters = Table(
     Column("submit_file", Text),
     Column("num_procs", Integer, nullable=False),
     Column("submitted_at", Epoch(), nullable=False),
+    # Chosen by the submitter: a submit retried with the same key returns this cluster.
+    Column("idempotency_key", String(255)),
+    UniqueConstraint("idempotency_key"),
 )
 
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).

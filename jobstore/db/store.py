@@ -26,6 +26,7 @@ from jobstore.db.transactions import AfterCommit, CommitListener
 from jobstore.db.transitions import Outcome
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import views
+from jobstore.formats.edits import edit_changes, edit_target
 from jobstore.formats.jobads import submitted_ad
 
 __all__ = [
@@ -49,6 +50,7 @@ ExitPolicy = Callable[[Job], ExitVerdict]
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
 PAGE = 500
+EDITABLE = (Status.IDLE.value, Status.HELD.value)
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
                           Event.REJECT, Event.CLAIM_EVICTED})
@@ -84,24 +86,36 @@ class JobStore(Negotiator, JobReads):
         max_attempts: int,
         submit_file: str | None = None,
         now: float | None = None,
+        connection: Connection | None = None,
+        idempotency_key: str | None = None,
     ) -> tuple[int, list[int]]:
         """Insert one cluster of jobs, each with its `submit` event and its autocluster.
         Returns (cluster, job ids). Raises AdError when a spec's attributes cannot be stored (a
-        reserved +Attr), ValueError for bad concurrency limits or accounting group names."""
+        reserved +Attr), ValueError for bad concurrency limits or accounting group names.
+
+        With `connection` (the caller's, inside its own transaction on this database) the jobs
+        are queued in that transaction: they commit or roll back with the caller's rows. With
+        `idempotency_key`, a submit whose key was used before queues nothing and returns that
+        cluster and its jobs."""
         now = now or time.time()
         ads = [submitted_ad(spec) for spec in specs]
-        with self._tx() as conn:
-            cluster_id = conn.execute(
-                insert(clusters)
-                .values(
-                    owner=owner,
-                    queue=queue,
-                    submit_file=submit_file,
-                    num_procs=len(specs),
-                    submitted_at=now,
-                )
-                .returning(clusters.c.id)
-            ).scalar_one()
+        with self._tx(connection) as conn:
+            cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
+                           num_procs=len(specs), submitted_at=now)
+            if idempotency_key is None:
+                cluster_id = conn.execute(
+                    insert(clusters).values(cluster).returning(clusters.c.id)).scalar_one()
+            else:
+                new = self._insert_missing(conn, clusters, {**cluster,
+                                                            "idempotency_key": idempotency_key},
+                                           ["idempotency_key"])
+                cluster_id = conn.execute(
+                    select(clusters.c.id)
+                    .where(clusters.c.idempotency_key == idempotency_key)).scalar_one()
+                if not new:  # queued before (or by a concurrent submit)
+                    return cluster_id, list(conn.execute(
+                        select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
+                        .order_by(jobs.c.proc_id)).scalars())
             queued = [
                 Job.queued(
                     spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue, ad=ad,
@@ -231,6 +245,29 @@ class JobStore(Negotiator, JobReads):
                 conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False,
                 hold=(holds.USER_REQUEST, 0),
             )
+
+    def edit(self, job_id: int, attr: str, value: str, *, now: float | None = None) -> bool:
+        """condor_qedit of one waiting (idle or held) job: set attribute `attr` to the
+        expression `value`; whether the job was edited (False when it is not waiting). Owner,
+        the job store's own attributes and those it computes cannot change (ValueError); a
+        change of what matching sees moves the job to its new autocluster."""
+        name, text = edit_target(attr, value)
+        now = now or time.time()
+        with self._tx() as conn:
+            job = self._lock(conn, job_id)
+            if job is None:
+                raise UnknownJob(job_id)
+            if job.status not in EDITABLE:
+                return False
+            changes = edit_changes(job, name, text)
+            edited = job.but(**changes)
+            (autocluster,) = self._register(conn, [edited], now)
+            changes.update(autocluster_id=autocluster, updated_at=now,
+                           periodic=policy.has_periodic(edited.ad) or None)
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**changes))
+            self._event(conn, job_id, "edit", job.status, None, now, attempt=job.claims,
+                        reason=f"{name} = {text}", attrs={name: text})
+            return True
 
     # ---- the job's own policy: the periodic pass ---------------------------------------
 

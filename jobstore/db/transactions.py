@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Self
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from jobstore.core.jobs import Job
@@ -26,6 +26,7 @@ from jobstore.formats import userlog
 AfterCommit = Callable[[bool], None]
 CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
 PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
+JOINED = "jobstore_joined_events"  # ... of a caller's transaction the store joined
 _log = logging.getLogger(__name__)
 
 
@@ -64,7 +65,14 @@ class Transactions:
         return cls(engine, statement_timeout_ms)
 
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
+    def _tx(self, outer: Connection | None = None) -> Iterator[Connection]:
+        """One transaction; with `outer`, the caller's own open transaction on that connection
+        instead (nothing committed here: the caller commits or rolls back, and the commit
+        listeners run as it commits)."""
+        if outer is not None:
+            with self._joined(outer) as conn:
+                yield conn
+            return
         pending: list[dict[str, Any]] = []
         after: list[AfterCommit] = []
         try:
@@ -87,6 +95,50 @@ class Transactions:
             _after_commit(after, False)
             raise
         _after_commit(after, True)
+
+    @contextmanager
+    def _joined(self, outer: Connection) -> Iterator[Connection]:
+        if not outer.in_transaction():
+            raise ValueError("connection= needs a connection inside a transaction (begin())")
+        joined = outer.info.get(JOINED)
+        if joined is None:
+            joined = outer.info[JOINED] = []
+            self._on_end(outer, joined)
+        before = outer.info.get(PENDING)
+        outer.info[PENDING] = joined
+        try:
+            yield outer
+        except (OperationalError, DBAPIError) as exc:
+            raise DatabaseError(_db_message(exc, self.engine.url)) from None
+        finally:
+            if not outer.invalidated:
+                if before is None:
+                    outer.info.pop(PENDING, None)
+                else:
+                    outer.info[PENDING] = before
+
+    def _on_end(self, outer: Connection, joined: list[dict[str, Any]]) -> None:
+        """Run the commit listeners for the events written in the caller's transaction as it
+        commits (just before the database's commit); forget them if it rolls back."""
+        ended: list[bool] = []
+
+        def end() -> bool:
+            if ended:
+                return False
+            ended.append(True)
+            if not outer.invalidated and outer.info.get(JOINED) is joined:
+                outer.info.pop(JOINED, None)
+            return True
+
+        def committed(conn: Connection) -> None:
+            if end() and joined:
+                _after_commit(self._before_commit(list(joined)), True)
+
+        def rolled_back(conn: Connection) -> None:
+            end()
+
+        event.listen(outer, "commit", committed, once=True)
+        event.listen(outer, "rollback", rolled_back, once=True)
 
     def _before_commit(self, events: list[dict[str, Any]]) -> list[AfterCommit]:
         after = []

@@ -8,7 +8,7 @@ import dataclasses
 import os
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,92 @@ def parse_submit_text(
     return _SubmitExpander(source, base, submit, keys).specs(items, count)
 
 
+def parse_submit_object(
+    description: htcondor2.Submit | Mapping[str, str] | str,
+    *,
+    base_dir: str | Path,
+    count: int = 0,
+    itemdata: Iterable[str] | Iterable[Mapping[str, str]] | None = None,
+    queue: str | None = None,
+    source: str = "submit description",
+) -> list[JobSpec]:
+    """Parse a description as htcondor2.Schedd.submit takes it (an htcondor2.Submit, a dict of
+    commands, or submit-language text) with its overrides: `queue` (the queue statement's
+    arguments), `itemdata` (dicts of variables, or lines split into the queue statement's
+    variables) and `count` (each item's count, when not 0)."""
+    if isinstance(description, str):
+        text = description if queue is None else _without_queue(description)
+        submit_text = text.replace("\r\n", "\n")
+        check_text_controls(source, submit_text)
+        _check_submit_lines(source, submit_text)
+        submit = _make_submit(source, submit_text)
+    else:
+        given = description
+        pairs = dict(given.items())
+        for key, value in pairs.items():
+            check_text_controls(source, f"{key} = {value}")
+        submit = _make_submit(source, "")
+        submit.update(pairs)
+        if isinstance(given, htcondor2.Submit) and queue is None:
+            queue = given.getQArgs() or ""
+            if itemdata is None and _QUEUE_KEYWORD.search(queue):
+                itemdata = list(given.itemdata() or [])
+    if queue is not None:
+        queue = re.sub(r"(?i)^\s*queue\b", "", queue).strip()
+        if CONTROL.search(queue.replace("\n", " ")):
+            raise SubmitError(f"{source}: queue: control character in the queue statement")
+        submit.setQArgs(queue)
+    base = os.path.abspath(base_dir)
+    qargs = (submit.getQArgs() or "").strip()
+    with contextlib.chdir(base):
+        keys = {k.lower(): k for k in submit}
+        if itemdata is None:
+            items, n = _queue_items(source, submit)
+        else:
+            items = _given_items(source, itemdata, _queue_vars(qargs))
+            n = _queue_count(source, submit, _count_text(qargs))
+    if count:
+        n = _check_count(source, count, str(count))
+    return _SubmitExpander(source, base, submit, keys).specs(items, n)
+
+
+def _without_queue(text: str) -> str:
+    """The text up to its first queue statement (replaced by the caller's)."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    cut = next((i for i, ln in enumerate(lines) if QUEUE_LINE.match(ln.strip())), len(lines))
+    return "\n".join(lines[:cut]) + "\n"
+
+
+def _queue_vars(qargs: str) -> list[str]:
+    """The variables a queue statement names (`x, y from ...`), or ["Item"]."""
+    match = _QUEUE_KEYWORD.search(qargs)
+    head = qargs if match is None else qargs[: match.start(1)]
+    names = [t for t in re.split(r"[\s,]+", head.strip()) if t and IDENT.fullmatch(t)]
+    return names or ["Item"]
+
+
+def _given_items(source: str, itemdata: Iterable[Any], names: list[str]) -> list[dict[str, str]]:
+    """htcondor2's itemdata: dicts (the first one's keys are the variables) or lines."""
+    items: list[dict[str, str]] = []
+    keys: list[str] | None = None
+    for n, item in enumerate(itemdata):
+        if isinstance(item, Mapping):
+            keys = keys or [str(k) for k in item]
+            row = {k: str(item.get(k, "")).strip() for k in keys}
+        else:
+            parts = re.split(r"[\s,]+", str(item).strip(), maxsplit=len(names) - 1)
+            row = dict(zip(names, parts + [""] * (len(names) - len(parts)), strict=True))
+        for key, value in row.items():
+            if not IDENT.fullmatch(key):
+                raise SubmitError(f"{source}: itemdata: {key!r} is not a variable name")
+            if CONTROL.search(value):
+                raise SubmitError(f"{source}: itemdata item {n}: control character in {key}")
+        items.append(row)
+        if len(items) > MAX_PROCS:
+            raise SubmitError(f"{source}: itemdata: more than {MAX_PROCS} items")
+    return items
+
+
 def _check_submit_lines(source: str, text: str) -> None:
     """Exactly one queue statement; no commands run while parsing."""
     queues: list[int] = []
@@ -199,14 +285,7 @@ def _queue_items(source: str, submit: htcondor2.Submit) -> tuple[list[dict[str, 
     """The queue statement's item rows (one empty row for plain ``queue N``) and count N."""
     qargs = (submit.getQArgs() or "").strip()
     match = _QUEUE_KEYWORD.search(qargs)
-    head = qargs if match is None else qargs[: match.start(1)]
-    tokens = [t for t in re.split(r"[\s,]+", head.strip()) if t]
-    count_text = "1"
-    if match is None and head.strip():
-        count_text = head.strip()
-    elif tokens and not IDENT.fullmatch(tokens[0]):
-        count_text = tokens[0]
-    count = _queue_count(source, submit, count_text)
+    count = _queue_count(source, submit, _count_text(qargs))
     if match is None:
         return [{}], count
     if match.group(1).lower() == "from" and qargs.endswith("|"):
@@ -217,6 +296,19 @@ def _queue_items(source: str, submit: htcondor2.Submit) -> tuple[list[dict[str, 
     except Exception as exc:
         raise SubmitError(f"{source}: queue {qargs}: {exc}") from None
     return items, count
+
+
+def _count_text(qargs: str) -> str:
+    """The count of a queue statement's arguments (`3`, `3 x in (...)`), "1" when it has
+    none."""
+    match = _QUEUE_KEYWORD.search(qargs)
+    head = qargs if match is None else qargs[: match.start(1)]
+    tokens = [t for t in re.split(r"[\s,]+", head.strip()) if t]
+    if match is None and head.strip():
+        return head.strip()
+    if tokens and not IDENT.fullmatch(tokens[0]):
+        return tokens[0]
+    return "1"
 
 
 def _queue_count(source: str, submit: htcondor2.Submit, text: str) -> int:

@@ -1,0 +1,198 @@
+"""jobstore.Schedd: htcondor2.Schedd's calls (submit, query, act, edit, history) against the job
+store on SQLite and PostgreSQL, with htcondor2's return types and totals; a submit inside the
+caller's transaction; an idempotency key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import classad2
+import htcondor2
+import pytest
+from sqlalchemy import text
+
+import jobstore
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.submit import SubmitError
+from jobstore.testing.support import ordinary_owner
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+
+
+@pytest.fixture
+def schedd(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    upgrade(db_url)
+    monkeypatch.chdir(tmp_path)
+    with jobstore.Schedd(url=db_url, owner=ordinary_owner()) as s:
+        yield s
+
+
+def sleep_job(**extra: str) -> htcondor2.Submit:
+    return htcondor2.Submit({"executable": "/bin/sleep", "arguments": "60",
+                             "transfer_executable": "false", **extra})
+
+
+def test_submit_and_query_as_htcondor2(schedd: Any) -> None:
+    result = schedd.submit(sleep_job(), count=3)
+    assert isinstance(result, jobstore.SubmitResult)
+    assert (result.first_proc(), result.num_procs()) == (0, 3)
+    cluster = result.cluster()
+    ad = result.clusterad()
+    assert isinstance(ad, classad2.ClassAd)
+    assert (ad["ClusterId"], ad["NumProcs"], ad["Cmd"]) == (cluster, 3, "/bin/sleep")
+    ads = schedd.query(f"ClusterId == {cluster}")
+    assert [a["ProcId"] for a in ads] == [0, 1, 2]
+    first = ads[0]
+    assert isinstance(first, classad2.ClassAd)
+    assert (first["JobStatus"], first["Owner"], first["Cmd"], first["NumJobStarts"]) == (
+        1, ordinary_owner(), "/bin/sleep", 0)
+    projected = schedd.query(f"ClusterId == {cluster}", ["ProcId", "JobStatus"], limit=2)
+    assert [sorted(a.keys()) for a in projected] == [["JobStatus", "ProcId"]] * 2
+    procs = schedd.query(classad2.ExprTree(f"ClusterId == {cluster}"),
+                         callback=lambda a: a["ProcId"] * 10)
+    assert procs == [0, 10, 20]
+    assert schedd.query("ClusterId == -1") == []
+
+
+def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> None:
+    text_job = schedd.submit("executable = /bin/echo\narguments = hi\n"
+                             "transfer_executable = false\nqueue 2\n")
+    assert text_job.num_procs() == 2
+    items = schedd.submit(sleep_job(arguments="$(secs) $(tag)"),
+                          itemdata=iter([{"secs": "1", "tag": "a"}, {"secs": "2", "tag": "b"}]))
+    args = [a["Arguments"] for a in schedd.query(f"ClusterId == {items.cluster()}")]
+    assert args == ["1 a", "2 b"]
+    lines = schedd.submit(
+        htcondor2.Submit("executable = /bin/echo\narguments = $(x)-$(y)\n"
+                         "transfer_executable = false\nqueue x, y from (\n  p q\n)\n"),
+        itemdata=["1 one", "2 two"])
+    assert [a["Arguments"] for a in schedd.query(f"ClusterId == {lines.cluster()}")] == [
+        "1-one", "2-two"]
+    inline = schedd.submit(htcondor2.Submit(
+        "executable = /bin/echo\narguments = $(x)\ntransfer_executable = false\n"
+        "queue x from (\n  a\n  b\n  c\n)\n"))
+    assert inline.num_procs() == 3
+    override = schedd.submit(sleep_job(), queue="queue 4")
+    assert override.num_procs() == 4
+    plain = schedd.submit({"executable": "/bin/true", "transfer_executable": "false"})
+    assert plain.num_procs() == 1
+    with pytest.raises(SubmitError, match="control character"):
+        schedd.submit(sleep_job(), itemdata=[{"x": "a\nb"}])
+    with pytest.raises(ValueError, match="spool"):
+        schedd.submit(sleep_job(), spool=True)
+
+
+def test_act_returns_htcondor2_totals(schedd: Any) -> None:
+    cluster = schedd.submit(sleep_job(), count=3).cluster()
+    held = schedd.act(htcondor2.JobAction.Hold, [f"{cluster}.0", f"{cluster}.1"], "wait")
+    assert isinstance(held, classad2.ClassAd)
+    assert {n: held[n] for n in ("TotalSuccess", "TotalJobAds", "TotalNotFound",
+                                 "TotalChangedAds")} == {
+        "TotalSuccess": 2, "TotalJobAds": 2, "TotalNotFound": 0, "TotalChangedAds": 1}
+    (ad,) = schedd.query(f"ClusterId == {cluster} && ProcId == 0", ["HoldReason",
+                                                                    "HoldReasonCode"])
+    assert (ad["HoldReason"], ad["HoldReasonCode"]) == ("wait", 1)
+    again = schedd.act(htcondor2.JobAction.Hold, f"{cluster}.0")
+    assert (again["TotalAlreadyDone"], again["TotalSuccess"]) == (1, 0)
+    bad = schedd.act(htcondor2.JobAction.Release, f"{cluster}.2")  # idle: not held
+    assert bad["TotalBadStatus"] == 1
+    released = schedd.act(htcondor2.JobAction.Release, f"ClusterId == {cluster} && JobStatus == 5")
+    assert released["TotalSuccess"] == 2
+    missing = schedd.act(htcondor2.JobAction.Remove, [f"{cluster}.0", f"{cluster + 99}.0"])
+    assert (missing["TotalSuccess"], missing["TotalNotFound"]) == (1, 1)
+    gone = schedd.act(jobstore.JobAction.Remove, cluster)  # an int: the whole cluster
+    assert (gone["TotalJobAds"], gone["TotalSuccess"], gone["TotalAlreadyDone"]) == (3, 2, 1)
+    with pytest.raises(ValueError, match="Suspend is not supported"):
+        schedd.act(htcondor2.JobAction.Suspend, cluster)
+
+
+def test_edit_follows_condor_qedit(schedd: Any) -> None:
+    cluster = schedd.submit(sleep_job(), count=2).cluster()
+    assert schedd.edit(f"{cluster}.0", "JobPrio", "7") == 1
+    assert schedd.edit(f"ClusterId == {cluster}", "MyTag", '"blue"') == 2
+    ads = schedd.query(f"ClusterId == {cluster}", ["ProcId", "JobPrio", "MyTag"])
+    assert [(a["JobPrio"], a["MyTag"]) for a in ads] == [(7, "blue"), (0, "blue")]
+    before = schedd.store.get_job(schedd.store.find_jobs(cluster, 1)[0].id).autocluster_id
+    assert schedd.edit(f"{cluster}.1", "RequestMemory", 2048) == 1
+    job = schedd.store.find_jobs(cluster, 1)[0]
+    assert (job.request_memory, job.autocluster_id != before) == (2048, True)
+    events = schedd.store.events(job.id)
+    assert events[-1].event == "edit" and events[-1].reason == "RequestMemory = 2048"
+    for attr in ("Owner", "ClusterId", "JobStatus", "JobstoreJobId", "ConcurrencyLimits"):
+        with pytest.raises(ValueError, match="cannot be edited"):
+            schedd.edit(f"{cluster}.0", attr, "1")
+    with pytest.raises(ValueError, match="not a ClassAd expression"):
+        schedd.edit(f"{cluster}.0", "MyTag", "(((")
+    running = schedd.store.claim(REQ, lambda _j: Verdict(take=True))
+    assert running is not None
+    assert schedd.edit(f"{running.cluster_id}.{running.proc_id}", "JobPrio", "9") == 0
+
+
+def test_history_newest_first_with_match_and_since(schedd: Any) -> None:
+    cluster = schedd.submit(sleep_job(), count=3).cluster()
+    for proc in (1, 0, 2):
+        schedd.act(htcondor2.JobAction.Remove, f"{cluster}.{proc}")
+    ads = schedd.history(f"ClusterId == {cluster}", ["ProcId", "JobStatus"])
+    assert [(a["ProcId"], a["JobStatus"]) for a in ads] == [(2, 3), (0, 3), (1, 3)]
+    assert [a["ProcId"] for a in schedd.history(None, ["ProcId"], match=1)] == [2]
+    assert [a["ProcId"] for a in schedd.history(None, ["ProcId"], since=f"{cluster}.0")] == [2]
+    assert schedd.query(f"ClusterId == {cluster}") == []  # finished: history only
+
+
+def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any) -> None:
+    engine = schedd.store.engine
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE workflow_steps (name VARCHAR(20))"))
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        conn.execute(text("INSERT INTO workflow_steps VALUES ('lost')"))
+        lost = schedd.submit(sleep_job(), count=2, connection=conn)
+        assert lost.num_procs() == 2
+        raise RuntimeError("the workflow engine fails before its commit")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO workflow_steps VALUES ('kept')"))
+        kept = schedd.submit(sleep_job(), count=2, connection=conn)
+    with engine.connect() as conn:
+        steps = [r[0] for r in conn.execute(text("SELECT name FROM workflow_steps"))]
+    assert steps == ["kept"]
+    queued = schedd.query(projection=["ClusterId", "ProcId"])  # the rolled-back jobs: gone
+    assert [(a["ClusterId"], a["ProcId"]) for a in queued] == [(kept.cluster(), 0),
+                                                              (kept.cluster(), 1)]
+    submits = [e for j in kept.job_ids for e in schedd.store.events(j) if e.event == "submit"]
+    assert len(submits) == 2
+    with engine.connect() as idle, pytest.raises(ValueError, match="inside a transaction"):
+        schedd.submit(sleep_job(), connection=idle)
+
+
+def test_an_idempotency_key_queues_once(schedd: Any) -> None:
+    first = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
+    again = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
+    assert (again.cluster(), again.job_ids) == (first.cluster(), first.job_ids)
+    other = schedd.submit(sleep_job(), idempotency_key="run-42/step-2")
+    assert other.cluster() != first.cluster()
+    assert len(schedd.query()) == 3
+
+
+def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    upgrade(db_url)
+    monkeypatch.chdir(tmp_path)
+    import os
+
+    with jobstore.Schedd(url=db_url) as schedd:
+        if os.geteuid() == 0:
+            with pytest.raises(SubmitError, match="may not run as root"):
+                schedd.submit(sleep_job())
+        else:
+            assert schedd.submit(sleep_job()).num_procs() == 1
+
+
+def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:
+    cluster = schedd.submit(sleep_job()).cluster()
+    job = schedd.store.find_jobs(cluster)[0]
+    schedd.store.admin(job.id, Event.HOLD, "by the admin")
+    (ad,) = schedd.query(f"ClusterId == {cluster}", ["JobStatus", "HoldReason"])
+    assert (ad["JobStatus"], ad["HoldReason"]) == (5, "by the admin")
