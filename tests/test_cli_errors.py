@@ -51,6 +51,10 @@ BAD = [
     (["nosuchcommand"], "nosuchcommand"),
     (["--db", "mysql://u:Sekr1t@h/x", "q"], "unsupported"),
     (["--db", "not a url", "q"], "URL"),
+    # what a new user hit (issue 13): a path for a URL, a directory that cannot exist
+    (["--db", "/tmp/jobstore-x.db", "q"], "sqlite:////tmp/jobstore-x.db"),
+    (["--db", "sqlite:////nonexistent/dir/x.db", "q"], "jobstore init"),
+    (["--db", "sqlite:////proc/x/y.db", "init"], "cannot create the directory"),
 ]
 
 
@@ -97,3 +101,24 @@ def test_bad_invocations(sqlite_url: str, condor_config: Path, tmp_path: Path) -
         list(pool.map(lambda row: one(*row), BAD))
     assert counts(sqlite_url) == before
     assert not failures, "\n".join(map(repr, failures))
+
+
+def test_reading_before_init_creates_nothing_and_says_init(condor_config: Path,
+                                                          tmp_path: Path) -> None:
+    """`jobstore q` (and the other reading commands) on a job store that does not exist yet:
+    one line that says to run `jobstore init`, and no database file left behind; a database
+    without the schema says the same."""
+    path = tmp_path / "new" / "jobstore.db"
+    url = f"sqlite:///{path}"
+    for args in (["q"], ["history"], ["stats"], ["userprio"]):
+        r = run(url, condor_config, args)
+        assert r.returncode == 1 and "jobstore init" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not path.exists() and not path.parent.exists()
+    path.parent.mkdir()
+    sa.create_engine(url).dispose()
+    path.touch()  # an empty file: no schema
+    r = run(url, condor_config, ["q"])
+    assert r.returncode == 1 and "no such table" in r.stderr and "jobstore init" in r.stderr
+    assert run(url, condor_config, ["init"]).returncode == 0
+    assert run(url, condor_config, ["q"]).returncode == 0

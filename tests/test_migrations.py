@@ -130,7 +130,7 @@ def test_partial_index_predicates_and_sorting(db_url, tmp_path):
             with engine.connect() as conn:
                 migrated, reference = _index_details(conn), _index_details(conn, "ref")
         else:
-            ref_engine = make_engine(f"sqlite:///{tmp_path / 'reference.db'}")
+            ref_engine = make_engine(f"sqlite:///{tmp_path / 'reference.db'}", create=True)
             metadata.create_all(ref_engine)
             with engine.connect() as conn:
                 migrated = _index_details(conn)

@@ -4,6 +4,7 @@ caller's transaction; an idempotency key."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,39 @@ def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:
     schedd.store.admin(job.id, Event.HOLD, "by the admin")
     (ad,) = schedd.query(f"ClusterId == {cluster}", ["JobStatus", "HoldReason"])
     assert (ad["JobStatus"], ad["HoldReason"]) == (5, "by the admin")
+
+
+def _readme_example() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Python: the API of htcondor2.Schedd", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
+    """The README's example, as it is written, run by an ordinary account in its own process."""
+    import os
+    import pwd
+    import subprocess
+    import sys
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="jobstore-readme-"))
+    os.chmod(work, 0o777)
+    if db_url.startswith("sqlite"):  # where the example's account can write
+        db_url = f"sqlite:///{work / 'jobstore.db'}"
+    upgrade(db_url)
+    if db_url.startswith("sqlite"):
+        os.chmod(work / "jobstore.db", 0o666)
+    user = pwd.getpwnam(ordinary_owner()) if os.geteuid() == 0 else None
+    code = f"DB = {db_url!r}\n" + _readme_example()
+    out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True,
+                         text=True, timeout=120, user=user.pw_uid if user else None,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(work),
+                              "CONDOR_CONFIG": "/dev/null"})
+    try:
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[:2] == ["0 1 part 1 of a", "1 1 part 2 of a"]
+        assert lines[-1] == "[1, 0]"  # both removed; the most recently finished first
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -38,6 +38,7 @@ def make_engine(
     connect_timeout: int = 5,
     pool: bool = False,
     max_overflow: int = 0,
+    create: bool = False,
 ) -> Engine:
     """An engine for `url`. Hooks use no pool (one short connection); a service may pool:
     one connection kept open (checked with a ping before use, so that a restarted
@@ -47,12 +48,13 @@ def make_engine(
     PostgreSQL: no server-side prepared statements and no startup parameters, so that the same
     code works behind PgBouncer in transaction pooling mode; statement timeouts are set per
     transaction with SET LOCAL. SQLite: every transaction is BEGIN IMMEDIATE, so that claims from
-    several processes serialise instead of failing on lock upgrades.
+    several processes serialise instead of failing on lock upgrades; the file must exist unless
+    `create` (`jobstore init`): nothing else creates a job store, not even by reading.
     """
     try:
         parsed = make_url(url)
     except Exception:
-        raise DatabaseError("the database URL cannot be parsed") from None
+        raise DatabaseError(url_error(url)) from None
     backend = parsed.get_backend_name()
     kwargs: dict = (
         {
@@ -66,8 +68,10 @@ def make_engine(
     )
     if backend == "sqlite":
         database = parsed.database or ""
+        if database and database != ":memory:" and not create and not os.path.exists(database):
+            raise DatabaseError(f"no job store at {database} (create it with `jobstore init`)")
         if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(database)
         engine = create_engine(url, connect_args={"timeout": max(connect_timeout, 30)}, **kwargs)
         _sqlite_immediate(engine)
         return engine
@@ -77,6 +81,23 @@ def make_engine(
         connect_args = {"connect_timeout": connect_timeout, "prepare_threshold": None}
         return create_engine(parsed, connect_args=connect_args, **kwargs)
     raise DatabaseError(f"unsupported database backend {backend!r} (use postgresql or sqlite)")
+
+
+def url_error(url: str) -> str:
+    """Why `url` is not a database URL, with the URL a path would have been meant as."""
+    text = url.strip()
+    if text.startswith("/") or text.endswith((".db", ".sqlite", ".sqlite3")):
+        path = os.path.abspath(text)
+        return (f"{text!r} is a path, not a database URL: for SQLite say sqlite:///{path}")
+    return "the database URL cannot be parsed (postgresql://USER@HOST/DB or sqlite:////PATH)"
+
+
+def _make_parent(database: str) -> None:
+    try:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseError(f"cannot create the directory of {database}: "
+                            f"{exc.strerror or exc}") from None
 
 
 def _sqlite_immediate(engine: Engine) -> None:
@@ -109,7 +130,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     if is_sqlite(url):
         database = make_url(url).database or ""
         if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+            _make_parent(database)
             existed = os.path.exists(database)
     try:
         command.upgrade(alembic_config(url), revision)

@@ -48,7 +48,7 @@ clusters = Table(
     Column("submitted_at", Epoch(), nullable=False),
     # Chosen by the submitter: a submit retried with the same key returns this cluster.
     Column("idempotency_key", String(255)),
-    UniqueConstraint("idempotency_key"),
+    Index("ix_clusters_idempotency_key", "idempotency_key", unique=True),
 )
 
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).

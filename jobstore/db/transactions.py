@@ -164,4 +164,6 @@ def _after_commit(after: list[AfterCommit], committed: bool) -> None:
 def _db_message(exc: Exception, url: Any) -> str:
     orig = getattr(exc, "orig", None) or exc
     first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if "no such table" in first or ("relation" in first and "does not exist" in first):
+        first += " (not a job store yet? create it with `jobstore init`)"
     return f"database {safe_url(str(url))}: {first}"

@@ -8,7 +8,7 @@ from jobstore.db.schema import metadata
 
 config = context.config
 url = config.attributes["database_url"]
-engine = make_engine(url)
+engine = make_engine(url, create=True)
 with engine.connect() as connection:
     context.configure(
         connection=connection,

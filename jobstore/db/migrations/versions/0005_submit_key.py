@@ -14,12 +14,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("clusters") as batch:
-        batch.add_column(sa.Column("idempotency_key", sa.String(length=255), nullable=True))
-        batch.create_unique_constraint("uq_clusters_idempotency_key", ["idempotency_key"])
+    # a unique index, not a constraint: SQLite would have to copy the table (and its rows'
+    # foreign keys) to add one
+    op.add_column("clusters", sa.Column("idempotency_key", sa.String(length=255), nullable=True))
+    op.create_index("ix_clusters_idempotency_key", "clusters", ["idempotency_key"], unique=True)
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("clusters") as batch:
-        batch.drop_constraint("uq_clusters_idempotency_key", type_="unique")
-        batch.drop_column("idempotency_key")
+    op.drop_index("ix_clusters_idempotency_key", table_name="clusters")
+    op.drop_column("clusters", "idempotency_key")
