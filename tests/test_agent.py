@@ -138,7 +138,9 @@ def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
     assert not [c for c in seq.calls if c.stderr], [c.stderr for c in seq.calls]
     assert _status(store, job_id) == "completed"
     log = node.log.read_text()
-    assert f"fetched job {job_id}" in log and "exit running -> completed" in log
+    row = store.get_job(job_id)
+    assert f"fetched job {row.cluster_id}.{row.proc_id} " in log  # as condor_q numbers it
+    assert "exit running -> completed" in log
     # The hot path: no SQLAlchemy, psycopg, classad2 or htcondor2 in the hook process.
     probe = node.hook("fetch_job", slot_ad("slot2@node01"), JOBSTORE_HOOK_MODE="agent",
                       PYTHONPROFILEIMPORTTIME="1")
@@ -351,7 +353,8 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     (job_id,) = store.submit([spec], owner=ordinary_owner(), queue="default",
                              max_attempts=3)[1]
     node.start()
-    node.wait_log(f"job {job_id}: periodic policy: remove idle -> removed")
+    row = store.get_job(job_id)
+    node.wait_log(f"job {row.cluster_id}.{row.proc_id}: periodic policy: remove idle -> removed")
     assert _status(store, job_id) == "removed"
     assert node.stop() == 0
 

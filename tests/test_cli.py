@@ -64,8 +64,46 @@ def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
     long = cli(db, "q", "1.1", "-l").stdout
     assert 'Cmd = "/bin/echo"' in long and "JobPrio = 7" in long and 'Project = "x"' in long
     assert "JobstoreToken" not in long
-    table = cli(db, "q").stdout
-    assert "1.2" in table and "idle" in table and "Total: 3 jobs" in table
+    table = cli(db, "q").stdout.splitlines()
+    assert table[0].split() == ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "ST", "PRI", "SIZE",
+                                "CMD"]
+    row = table[3].split()
+    assert row[0] == "1.2" and row[4:] == ["0+00:00:00", "I", "7", "0.0", "/bin/echo", "hi"]
+    assert table[-1] == ("Total for query: 3 jobs; 0 completed, 0 removed, 3 idle, 0 running, "
+                         "0 held, 0 suspended")
+
+
+def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:
+    """condor_q's single-dash options (-nobatch -totals -limit -format -json -long -run) and
+    condor_history's columns, job ids and -match; `jobstore qedit` as condor_qedit."""
+    submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\npriority = 3\nqueue 4\n"))
+    assert cli(db, "q", "-nobatch").stdout == cli(db, "q").stdout
+    assert cli(db, "q", "-totals").stdout.strip() == (
+        "Total for query: 4 jobs; 0 completed, 0 removed, 4 idle, 0 running, 0 held, "
+        "0 suspended")
+    assert len(json.loads(cli(db, "q", "-json", "-limit", "2").stdout)) == 2
+    out = cli(db, "q", "-format", "%d.", "ClusterId", "-format", "%d ", "ProcId",
+              "-format", "%v\\n", "JobPrio")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:2] == ["1.0 3", "1.1 3"]
+    assert "JobPrio = 3" in cli(db, "q", "1.0", "-long").stdout
+    assert cli(db, "q", "-run").stdout.splitlines()[0].split() == [
+        "ID", "OWNER", "SUBMITTED", "RUN_TIME", "HOST(S)"]
+    edited = cli(db, "qedit", "1.1", "JobPrio", "9")
+    assert edited.returncode == 0 and "for 1 job(s)" in edited.stdout, edited.stderr
+    assert cli(db, "q", "1.1", "-af", "JobPrio").stdout.strip() == "9"
+    refused = cli(db, "qedit", "1.1", "Owner", '"root"')
+    assert refused.returncode == 1 and "cannot be edited" in refused.stderr
+    for proc in ("1.2", "1.0", "1.3"):
+        assert cli(db, "rm", proc).returncode == 0
+    hist = cli(db, "history").stdout.splitlines()
+    assert hist[0].split() == ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "ST", "COMPLETED", "CMD"]
+    assert [ln.split()[0] for ln in hist[1:]] == ["1.3", "1.0", "1.2"]  # latest first
+    assert [ln.split()[5] for ln in hist[1:]] == ["X", "X", "X"]  # (SUBMITTED is 2 words)
+    assert [ln.split()[0] for ln in cli(db, "history", "-match", "1").stdout.splitlines()[1:]
+            ] == ["1.3"]
+    assert [ln.split()[0] for ln in cli(db, "history", "1.0").stdout.splitlines()[1:]] == [
+        "1.0"]
 
 
 def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
@@ -275,6 +313,51 @@ def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> Non
     rows = [line.split(None, 6) for line in out.stdout.splitlines()[1:] if line[:1].isdigit()]
     assert [(r[0], r[4], r[5], r[6].strip()) for r in rows] == [
         ("1.0", "3", "5", "waits too long"), ("2.0", "1", "0", "by hand")]
-    assert "Total: 2 held jobs" in out.stdout
+    assert out.stdout.splitlines()[-1].startswith("Total for query: 2 jobs;")
     af = cli(db, "q", "1.0", "-af", "HoldReasonCode", "HoldReasonSubCode", "NumHolds")
     assert af.stdout.split() == ["3", "5", "1"]
+
+
+def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> None:
+    """`jobstore emulate` with nothing runnable but a held job: it stops at once (not at its
+    timeout) and says which job is held and why, with exit status 1."""
+    submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
+    assert cli(db, "hold", "1.0", "-r", "waiting for input").returncode == 0
+    condor_user = ["--condor-user", _owner()] if os.geteuid() == 0 else []
+    out = cli(db, "emulate", "--slots", "1", "--timeout", "600", *condor_user)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "job 1.0 is held: waiting for input" in out.stderr
+    assert "release JOB" in out.stderr
+
+
+def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: Path) -> None:
+    """A report of an ended attempt and a repeated accept are recorded (JSON, --all) but not
+    shown by default; `watch` says what it waits for."""
+    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.core.states import Event
+    from jobstore.db.store import JobStore
+
+    submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
+    store = JobStore.from_url(db)
+    try:
+        job = store.claim(ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6),
+                                       slot="slot1@n", host="n", keyword="JOBSTORE",
+                                       claim_lease=60), lambda _j: Verdict(take=True))
+        assert job is not None
+        store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims)
+        store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims)  # repeated
+        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
+                     changes={"exit_code": 0})
+        store.report(job.id, Event.UPDATE, token=job.token, attempt=job.claims)  # late
+    finally:
+        store.engine.dispose()
+    shown = cli(db, "events", "1.0").stdout
+    everything = cli(db, "events", "1.0", "--all").stdout
+    assert "ignored in state" not in shown and "stale:" not in shown
+    assert "ignored in state" in everything and "stale:" in everything
+    assert len(cli(db, "events", "1.0", "--json").stdout.splitlines()) == 6
+    watched = cli(db, "watch", "1.0", "--until-done", "--since", "0")
+    assert watched.returncode == 0 and "stale:" not in watched.stdout
+    assert "finished  completed  exit 0  ok" in watched.stdout
+    waiting = cli(db, "watch", "1.0", "--until-done")
+    assert "waiting for the transitions of 1.0" in waiting.stderr

@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from hookseq import ordinary_owner
 
@@ -122,3 +123,26 @@ def test_reading_before_init_creates_nothing_and_says_init(condor_config: Path,
     assert r.returncode == 1 and "no such table" in r.stderr and "jobstore init" in r.stderr
     assert run(url, condor_config, ["init"]).returncode == 0
     assert run(url, condor_config, ["q"]).returncode == 0
+
+
+def test_demo_as_root_with_an_unreachable_interpreter_stops_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make demo` as root in a clone under /root (mode 700): the job account could not run the
+    hooks' interpreter; the demo says so in one line, with the fix, before doing anything."""
+    import importlib
+
+    import click
+
+    demo = importlib.import_module("jobstore.cli.demo")  # the module, not its click command
+
+    private = tmp_path / "home"
+    (private / "clone" / ".venv" / "bin").mkdir(parents=True)
+    private.chmod(0o700)
+    monkeypatch.setattr(sys, "executable", str(private / "clone" / ".venv" / "bin" / "python"))
+    with pytest.raises(click.ClickException) as err:
+        demo._check_interpreter("alice")
+    message = err.value.message
+    assert f"{private} is not searchable" in message and "VENV=" in message
+    assert "\n" not in message
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    demo._check_interpreter("alice")  # reachable: no complaint

@@ -244,6 +244,10 @@ def test_demo_command_runs() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 of 6 jobs completed" in proc.stdout
+    assert "6 of 6 jobs done, 0 running" in proc.stdout  # the progress line
+    # the hint is a command that runs from here (`jobstore` is not on PATH)
+    events = next(ln for ln in proc.stdout.splitlines() if ln.startswith("Events:"))
+    assert f"{sys.executable} -m jobstore.cli --db sqlite:///" in events
     out_dir = Path(proc.stdout.split("Job output: ")[1].split("/out.N")[0])
     try:
         assert (out_dir / "out.5").read_text().startswith("job 5 ran")
@@ -396,7 +400,9 @@ def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ign
     assert store.get_job(long_job).status == "removed"
     log = agent.log.read_text()
     assert "1 attempt(s) of this node found in the job store" in log
-    assert f"job {long_job} attempt 1 is removed: slot slot1@node01.example.org vacated" in log
+    row = store.get_job(long_job)
+    assert (f"job {row.cluster_id}.{row.proc_id} attempt 1 is removed: "
+            "slot slot1@node01.example.org vacated") in log
 
 
 def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None:  # type: ignore[no-untyped-def]
@@ -444,7 +450,9 @@ def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None
     assert (job.status, job.hold_code) == ("held", 3), job.reason
     fetches = [e for e in store.events(held_job) if e.event == "fetch"]
     assert len(fetches) == 1
-    assert any(e.event == "evict" for e in store.events(held_job))  # its process ended
+    # its process ended: the vacate's evict, or an exit by the signal its UPDATE_JOB_INFO sent
+    assert any(e.event in ("evict", "exit") and e.attempt == 1 and e.to_status is None
+               for e in store.events(held_job))
     hosts = {e.host for j in quick for e in store.events(j) if e.event == "fetch"}
     assert hosts == {"node-a.example.org", "node-b.example.org"}
 

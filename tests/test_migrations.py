@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,8 @@ from alembic.script import ScriptDirectory
 from jobstore.db.engine import alembic_config, make_engine, upgrade
 from jobstore.db.schema import metadata
 
-JOBSTORE_CLI = Path("/work/main/.venv/bin/jobstore")
-if not JOBSTORE_CLI.exists():  # another checkout: the venv next to this repository
-    JOBSTORE_CLI = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "jobstore"
+# the command of the environment that runs the tests (this checkout's, never another's)
+JOBSTORE_CLI = Path(sys.executable).parent / "jobstore"
 
 
 def _diffs(conn: sa.Connection, target: sa.MetaData = metadata) -> list:

@@ -233,3 +233,31 @@ def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
         assert lines[-1] == "[1, 0]"  # both removed; the most recently finished first
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
+    """NumJobStarts, JobStartDate (the first start), JobCurrentStartDate, RemoteWallClockTime
+    and CompletionDate over two attempts, the same in the ad, the JSON form and RUN_TIME."""
+    from jobstore.formats import views
+
+    store = schedd.store
+    cluster = schedd.submit(sleep_job()).cluster()
+    t0 = 1_800_000_000.0
+    first = store.claim(REQ, lambda _j: Verdict(take=True))
+    store.report(first.id, Event.START, token=first.token, attempt=first.claims,
+                 changes={"job_pid": 1}, now=t0)
+    store.report(first.id, Event.EVICT, token=first.token, attempt=first.claims, now=t0 + 100)
+    second = store.claim(REQ, lambda _j: Verdict(take=True))
+    store.report(second.id, Event.START, token=second.token, attempt=second.claims,
+                 changes={"job_pid": 2}, now=t0 + 200)
+    store.report(second.id, Event.EXIT, token=second.token, attempt=second.claims,
+                 changes={"exit_code": 0}, now=t0 + 230)
+    job = store.get_job(second.id)
+    (ad,) = schedd.history(f"ClusterId == {cluster}")
+    expected = {"NumJobStarts": 2, "JobStartDate": int(t0), "JobCurrentStartDate": int(t0 + 200),
+                "RemoteWallClockTime": 130, "CompletionDate": int(t0 + 230)}
+    assert {k: ad[k] for k in expected} == expected
+    assert {k: views.job_json(job)[k] for k in expected} == expected
+    assert views.job_rows([job], finished=True)[1][0][3] == "0+00:02:10"
+    (hit,) = schedd.history("NumJobStarts == 2")  # the constraint in SQL agrees
+    assert hit["ProcId"] == 0

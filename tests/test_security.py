@@ -402,7 +402,9 @@ def test_job_users_calls_reach_the_hook_log(
     assert done.returncode == 0 and done.stderr == b""
     text = (nd.base / "log" / "JobstoreHookLog").read_text()
     mine = [ln for ln in text.splitlines() if f"(agent, uid {alice.pw_uid})" in ln]
-    assert any(f"job {job_id}" in ln and "exit" in ln for ln in mine), text
+    row = store.get_job(job_id)
+    name = f"job {row.cluster_id}.{row.proc_id} "  # as condor_q numbers it
+    assert any(name in ln and "exit" in ln for ln in mine), text
     assert "hooks-pw" not in text and "JobstoreToken" not in text
     condor_lines = [ln for ln in text.splitlines() if "fetched job" in ln]
     assert condor_lines, text

@@ -19,6 +19,7 @@ class Attempt:
     attempt: int
     keyword: str | None
     max_vacate_time: int | None = None  # the job's JobMaxVacateTime, when it has one
+    name: str = ""  # CLUSTER.PROC, as condor_q numbers the job
 
 
 class Attempts:
@@ -41,7 +42,8 @@ class Attempts:
         if not slot or job_id is None or attempt is None:
             return None
         seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
-                       classads.get_int(job, "JobMaxVacateTime"))
+                       classads.get_int(job, "JobMaxVacateTime"),
+                       f"{classads.get_int(job, 'ClusterId')}.{classads.get_int(job, 'ProcId')}")
         with self._lock:
             self._by_job[job_id] = seen
             self._vacating.pop(job_id, None)

@@ -533,10 +533,10 @@ class Agent:
                 kind = htcondor2.VacateType.Fast if fast else htcondor2.VacateType.Graceful
                 htcondor2.Startd().vacateSlot(attempt.slot, kind)
         except Exception as exc:
-            log.error("job %d attempt %d (%s): cannot vacate slot %s: %s", attempt.job_id,
+            log.error("job %s attempt %d (%s): cannot vacate slot %s: %s", attempt.name,
                       attempt.attempt, why, attempt.slot, one_line(str(exc)))
             return False
-        log.info("job %d attempt %d is %s: slot %s vacated (%s)", attempt.job_id,
+        log.info("job %s attempt %d is %s: slot %s vacated (%s)", attempt.name,
                  attempt.attempt, why, attempt.slot, how)
         return True
 
@@ -560,7 +560,7 @@ class Agent:
                     continue
                 acted = store.police_due(settings.periodic_expr_interval)
                 for o in acted or ():
-                    log.info("job %d: periodic policy: %s %s -> %s (%s)", o.job_id, o.event,
+                    log.info("job %s: periodic policy: %s %s -> %s (%s)", o.name, o.event,
                              o.before, o.after, o.reason)
         except Exception as exc:
             log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)

@@ -45,21 +45,22 @@ def select_jobs(store: JobStore, ids: Sequence[str]) -> list[Job]:
 
 def query_jobs(
     store: JobStore, shown: Shown, ids: Sequence[str] = (), constraint: str | None = None,
-    **filters: Any,
+    *, limit: int | None = None, **filters: Any,
 ) -> list[Job]:
     """The jobs a query shows: named by `ids`, or found by `filters` (JobStore.list_jobs); the
     conjuncts of `constraint` that translate are evaluated in SQL, the rest by classad2 on each
-    job's ad. ConstraintError for a constraint that does not parse."""
+    job's ad; at most `limit` of them. ConstraintError for a constraint that does not parse."""
     p = plan(constraint) if constraint else None
     if ids:
         jobs = select_jobs(store, ids)
         residual = ExprTree(p.text) if p else None
     else:
-        jobs = store.list_jobs(where=p.where if p else None, **filters)
         residual = p.residual if p else None
+        jobs = store.list_jobs(where=p.where if p else None,
+                               limit=limit if residual is None else None, **filters)
     if residual is not None:
         jobs = [j for j in jobs if matches(residual, shown.ad(j))]
-    return jobs
+    return jobs[:limit] if limit else jobs
 
 
 def autoclusters(

@@ -57,11 +57,11 @@ def reap(ctx: Context) -> None:
     submitters' priorities when due, now (fetch_job and the agent also do it now and then)."""
     outcomes = ctx.store.reap()
     for o in outcomes:
-        click.echo(f"job {o.job_id}: {o.before} -> {o.after} ({o.reason})")
+        click.echo(f"job {o.name}: {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(outcomes)} expired lease(s) recovered.")
     acted = ctx.store.police()
     for o in acted:
-        click.echo(f"job {o.job_id}: {o.event} {o.before} -> {o.after} ({o.reason})")
+        click.echo(f"job {o.name}: {o.event} {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(acted)} job(s) changed by their periodic policy.")
     s = ctx.settings
     updated = ctx.store.update_priorities(

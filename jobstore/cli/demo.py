@@ -80,6 +80,7 @@ def _run_emulator(
     timeout: float,
     condor_user: str | None,
     until_done: bool,
+    progress: bool = False,
 ):  # type: ignore[no-untyped-def]
     from jobstore.db.store import JobStore
     from jobstore.emulator import Emulator, EmulatorConfig
@@ -105,9 +106,15 @@ def _run_emulator(
         condor_user=condor_user,
     )
     store = JobStore.from_url(db_url)
+    line = _Progress() if progress else None
 
     def all_done() -> bool:
-        return not store.list_jobs()
+        """Nothing left that can run: every job finished or held."""
+        counts = _counts(store)
+        if line is not None:
+            line.show(counts)
+        return not any(n for status, n in counts.items() if status != "held"
+                       and status not in FINISHED)
 
     report = Emulator(cfg).run(
         until=all_done if until_done else None,
@@ -115,7 +122,80 @@ def _run_emulator(
         idle_exit_after=None if until_done else 5.0,
         wait_for_jobs=True,
     )
+    if line is not None:
+        line.end()
     return report, store
+
+
+FINISHED = ("completed", "removed", "failed")
+
+
+def _counts(store) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    """Jobs by status (one GROUP BY, JobStore.stats)."""
+    out: dict[str, int] = {}
+    for _queue, status, n in store.stats():
+        out[status] = out.get(status, 0) + n
+    return out
+
+
+class _Progress:
+    """A live line of jobs done, running and waiting (a new line per change when stdout is not
+    a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.last = ""
+
+    def show(self, counts: dict[str, int]) -> None:
+        done = sum(counts.get(s, 0) for s in FINISHED)
+        total = sum(counts.values())
+        running = sum(counts.get(s, 0) for s in ("fetched", "accepted", "running"))
+        text = (f"  {done} of {total} jobs done, {running} running, "
+                f"{counts.get('idle', 0)} idle, {counts.get('held', 0)} held")
+        if text == self.last:
+            return
+        self.last = text
+        click.echo(f"\r{text}   " if self.tty else text, nl=not self.tty)
+
+    def end(self) -> None:
+        if self.tty and self.last:
+            click.echo("")
+
+
+def left_over(store, me: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Lines about the jobs a run left unfinished (held ones with their reason)."""
+    left = [j for j in store.list_jobs()]
+    lines = []
+    for job in left:
+        why = f": {job.reason}" if job.status == "held" and job.reason else ""
+        lines.append(f"  job {views.job_id(job)} is {job.status}{why}")
+    if any(j.status == "held" for j in left):
+        lines.append(f"  ({me} release JOB runs a held job again; {me} q -hold lists them)")
+    return lines
+
+
+def command_name() -> str:
+    """How to call this `jobstore` from a shell: its name when it is on PATH, else its path."""
+    argv0 = Path(sys.argv[0])
+    found = shutil.which("jobstore")
+    if argv0.name == "jobstore":
+        if found and Path(found).resolve() == argv0.resolve():
+            return "jobstore"
+        return str(argv0.absolute())
+    return f"{sys.executable} -m jobstore.cli"
+
+
+def _check_interpreter(who: str) -> None:
+    """As root the hooks run as `who` with this Python (their #! line): it must be able to run
+    it, which a virtualenv under a mode-700 home (/root) does not allow."""
+    python = Path(sys.executable)
+    for parent in python.parents:
+        if not parent.stat().st_mode & 0o001:
+            raise click.ClickException(
+                f"the hooks run as {who} with {python}, but {parent} is not searchable by other "
+                "accounts: make the virtualenv where they can reach it (`make demo "
+                "VENV=/opt/jobstore-venv`) or clone under /tmp"
+            )
 
 
 def _check_traversable(path: Path, who: str) -> None:
@@ -144,9 +224,11 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     from jobstore.db.engine import upgrade
     from jobstore.db.store import JobStore
 
+    who = demo_owner(owner)
+    if os.geteuid() == 0:
+        _check_interpreter(who)
     base = Path(directory or tempfile.mkdtemp(prefix="jobstore-demo-")).absolute()
     base.mkdir(parents=True, exist_ok=True)
-    who = demo_owner(owner)
     account = pwd.getpwnam(who)
     db_url = f"sqlite:///{base / 'jobstore.db'}"
     condor_config = write_node_config(base, db_url)
@@ -187,6 +269,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
         timeout=120,
         condor_user=who if as_root else None,
         until_done=True,
+        progress=True,
     )
     jobs = store.list_jobs(include_final=True)
     click.echo("")
@@ -196,10 +279,15 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
         f"\n{sum(j.status == 'completed' for j in jobs)} of {len(jobs)} jobs completed "
         f"in {time.monotonic() - started:.1f} s; {calls} hook calls."
     )
-    click.echo(
-        f"Job output: {base / 'submit'}/out.N   events: jobstore --db {db_url} events {cluster}.0"
-    )
+    me = command_name()
+    click.echo(f"Job output: {base / 'submit'}/out.N")
+    click.echo(f"Events:     {me} --db {db_url} events {cluster}.0")
+    if me != "jobstore":
+        click.echo(f"({me} is not on PATH: run it by that path, or "
+                   f"`export PATH={Path(me.split()[0]).parent}:$PATH` first)")
     if any(j.status != "completed" for j in jobs):
+        for text in left_over(store, me):
+            click.echo(text)
         sys.exit(1)
 
 
@@ -222,7 +310,8 @@ def emulate(
     condor_user: str | None,
     keep: bool,
 ) -> None:  # type: ignore[no-untyped-def]
-    """Run an emulated execute node against the job store until no job is left."""
+    """Run an emulated execute node against the job store until every job has finished or is
+    held; exit status 1 (with the jobs and why) when some did not finish."""
     from jobstore.agent.hooktemplates import install_hooks
 
     db_url = obj.settings.database_url
@@ -245,6 +334,13 @@ def emulate(
             until_done=True,
         )
         click.echo(f"{len(report.jobs)} job runs, {len(report.hook_calls)} hook calls")
+        lines = left_over(store, command_name())
+        if lines:
+            click.echo(f"jobstore emulate: {len([x for x in lines if x.startswith('  job')])} "
+                       "job(s) not finished:", err=True)
+            for text in lines:
+                click.echo(text, err=True)
+            sys.exit(1)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -14,7 +14,7 @@ from classad2 import ExprTree
 from jobstore.api import query
 from jobstore.cli.context import Context, guard, pass_ctx
 from jobstore.core.jobs import Job
-from jobstore.core.states import Event, Status
+from jobstore.core.states import FINAL, Event, Status
 from jobstore.formats import views
 
 
@@ -37,7 +37,11 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
 
 
-def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool) -> None:
+FINAL_VALUES = frozenset(s.value for s in FINAL)
+
+
+def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool, *,
+                run: bool = False, finished: bool = False, totals: bool = True) -> None:
     if as_json:
         click.echo(json.dumps([views.job_json(j) for j in jobs], indent=1))
     elif long:
@@ -48,12 +52,9 @@ def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool) -> Non
                 )
             )
     else:
-        click.echo(views.format_table(*views.job_rows(jobs)))
-        counts: dict[str, int] = {}
-        for job in jobs:
-            counts[job.status] = counts.get(job.status, 0) + 1
-        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        click.echo(f"\nTotal: {len(jobs)} jobs" + (f"; {summary}" if summary else ""))
+        click.echo(views.format_table(*views.job_rows(jobs, run=run, finished=finished)))
+        if totals:
+            click.echo("\n" + views.totals_line(jobs))
 
 
 _FILTERS = [
@@ -67,8 +68,8 @@ _FILTERS = [
     ),
     click.option("--owner", "owners", multiple=True, metavar="USER", help="Only USER's jobs."),
     click.option("--queue", "-q", "queues", multiple=True, metavar="Q", help="Only queue Q."),
-    click.option("--json", "as_json", is_flag=True, help="JSON list of jobs."),
-    click.option("-l", "--long", "long", is_flag=True, help="Full ClassAds."),
+    click.option("-json", "--json", "as_json", is_flag=True, help="JSON list of jobs."),
+    click.option("-l", "-long", "--long", "long", is_flag=True, help="Full ClassAds."),
 ]
 
 
@@ -96,6 +97,18 @@ _QUERY = [
         help="Print the job attributes (or ClassAd expressions) given as arguments, one line "
         "per job, like condor_q -af.",
     ),
+    click.option(
+        "-format",
+        "--format",
+        "formats",
+        nargs=2,
+        multiple=True,
+        metavar="FMT ATTR",
+        help="Print ATTR with the printf-style FMT (%d %s %f %v; \\n for a newline), "
+        "repeatable, like condor_q -format.",
+    ),
+    click.option("-limit", "--limit", "limit", type=click.IntRange(min=1), metavar="N",
+                 help="At most N jobs."),
 ]
 
 
@@ -127,6 +140,18 @@ def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
         click.echo(views.autoformat(ctx.shown.ad(job), exprs))
 
 
+def _print_formats(ctx: Context, jobs: list[Job], formats: tuple[tuple[str, str], ...]) -> None:
+    parsed = []
+    for fmt, attr in formats:
+        try:
+            parsed.append((fmt.encode().decode("unicode_escape"), ExprTree(attr)))
+        except Exception:
+            raise ValueError(f"-format: not a ClassAd attribute or expression: {attr}") from None
+    for job in jobs:
+        ad = ctx.shown.ad(job)
+        click.echo("".join(views.printf(fmt, expr, ad) for fmt, expr in parsed), nl=False)
+
+
 def _print_autoclusters(
     ctx: Context, ids: tuple[str, ...], constraint: str | None, as_json: bool, **filters: Any
 ) -> None:
@@ -142,6 +167,12 @@ def _print_autoclusters(
 @click.command()
 @click.argument("ids", nargs=-1, metavar="[JOB]... [ATTR]...")
 @click.option("--all", "-a", "include_final", is_flag=True, help="Include finished jobs.")
+@click.option("-nobatch", "--nobatch", "nobatch", is_flag=True,
+              help="One line per job (the default here: there are no DAG batches).")
+@click.option("-totals", "--totals", "totals_only", is_flag=True,
+              help="Only the closing line: jobs by status.")
+@click.option("-run", "--run", "running", is_flag=True,
+              help="Only running jobs, with the slot each runs in (condor_q -run).")
 @click.option(
     "-autocluster",
     "--autocluster",
@@ -163,10 +194,15 @@ def q(
     ctx: Context,
     ids: tuple[str, ...],
     include_final: bool,
+    nobatch: bool,
+    totals_only: bool,
+    running: bool,
     autocluster: bool,
     held: bool,
     constraint: str | None,
     autoformat: bool,
+    formats: tuple[tuple[str, str], ...],
+    limit: int | None,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
@@ -175,65 +211,109 @@ def q(
 ) -> None:
     """List the jobs not yet finished, like condor_q (JOB is CLUSTER or CLUSTER.PROC).
 
-    With -af, the arguments that are not job ids are the attributes to print.
+    The table has condor_q's columns (ID OWNER SUBMITTED RUN_TIME ST PRI SIZE CMD; ST is I R H
+    C X) and its closing line. With -af, the arguments that are not job ids are the attributes
+    to print.
     """
     ids, attrs = _split_args(ids, autoformat)
     if held:
         statuses = (Status.HELD.value,)
+    if running:
+        statuses = (Status.RUNNING.value,)
     filters = dict(statuses=statuses, owners=owners, queues=queues, include_final=include_final)
     if autocluster:
         _print_autoclusters(ctx, ids, constraint, as_json, **filters)
         return
-    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, **filters)
-    if attrs:
+    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
+    if totals_only:
+        click.echo(views.totals_line(jobs))
+    elif attrs:
         _print_autoformat(ctx, jobs, attrs)
+    elif formats:
+        _print_formats(ctx, jobs, formats)
     elif held and not (as_json or long):
         click.echo(views.format_table(*views.hold_rows(jobs)))
-        click.echo(f"\nTotal: {len(jobs)} held jobs")
+        click.echo("\n" + views.totals_line(jobs))
     else:
-        _print_jobs(ctx, jobs, as_json, long)
+        _print_jobs(ctx, jobs, as_json, long, run=running)
 
 
 @click.command()
-@click.argument("attrs", nargs=-1, metavar="[ATTR]...")
+@click.argument("args", nargs=-1, metavar="[JOB]... [ATTR]...")
+@click.option("-match", "match", type=click.IntRange(min=1), metavar="N",
+              help="At most N jobs (as -limit).")
 @_query_options
 @pass_ctx
 @guard
 def history(
     ctx: Context,
-    attrs: tuple[str, ...],
+    args: tuple[str, ...],
+    match: int | None,
     constraint: str | None,
     autoformat: bool,
+    formats: tuple[tuple[str, str], ...],
+    limit: int | None,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
     as_json: bool,
     long: bool,
 ) -> None:
-    """List finished jobs (completed, failed, removed), like condor_history."""
-    if attrs and not autoformat:
-        raise ValueError("attribute names need -af")
+    """List finished jobs (completed, failed, removed), the most recently finished first, like
+    condor_history (JOB is CLUSTER or CLUSTER.PROC; with -af the other arguments are
+    attributes)."""
+    ids, attrs = _split_args(args, autoformat)
+    if ids and not autoformat:
+        bad = [a for a in ids if not re.fullmatch(r"\d+(\.\d+)?", a)]
+        if bad:
+            raise ValueError(f"bad job id {bad[0]!r} (attribute names need -af)")
     jobs = query.query_jobs(
-        ctx.store, ctx.shown, (), constraint, statuses=statuses, owners=owners, queues=queues,
+        ctx.store, ctx.shown, ids, constraint, statuses=statuses, owners=owners, queues=queues,
         final_only=True,
     )
-    if autoformat:
-        if not attrs:
-            raise ValueError("-af needs at least one attribute name")
-        _print_autoformat(ctx, jobs, list(attrs))
+    jobs = [j for j in jobs if j.status in FINAL_VALUES]
+    jobs.sort(key=lambda j: (j.finished_at or 0.0, j.id), reverse=True)
+    jobs = jobs[: match or limit or None]
+    if attrs:
+        _print_autoformat(ctx, jobs, attrs)
+    elif formats:
+        _print_formats(ctx, jobs, formats)
     else:
-        _print_jobs(ctx, jobs, as_json, long)
+        _print_jobs(ctx, jobs, as_json, long, finished=True, totals=False)
+
+
+@click.command()
+@click.argument("job_spec", metavar="JOB|CONSTRAINT")
+@click.argument("attr")
+@click.argument("value")
+@pass_ctx
+@guard
+def qedit(ctx: Context, job_spec: str, attr: str, value: str) -> None:
+    """Set attribute ATTR of idle or held jobs to the ClassAd expression VALUE, like condor_qedit
+    (JOB is CLUSTER or CLUSTER.PROC, else a constraint). Never Owner, the job ids, the
+    attributes the job store computes (JobStatus, NumJobStarts, ...) or its own."""
+    from jobstore.api.schedd import Schedd
+
+    edited = Schedd(store=ctx.store, keyword=ctx.keyword, url=ctx.db).edit(job_spec, attr, value)
+    if not edited:
+        raise ValueError(f"no idle or held job of {job_spec} to edit")
+    click.echo(f"Set attribute \"{attr}\" for {edited} job(s).")
 
 
 @click.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.option("--all", "-a", "everything", is_flag=True,
+              help="Also the harmless repeats (a report of an attempt that had already "
+              "ended, an accept after the job was accepted), which change nothing.")
 @pass_ctx
 @guard
-def events(ctx: Context, job: str, as_json: bool) -> None:
-    """Show every recorded transition and report of JOB."""
+def events(ctx: Context, job: str, as_json: bool, everything: bool) -> None:
+    """Show the recorded transitions and reports of JOB (--json: all of them)."""
     for row in query.select_jobs(ctx.store, (job,)):
         evs = ctx.store.events(row.id)
+        if not (everything or as_json):
+            evs = [e for e in evs if not views.is_repeat(e.to_status, e.reason)]
         if as_json:
             for e in evs:
                 click.echo(json.dumps(views.event_json(e)))
@@ -305,6 +385,14 @@ def watch(
     def note(message: str) -> None:
         click.echo(f"jobstore: watch: {message}", err=True)
 
+    what = ", ".join(ids) if ids else "every job" + (
+        f" of {', '.join(owners)}" if owners else "") + (
+        f" in {', '.join(queues)}" if queues else "")
+    if since is None:
+        note(f"waiting for the transitions of {what} from now on"
+             + (" until they have finished" if until_done else " (Ctrl-C to stop)")
+             + "; --since 0 shows the history first")
+
     sub = subscribe(
         ctx.database_url,
         jobs=ids or None,
@@ -321,6 +409,8 @@ def watch(
     try:
         for record in sub:
             data = record.to_json()
+            if not as_json and views.is_repeat(data.get("to_status", "-"), data.get("reason")):
+                continue  # a harmless repeat: in --json and `jobstore events --all` only
             click.echo(json.dumps(data) if as_json else views.watch_line(data))
             sys.stdout.flush()
     except KeyboardInterrupt:

@@ -111,6 +111,11 @@ class Job:
     # end is reported, at the latest until then; a release waits for it (release_pending).
     winding_down_until: float | None
     release_pending: bool | None
+    # HTCondor's counters: NumJobStarts, JobStartDate (the first start), RemoteWallClockTime of
+    # the attempts that ended (jobstore.formats.views adds the running one's).
+    num_starts: int | None
+    first_started_at: float | None
+    wall_clock: float | None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:
@@ -150,6 +155,7 @@ class Job:
             concurrency_limits=limits.render(limits.parse(spec.concurrency_limits)),
             autocluster_id=None, slot_weight=None, hold_code=None, hold_subcode=None,
             num_holds=0, periodic=None, winding_down_until=None, release_pending=None,
+            num_starts=0, first_started_at=None, wall_clock=None,
         )
 
     def but(self, **changes: Any) -> Job:

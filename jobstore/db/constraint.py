@@ -66,7 +66,7 @@ ATTRIBUTES: dict[str, Column] = {
     "requestcpus": Column(jobs.c.request_cpus, "int"),
     "requestmemory": Column(jobs.c.request_memory, "int"),
     "requestdisk": Column(jobs.c.request_disk, "int"),
-    "numjobstarts": Column(jobs.c.attempts, "int"),
+    "numjobstarts": Column(jobs.c.num_starts, "int"),
     "jobstoreclaims": Column(jobs.c.claims, "int"),
     "exitcode": Column(jobs.c.exit_code, "int", nullable=True),
     "exitsignal": Column(jobs.c.exit_signal, "int", nullable=True),

@@ -32,6 +32,11 @@ HOOK_UPDATE_COLUMNS = (
     "hold_code",
     "hold_subcode",
     "num_holds",
+    "winding_down_until",
+    "release_pending",
+    "num_starts",
+    "first_started_at",
+    "wall_clock",
     *CHANGE_COLUMNS,
 )
 

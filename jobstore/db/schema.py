@@ -162,6 +162,9 @@ jobs = Table(
     Column("periodic", Boolean),
     Column("winding_down_until", Epoch()),
     Column("release_pending", Boolean),
+    Column("num_starts", Integer),
+    Column("first_started_at", Epoch()),
+    Column("wall_clock", Float),
     UniqueConstraint("cluster_id", "proc_id"),
     # The claim path: a queue's idle autoclusters (a skip scan), and each one's idle jobs in
     # claim order; partial, so finished jobs cost nothing.

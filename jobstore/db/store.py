@@ -172,6 +172,8 @@ class JobStore(Negotiator, JobReads):
                 raise UnknownJob(job_id)
             if owner is not None and job.owner != owner:
                 raise NotOwner(job_id, owner)
+            if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
+                slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
             current = (
                 job.token is not None
                 and secrets.compare_digest(str(token or ""), job.token)
@@ -200,7 +202,8 @@ class JobStore(Negotiator, JobReads):
                         conn, job, now, f"released: attempt {attempt} ended ({event})")
                     if released is not None:
                         return released
-                return Outcome(job_id, event, job.status, job.status, False, True, reason)
+                return Outcome(job_id, event, job.status, job.status, False, True, reason,
+                               name=f"{job.cluster_id}.{job.proc_id}")
             decide_args: dict[str, Any] = {}
             hold = (holds.UNSPECIFIED, 0)
             if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"

@@ -32,6 +32,7 @@ class Outcome:
     stale: bool = False
     reason: str | None = None
     pending: bool = False  # a release that waits for the job's stopped attempt to end
+    name: str = ""  # the job as condor_q numbers it, CLUSTER.PROC
 
 
 class Transitions(Transactions):
@@ -73,7 +74,8 @@ class Transitions(Transactions):
                              .values(release_pending=True, updated_at=now))
                 self._event(conn, job.id, event, before, None, now, attempt=job.claims,
                             slot=job.slot, host=job.host, reason=pending)
-            return Outcome(job.id, event, before, before, False, reason=pending, pending=True)
+            return Outcome(job.id, event, before, before, False, reason=pending, pending=True,
+                           name=_name(job))
         d: Decision = decide(
             event,
             before,
@@ -98,7 +100,7 @@ class Transitions(Transactions):
                     reason=why,
                     attrs=attrs,
                 )
-            return Outcome(job.id, event, before, before, False, reason=why)
+            return Outcome(job.id, event, before, before, False, reason=why, name=_name(job))
         values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
         if d.counts_attempt:
             values["attempts"] = job.attempts + 1
@@ -116,6 +118,11 @@ class Transitions(Transactions):
             values["reason"] = why
         if d.to_status == Status.RUNNING and before != Status.RUNNING:
             values.setdefault("started_at", now)
+            values["num_starts"] = (job.num_starts or 0) + 1
+            if job.first_started_at is None:
+                values["first_started_at"] = values["started_at"]
+        elif before == Status.RUNNING and job.started_at is not None:
+            values["wall_clock"] = (job.wall_clock or 0.0) + max(0.0, now - job.started_at)
         if d.to_status == Status.HELD:
             values.update(hold_code=hold[0], hold_subcode=hold[1],
                           num_holds=(job.num_holds or 0) + 1)
@@ -147,7 +154,7 @@ class Transitions(Transactions):
             attrs=attrs,
             job=job,
         )
-        return Outcome(job.id, event, before, d.to_status, True, reason=why)
+        return Outcome(job.id, event, before, d.to_status, True, reason=why, name=_name(job))
 
     def _event(
         self,
@@ -197,6 +204,10 @@ class Transitions(Transactions):
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
 
+
+
+def _name(job: Job) -> str:
+    return f"{job.cluster_id}.{job.proc_id}"
 
 
 def winding_down(job: Job, now: float) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,8 +28,41 @@ JOB_STATUS = {
 }
 
 
+# condor_q's ST column, by JobStatus.
+STATUS_LETTER = {1: "I", 2: "R", 3: "X", 4: "C", 5: "H", 6: ">", 7: "S"}
+
+
 def job_id(job: Job) -> str:
     return f"{job.cluster_id}.{job.proc_id}"
+
+
+def wall_clock(job: Job, now: float | None = None) -> float:
+    """RemoteWallClockTime: the seconds all the job's attempts ran, the running one so far."""
+    total = job.wall_clock or 0.0
+    if job.status == "running" and job.started_at is not None:
+        total += max(0.0, (now if now is not None else time.time()) - job.started_at)
+    return total
+
+
+def counters(job: Job, now: float | None = None) -> dict[str, int | None]:
+    """HTCondor's counters of a job, the same in `-l`, `--json` and the tables."""
+    return {
+        "NumJobStarts": job.num_starts or 0,
+        "JobStartDate": _int(job.first_started_at),
+        "JobCurrentStartDate": _int(job.started_at),
+        "CompletionDate": _int(job.finished_at) if job.status == "completed" else None,
+        "RemoteWallClockTime": int(wall_clock(job, now)),
+    }
+
+
+def _int(epoch: float | None) -> int | None:
+    return None if epoch is None else int(epoch)
+
+
+def run_time(seconds: float) -> str:
+    """condor_q's RUN_TIME: D+HH:MM:SS."""
+    s = int(seconds)
+    return f"{s // 86400}+{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -59,6 +93,7 @@ def job_json(job: Job) -> dict[str, Any]:
         "submitted_at": job.submitted_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        **counters(job),
     }
 
 
@@ -77,7 +112,6 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
     extra: dict[str, Value | None] = {
         "JobStatus": JOB_STATUS[job.status],
         "JobstoreStatus": job.status,
-        "NumJobStarts": job.attempts,
         "JobstoreClaims": job.claims,
         "EnteredCurrentStatus": int(job.updated_at),
         "ExitCode": job.exit_code,
@@ -90,11 +124,9 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
         "ImageSize": job.image_size,
         "MemoryUsage": job.memory_usage,
         "ResidentSetSize": job.memory_usage,
-        "JobStartDate": None if job.started_at is None else int(job.started_at),
-        "JobCurrentStartDate": None if job.started_at is None else int(job.started_at),
-        "JobCurrentStartExecutingDate": None if job.started_at is None else int(job.started_at),
+        **counters(job),
+        "JobCurrentStartExecutingDate": _int(job.started_at),
         "ShadowBday": None if job.fetched_at is None or job.token is None else int(job.fetched_at),
-        "CompletionDate": None if job.finished_at is None else int(job.finished_at),
         "HoldReason" if job.status == "held" else "LastReason": job.reason,
         "HoldReasonCode": job.hold_code if job.status == "held" else None,
         "HoldReasonSubCode": job.hold_subcode if job.status == "held" else None,
@@ -129,6 +161,32 @@ def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
 def autoformat(ad: ClassAd, exprs: Sequence[ExprTree]) -> str:
     """One `-af` line: each expression evaluated in the ad, strings bare, undefined as such."""
     return " ".join(_af_value(e.eval(ad)) for e in exprs)
+
+
+def printf(fmt: str, expr: ExprTree, ad: ClassAd) -> str:
+    """condor_q -format: `fmt` (one printf conversion: %d %i %s %f %g %e %x %c %v) applied to
+    the value of `expr` in `ad`; ValueError for a format it cannot take."""
+    try:
+        value = expr.eval(ad)
+    except Exception:
+        value = None
+    conv = re.search(r"%[-+ #0]*\d*(?:\.\d+)?([a-zA-Z%])", fmt)
+    kind = conv.group(1) if conv else ""
+    if kind in ("", "%"):
+        return fmt.replace("%%", "%")
+    if value is None or isinstance(value, Value):
+        value = "undefined"
+    try:
+        if kind in "dixXoc":
+            number = int(value) if not isinstance(value, str) else 0
+            return fmt % number
+        if kind in "fFeEgG":
+            return fmt % (float(value) if not isinstance(value, str) else 0.0)
+        if kind == "v":
+            fmt = fmt.replace("%v", "%s", 1)
+        return fmt % (_af_value(value) if not isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ValueError(f"-format: {fmt!r} cannot format {value!r}") from None
 
 
 def _af_value(value: Any) -> str:
@@ -198,30 +256,47 @@ def _when(epoch: float | None) -> str:
     return "" if epoch is None else time.strftime("%m/%d %H:%M", time.localtime(epoch))
 
 
-def job_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the `jobstore q` table."""
-    header = ["ID", "OWNER", "QUEUE", "SUBMITTED", "STATUS", "RUNS", "PRIO", "SLOT", "EXIT", "CMD"]
+def job_rows(jobs: Iterable[Job], *, run: bool = False,
+             finished: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of `jobstore q` as condor_q -nobatch shows them (ID OWNER SUBMITTED
+    RUN_TIME ST PRI SIZE CMD); with `run` (condor_q -run) the slot instead of ST PRI SIZE
+    CMD; with `finished` (condor_history) COMPLETED instead of PRI SIZE."""
+    now = time.time()
+    if run:
+        header = ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "HOST(S)"]
+    elif finished:
+        header = ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "ST", "COMPLETED", "CMD"]
+    else:
+        header = ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "ST", "PRI", "SIZE", "CMD"]
     rows = []
     for job in jobs:
-        if job.exit_by_signal:
-            exit_text = f"sig {job.exit_signal}"
+        head = [job_id(job), job.owner, _when(job.submitted_at), run_time(wall_clock(job, now))]
+        letter = STATUS_LETTER[JOB_STATUS[job.status]]
+        if run:
+            rows.append([*head, job.slot or ""])
+        elif finished:
+            rows.append([*head, letter, _when(job.finished_at), _command(job)])
         else:
-            exit_text = "" if job.exit_code is None else str(job.exit_code)
-        rows.append(
-            [
-                job_id(job),
-                job.owner,
-                job.queue,
-                _when(job.submitted_at),
-                job.status,
-                str(job.claims),
-                str(job.priority),
-                job.slot or "",
-                exit_text,
-                _short(job.cmd),
-            ]
-        )
+            size = (job.image_size or 0) / 1024
+            rows.append([*head, letter, str(job.priority), f"{size:.1f}", _command(job)])
     return header, rows
+
+
+def totals_line(jobs: Iterable[Job]) -> str:
+    """condor_q's closing line: Total for query: N jobs; N completed, N removed, ..."""
+    by = dict.fromkeys((4, 3, 1, 2, 5, 7), 0)
+    n = 0
+    for job in jobs:
+        n += 1
+        by[JOB_STATUS[job.status]] = by.get(JOB_STATUS[job.status], 0) + 1
+    return (f"Total for query: {n} jobs; {by[4]} completed, {by[3]} removed, {by[1]} idle, "
+            f"{by[2]} running, {by[5]} held, {by[7]} suspended")
+
+
+def _command(job: Job) -> str:
+    """condor_q's CMD: the executable and its arguments."""
+    args = (job.ad or {}).get("Arguments")
+    return _short(f"{job.cmd} {args}" if isinstance(args, str) and args else job.cmd)
 
 
 def hold_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
@@ -252,6 +327,13 @@ def event_rows(events: Iterable[JobEvent]) -> tuple[list[str], list[list[str]]]:
         for e in events
     ]
     return header, rows
+
+
+def is_repeat(to_status: str | None, reason: str | None) -> bool:
+    """A recorded report that changed nothing because it came late or twice (a stale report of
+    an ended attempt, an accept of a job already accepted): harmless, kept in the history."""
+    return to_status is None and bool(reason) and (
+        str(reason).startswith("stale:") or " ignored in state " in str(reason))
 
 
 def event_json(e: JobEvent) -> dict[str, Any]:

@@ -209,10 +209,10 @@ def fetch_job(request: HookRequest) -> HookResponse:
             attrs={"error": str(exc)},
             reason=f"job ad cannot be sent: {exc}",
         )
-        raise HookError(f"job {job.id} put on hold: {exc}") from None
+        raise HookError(f"job {job.cluster_id}.{job.proc_id} put on hold: {exc}") from None
     return HookResponse(
         stdout=text.encode("utf-8", "surrogateescape"),
-        log=[*notes, f"{name}: fetched job {job.id} attempt {job.claims}"],
+        log=[*notes, f"{name}: fetched job {job.cluster_id}.{job.proc_id} attempt {job.claims}"],
     )
 
 
@@ -406,6 +406,7 @@ def _report(
         get_int(job, ATTR_ATTEMPT),
         get_str(job, ATTR_TOKEN),
     )
+    name = f"{get_int(job, 'ClusterId')}.{get_int(job, 'ProcId')}"  # as condor_q numbers it
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
     report = Report.parse(
@@ -447,15 +448,15 @@ def _report(
         if spooled:
             spool.done(spooled.path)
         if isinstance(exc, UnknownJob):
-            raise HookError(f"job {job_id} is not in the job store") from None
+            raise HookError(f"job {name} is not in the job store") from None
         raise HookError(str(exc)) from None
     except (DatabaseError, config.ConfigError) as exc:
         if spooled is None:
-            raise HookError(f"{event} for job {job_id} not sent: {exc}; {unusable}") from None
+            raise HookError(f"{event} for job {name} not sent: {exc}; {unusable}") from None
         spool.release(spooled)
         return HookResponse(
-            log=[*log, f"job {job_id}: {event} spooled in {spool_dir} ({exc})"],
-            error=f"{event} for job {job_id} kept in the spool: {exc}",
+            log=[*log, f"job {name}: {event} spooled in {spool_dir} ({exc})"],
+            error=f"{event} for job {name} kept in the spool: {exc}",
         )
     except BaseException:
         if spooled:
@@ -463,7 +464,7 @@ def _report(
         raise
     if spooled:
         spool.done(spooled.path)
-    note = f"job {job_id} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
+    note = f"job {name} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
     if outcome.stale:
         note += " (stale report, recorded only)"
     return HookResponse(log=[*log, note], stale=outcome.stale)
