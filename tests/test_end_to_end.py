@@ -313,6 +313,8 @@ def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None
     assert after and all(e.to_status is None for e in after)  # recorded, changed nothing
     assert after[0].attrs.get("VacateReasonCode") == 1010  # the vacate, not the shutdown
     assert after[0].attrs.get("ExitSignal") == signal.SIGTERM  # graceful: its KillSig
+    # one slot name form in the history, the startd's and the starter's hooks alike
+    assert {e.slot for e in store.events(long_job) if e.slot} == {"slot1@node01.example.org"}
     assert "vacated (graceful)" in (tmp / "agent.log").read_text()
 
 

@@ -9,13 +9,15 @@ from typing import Any
 from classad2 import ClassAd, ExprTree
 
 from jobstore.core.jobs import Job, parse_job_id
-from jobstore.core.states import Event
+from jobstore.core.states import FINAL, Event
 from jobstore.db.constraint import matches, plan
 from jobstore.db.store import AUTOCLUSTER_KEY, JobStore, Outcome
 from jobstore.errors import UnknownJob
 from jobstore.formats import views
 
-__all__ = ["select_jobs", "query_jobs", "autoclusters", "act", "Shown"]
+__all__ = ["select_jobs", "query_jobs", "history_jobs", "autoclusters", "act", "Shown"]
+
+FINAL_VALUES = frozenset(s.value for s in FINAL)
 
 
 class Shown:
@@ -60,6 +62,18 @@ def query_jobs(
                                limit=limit if residual is None else None, **filters)
     if residual is not None:
         jobs = [j for j in jobs if matches(residual, shown.ad(j))]
+    return jobs[:limit] if limit else jobs
+
+
+def history_jobs(
+    store: JobStore, shown: Shown, ids: Sequence[str] = (), constraint: str | None = None,
+    *, limit: int | None = None, **filters: Any,
+) -> list[Job]:
+    """The finished jobs of a query (completed, removed, failed), the most recently finished
+    first, as condor_history lists them; at most `limit`."""
+    jobs = query_jobs(store, shown, ids, constraint, final_only=True, **filters)
+    jobs = [j for j in jobs if j.status in FINAL_VALUES]
+    jobs.sort(key=lambda j: (j.finished_at or 0.0, j.id), reverse=True)
     return jobs[:limit] if limit else jobs
 
 

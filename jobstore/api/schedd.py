@@ -184,9 +184,7 @@ class Schedd:
         """The ads of finished jobs (completed, removed, failed), the most recently finished
         first, as condor_history: at most `match` (-1: all), and only those finished after the
         job `since` names (a cluster id, "C.P", or an expression that stops the search)."""
-        jobs = query.query_jobs(self.store, self.shown, constraint=_text(constraint),
-                                final_only=True)
-        jobs.sort(key=lambda j: (j.finished_at or 0.0, j.id), reverse=True)
+        jobs = query.history_jobs(self.store, self.shown, constraint=_text(constraint))
         stop = _since(since)
         ads = []
         for job, ad in zip(jobs, self._ads(jobs), strict=True):

@@ -14,7 +14,7 @@ from classad2 import ExprTree
 from jobstore.api import query
 from jobstore.cli.context import Context, guard, pass_ctx
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, Event, Status
+from jobstore.core.states import Event, Status
 from jobstore.formats import views
 
 
@@ -35,9 +35,6 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
 
     cluster, ids = submit_path(ctx.store, file, ctx.settings, owner=owner, queue=queue)
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
-
-
-FINAL_VALUES = frozenset(s.value for s in FINAL)
 
 
 def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool, *,
@@ -267,13 +264,8 @@ def history(
         bad = [a for a in ids if not re.fullmatch(r"\d+(\.\d+)?", a)]
         if bad:
             raise ValueError(f"bad job id {bad[0]!r} (attribute names need -af)")
-    jobs = query.query_jobs(
-        ctx.store, ctx.shown, ids, constraint, statuses=statuses, owners=owners, queues=queues,
-        final_only=True,
-    )
-    jobs = [j for j in jobs if j.status in FINAL_VALUES]
-    jobs.sort(key=lambda j: (j.finished_at or 0.0, j.id), reverse=True)
-    jobs = jobs[: match or limit or None]
+    jobs = query.history_jobs(ctx.store, ctx.shown, ids, constraint, limit=match or limit,
+                              statuses=statuses, owners=owners, queues=queues)
     if attrs:
         _print_autoformat(ctx, jobs, attrs)
     elif formats:
