@@ -23,6 +23,7 @@ from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from test_concurrency import fill
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account, _node, _submit
 
+from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine, upgrade
 from jobstore.db.schema import job_events, jobs
@@ -423,3 +424,96 @@ def test_slot_ad_helper_is_takeable() -> None:
     from jobstore.formats.matching import why_slot_cannot_take
 
     assert why_slot_cannot_take(classads.parse_ad(slot_ad("slot1@x").decode())) is None
+
+
+# ---- c. PostgreSQL restarted again and again under claims and reports ----------------------
+
+RESTARTS = int(os.environ.get("JOBSTORE_FAULT_RESTARTS", "6"))
+RESTART_WORKERS = 4
+
+
+@pytest.mark.slow
+def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None:
+    """Workers claim jobs and report START and EXIT through pooled stores (as the agent does)
+    while PostgreSQL is restarted RESTARTS times. Every failed call must be the store's
+    DatabaseError (one line, as the hooks turn into nothing printed or a spooled report), never
+    an internal error; a report that failed is sent again, as the spool would, and no report is
+    lost: every job completes with exactly one exit."""
+    url = private_pg.create_database("faults_restarts")
+    upgrade(url)
+    owner = ordinary_owner()
+    jobs_n = 200
+    seeding = JobStore.from_url(url)
+    try:
+        _, ids = seeding.submit(
+            [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i) for i in range(jobs_n)],
+            owner=owner, queue="default", max_attempts=50)
+    finally:
+        seeding.engine.dispose()
+    internal: list[str] = []
+    outages = [0]
+    stop = threading.Event()
+
+    def call(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """`fn` until it answers: DatabaseError means wait and send again (the spool)."""
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except DatabaseError:
+                outages[0] += 1
+                time.sleep(0.05)
+            except Exception as exc:  # noqa: BLE001 - what the test looks for
+                internal.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.05)
+
+    def worker(n: int) -> None:
+        store = JobStore.from_url(url, pool=True, connect_timeout=2)
+        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                           slot=f"slot{n}@faults", host="faults", keyword="JOBSTORE",
+                           claim_lease=600)
+        try:
+            while not stop.is_set():
+                job = call(store.claim, req, lambda _j: Verdict(take=True))
+                if job is None:
+                    return
+                call(store.report, job.id, Event.START, token=job.token, attempt=job.claims,
+                     changes={"job_pid": 1000 + n})
+                call(store.report, job.id, Event.EXIT, token=job.token, attempt=job.claims,
+                     changes={"exit_code": 0})
+        finally:
+            store.engine.dispose()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(RESTART_WORKERS)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(RESTARTS):
+            time.sleep(random.uniform(0.2, 0.8))
+            private_pg.stop()
+            time.sleep(random.uniform(0.2, 1.0))
+            private_pg.start()
+    finally:
+        for t in threads:
+            t.join(timeout=300)
+        stop.set()
+    # a claim whose commit's answer was lost leaves its job fetched until its lease runs out:
+    # run the reaper as if that time had come, and the workers again
+    store = JobStore.from_url(url)
+    try:
+        recovered = store.reap(now=time.time() + 10_000)
+    finally:
+        store.engine.dispose()
+    if recovered:
+        worker(RESTART_WORKERS)
+    events = _all_events(url)
+    exits = exits_by_job(events)
+    print(f"\nFAULTS: jobs={jobs_n} restarts={RESTARTS} outages={outages[0]} "
+          f"internal={len(internal)} lost-claims={len(recovered)}")
+    assert not internal, sorted(set(internal))[:10]
+    store = JobStore.from_url(url)
+    try:
+        final = store.list_jobs(include_final=True)
+    finally:
+        store.engine.dispose()
+    assert {j.status for j in final} == {"completed"}, sorted({j.status for j in final})
+    assert all(exits.get(i) == 1 for i in ids)

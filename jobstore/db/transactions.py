@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Self
 
 from sqlalchemy import Connection, Engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from jobstore.core.jobs import Job
 from jobstore.db.engine import make_engine, safe_url
@@ -88,7 +88,8 @@ class Transactions:
                         conn.info.pop(PENDING, None)
                 if pending:
                     after = self._before_commit(pending)
-        except (OperationalError, DBAPIError) as exc:
+        except (OperationalError, DBAPIError, PendingRollbackError) as exc:
+            # (PendingRollbackError: a connection lost mid-transaction, seen once by SQLAlchemy)
             _after_commit(after, False)
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
         except BaseException:
