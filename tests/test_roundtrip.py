@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import classad2
 import htcondor2
@@ -385,3 +386,29 @@ def test_arbitrary_submitted_strings(node: Node, values: list[str]) -> None:
     check_exact(stdout, ad, expect)
     assert ad.eval("Cmd") == "/bin/echo" and ad.eval("Owner") == node.owner
     assert os.path.basename(ad.eval("Cmd")) == "echo"
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x2030), max_size=40))
+@settings(max_examples=400, deadline=None)
+def test_the_fast_and_the_remembered_render_line_say_what_classad2_says(value: str) -> None:
+    """render_line's shortcuts (plain strings written directly, short lines remembered) give
+    exactly the line, or the refusal, that asking classad2 gives."""
+    from jobstore.formats import classads
+
+    def outcome(fn: Any, *args: Any) -> str:
+        try:
+            return fn(*args)
+        except classads.AdError:
+            return "refused"
+
+    slow = outcome(classads._render_line, "Arguments", "str", value)
+    assert outcome(classads.render_line, "Arguments", value) == slow
+    assert outcome(classads.render_line, "Arguments", value) == slow  # now from the cache
+    number = (-1) ** len(value) * 7 ** len(value)  # up to 7**40: past the 64-bit range
+    if -(2**63) <= number < 2**63:
+        assert classads.render_line("ProcId", number) == classads._render_line(
+            "ProcId", "int", number)
+    else:
+        assert outcome(classads.render_line, "ProcId", number) == "refused"
+    expr = outcome(classads._render_line, "Requirements", "Expr", classads.Expr(value))
+    assert outcome(classads.render_line, "Requirements", classads.Expr(value)) == expr

@@ -12,7 +12,8 @@ from sqlalchemy import Connection, Engine
 
 from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, NOTIFY_EVENT
 
-CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id
+CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id, or
+# "cluster:N" once for all the submit events of cluster N
 STOPS = "jobstore_stops"  # as listen_stops; payload: the id of a handed-out job held or removed
 _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS}
 

@@ -121,6 +121,15 @@ SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text FROM pg_current_snap
 -- A transaction id assigned now: every transaction that had an id before has a smaller one.
 SELECT pg_current_xact_id()::text;
 
+-- name: next_job_ids
+-- Reserve :n job ids from the jobs table's sequence, in order (a bulk submit COPYs its rows).
+SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(1, :n) ORDER BY 1;
+
+-- name: copy_rows
+-- Stream rows into a table (a bulk submit); `{table}` and `{columns}` are identifiers the caller
+-- quotes.
+COPY {table} ({columns}) FROM STDIN;
+
 -- name: grant_targets
 -- The sequence behind job_events.id and the schema of the tables (jobstore grant).
 SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() AS schema;

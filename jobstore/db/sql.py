@@ -61,3 +61,4 @@ LISTEN_STOPS = QUERIES["listen_stops"].sql
 SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
+NEXT_JOB_IDS = QUERIES["next_job_ids"].clause

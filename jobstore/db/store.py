@@ -19,10 +19,13 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
+from jobstore.db.copy import copy_rows
 from jobstore.db.negotiator import ACTIVE, Negotiator
+from jobstore.db.notify import notify
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
-from jobstore.db.schema import clusters, jobs, passes
-from jobstore.db.transactions import AfterCommit, CommitListener
+from jobstore.db.schema import clusters, job_events, jobs, passes
+from jobstore.db.sql import NEXT_JOB_IDS
+from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import views
@@ -50,10 +53,15 @@ ExitPolicy = Callable[[Job], ExitVerdict]
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
 PAGE = 500
+SUBMIT_BATCH = 1000  # jobs per multi-row INSERT at submit
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
                           Event.REJECT, Event.CLAIM_EVICTED})
+
+def _job_row(job: Job) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in JOB_COLUMNS if name != "id"}
+
 
 def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
     """The HoldReasonCode and SubCode a JOB_EXIT hold or PREPARE_JOB carried (HTCondor's code
@@ -124,19 +132,39 @@ class JobStore(Negotiator, JobReads):
                 for spec, ad in zip(specs, ads, strict=True)
             ]
             groups = self._register(conn, queued, now)
-            ids = []
-            for job, autocluster in zip(queued, groups, strict=True):
-                job = job.but(autocluster_id=autocluster,
-                              periodic=policy.has_periodic(job.ad) or None)
-                values = {name: getattr(job, name) for name in JOB_COLUMNS if name != "id"}
-                job = job.but(
-                    id=conn.execute(insert(jobs).values(values).returning(jobs.c.id)).scalar_one()
-                )
-                self._event(
-                    conn, job.id, Event.SUBMIT, None, Status.IDLE, now, attempt=0, job=job
-                )
-                ids.append(job.id)
+            ids: list[int] = []
+            for start in range(0, len(queued), SUBMIT_BATCH):
+                batch = [job.but(autocluster_id=autocluster,
+                                 periodic=policy.has_periodic(job.ad) or None)
+                         for job, autocluster in zip(queued[start:start + SUBMIT_BATCH],
+                                                     groups[start:start + SUBMIT_BATCH],
+                                                     strict=True)]
+                ids.extend(self._insert_jobs(conn, batch, now))
+            if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
+                notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
+
+    def _insert_jobs(self, conn: Connection, batch: list[Job], now: float) -> list[int]:
+        """Insert `batch` and their submit events: COPY on PostgreSQL (ids reserved from the
+        sequence first), multi-row INSERTs on SQLite."""
+        if self._pg:
+            ids = [int(i) for i in conn.execute(NEXT_JOB_IDS, {"n": len(batch)}).scalars()]
+            copy_rows(conn, jobs, [{"id": i, **_job_row(job)} for i, job in zip(
+                ids, batch, strict=True)])
+        else:
+            inserted = conn.execute(insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
+                                    [_job_row(job) for job in batch])
+            ids = [int(i) for i in inserted.scalars()]
+        events = [dict(job_id=i, time=now, event=str(Event.SUBMIT), from_status=None,
+                       to_status=Status.IDLE.value, attempt=0, slot=None, host=None,
+                       reason=None, attrs=None) for i in ids]
+        if self._pg:
+            copy_rows(conn, job_events, events)
+        else:
+            conn.execute(insert(job_events), events)
+        for values, job, job_id in zip(events, batch, ids, strict=True):
+            note_event(conn, values, job.but(id=job_id))
+        return ids
 
     # ---- reports and admin events -------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -134,8 +135,27 @@ def render_line(name: str, value: Value) -> str:
 
     classad2 prints the value; we check what it printed, because old-syntax strings cannot hold
     a newline (nor anything else a line reader splits on) and cannot end in a backslash, and
-    classad2 prints those anyway.
+    classad2 prints those anyway. Short lines are remembered (the jobs of a cluster, and the
+    ads a node fetches, repeat most of theirs).
     """
+    kind = type(value).__name__
+    if kind == "int" and not -(2**63) <= int(value) < 2**63:
+        raise AdError(f"{name}: integer out of the ClassAd range")
+    plain = kind == "int" or (kind == "str" and _PLAIN.fullmatch(str(value)) is not None)
+    if plain and _NAME.match(name) and name.lower() not in PRIVATE_ATTRS:
+        # nothing to escape: no need to ask classad2
+        return f'{name} = "{value}"\n' if kind == "str" else f"{name} = {value}\n"
+    if isinstance(value, str) and len(value) > _CACHED_VALUE:
+        return _render_line(name, kind, value)
+    return _render_line_cached(name, kind, value)
+
+
+_CACHED_VALUE = 256  # characters: longer values are rendered every time
+_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but `"` and `\`: a string as it is
+
+
+def _render_line(name: str, kind: str, value: Value) -> str:
+    """render_line's work; `kind` keeps an expression and a string of the same text apart."""
     if not _NAME.match(name) or name.lower() in PRIVATE_ATTRS:
         raise AdError(f"invalid attribute name {name!r}")
     ad = ClassAd()
@@ -155,6 +175,9 @@ def render_line(name: str, value: Value) -> str:
     if list(back.keys()) != [name] or not _same(back, ad, name, value):
         raise AdError(f"{name}: value does not survive the old ClassAd syntax")
     return line
+
+
+_render_line_cached = functools.lru_cache(maxsize=4096)(_render_line)
 
 
 def _same(back: ClassAd, ad: ClassAd, name: str, value: Value) -> bool:
