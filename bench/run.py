@@ -136,7 +136,7 @@ def main() -> int:
         say(table(["hooks", "jobs/s", "finished", "db conns max", "db conns median"],
                   [[m, f"{r[0]:.2f}", str(r[1]), str(r[2]), str(r[3])] for m, r in emu.items()]))
         say("   db conns = pg_stat_activity rows of the bench database while the node runs"
-            " (the monitor excluded)")
+            " (the monitor and the agent's LISTEN connection for stopped attempts excluded)")
         tp = section_throughput(env, tp_seconds, tp_jobs, job_ad_json())
         lat = section_latency(env, big, lat_samples, job_ad_json(), lat_budget)
         conns = section_connections(env, backends, calls, conn_jobs)
@@ -177,7 +177,7 @@ def main() -> int:
             rows.append(["db connections opened per job life, direct hooks",
                          f"{conns['pg_processes'][0]:.1f}", "-", "info"])
         if "agent" in emu:
-            rows.append(["db connections held by the node, 8 slots, agent (max)",
+            rows.append(["db connections of the node's hooks, 8 slots, agent (max; + 1 LISTEN)",
                          str(emu["agent"][2]), "<= 1", verdict(emu["agent"][2] <= 1)])
             er = emu["agent"][0] / emu["direct"][0] if emu["direct"][0] else 0.0
             rows.append([f"emulator jobs/s agent / direct ({emu['agent'][0]:.2f} /"
