@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from jobstore.formats import classads
-from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ad_job_id
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,7 @@ class Attempts:
         if not slot or job_id is None or attempt is None:
             return None
         seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
-                       classads.get_int(job, "JobMaxVacateTime"),
-                       f"{classads.get_int(job, 'ClusterId')}.{classads.get_int(job, 'ProcId')}")
+                       classads.get_int(job, "JobMaxVacateTime"), ad_job_id(job))
         with self._lock:
             self._by_job[job_id] = seen
             self._vacating.pop(job_id, None)

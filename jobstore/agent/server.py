@@ -552,9 +552,8 @@ class Agent:
         """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
         due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL)."""
         try:
-            for keyword in dict.fromkeys([None, config._param("STARTD_JOB_HOOK_KEYWORD")]):
+            for settings in config.node_settings().values():
                 try:
-                    settings = config.load_settings(keyword)
                     store = handlers.store_for(settings)
                 except config.ConfigError:
                     continue
@@ -583,13 +582,9 @@ class Agent:
     def _spool_dirs(self) -> list[Path]:
         """The spool directories of the keywords this node uses, made safe (created, or
         repaired when another account made them) so that reports can wait there."""
-        keywords = [None, config._param("STARTD_JOB_HOOK_KEYWORD")]
         dirs: list[Path] = []
-        for keyword in keywords:
-            try:
-                directory = Path(config.load_settings(keyword).spool)
-            except config.ConfigError:
-                continue
+        for settings in config.node_settings().values():
+            directory = Path(settings.spool)
             if directory in dirs:
                 continue
             try:

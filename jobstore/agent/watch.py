@@ -127,23 +127,18 @@ class AttemptWatch:
 
     def _stores(self) -> dict[str | None, config.Settings]:
         """The settings of each keyword in use: this node's, and its attempts'."""
-        keywords = [None, config._param("STARTD_JOB_HOOK_KEYWORD"),
-                    *(a.keyword for a in self.attempts.snapshot())]
-        out: dict[str | None, config.Settings] = {}
-        for keyword in dict.fromkeys(keywords):
-            try:
-                out[keyword] = config.load_settings(keyword)
-            except config.ConfigError:
-                continue
-        return out
+        return config.node_settings(a.keyword for a in self.attempts.snapshot())
 
     def _restore(self, stores: dict[str | None, config.Settings]) -> None:
         """Once per database: the attempts the store says this node's slots run (after a
         restart: the ones handed out, and the stopped ones still winding down)."""
-        hosts = [h for h in [config._param("FULL_HOSTNAME")] if h]
-        for settings in stores.values():
+        todo = [s for s in stores.values() if s.database_url not in self._restored]
+        hosts = [h for h in [config._param("FULL_HOSTNAME")] if h] if todo else []
+        if not hosts:
+            return
+        for settings in todo:
             url = settings.database_url
-            if url in self._restored or not hosts:
+            if url in self._restored:  # two keywords, one database
                 continue
             try:
                 found = handlers.store_for(settings).attempts_on(hosts)

@@ -26,7 +26,7 @@ from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.sql import NEXT_JOB_IDS
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
-from jobstore.db.transitions import Outcome
+from jobstore.db.transitions import Outcome, event_row
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import views
 from jobstore.formats.edits import edit_changes, edit_target
@@ -58,6 +58,7 @@ EDITABLE = (Status.IDLE.value, Status.HELD.value)
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
                           Event.REJECT, Event.CLAIM_EVICTED})
+
 
 def _job_row(job: Job) -> dict[str, Any]:
     return {name: getattr(job, name) for name in JOB_COLUMNS if name != "id"}
@@ -155,9 +156,7 @@ class JobStore(Negotiator, JobReads):
             inserted = conn.execute(insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
                                     [_job_row(job) for job in batch])
             ids = [int(i) for i in inserted.scalars()]
-        events = [dict(job_id=i, time=now, event=str(Event.SUBMIT), from_status=None,
-                       to_status=Status.IDLE.value, attempt=0, slot=None, host=None,
-                       reason=None, attrs=None) for i in ids]
+        events = [event_row(i, Event.SUBMIT, None, Status.IDLE, now, attempt=0) for i in ids]
         if self._pg:
             copy_rows(conn, job_events, events)
         else:
@@ -231,7 +230,7 @@ class JobStore(Negotiator, JobReads):
                     if released is not None:
                         return released
                 return Outcome(job_id, event, job.status, job.status, False, True, reason,
-                               name=f"{job.cluster_id}.{job.proc_id}")
+                               name=views.job_id(job))
             decide_args: dict[str, Any] = {}
             hold = (holds.UNSPECIFIED, 0)
             if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"

@@ -28,6 +28,9 @@ CommitListener = Callable[[list[dict[str, Any]]], AfterCommit | None]
 PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
 JOINED = "jobstore_joined_events"  # ... of a caller's transaction the store joined
 _log = logging.getLogger(__name__)
+# What a lost or refused connection raises inside a transaction (PendingRollbackError: a
+# connection lost mid-transaction, as SQLAlchemy reports it once).
+LOST = (OperationalError, DBAPIError, PendingRollbackError)
 
 
 def note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> None:
@@ -88,8 +91,7 @@ class Transactions:
                         conn.info.pop(PENDING, None)
                 if pending:
                     after = self._before_commit(pending)
-        except (OperationalError, DBAPIError, PendingRollbackError) as exc:
-            # (PendingRollbackError: a connection lost mid-transaction, seen once by SQLAlchemy)
+        except LOST as exc:
             _after_commit(after, False)
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
         except BaseException:
@@ -109,7 +111,7 @@ class Transactions:
         outer.info[PENDING] = joined
         try:
             yield outer
-        except (OperationalError, DBAPIError) as exc:
+        except LOST as exc:
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
         finally:
             if not outer.invalidated:

@@ -15,6 +15,7 @@ from jobstore.db.notify import STOPS, notify
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
+from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
 STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
@@ -75,7 +76,7 @@ class Transitions(Transactions):
                 self._event(conn, job.id, event, before, None, now, attempt=job.claims,
                             slot=job.slot, host=job.host, reason=pending)
             return Outcome(job.id, event, before, before, False, reason=pending, pending=True,
-                           name=_name(job))
+                           name=views.job_id(job))
         d: Decision = decide(
             event,
             before,
@@ -100,7 +101,7 @@ class Transitions(Transactions):
                     reason=why,
                     attrs=attrs,
                 )
-            return Outcome(job.id, event, before, before, False, reason=why, name=_name(job))
+            return Outcome(job.id, event, before, before, False, reason=why, name=views.job_id(job))
         values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
         if d.counts_attempt:
             values["attempts"] = job.attempts + 1
@@ -154,7 +155,7 @@ class Transitions(Transactions):
             attrs=attrs,
             job=job,
         )
-        return Outcome(job.id, event, before, d.to_status, True, reason=why, name=_name(job))
+        return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
     def _event(
         self,
@@ -172,18 +173,8 @@ class Transitions(Transactions):
         attrs: Mapping[str, Any] | None = None,
         job: Job | None = None,
     ) -> None:
-        values = dict(
-            job_id=job_id,
-            time=now,
-            event=str(event),
-            from_status=None if before is None else str(before),
-            to_status=None if after is None else str(after),
-            attempt=attempt,
-            slot=slot,
-            host=host,
-            reason=reason,
-            attrs=dict(attrs) if attrs else None,
-        )
+        values = event_row(job_id, event, before, after, now, attempt=attempt, slot=slot,
+                           host=host, reason=reason, attrs=attrs)
         conn.execute(insert(job_events).values(**values))
         note_event(conn, values, job)
         if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
@@ -205,9 +196,32 @@ class Transitions(Transactions):
         return None if row is None else Job.from_row(row._mapping)
 
 
-
-def _name(job: Job) -> str:
-    return f"{job.cluster_id}.{job.proc_id}"
+def event_row(
+    job_id: int,
+    event: Event | str,
+    before: Status | str | None,
+    after: Status | str | None,
+    now: float,
+    *,
+    attempt: int | None = None,
+    slot: str | None = None,
+    host: str | None = None,
+    reason: str | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The `job_events` row of one event (also what the commit listeners get)."""
+    return dict(
+        job_id=job_id,
+        time=now,
+        event=str(event),
+        from_status=None if before is None else str(before),
+        to_status=None if after is None else str(after),
+        attempt=attempt,
+        slot=slot,
+        host=host,
+        reason=reason,
+        attrs=dict(attrs) if attrs else None,
+    )
 
 
 def winding_down(job: Job, now: float) -> bool:

@@ -19,7 +19,7 @@ COMPUTED = frozenset(n.lower() for n in (
     "JobCurrentStartDate", "JobCurrentStartExecutingDate", "ShadowBday", "CompletionDate",
     "HoldReason", "LastReason", "HoldReasonCode", "HoldReasonSubCode", "NumHolds",
 ))
-# Attributes kept in a column: name -> (column, how the expression's value is stored).
+# Integer attributes kept in a column of their own: lower-case name -> column.
 _INT_COLUMNS = {"jobprio": "priority", "requestcpus": "request_cpus",
                 "requestmemory": "request_memory", "requestdisk": "request_disk"}
 

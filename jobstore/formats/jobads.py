@@ -7,7 +7,7 @@ from typing import Any
 from classad2 import ClassAd, ExprTree
 
 from jobstore.core.jobs import Job, JobSpec
-from jobstore.formats.classads import AdError, Expr, Value, render_ad
+from jobstore.formats.classads import AdError, Expr, Value, get_int, render_ad
 
 # Attributes that identify our job and its attempt in the starter hooks.
 ATTR_JOB_ID = "JobstoreJobId"
@@ -50,6 +50,11 @@ RESERVED = frozenset(
         "ConcurrencyLimits",
     )
 )
+
+
+def ad_job_id(ad: ClassAd) -> str:
+    """CLUSTER.PROC of a job ad, as condor_q numbers the job (views.job_id of a row)."""
+    return f"{get_int(ad, 'ClusterId')}.{get_int(ad, 'ProcId')}"
 
 
 def to_json(value: Value) -> Any:

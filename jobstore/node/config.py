@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,6 +304,18 @@ def service_uids(names: tuple[str, ...]) -> frozenset[int]:
             if name.isdigit():
                 uids.add(int(name))
     return frozenset(uids)
+
+
+def node_settings(extra: Iterable[str | None] = ()) -> dict[str | None, Settings]:
+    """The settings of each keyword this node uses (the default one, STARTD_JOB_HOOK_KEYWORD,
+    and `extra`), by keyword; a keyword whose settings do not load is left out."""
+    out: dict[str | None, Settings] = {}
+    for keyword in dict.fromkeys([None, _param("STARTD_JOB_HOOK_KEYWORD"), *extra]):
+        try:
+            out[keyword] = load_settings(keyword)
+        except ConfigError:
+            continue
+    return out
 
 
 def load_agent_settings(socket_override: str | None = None) -> AgentSettings:

@@ -27,7 +27,14 @@ from jobstore.core.states import Event
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import classads, views
 from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
-from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, job_classad, render_job
+from jobstore.formats.jobads import (
+    ATTR_ATTEMPT,
+    ATTR_JOB_ID,
+    ATTR_TOKEN,
+    ad_job_id,
+    job_classad,
+    render_job,
+)
 from jobstore.formats.matching import (
     matches,
     slot_offer,
@@ -209,10 +216,10 @@ def fetch_job(request: HookRequest) -> HookResponse:
             attrs={"error": str(exc)},
             reason=f"job ad cannot be sent: {exc}",
         )
-        raise HookError(f"job {job.cluster_id}.{job.proc_id} put on hold: {exc}") from None
+        raise HookError(f"job {views.job_id(job)} put on hold: {exc}") from None
     return HookResponse(
         stdout=text.encode("utf-8", "surrogateescape"),
-        log=[*notes, f"{name}: fetched job {job.cluster_id}.{job.proc_id} attempt {job.claims}"],
+        log=[*notes, f"{name}: fetched job {views.job_id(job)} attempt {job.claims}"],
     )
 
 
@@ -406,7 +413,7 @@ def _report(
         get_int(job, ATTR_ATTEMPT),
         get_str(job, ATTR_TOKEN),
     )
-    name = f"{get_int(job, 'ClusterId')}.{get_int(job, 'ProcId')}"  # as condor_q numbers it
+    name = ad_job_id(job)
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
     settings = config.load_settings(keyword)
     report = Report.parse(

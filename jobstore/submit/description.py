@@ -107,19 +107,12 @@ def parse_submit_text(
     too (the process's working directory is changed for the duration of that call).
     """
     source = source or "submit description"
-    base = os.path.abspath(base_dir)
-    if not os.path.isdir(base):
-        raise SubmitError(f"{source}: base directory {base} does not exist")
-    text = text.replace("\r\n", "\n")
-    check_text_controls(source, text)
-    _check_submit_lines(source, text)
+    base = _base_dir(source, base_dir)
     with contextlib.chdir(base):
-        submit = _make_submit(source, text)
+        submit = _submit_from_text(source, text)
         for name, value in (extra_vars or {}).items():
             _set_extra_var(source, submit, name, value)
-        keys = {k.lower(): k for k in submit}
-        items, count = _queue_items(source, submit)
-    return _SubmitExpander(source, base, submit, keys).specs(items, count)
+    return _specs(source, base, submit)
 
 
 def parse_submit_object(
@@ -135,12 +128,11 @@ def parse_submit_object(
     commands, or submit-language text) with its overrides: `queue` (the queue statement's
     arguments), `itemdata` (dicts of variables, or lines split into the queue statement's
     variables) and `count` (each item's count, when not 0)."""
+    base = _base_dir(source, base_dir)
     if isinstance(description, str):
         text = description if queue is None else _without_queue(description)
-        submit_text = text.replace("\r\n", "\n")
-        check_text_controls(source, submit_text)
-        _check_submit_lines(source, submit_text)
-        submit = _make_submit(source, submit_text)
+        with contextlib.chdir(base):
+            submit = _submit_from_text(source, text)
     else:
         given = description
         pairs = dict(given.items())
@@ -157,7 +149,30 @@ def parse_submit_object(
         if CONTROL.search(queue.replace("\n", " ")):
             raise SubmitError(f"{source}: queue: control character in the queue statement")
         submit.setQArgs(queue)
+    return _specs(source, base, submit, itemdata, count)
+
+
+def _base_dir(source: str, base_dir: str | Path) -> str:
     base = os.path.abspath(base_dir)
+    if not os.path.isdir(base):
+        raise SubmitError(f"{source}: base directory {base} does not exist")
+    return base
+
+
+def _submit_from_text(source: str, text: str) -> htcondor2.Submit:
+    """Submit-language text, checked line by line, as an htcondor2.Submit (in the base
+    directory: an `include` is relative to it)."""
+    text = text.replace("\r\n", "\n")
+    check_text_controls(source, text)
+    _check_submit_lines(source, text)
+    return _make_submit(source, text)
+
+
+def _specs(source: str, base: str, submit: htcondor2.Submit,
+           itemdata: Iterable[str] | Iterable[Mapping[str, str]] | None = None,
+           count: int = 0) -> list[JobSpec]:
+    """The jobs of a parsed description: its queue statement's items (or `itemdata`), each
+    `count` times when not 0."""
     qargs = (submit.getQArgs() or "").strip()
     with contextlib.chdir(base):
         keys = {k.lower(): k for k in submit}
