@@ -233,3 +233,29 @@ def test_every_handed_out_stage_winds_down(store: JobStore, stage: str, event: E
     store.report(job_id, end, token=job.token, attempt=job.claims)
     assert store.get_job(job_id).winding_down_until is None
     assert store.attempts_on(["node1"]) == []
+
+
+def _ad(job_id: int, attempt: int, token: str | None, **extra: str) -> bytes:
+    lines = [f"JobstoreJobId = {job_id}", f"JobstoreAttempt = {attempt}", "ClusterId = 3",
+             "ProcId = 0", 'HookKeyword = "JOBSTORE"', *(f"{k} = {v}" for k, v in extra.items())]
+    if token is not None:
+        lines.append(f'JobstoreToken = "{token}"')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_only_the_attempts_own_job_exit_takes_it_out_of_the_watch() -> None:
+    """A JOB_EXIT through the agent ends the watch over an attempt only when it names that
+    attempt and, from an ordinary account, carries its token: another account's forged
+    JOB_EXIT (or an older attempt's) leaves the job watched, so that an rm still reaches it."""
+    attempts = Attempts()
+    seen = attempts.fetched(b'Name = "slot1@n"\n', _ad(7, 2, "a" * 32))
+    assert seen is not None and seen.name == "3.0" and "a" * 32 not in repr(seen)
+    attempts.ended(_ad(7, 2, "b" * 32))  # forged: not its token
+    attempts.ended(_ad(7, 2, None))  # no token at all
+    attempts.ended(_ad(7, 1, "a" * 32))  # an older attempt's
+    assert [a.job_id for a in attempts.snapshot()] == [7]
+    attempts.ended(_ad(7, 2, "a" * 32))  # its own
+    assert attempts.snapshot() == []
+    attempts.fetched(b'Name = "slot1@n"\n', _ad(8, 1, "c" * 32))
+    attempts.ended(_ad(8, 1, None), trusted=True)  # condor's reject, say
+    assert attempts.snapshot() == []

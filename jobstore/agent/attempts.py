@@ -4,12 +4,13 @@ removed, given to another slot)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jobstore.formats import classads
-from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ad_job_id
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, ad_job_id
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Attempt:
     keyword: str | None
     max_vacate_time: int | None = None  # the job's JobMaxVacateTime, when it has one
     name: str = ""  # CLUSTER.PROC, as condor_q numbers the job
+    token: str | None = field(default=None, repr=False, compare=False)  # the attempt's secret
 
 
 class Attempts:
@@ -42,7 +44,8 @@ class Attempts:
         if not slot or job_id is None or attempt is None:
             return None
         seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
-                       classads.get_int(job, "JobMaxVacateTime"), ad_job_id(job))
+                       classads.get_int(job, "JobMaxVacateTime"), ad_job_id(job),
+                       classads.get_str(job, ATTR_TOKEN))
         with self._lock:
             self._by_job[job_id] = seen
             self._vacating.pop(job_id, None)
@@ -63,22 +66,35 @@ class Attempts:
                     added += 1
         return added
 
-    def ended(self, stdin: bytes, *, reply_fetch: bool = False) -> None:
+    def ended(self, stdin: bytes, *, reply_fetch: bool = False, trusted: bool = False) -> None:
         """Forget the attempt of a job whose JOB_EXIT (its job ad) or REPLY_FETCH reject (job ad,
-        `-----`, slot ad) came."""
+        `-----`, slot ad) came: the attempt it names, and, unless the caller is a service
+        account (`trusted`), only with that attempt's token, so that another account's forged
+        JOB_EXIT cannot take a job out of the watch."""
         try:
             text = classads.decode(stdin)
             job = classads.split_reply_fetch(text).job if reply_fetch else classads.parse_ad(text)
             job_id = classads.get_int(job, ATTR_JOB_ID)
+            attempt = classads.get_int(job, ATTR_ATTEMPT)
+            token = classads.get_str(job, ATTR_TOKEN)
         except classads.AdError:
             return
-        if job_id is not None:
-            self.drop(job_id)
+        with self._lock:
+            known = self._by_job.get(job_id) if job_id is not None else None
+            if known is None or known.attempt != attempt:
+                return
+            if not trusted and (known.token is None or token is None
+                                or not secrets.compare_digest(token, known.token)):
+                return
+            self._drop(known.job_id)
 
     def drop(self, job_id: int) -> None:
         with self._lock:
-            self._by_job.pop(job_id, None)
-            self._vacating.pop(job_id, None)
+            self._drop(job_id)
+
+    def _drop(self, job_id: int) -> None:
+        self._by_job.pop(job_id, None)
+        self._vacating.pop(job_id, None)
 
     def vacating_since(self, job_id: int) -> float | None:
         with self._lock:

@@ -482,9 +482,9 @@ class Agent:
             elif hook == "fetch_job" and response.stdout:
                 self._attempts.fetched(item.stdin, response.stdout)
             elif hook == "job_exit":
-                self._attempts.ended(item.stdin)
+                self._attempts.ended(item.stdin, trusted=conn.service)
             elif hook == "reply_fetch" and item.argv == ["reject"]:
-                self._attempts.ended(item.stdin, reply_fetch=True)
+                self._attempts.ended(item.stdin, reply_fetch=True, trusted=conn.service)
         except Exception as exc:  # never let one call take the service down
             log.error("%s uid %d pid %d: internal error: %s: %s", hook, peer.uid, peer.pid,
                       type(exc).__name__, exc)

@@ -77,7 +77,7 @@ def restored(found: list[NodeAttempt]) -> list[Attempt]:
     for n in found:
         value = n.ad.get("JobMaxVacateTime")
         out.append(Attempt(n.slot, n.job_id, n.attempt, n.keyword,
-                           value if isinstance(value, int) else None, n.name))
+                           value if isinstance(value, int) else None, n.name, n.token))
     return out
 
 

@@ -48,6 +48,7 @@ class NodeAttempt(NamedTuple):
     fetched_at: float | None
     ad: dict[str, Any]
     name: str = ""  # CLUSTER.PROC
+    token: str | None = None  # the attempt's secret, while it is handed out
 
 
 class JobReads(Transactions):
@@ -76,7 +77,7 @@ class JobReads(Transactions):
         if not hosts:
             return []
         q = select(jobs.c.id, jobs.c.slot, jobs.c.claims, jobs.c.keyword, jobs.c.fetched_at,
-                   jobs.c.ad, jobs.c.cluster_id, jobs.c.proc_id)
+                   jobs.c.ad, jobs.c.cluster_id, jobs.c.proc_id, jobs.c.token)
         handed_out = q.where(jobs.c.status.in_([s.value for s in HANDED_OUT]),
                              jobs.c.host.in_(list(hosts)))
         winding = q.where(jobs.c.winding_down_until.is_not(None), jobs.c.host.in_(list(hosts)))
@@ -85,7 +86,7 @@ class JobReads(Transactions):
             rows.update({r.id: r for r in conn.execute(winding)})
         return sorted(
             (NodeAttempt(r.id, r.slot, r.claims, r.keyword, r.fetched_at, r.ad or {},
-                         f"{r.cluster_id}.{r.proc_id}")
+                         f"{r.cluster_id}.{r.proc_id}", r.token)
              for r in rows.values() if r.slot),
             key=lambda a: (a.fetched_at or 0.0, a.job_id),
         )
