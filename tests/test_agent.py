@@ -359,6 +359,23 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     assert node.stop() == 0
 
 
+def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:
+    """With JOBSTORE_HISTORY_RETENTION = 1, the agent removes a job removed over a second ago,
+    with its events, and keeps the idle one."""
+    with open(node.config, "a") as fh:
+        fh.write("JOBSTORE_HISTORY_RETENTION = 1s\nJOBSTORE_PRUNE_INTERVAL = 10\n")
+    gone, idle = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i) for i in (0, 1)],
+                              owner=ordinary_owner(), queue="default", max_attempts=3)[1]
+    store.admin(gone, Event.REMOVE, "old news")
+    time.sleep(1.1)
+    node.start()
+    node.wait_log("history of JOBSTORE pruned: 1 job(s) finished over 1s ago, 2 event(s),"
+                  " 0 cluster(s)")
+    assert [j.id for j in store.list_jobs(include_final=True)] == [idle]
+    assert store.events(gone) == []
+    assert node.stop() == 0
+
+
 @pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_held_running_job_is_ended_by_its_next_update(
     node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...], mode: str

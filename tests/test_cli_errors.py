@@ -49,6 +49,9 @@ BAD = [
     (["rm", "99"], "99"),
     (["stats", "extra"], "extra"),
     (["reap", "extra"], "extra"),
+    (["prune", "--older-than", "soon"], "not a duration"),
+    (["prune", "--batch", "0"], "--batch"),
+    (["metrics", "extra"], "extra"),
     (["nosuchcommand"], "nosuchcommand"),
     (["--db", "mysql://u:Sekr1t@h/x", "q"], "unsupported"),
     (["--db", "not a url", "q"], "URL"),
@@ -111,7 +114,7 @@ def test_reading_before_init_creates_nothing_and_says_init(condor_config: Path,
     without the schema says the same."""
     path = tmp_path / "new" / "jobstore.db"
     url = f"sqlite:///{path}"
-    for args in (["q"], ["history"], ["stats"], ["userprio"]):
+    for args in (["q"], ["history"], ["stats"], ["userprio"], ["metrics"], ["prune"]):
         r = run(url, condor_config, args)
         assert r.returncode == 1 and "jobstore init" in r.stderr, r.stderr
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.core.jobs import JobSpec
 from jobstore.db.grants import grant_hook_role
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import ClaimRequest, DatabaseError, JobStore, Offer, Verdict
 from jobstore.node import spool
 
 FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
@@ -219,6 +220,9 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
                                   owner=alice.pw_name, queue="other", max_attempts=3)[1]
         assert role_store.police_due(0) is not None
         assert (store.get_job(policed).status, store.get_job(policed).hold_code) == ("held", 3)
+        # ... but it may not delete: the history is pruned by the tables' owner
+        with pytest.raises(DatabaseError, match="permission denied"):
+            role_store.prune(time.time() + 60)
     finally:
         role_store.engine.dispose()
 

@@ -88,6 +88,10 @@ class Attempts:
                 return
             self._drop(known.job_id)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_job)
+
     def drop(self, job_id: int) -> None:
         with self._lock:
             self._drop(job_id)

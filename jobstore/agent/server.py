@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
@@ -40,11 +41,15 @@ from jobstore.agent.protocol import (
     decode_env,
     encode,
 )
+from jobstore.agent.pruner import Pruner
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.node import config, handlers, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
+
+if TYPE_CHECKING:
+    from jobstore.agent.metrics import AgentMetrics
 
 log = logging.getLogger("jobstore.agent")
 # Seconds between two looks at whether the periodic policy pass is due (it runs once per
@@ -124,6 +129,8 @@ class Agent:
         self._replaying = threading.Event()
         self._policing = threading.Event()
         self._attempts = Attempts()
+        self._pruner = Pruner()
+        self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
         self._hook_log_lock = threading.Lock()
 
@@ -197,6 +204,7 @@ class Agent:
             t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
+        self._start_metrics()
         watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
                                    daemon=True)
@@ -259,6 +267,8 @@ class Agent:
             for duty in (replayer, policer):
                 if duty is not None:
                     duty.join()
+            if self._metrics is not None:
+                self._metrics.close()
             handlers.drop_stores()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()
@@ -454,6 +464,8 @@ class Agent:
 
     def _serve(self, item: _Work) -> None:
         conn, hook, peer = item.conn, item.hook, item.conn.peer
+        started = time.monotonic()
+        response: HookResponse | None = None
         try:
             refused = peers.refusal(hook, peer, self.services)
             if refused:
@@ -491,6 +503,34 @@ class Agent:
         finally:
             conn.sock.close()
             self._release(conn)
+            if self._metrics is not None:
+                self._metrics.observe(hook, response, time.monotonic() - started)
+
+    def _start_metrics(self) -> None:
+        """Serve the metrics on JOBSTORE_AGENT_METRICS_PORT (a loopback address), if set; a
+        port that cannot be bound is logged, and the hooks are served all the same."""
+        if not self.settings.metrics_port:
+            return
+        from jobstore.agent.metrics import AgentMetrics
+
+        def store_collectors() -> list:
+            from jobstore.api.metrics import StoreCollector
+
+            # the default keyword's, then STARTD_JOB_HOOK_KEYWORD's: the latter when it is set
+            keywords = list(config.node_settings().values())
+            return [StoreCollector(handlers.store_for(keywords[-1]))] if keywords else []
+
+        address, port = self.settings.metrics_address, self.settings.metrics_port
+        try:
+            metrics = AgentMetrics(self._spool_dirs, lambda: len(self._attempts),
+                                   store_collectors if self.settings.metrics_store else None)
+            metrics.serve(address, port)
+        except Exception as exc:
+            log.error("metrics not served on %s port %d: %s", address, port, one_line(str(exc)))
+            return
+        self._metrics = metrics
+        log.info("metrics served on http://%s:%d/metrics%s", address, port,
+                 " (with the store's view)" if self.settings.metrics_store else "")
 
     def _hook_log(self, hook: str, peer: peers.Peer, response: HookResponse) -> None:
         """The hook log lines of a call this agent served, written here (as root) because the
@@ -550,7 +590,8 @@ class Agent:
 
     def _police(self) -> None:
         """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
-        due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL)."""
+        due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL); then
+        the history's prune when it is due (Pruner)."""
         try:
             for settings in config.node_settings().values():
                 try:
@@ -563,6 +604,10 @@ class Agent:
                              o.before, o.after, o.reason)
         except Exception as exc:
             log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
+        try:
+            self._pruner.tick()
+        except Exception as exc:
+            log.error("history prune failed: %s: %s", type(exc).__name__, exc)
         finally:
             self._policing.clear()
 

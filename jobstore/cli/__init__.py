@@ -30,7 +30,8 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 for command in (
     admin.init, admin.grant, queue.submit, queue.q, queue.history, queue.qedit, queue.events,
     queue.watch, queue.hold, queue.release, queue.rm, queue.stats, userprio.userprio,
-    admin.reap, admin.replay, admin.install_hooks_cmd, admin.agent, demo, emulate,
+    admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
+    demo, emulate,
 ):
     main.add_command(command)
 

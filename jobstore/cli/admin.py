@@ -71,6 +71,59 @@ def reap(ctx: Context) -> None:
 
 
 @click.command()
+@click.option("--older-than", "older_than", metavar="DURATION",
+              help="Remove what finished longer ago than this: seconds, or 12h, 30d "
+              "(default: the keyword's JOBSTORE_HISTORY_RETENTION, 30d).")
+@click.option("--batch", type=click.IntRange(1, 100_000), default=500, show_default=True,
+              help="Jobs removed per transaction.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be removed.")
+@pass_ctx
+@guard
+def prune(ctx: Context, older_than: str | None, batch: int, dry_run: bool) -> None:
+    """Remove the history older than the retention: completed, removed and failed jobs that
+    finished before it, with their events and the clusters left empty, in small transactions.
+
+    The agent does the same every JOBSTORE_PRUNE_INTERVAL when its database role may delete
+    (with `jobstore grant`, it may not: run this as the tables' owner, from cron). User logs are
+    files of their own and are kept. JOBSTORE_HISTORY_RETENTION = 0 keeps everything."""
+    import time
+
+    from jobstore.core.durations import describe, parse_duration
+
+    if older_than is None:
+        retention = ctx.settings.history_retention
+        if retention <= 0:
+            click.echo("JOBSTORE_HISTORY_RETENTION is 0: the history is kept; nothing removed.")
+            return
+    else:
+        try:
+            retention = parse_duration(older_than)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    done = ctx.store.prune(time.time() - retention, batch=batch, dry_run=dry_run)
+    age = describe(retention)
+    if dry_run:
+        click.echo(f"{done.jobs} job(s) finished over {age} ago would be removed, with"
+                   f" {done.events} event(s).")
+    else:
+        click.echo(f"{done.jobs} job(s) finished over {age} ago removed, with {done.events}"
+                   f" event(s) and {done.clusters} emptied cluster(s).")
+
+
+@click.command()
+@pass_ctx
+@guard
+def metrics(ctx: Context) -> None:
+    """Print the job store's metrics in Prometheus' text format: unfinished jobs by queue and
+    status, the oldest one's age, claims per second, the submitters' priorities and usage
+    (docs/metrics.md). For a scrape through node_exporter's textfile collector, or see the
+    agent's JOBSTORE_AGENT_METRICS_PORT and JOBSTORE_AGENT_METRICS_STORE."""
+    from jobstore.api.metrics import store_metrics
+
+    sys.stdout.write(store_metrics(ctx.store).decode())
+
+
+@click.command()
 @click.option(
     "--spool",
     "spool_dir",

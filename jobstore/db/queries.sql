@@ -121,6 +121,10 @@ SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text FROM pg_current_snap
 -- A transaction id assigned now: every transaction that had an id before has a smaller one.
 SELECT pg_current_xact_id()::text;
 
+-- name: table_rows_estimate
+-- The planner's estimate of the jobs table's rows (no scan; -1 before its first ANALYZE).
+SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs'::regclass;
+
 -- name: next_job_ids
 -- Reserve :n job ids from the jobs table's sequence, in order (a bulk submit COPYs its rows).
 SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(1, :n) ORDER BY 1;

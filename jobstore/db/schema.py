@@ -214,6 +214,13 @@ jobs = Table(
         postgresql_where=text("winding_down_until IS NOT NULL"),
         sqlite_where=text("winding_down_until IS NOT NULL"),
     ),
+    # Retention: finished jobs, oldest first (jobstore.db.retention).
+    Index(
+        "ix_jobs_finished",
+        "finished_at",
+        postgresql_where=text("status IN ('completed', 'removed', 'failed')"),
+        sqlite_where=text("status IN ('completed', 'removed', 'failed')"),
+    ),
     Index("ix_jobs_status_queue", "status", "queue"),
     Index("ix_jobs_owner", "owner"),
 )
@@ -235,8 +242,32 @@ job_events = Table(
     Index("ix_job_events_job_id", "job_id", "id"),
 )
 
+# PostgreSQL storage parameters per table (set by migration 0006). The hot tables are vacuumed
+# after a small share of their rows died, not the default 20 %, so that a busy pool's dead
+# tuples stay few; the jobs table leaves room in its pages for HOT updates of a report.
+STORAGE_PARAMETERS: dict[str, dict[str, str]] = {
+    "jobs": {
+        "fillfactor": "80",
+        "autovacuum_vacuum_scale_factor": "0.02",
+        "autovacuum_vacuum_threshold": "200",
+        "autovacuum_analyze_scale_factor": "0.02",
+    },
+    "job_events": {
+        "autovacuum_vacuum_scale_factor": "0.02",
+        "autovacuum_vacuum_insert_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.05",
+    },
+    "clusters": {
+        "autovacuum_vacuum_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.05",
+    },
+    "submitters": {"autovacuum_vacuum_scale_factor": "0", "autovacuum_vacuum_threshold": "100"},
+    "passes": {"autovacuum_vacuum_scale_factor": "0", "autovacuum_vacuum_threshold": "100"},
+}
+
 __all__ = [
     "metadata",
+    "STORAGE_PARAMETERS",
     "clusters",
     "autoclusters",
     "autocluster_limits",

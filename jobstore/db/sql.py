@@ -62,3 +62,4 @@ SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 NEXT_JOB_IDS = QUERIES["next_job_ids"].clause
+TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause

@@ -20,9 +20,11 @@ from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
 from jobstore.db.copy import copy_rows
+from jobstore.db.gauges import Gauges
 from jobstore.db.negotiator import ACTIVE, Negotiator
 from jobstore.db.notify import notify
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
+from jobstore.db.retention import Pruned, Retention
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.sql import NEXT_JOB_IDS
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
@@ -38,6 +40,7 @@ __all__ = [
     "CommitListener",
     "JobStore",
     "Outcome",
+    "Pruned",
     "ClaimRequest",
     "Offer",
     "Verdict",
@@ -80,7 +83,7 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, JobReads):
+class JobStore(Negotiator, JobReads, Retention, Gauges):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts)."""
 
@@ -336,6 +339,16 @@ class JobStore(Negotiator, JobReads):
         if not self._take_pass("police", interval, now):
             return None
         return self.police(now=now)
+
+    def prune_due(self, retention: float, interval: float, *, now: float | None = None,
+                  budget: float = 30.0) -> Pruned | None:
+        """`prune` what finished more than `retention` seconds ago, for at most `budget`
+        seconds, unless a prune started less than `interval` seconds ago anywhere in the pool
+        (None then)."""
+        now = time.time() if now is None else now
+        if not self._take_pass("prune", interval, now):
+            return None
+        return self.prune(now - retention, budget=budget)
 
     def _take_pass(self, name: str, interval: float, now: float) -> bool:
         with self._tx() as conn:

@@ -85,6 +85,8 @@ class Settings:
     priority_update_interval: int = 60  # JOBSTORE_PRIORITY_UPDATE_INTERVAL: the accountant's
     periodic_expr_interval: int = 60  # PERIODIC_EXPR_INTERVAL: the jobs' periodic policy pass
     check_launch: bool = True  # JOBSTORE_CHECK_LAUNCH: PREPARE_JOB holds jobs that cannot start
+    history_retention: float = 30 * 86400.0  # JOBSTORE_HISTORY_RETENTION; 0 keeps everything
+    prune_interval: int = 300  # JOBSTORE_PRUNE_INTERVAL: how often the agents prune, pool-wide
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
@@ -129,6 +131,19 @@ def _int_text(raw: str | None) -> str | None:
         return str(int(float(raw)))
     except ValueError:
         return raw
+
+
+def _duration(keyword: str, name: str, default: float) -> float:
+    """A duration setting (`2592000`, `30d`; jobstore.core.durations) in seconds."""
+    raw = _setting(keyword, name)
+    if raw is None:
+        return default
+    from jobstore.core.durations import parse_duration
+
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{keyword}_JOBSTORE_{name}: {exc}") from None
 
 
 def _halflife(keyword: str) -> float:
@@ -234,6 +249,8 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         priority_halflife=_halflife(kw),
         priority_update_interval=_int(kw, "PRIORITY_UPDATE_INTERVAL", 60),
         check_launch=_bool(kw, "CHECK_LAUNCH", True),
+        history_retention=_duration(kw, "HISTORY_RETENTION", Settings.history_retention),
+        prune_interval=_int(kw, "PRUNE_INTERVAL", 300, minimum=10),
         periodic_expr_interval=_checked_int(
             "PERIODIC_EXPR_INTERVAL",
             _setting(kw, "PERIODIC_EXPR_INTERVAL") or _int_text(_param("PERIODIC_EXPR_INTERVAL")),
@@ -267,6 +284,9 @@ class AgentSettings:
     watch_listen: bool = True  # LISTEN for stopped attempts on PostgreSQL (else: poll only)
     vacate_command: str | None = None  # instead of the startd's vacateSlot (an emulator)
     max_vacate_time: float = 600.0  # MACHINE_MAX_VACATE_TIME: a graceful vacate's longest grace
+    metrics_port: int = 0  # JOBSTORE_AGENT_METRICS_PORT: Prometheus metrics (0: not served)
+    metrics_address: str = "127.0.0.1"  # JOBSTORE_AGENT_METRICS_ADDRESS: a loopback address
+    metrics_store: bool = False  # JOBSTORE_AGENT_METRICS_STORE: the store's view too
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -348,7 +368,32 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         watch_listen=_flag("JOBSTORE_AGENT_WATCH_LISTEN", True),
         vacate_command=_param("JOBSTORE_AGENT_VACATE_COMMAND"),
         max_vacate_time=_max_vacate_time(),
+        metrics_port=_port("JOBSTORE_AGENT_METRICS_PORT"),
+        metrics_address=_loopback(_param("JOBSTORE_AGENT_METRICS_ADDRESS") or "127.0.0.1"),
+        metrics_store=_flag("JOBSTORE_AGENT_METRICS_STORE", False),
     )
+
+
+def _port(param: str) -> int:
+    port = _checked_int(param, _param(param), 0, 0)
+    if port > 65535:
+        raise ConfigError(f"{param} must be a TCP port (1-65535, or 0 for none)")
+    return port
+
+
+def _loopback(address: str) -> str:
+    """JOBSTORE_AGENT_METRICS_ADDRESS: a loopback address only (the metrics name owners and
+    queues; a scraper on another host goes through a proxy the admin chooses)."""
+    import ipaddress
+
+    try:
+        loopback = address == "localhost" or ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigError(f"JOBSTORE_AGENT_METRICS_ADDRESS must be a loopback address"
+                          f" (127.0.0.1, ::1), not {address!r}")
+    return address
 
 
 def _max_vacate_time() -> float:

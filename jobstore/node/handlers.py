@@ -81,6 +81,8 @@ class HookResponse:
     exit_code: int = 0
     log: list[str] = field(default_factory=list)
     stale: bool = False  # the report was about a superseded attempt
+    database_error: bool = False  # the database was away or refused (a report then waits in
+    # the spool when it could be kept there)
 
 
 class HookError(Exception):
@@ -143,7 +145,9 @@ def handle(request: HookRequest) -> HookResponse:
         return HookResponse(error=f"unknown hook {request.hook!r}")
     try:
         return handler(request)
-    except (HookError, AdError, BadReport, DatabaseError, config.ConfigError) as exc:
+    except DatabaseError as exc:
+        return HookResponse(error=f"{request.hook}: {exc}", database_error=True)
+    except (HookError, AdError, BadReport, config.ConfigError) as exc:
         return HookResponse(error=f"{request.hook}: {exc}")
     except Exception as exc:  # a bug: report one line, never a traceback on the hook's stderr
         return HookResponse(error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}")
@@ -464,6 +468,7 @@ def _report(
         return HookResponse(
             log=[*log, f"job {name}: {event} spooled in {spool_dir} ({exc})"],
             error=f"{event} for job {name} kept in the spool: {exc}",
+            database_error=isinstance(exc, DatabaseError),
         )
     except BaseException:
         if spooled:

@@ -402,3 +402,25 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class Depth(NamedTuple):
+    """The reports waiting in a spool directory, and when the oldest was written."""
+
+    reports: int
+    oldest: float | None  # epoch seconds
+
+
+def depth(directory: Path) -> Depth:
+    """How many reports wait in `directory` (also those being sent) and the time of the oldest,
+    read from the names alone: no file is opened or followed."""
+    try:
+        listing = os.listdir(directory)
+    except OSError:
+        return Depth(0, None)
+    stamps = []
+    for name in listing:
+        taken = _TAKEN.match(name)
+        if taken or _REPORT.match(name):
+            stamps.append(int((taken.group(1) if taken else name).split("-", 1)[0]))
+    return Depth(len(stamps), min(stamps) / 1e9 if stamps else None)

@@ -1,0 +1,102 @@
+"""Retention: finished jobs, their events and their emptied clusters are removed once they are
+older than the history's retention, in small batches (one short transaction each), oldest first.
+
+A batch locks its jobs (SKIP LOCKED: an admin command on one of them is never waited for) and
+deletes their events by job id, the jobs, then the clusters left without a job. Events of one
+job are written close together, so a batch of the oldest jobs deletes a nearly contiguous range of
+`job_events` ids, and the pages autovacuum frees are reused by new events.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+from sqlalchemy import delete, exists, func, select
+
+from jobstore.core.states import FINAL
+from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.transactions import Transactions
+
+FINAL_VALUES = tuple(s.value for s in FINAL)
+PRUNE_BATCH = 500  # jobs per transaction
+
+
+class Pruned(NamedTuple):
+    """What a prune removed (or, on a dry run, would remove), and whether it stopped at its time
+    budget with more left."""
+
+    jobs: int = 0
+    events: int = 0
+    clusters: int = 0
+    more: bool = False
+
+    def __add__(self, other: object) -> Pruned:  # type: ignore[override]
+        assert isinstance(other, Pruned)
+        return Pruned(self.jobs + other.jobs, self.events + other.events,
+                      self.clusters + other.clusters, other.more)
+
+
+def _prunable(before: float):  # type: ignore[no-untyped-def]
+    return (jobs.c.status.in_(FINAL_VALUES), jobs.c.finished_at < before,
+            jobs.c.winding_down_until.is_(None))
+
+
+class Retention(Transactions):
+    """Removes history older than a cutoff."""
+
+    def prune(
+        self,
+        before: float,
+        *,
+        batch: int = PRUNE_BATCH,
+        budget: float | None = None,
+        dry_run: bool = False,
+    ) -> Pruned:
+        """Remove the jobs that finished before `before` (epoch seconds), with their events and
+        emptied clusters, `batch` jobs per transaction, until none is left or `budget` seconds
+        have passed. `dry_run` counts what would go and removes nothing."""
+        if dry_run:
+            return self._count(before)
+        done = Pruned()
+        deadline = None if budget is None else time.monotonic() + budget
+        while True:
+            step = self._prune_batch(before, batch)
+            done += step
+            if not step.more:
+                return done
+            if deadline is not None and time.monotonic() >= deadline:
+                return done
+
+    def _prune_batch(self, before: float, batch: int) -> Pruned:
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.cluster_id)
+                .where(*_prunable(before))
+                .order_by(jobs.c.finished_at)
+                .limit(batch)
+                .with_for_update(skip_locked=True)
+            ).all()
+            if not rows:
+                return Pruned()
+            ids = [r.id for r in rows]
+            cluster_ids = sorted({r.cluster_id for r in rows})
+            events = conn.execute(delete(job_events).where(job_events.c.job_id.in_(ids))).rowcount
+            conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
+            emptied = conn.execute(
+                delete(clusters).where(
+                    clusters.c.id.in_(cluster_ids),
+                    ~exists().where(jobs.c.cluster_id == clusters.c.id),
+                )
+            ).rowcount
+            return Pruned(len(ids), events, emptied, more=len(ids) == batch)
+
+    def _count(self, before: float) -> Pruned:
+        with self._tx() as conn:
+            old = select(jobs.c.id).where(*_prunable(before)).subquery()
+            found = conn.execute(select(func.count()).select_from(old)).scalar_one()
+            events = conn.execute(
+                select(func.count()).select_from(job_events)
+                .where(job_events.c.job_id.in_(select(old.c.id)))
+            ).scalar_one()
+        return Pruned(int(found), int(events), 0)
