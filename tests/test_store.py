@@ -598,3 +598,68 @@ def test_a_connection_lost_mid_transaction_is_a_database_error(
         assert store.stats() == []  # and the store works again at once
     finally:
         store.engine.dispose()
+
+
+def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) -> None:
+    """The agent's pooled store after its connection was killed (a restart, an idle timeout):
+    the next call still succeeds, without a ping before every checkout; a server that is
+    really away is one DatabaseError."""
+    import psycopg
+
+    from conftest import libpq_url
+
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
+    try:
+        (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                                 queue="default", max_attempts=3)[1]
+        with store.engine.connect() as conn:
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        for round_ in range(3):
+            with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+                assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+                # the backend is gone before the store's next statement
+                while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                    (pid,)).fetchone():
+                    time.sleep(0.01)
+            assert store.get_job(job_id).status == ("idle", "held")[round_ % 2]
+            outcome = store.admin(job_id, Event.HOLD if round_ % 2 == 0 else Event.RELEASE)
+            assert outcome.changed
+            with store.engine.connect() as conn:
+                new_pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            assert new_pid != pid
+            pid = new_pid
+    finally:
+        store.engine.dispose()
+    from jobstore.errors import DatabaseError
+
+    away = JobStore.from_url(pg_url.replace("5432", "1"), pool=True, connect_timeout=1)
+    with pytest.raises(DatabaseError):
+        away.get_job(job_id)
+
+
+def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) -> None:
+    """UPDATE_JOB_INFO of a running job with the same values and a lease more than half left:
+    no row version and no event; new usage, or a lease past its half, is written as before."""
+    from test_winding_down import running
+
+    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                             queue="default", max_attempts=3)[1]
+    job = running(store)  # START with job_pid 42, lease 600
+    events = len(store.events(job_id))
+    now = time.time()
+
+    def update(at: float, **changes: Any) -> Any:
+        return store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                            changes={"job_pid": 42, **changes}, lease=600, now=at)
+
+    same = update(now + 10)
+    assert (same.changed, same.after, same.reason) == (False, "running", "nothing new")
+    assert len(store.events(job_id)) == events
+    assert store.get_job(job_id).updated_at < now + 10
+    used = update(now + 20, remote_user_cpu=5.0)
+    assert used.changed and len(store.events(job_id)) == events + 1
+    assert update(now + 30, remote_user_cpu=5.0).reason == "nothing new"
+    renewed = update(now + 400, remote_user_cpu=5.0)  # 200 s of 600 left: renew
+    assert renewed.changed and store.get_job(job_id).lease_expires_at == pytest.approx(now + 1000)
+    assert len(store.events(job_id)) == events + 2

@@ -41,9 +41,9 @@ def make_engine(
     create: bool = False,
 ) -> Engine:
     """An engine for `url`. Hooks use no pool (one short connection); a service may pool:
-    one connection kept open (checked with a ping before use, so that a restarted
-    server costs no failed call), plus at most `max_overflow` more under load, closed as soon
-    as they are returned.
+    one connection kept open, plus at most `max_overflow` more under load, closed as soon as
+    they are returned. No ping before each use on PostgreSQL: a transaction's first statement
+    finds a connection the server dropped, and Transactions replaces it once.
 
     PostgreSQL: no server-side prepared statements and no startup parameters, so that the same
     code works behind PgBouncer in transaction pooling mode; statement timeouts are set per
@@ -57,12 +57,7 @@ def make_engine(
         raise DatabaseError(url_error(url)) from None
     backend = parsed.get_backend_name()
     kwargs: dict = (
-        {
-            "pool_size": 1,
-            "max_overflow": max_overflow,
-            "pool_pre_ping": True,
-            "pool_timeout": 5,
-        }
+        {"pool_size": 1, "max_overflow": max_overflow, "pool_timeout": 5}
         if pool
         else {"poolclass": NullPool}
     )

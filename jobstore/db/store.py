@@ -78,6 +78,20 @@ def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
     return code, 0
 
 
+def _nothing_new(job: Job, event: Event, changes: Mapping[str, Any], lease: int | None,
+                 now: float) -> bool:
+    """A repeated UPDATE_JOB_INFO that would change nothing: the job stays where it is, every
+    reported value is the one stored, its lease has more than half its length left, and it has
+    no periodic policy for a report to evaluate. Such a report writes no row and no event."""
+    staying = job.status == Status.RUNNING or (event == Event.UPDATE
+                                               and job.status == Status.ACCEPTED)
+    if event not in (Event.UPDATE, Event.START) or not staying or job.periodic:
+        return False
+    if any(getattr(job, name) != value for name, value in changes.items()):
+        return False
+    return lease is None or (job.lease_expires_at or 0.0) - now > lease / 2
+
+
 def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     value = attrs.get(name)
     return value if isinstance(value, str) and value else None
@@ -234,6 +248,9 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                         return released
                 return Outcome(job_id, event, job.status, job.status, False, True, reason,
                                name=views.job_id(job))
+            if _nothing_new(job, event, changes or {}, lease, now):
+                return Outcome(job_id, event, job.status, job.status, False,
+                               reason="nothing new", name=views.job_id(job))
             decide_args: dict[str, Any] = {}
             hold = (holds.UNSPECIFIED, 0)
             if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Self
 
 from sqlalchemy import Connection, Engine, event
@@ -79,10 +79,7 @@ class Transactions:
         pending: list[dict[str, Any]] = []
         after: list[AfterCommit] = []
         try:
-            with self.engine.begin() as conn:
-                if self._pg and self.statement_timeout_ms:
-                    timeout = str(int(self.statement_timeout_ms))
-                    conn.execute(SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
+            with self._begin() as conn:
                 conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
                 try:
                     yield conn
@@ -98,6 +95,27 @@ class Transactions:
             _after_commit(after, False)
             raise
         _after_commit(after, True)
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        """engine.begin() with the statement timeout set (PostgreSQL: SET LOCAL, also 0 for
+        none). That first statement finds a pooled connection the server dropped (a restart, an
+        idle timeout): it is replaced once, and no ping precedes every checkout."""
+        for retry in (True, False):
+            stack = ExitStack()
+            conn = stack.enter_context(self.engine.begin())
+            try:
+                if self._pg:
+                    timeout = str(int(self.statement_timeout_ms or 0))
+                    conn.execute(SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
+            except DBAPIError as exc:
+                stack.__exit__(type(exc), exc, exc.__traceback__)
+                if retry and exc.connection_invalidated:
+                    continue
+                raise
+            with stack:
+                yield conn
+            return
 
     @contextmanager
     def _joined(self, outer: Connection) -> Iterator[Connection]:
