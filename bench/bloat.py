@@ -52,7 +52,6 @@ def run(url: str, minutes: float, rate: float, retention: float) -> int:
     store = JobStore.from_url(url, pool=True)
     req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                        slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600)
-    spec = JobSpec(cmd="/bin/true", iwd="/tmp", arguments="x")
     start = time.monotonic()
     end = start + minutes * 60
     warm = start + max(3 * retention, minutes * 60 / 4)
@@ -72,7 +71,8 @@ def run(url: str, minutes: float, rate: float, retention: float) -> int:
         if due <= 0:
             time.sleep(min(0.05, 1 / rate))
             continue
-        store.submit([spec] * due, owner="alice", queue="default", max_attempts=3)
+        store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", args="x", proc_id=i)
+                      for i in range(due)], owner="alice", queue="default", max_attempts=3)
         for _ in range(due):
             job = store.claim(req, lambda _j: Verdict(take=True))
             assert job is not None
