@@ -605,7 +605,6 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
     the next call still succeeds, without a ping before every checkout; a server that is
     really away is one DatabaseError."""
     import psycopg
-
     from conftest import libpq_url
 
     upgrade(pg_url)
