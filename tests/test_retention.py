@@ -127,3 +127,17 @@ def test_prune_command(db: str, tmp_path: Path) -> None:  # noqa: F811
     wrong = cli(db, "prune", env={"_CONDOR_JOBSTORE_HISTORY_RETENTION": "forever"})
     assert wrong.returncode == 1
     assert "JOBSTORE_JOBSTORE_HISTORY_RETENTION: 'forever' is not a duration" in wrong.stderr
+
+
+def test_init_warns_when_the_server_does_not_autovacuum(pg_url: str,
+                                                          condor_config: Path) -> None:
+    """The tables' autovacuum settings need autovacuum: `jobstore init` says when it is off."""
+    import psycopg
+    from conftest import libpq_url
+
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
+        on = conn.execute("SHOW autovacuum").fetchone()[0] == "on"
+    done = cli(pg_url, "init", env={"CONDOR_CONFIG": str(condor_config)})
+    assert done.returncode == 0 and done.stdout.startswith("job store ready")
+    warned = "jobstore: warning: autovacuum is off on this server" in done.stderr
+    assert warned == (not on), done.stderr

@@ -7,7 +7,7 @@ import sys
 import click
 
 from jobstore.cli.context import Context, fail, guard, pass_ctx
-from jobstore.db.engine import safe_url, upgrade
+from jobstore.db.engine import safe_url, server_warnings, upgrade
 from jobstore.node import config
 
 
@@ -18,6 +18,8 @@ def init(ctx: Context) -> None:
     """Create or upgrade the job database schema (runs the Alembic migrations)."""
     upgrade(ctx.database_url)
     click.echo(f"job store ready: {safe_url(ctx.database_url)}")
+    for warning in server_warnings(ctx.database_url):
+        click.echo(f"jobstore: warning: {warning}", err=True)
 
 
 @click.command()

@@ -10,9 +10,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from jobstore.db.sql import AUTOVACUUM_SETTING
 from jobstore.errors import DatabaseError
 
-__all__ = ["DatabaseError", "make_engine", "upgrade", "safe_url", "is_sqlite"]
+__all__ = ["DatabaseError", "make_engine", "upgrade", "safe_url", "is_sqlite",
+           "server_warnings"]
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -107,6 +109,24 @@ def _sqlite_immediate(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn):  # type: ignore[no-untyped-def]
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def server_warnings(url: str) -> list[str]:
+    """What in the server's settings works against a job store (PostgreSQL: autovacuum off)."""
+    if is_sqlite(url):
+        return []
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            autovacuum = conn.execute(AUTOVACUUM_SETTING).scalar_one()
+    except DBAPIError:
+        return []
+    finally:
+        engine.dispose()
+    if autovacuum != "on":
+        return ["autovacuum is off on this server: the job store's tables keep every dead row"
+                " (jobstore prune removes history, only VACUUM reuses its space); turn it on"]
+    return []
 
 
 def alembic_config(url: str):  # type: ignore[no-untyped-def]

@@ -121,6 +121,10 @@ SELECT pg_snapshot_xmin(s)::text, pg_snapshot_xmax(s)::text FROM pg_current_snap
 -- A transaction id assigned now: every transaction that had an id before has a smaller one.
 SELECT pg_current_xact_id()::text;
 
+-- name: autovacuum_setting
+-- Whether the server runs autovacuum (the tables' own settings need it: jobstore init warns).
+SELECT current_setting('autovacuum') AS autovacuum;
+
 -- name: table_rows_estimate
 -- The planner's estimate of the jobs table's rows (no scan; -1 before its first ANALYZE).
 SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs'::regclass;

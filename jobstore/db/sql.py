@@ -63,3 +63,4 @@ XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 NEXT_JOB_IDS = QUERIES["next_job_ids"].clause
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
+AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
