@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from common import DEFAULT_ADMIN_URL, pct, say, table
 from jobstore.testing.support import libpq_url
 
 SYSTEMS = ("jobstore", "procrastinate", "pgqueuer")
+logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App is instantiated in main"
 WORKERS = (1, 8, 32)
 RATE = 50.0  # jobs per second in the latency run
 POLL = 0.01  # seconds between two claims of an idle jobstore worker

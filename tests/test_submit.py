@@ -742,3 +742,44 @@ def test_arguments_round_trip(tmp_path: Path, words: list[str]) -> None:
     (job,) = parse_submit_text(text, base_dir=tmp_path)
     assert split_v2(job.args) == words
     assert not job.args.endswith("\\")
+
+
+def test_a_big_queue_is_made_one_job_at_a_time(tmp_path: Path) -> None:
+    """`queue 100000` parses at once and holds no 100,000 specs: reading them all keeps the
+    memory of a few (tracemalloc's peak), and each is the proc it should be."""
+    import tracemalloc
+
+    path = write(tmp_path, "executable = /bin/echo\narguments = job $(Process)\nqueue 100000\n")
+    tracemalloc.start()
+    try:
+        jobs = parse_submit_file(path)
+        assert len(jobs) == 100_000
+        seen = 0
+        for proc, job in enumerate(jobs):
+            if proc in (0, 99_999):
+                assert (job.proc_id, job.args) == (proc, f"job {proc}")
+            seen += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seen == 100_000
+    assert peak < 20 * 1024 * 1024, peak  # a list of them all took 48 MB
+    assert jobs[-1].proc_id == 99_999 and [j.proc_id for j in jobs[5:8]] == [5, 6, 7]
+
+
+def test_a_late_bad_proc_rolls_the_whole_submit_back(tmp_path: Path, store) -> None:  # type: ignore[no-untyped-def]
+    """A proc whose expansion fails far into the queue: nothing of the cluster is queued."""
+    from sqlalchemy import func, select
+
+    from jobstore.db.schema import clusters, jobs
+
+    rows = "\n".join(["64"] * 2500 + ["lots"])
+    path = write(tmp_path, "executable = /bin/true\nrequest_memory = $(m)\n"
+                           f"queue m from (\n{rows}\n)\n")
+    specs = parse_submit_file(path)
+    assert len(specs) == 2501
+    with pytest.raises(SubmitError, match=r"proc 2500\).*request_memory"):
+        store.submit(specs, owner="alice", queue="default", max_attempts=3)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 0
+        assert conn.execute(select(func.count()).select_from(clusters)).scalar_one() == 0

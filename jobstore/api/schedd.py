@@ -20,7 +20,7 @@ from classad2 import ClassAd, ExprTree
 from sqlalchemy import Connection
 
 from jobstore.api import query
-from jobstore.api.submission import check_renders, choose_owner
+from jobstore.api.submission import choose_owner, render_check
 from jobstore.core.jobs import Job, parse_job_id
 from jobstore.core.states import FINAL, Event
 from jobstore.db.constraint import matches
@@ -138,11 +138,10 @@ class Schedd:
         specs = parse_submit_object(description, base_dir=os.getcwd(), count=count,
                                     itemdata=itemdata, queue=queue)
         owner = choose_owner(self.owner, self.settings)
-        check_renders(specs, owner, self.settings)
         cluster, ids = self.store.submit(
             specs, owner=owner, queue=job_queue or self.settings.queue,
             max_attempts=self.settings.max_attempts, connection=connection,
-            idempotency_key=idempotency_key,
+            idempotency_key=idempotency_key, check=render_check(self.settings),
         )
         return self._result(cluster, ids, owner, connection)
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 import os
 import pwd
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from jobstore.core.jobs import Job, JobSpec
+from jobstore.core.jobs import Job
 from jobstore.db.store import JobStore
 from jobstore.formats.classads import AdError
-from jobstore.formats.jobads import render_job, submitted_ad
+from jobstore.formats.jobads import render_job
 from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 from jobstore.submit import SubmitError, load_jobs
 
-__all__ = ["submit_path", "invoking_user", "choose_owner", "check_renders", "SubmitError"]
+__all__ = ["submit_path", "invoking_user", "choose_owner", "render_check", "SubmitError"]
 
 
 # POSIX portable user names (useradd's default NAME_REGEX, plus upper case): it becomes part of
@@ -45,14 +46,13 @@ def choose_owner(requested: str | None, settings: config.Settings) -> str:
     return owner
 
 
-def check_renders(specs: list[JobSpec], owner: str, settings: config.Settings) -> None:
-    """Store and render every job's ad as FETCH_WORK would, so that a job that cannot be sent
-    is refused now."""
-    for spec in specs:
+def render_check(settings: config.Settings) -> Callable[[Job], None]:
+    """What the store calls on every job it queues (JobStore.submit's `check`): render its ad
+    as FETCH_WORK would, so that a job that cannot be sent is refused now (SubmitError: the
+    whole submit rolls back)."""
+
+    def check(job: Job) -> None:
         try:
-            ad = submitted_ad(spec)
-            job = Job.queued(spec, id=1, cluster_id=1, owner=owner, queue=settings.queue, ad=ad,
-                             max_attempts=1, now=0.0)
             render_job(
                 job.but(claims=1, token="0" * 32),
                 keyword=settings.keyword,
@@ -60,7 +60,9 @@ def check_renders(specs: list[JobSpec], owner: str, settings: config.Settings) -
                 job_lease_duration=settings.job_lease_duration,
             )
         except AdError as exc:
-            raise SubmitError(f"proc {spec.proc_id}: {exc}") from None
+            raise SubmitError(f"proc {job.proc_id}: {exc}") from None
+
+    return check
 
 
 def submit_path(
@@ -76,11 +78,11 @@ def submit_path(
     if not specs:
         raise SubmitError(f"{path}: no jobs to queue")
     who = choose_owner(owner, settings)
-    check_renders(specs, who, settings)
     return store.submit(
         specs,
         owner=who,
         queue=queue or settings.queue,
         max_attempts=settings.max_attempts,
         submit_file=str(Path(path).absolute()),
+        check=render_check(settings),
     )

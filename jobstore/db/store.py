@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
@@ -114,6 +115,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         now: float | None = None,
         connection: Connection | None = None,
         idempotency_key: str | None = None,
+        check: Callable[[Job], None] | None = None,
     ) -> tuple[int, list[int]]:
         """Insert one cluster of jobs, each with its `submit` event and its autocluster.
         Returns (cluster, job ids). Raises AdError when a spec's attributes cannot be stored (a
@@ -122,9 +124,10 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         With `connection` (the caller's, inside its own transaction on this database) the jobs
         are queued in that transaction: they commit or roll back with the caller's rows. With
         `idempotency_key`, a submit whose key was used before queues nothing and returns that
-        cluster and its jobs."""
+        cluster and its jobs. `check` is called on every job before it is inserted; what it
+        raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
+        a time (a lazy sequence, description.SubmitSpecs, is never held whole)."""
         now = now or time.time()
-        ads = [submitted_ad(spec) for spec in specs]
         with self._tx(connection) as conn:
             cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
                            num_procs=len(specs), submitted_at=now)
@@ -142,22 +145,24 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
                         .order_by(jobs.c.proc_id)).scalars())
-            queued = [
-                Job.queued(
-                    spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue, ad=ad,
-                    max_attempts=max_attempts, now=now,
-                )
-                for spec, ad in zip(specs, ads, strict=True)
-            ]
-            groups = self._register(conn, queued, now)
             ids: list[int] = []
-            for start in range(0, len(queued), SUBMIT_BATCH):
-                batch = [job.but(autocluster_id=autocluster,
-                                 periodic=policy.has_periodic(job.ad) or None)
-                         for job, autocluster in zip(queued[start:start + SUBMIT_BATCH],
-                                                     groups[start:start + SUBMIT_BATCH],
-                                                     strict=True)]
-                ids.extend(self._insert_jobs(conn, batch, now))
+            pending = iter(specs)
+            while batch := list(islice(pending, SUBMIT_BATCH)):
+                queued = [
+                    Job.queued(
+                        spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
+                        ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
+                    )
+                    for spec in batch
+                ]
+                if check is not None:
+                    for job in queued:
+                        check(job)
+                groups = self._register(conn, queued, now)
+                ids.extend(self._insert_jobs(conn, [
+                    job.but(autocluster_id=autocluster,
+                            periodic=policy.has_periodic(job.ad) or None)
+                    for job, autocluster in zip(queued, groups, strict=True)], now))
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids

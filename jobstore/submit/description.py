@@ -8,9 +8,9 @@ import dataclasses
 import os
 import re
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import classad2
 import htcondor2
@@ -86,7 +86,7 @@ def kill_signal(value: str) -> str:
 
 def parse_submit_file(
     path: str | Path, *, extra_vars: dict[str, str] | None = None
-) -> list[JobSpec]:
+) -> Sequence[JobSpec]:
     """Read a submit description file; ``extra_vars`` are macros set after the file's own."""
     path = Path(path)
     text = read_text(path)
@@ -100,7 +100,7 @@ def parse_submit_text(
     base_dir: str | Path,
     extra_vars: dict[str, str] | None = None,
     source: str | None = None,
-) -> list[JobSpec]:
+) -> Sequence[JobSpec]:
     """Parse submit-language ``text``; relative paths resolve against ``base_dir``.
 
     ``queue ... from FILE`` and ``queue ... matching GLOB`` are resolved against ``base_dir``
@@ -123,7 +123,7 @@ def parse_submit_object(
     itemdata: Iterable[str] | Iterable[Mapping[str, str]] | None = None,
     queue: str | None = None,
     source: str = "submit description",
-) -> list[JobSpec]:
+) -> Sequence[JobSpec]:
     """Parse a description as htcondor2.Schedd.submit takes it (an htcondor2.Submit, a dict of
     commands, or submit-language text) with its overrides: `queue` (the queue statement's
     arguments), `itemdata` (dicts of variables, or lines split into the queue statement's
@@ -170,7 +170,7 @@ def _submit_from_text(source: str, text: str) -> htcondor2.Submit:
 
 def _specs(source: str, base: str, submit: htcondor2.Submit,
            itemdata: Iterable[str] | Iterable[Mapping[str, str]] | None = None,
-           count: int = 0) -> list[JobSpec]:
+           count: int = 0) -> Sequence[JobSpec]:
     """The jobs of a parsed description: its queue statement's items (or `itemdata`), each
     `count` times when not 0."""
     qargs = (submit.getQArgs() or "").strip()
@@ -358,6 +358,46 @@ def _is_true(text: str) -> bool:
     return text.strip().lower() not in ("false", "no", "0", "f", "n")
 
 
+class SubmitSpecs(Sequence[JobSpec]):
+    """The jobs of a submit description, made one at a time as they are read: a `queue 100000`
+    never holds 100,000 specs. Proc 0 is made at once; with per-proc macros, each later proc is
+    expanded when read (its SubmitError comes then: JobStore.submit rolls the whole cluster
+    back)."""
+
+    def __init__(self, expander: _SubmitExpander, items: list[dict[str, str]], count: int):
+        self._expander = expander
+        self._items = items
+        self._count = count
+        # made now, so that a description's errors show at once (a later proc's, in a
+        # description whose commands use per-proc macros, when that proc is read)
+        self._first = expander.spec_at(items, count, 0)
+
+    def __len__(self) -> int:
+        return len(self._items) * self._count
+
+    @overload
+    def __getitem__(self, index: int) -> JobSpec: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[JobSpec]: ...
+
+    def __getitem__(self, index: int | slice) -> JobSpec | list[JobSpec]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        proc = index + len(self) if index < 0 else index
+        if not 0 <= proc < len(self):
+            raise IndexError(index)
+        if proc and self._expander.dynamic:
+            return self._expander.spec_at(self._items, self._count, proc)
+        first = self._first
+        return first if proc == 0 else dataclasses.replace(first, proc_id=proc,
+                                                           custom=dict(first.custom))
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        for proc in range(len(self)):
+            yield self[proc]
+
+
 class _SubmitExpander:
     """Expands the commands of a parsed submit description once per proc."""
 
@@ -384,8 +424,8 @@ class _SubmitExpander:
     def _used_keys(self) -> list[str]:
         return [*self.commands.values(), *self.custom_keys.values()]
 
-    def specs(self, items: list[dict[str, str]], count: int) -> list[JobSpec]:
-        """One JobSpec per (item, step)."""
+    def specs(self, items: list[dict[str, str]], count: int) -> SubmitSpecs:
+        """One JobSpec per (item, step), each made when it is read."""
         total = len(items) * count
         if total > MAX_PROCS:
             raise SubmitError(
@@ -393,20 +433,13 @@ class _SubmitExpander:
             )
         if total == 0:
             raise SubmitError(f"{self.source}: the queue statement produces no jobs")
-        specs: list[JobSpec] = []
-        proc = 0
-        for row, item in enumerate(items):
-            for step in range(count):
-                if specs and not self.dynamic:
-                    first = specs[0]
-                    specs.append(
-                        dataclasses.replace(first, proc_id=proc, custom=dict(first.custom))
-                    )
-                else:
-                    self._set_proc_vars(item, proc, step, row)
-                    specs.append(self._spec(proc))
-                proc += 1
-        return specs
+        return SubmitSpecs(self, items, count)
+
+    def spec_at(self, items: list[dict[str, str]], count: int, proc: int) -> JobSpec:
+        """The JobSpec of proc `proc` (item proc // count, step proc % count)."""
+        row, step = divmod(proc, count)
+        self._set_proc_vars(items[row], proc, step, row)
+        return self._spec(proc)
 
     def _set_proc_vars(self, item: dict[str, str], proc: int, step: int, row: int) -> None:
         """Set item variables and the per-proc built-in macros."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from jobstore.core.jobs import JobSpec
@@ -16,8 +17,9 @@ from jobstore.submit.description import QUEUE_LINE, parse_submit_file
 from jobstore.submit.values import read_text
 
 
-def load_jobs(path: str | Path) -> list[JobSpec]:
-    """Read ``path`` as a plain ClassAd file if it looks like one, else as a submit file."""
+def load_jobs(path: str | Path) -> Sequence[JobSpec]:
+    """Read ``path`` as a plain ClassAd file if it looks like one, else as a submit file (its
+    jobs made one at a time as they are read: description.SubmitSpecs)."""
     path = Path(path)
     text = read_text(path)
     if _looks_like_classad(text):
