@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What one job's life costs the database through the real hooks and the agent (issue 14): the
+commits and the WAL bytes of fetch, reply accept, update (no pid), prepare, update (pid), exit,
+each hook a real process talking to `jobstore agent`, against the targets (at most 6 commits and
+4,000 B of WAL per life). Each life submits its job first: one-job submits are measured alone
+and subtracted, and so is the agent's own background work (its watch, policy and prune ticks),
+measured over an idle window as long as the lives took.
+
+PostgreSQL (fsync and synchronous_commit as the server has them).
+Usage: .venv/bin/python bench/joblife.py [--lives N] [--db-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import psycopg
+from common import (
+    DEFAULT_ADMIN_URL,
+    DEFAULT_TRANSCRIPT,
+    OWNER,
+    cleanup,
+    create_pg,
+    make_env,
+    say,
+    table,
+    verdict,
+)
+from hookcost import load_calls, run_life, start_agent
+
+from jobstore.testing.support import ensure_account, libpq_url
+
+COMMITS_TARGET = 6.0
+WAL_TARGET = 4000.0
+
+
+def counters(url: str) -> tuple[int, int]:
+    """(the cluster's WAL position in bytes, this database's commits so far)."""
+    time.sleep(1.5)  # backends flush their statistics at most once a second
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn, xact_commit"
+                           " FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lives", type=int, default=50)
+    ap.add_argument("--db-url", default=os.environ.get("JOBSTORE_BENCH_DATABASE_URL"))
+    args = ap.parse_args()
+    ensure_account(OWNER, uid=1001)
+    env = make_env(args.db_url or DEFAULT_ADMIN_URL)
+    try:
+        create_pg(env)
+        url = env.pg_url
+        from jobstore.db.store import JobStore
+
+        start_agent(env, url)
+        calls = load_calls(DEFAULT_TRANSCRIPT)
+        store = JobStore.from_url(url)
+        run_life(env, url, store, calls, None)  # warm-up
+        from common import submit_one
+
+        from jobstore.core.states import Event
+
+        wal_s0, commits_s0 = counters(url)
+        submitted = [submit_one(store) for _ in range(args.lives)]
+        wal_s1, commits_s1 = counters(url)
+        for job_id in submitted:  # out of the way of the lives' fetches
+            store.admin(job_id, Event.REMOVE, "bench: submit cost only")
+        wal0, commits0 = counters(url)
+        start = time.monotonic()
+        for _ in range(args.lives):
+            run_life(env, url, store, calls, None)
+        took = time.monotonic() - start
+        wal1, commits1 = counters(url)
+        time.sleep(took)  # the agent alone, as long as the lives took
+        wal2, commits2 = counters(url)
+        store.engine.dispose()
+        idle_wal, idle_commits = wal2 - wal1, commits2 - commits1
+        submit_wal = (wal_s1 - wal_s0) / args.lives
+        submit_commits = (commits_s1 - commits_s0) / args.lives
+        per_wal = (wal1 - wal0 - idle_wal) / args.lives - submit_wal
+        per_commits = (commits1 - commits0 - idle_commits) / args.lives - submit_commits
+        say(f"{args.lives} job lives through the real hooks and the agent in {took:.1f} s; the"
+            f" idle agent over as long: {idle_commits} commits, {idle_wal} B of WAL (subtracted)")
+        say(f"a one-job submit alone: {submit_commits:.2f} commits, {submit_wal:.0f} B of WAL"
+            " (subtracted: the life below is the six hook calls)")
+        say(table(["per job life", "measured", "target", "verdict"], [
+            ["commits", f"{per_commits:.2f}", f"<= {COMMITS_TARGET:g}",
+             verdict(per_commits <= COMMITS_TARGET)],
+            ["WAL bytes", f"{per_wal:.0f}", f"<= {WAL_TARGET:g}",
+             verdict(per_wal <= WAL_TARGET)],
+        ]))
+        return 0
+    finally:
+        cleanup(env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
