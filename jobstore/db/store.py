@@ -183,8 +183,10 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             copy_rows(conn, job_events, events)
         else:
             conn.execute(insert(job_events), events)
+        every = self.listens_to_every_job()
         for values, job, job_id in zip(events, batch, ids, strict=True):
-            note_event(conn, values, job.but(id=job_id))
+            if every or job.user_log:  # a bulk submit keeps no record per job otherwise
+                note_event(conn, values, job.but(id=job_id))
         return ids
 
     # ---- reports and admin events -------------------------------------------------------

@@ -50,6 +50,11 @@ class Transactions:
         # Commit listeners (see CommitListener); the job event log writer is always one.
         self.listeners: list[CommitListener] = [userlog.on_commit]
 
+    def listens_to_every_job(self) -> bool:
+        """Does a commit listener want the events of jobs without a user log? (Only the user
+        log's own listener is there by default, and it looks at jobs with a `log`.)"""
+        return any(listener is not userlog.on_commit for listener in self.listeners)
+
     @classmethod
     def from_url(
         cls,
