@@ -139,8 +139,8 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
                  max_attempts=3)
     store.update_priorities(interval=0)
     agent = AgentMetrics(lambda: [tmp_path], lambda: 0)
-    agent.observe("job_exit", HookResponse(error="x kept in the spool: y", database_error=True),
-                  0.01)
+    spooled = HookResponse(error="x kept in the spool: y", database_error=True, spooled=True)
+    agent.observe("job_exit", spooled, 0.01)
     served = {f.name for text in (store_metrics(store).decode(),
                                   generate_latest(agent.registry).decode())
               for f in text_string_to_metric_families(text)}

@@ -29,8 +29,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 def result_of(hook: str, response: HookResponse) -> str:
     """The `result` label of a served call: job or none (fetch_job), ok, spooled, or error."""
+    if response.spooled:
+        return "spooled"
     if response.error:
-        return "spooled" if "kept in the spool" in response.error else "error"
+        return "error"
     if hook == "fetch_job":
         return "job" if response.stdout else "none"
     return "ok"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from jobstore.core.durations import describe
 from jobstore.node import config, handlers
@@ -23,9 +24,10 @@ class Pruner:
         self._next: dict[str, float] = {}
         self._refused: dict[str, float] = {}
 
-    def tick(self, now: float | None = None) -> None:
+    def tick(self, node: Iterable[config.Settings], now: float | None = None) -> None:
+        """Prune the databases of `node` (the settings of this node's keywords) that are due."""
         now = time.monotonic() if now is None else now
-        for settings in config.node_settings().values():
+        for settings in node:
             url = settings.database_url
             if settings.history_retention <= 0 or now < self._next.get(url, 0.0):
                 continue
@@ -47,4 +49,3 @@ class Pruner:
                          " %d cluster(s)%s", settings.keyword, done.jobs,
                          describe(settings.history_retention), done.events, done.clusters,
                          "; more left for the next interval" if done.more else "")
-

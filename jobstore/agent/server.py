@@ -592,8 +592,10 @@ class Agent:
         """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
         due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL); then
         the history's prune when it is due (Pruner)."""
+        node: list[config.Settings] = []
         try:
-            for settings in config.node_settings().values():
+            node = list(config.node_settings().values())
+            for settings in node:
                 try:
                     store = handlers.store_for(settings)
                 except config.ConfigError:
@@ -605,7 +607,7 @@ class Agent:
         except Exception as exc:
             log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
         try:
-            self._pruner.tick()
+            self._pruner.tick(node)
         except Exception as exc:
             log.error("history prune failed: %s: %s", type(exc).__name__, exc)
         finally:

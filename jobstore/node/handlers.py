@@ -81,8 +81,8 @@ class HookResponse:
     exit_code: int = 0
     log: list[str] = field(default_factory=list)
     stale: bool = False  # the report was about a superseded attempt
-    database_error: bool = False  # the database was away or refused (a report then waits in
-    # the spool when it could be kept there)
+    database_error: bool = False  # the database was away or refused
+    spooled: bool = False  # the report could not be sent and waits in the spool
 
 
 class HookError(Exception):
@@ -469,6 +469,7 @@ def _report(
             log=[*log, f"job {name}: {event} spooled in {spool_dir} ({exc})"],
             error=f"{event} for job {name} kept in the spool: {exc}",
             database_error=isinstance(exc, DatabaseError),
+            spooled=True,
         )
     except BaseException:
         if spooled:
