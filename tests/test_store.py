@@ -637,6 +637,33 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
         away.get_job(job_id)
 
 
+def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url: str) -> None:
+    """After a restart the agent's pooled connection is dead: the LISTEN probe's notification
+    goes through the store's transaction, which replaces it, so the probe still succeeds (and
+    the agent does not fall back to polling for a minute)."""
+    import psycopg
+    from conftest import libpq_url
+
+    from jobstore.db.notify import STOPS, Listener
+
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
+    listener = Listener(store, connect_timeout=2, channel=STOPS)
+    try:
+        with store.engine.connect() as conn:
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                (pid,)).fetchone():
+                time.sleep(0.01)
+        listener.open()
+        assert listener.probe()
+    finally:
+        listener.close()
+        store.engine.dispose()
+
+
 def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) -> None:
     """UPDATE_JOB_INFO of a running job with the same values and a lease more than half left:
     no row version and no event; new usage, or a lease past its half, is written as before."""

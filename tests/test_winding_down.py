@@ -151,7 +151,7 @@ def test_attempts_on_a_node_after_a_restart(store: JobStore) -> None:
 def test_a_hold_of_a_handed_out_job_notifies_the_agents(pg_url: str) -> None:
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
-    listener = Listener(store.engine, connect_timeout=5, channel=STOPS)
+    listener = Listener(store, connect_timeout=5, channel=STOPS)
     try:
         listener.open()
         assert listener.probe()

@@ -170,7 +170,7 @@ class AttemptWatch:
         if store.engine.dialect.name != "postgresql":
             return
         self._relisten_at = time.monotonic() + RELISTEN
-        listener = Listener(store.engine, connect_timeout=settings.connect_timeout, channel=STOPS)
+        listener = Listener(store, connect_timeout=settings.connect_timeout, channel=STOPS)
         try:
             listener.open()
             ok = listener.probe()

@@ -260,7 +260,7 @@ class Subscription:
         # finished before the watch: told after the first read, unless that read tells it
         self._done_at_start = [j for j in candidates if j.status in FINAL]
         if pg and self.poll is not True:
-            listener = Listener(store.engine, connect_timeout=5)
+            listener = Listener(store, connect_timeout=5)
             try:
                 listener.open()
                 ok = listener.probe()

@@ -8,9 +8,10 @@ import secrets
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, NOTIFY_EVENT
+from jobstore.db.transactions import Transactions
 
 CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id, or
 # "cluster:N" once for all the submit events of cluster N
@@ -26,8 +27,8 @@ def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
 class Listener:
     """A dedicated autocommit psycopg connection that LISTENs on one of the store's channels."""
 
-    def __init__(self, engine: Engine, connect_timeout: int, channel: str = CHANNEL) -> None:
-        self.engine = engine
+    def __init__(self, store: Transactions, connect_timeout: int, channel: str = CHANNEL) -> None:
+        self.store = store
         self.connect_timeout = connect_timeout
         self.channel = channel
         self.conn: Any = None
@@ -35,7 +36,7 @@ class Listener:
     def open(self) -> None:
         import psycopg
 
-        engine = self.engine
+        engine = self.store.engine
         _, params = engine.dialect.create_connect_args(engine.url)
         params = {k: v for k, v in params.items() if k != "context"}
         params.setdefault("connect_timeout", self.connect_timeout)
@@ -44,9 +45,11 @@ class Listener:
 
     def probe(self, timeout: float = 3.0) -> bool:
         """Does a notification sent from another connection arrive? (Not behind a pooler in
-        transaction mode: the LISTEN stays on a server connection we no longer hold.)"""
+        transaction mode: the LISTEN stays on a server connection we no longer hold.) Sent in
+        the store's own transaction, which replaces a pooled connection the server dropped (a
+        restart) instead of failing the probe."""
         token = "probe:" + secrets.token_hex(8)
-        with self.engine.begin() as conn:
+        with self.store._tx() as conn:
             notify(conn, token, self.channel)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
