@@ -56,6 +56,17 @@ def test_the_holding_statuses_are_the_negotiators() -> None:
             assert literal == str(index.dialect_options["postgresql"]["where"])
 
 
+def test_the_unfinished_index_excludes_exactly_the_final_statuses() -> None:
+    """condor_q's and the gauges' `status NOT IN FINAL` is the partial index's predicate."""
+    from jobstore.core.states import FINAL
+    from jobstore.db.schema import UNFINISHED
+
+    listed = UNFINISHED.removeprefix("status NOT IN (").removesuffix(")").split(", ")
+    assert {s.strip("'") for s in listed} == {s.value for s in FINAL}
+    (index,) = [i for i in jobs.indexes if i.name == "ix_jobs_unfinished"]
+    assert str(index.dialect_options["postgresql"]["where"]) == UNFINISHED
+
+
 def test_listen_and_notify_use_one_channel() -> None:
     assert f"LISTEN {notify.CHANNEL}" == sql.LISTEN_EVENTS
 

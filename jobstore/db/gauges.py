@@ -1,6 +1,6 @@
 """What the store's metrics show (jobstore metrics), from statements whose cost does not grow
-with the history: the unfinished jobs by queue and status (an index-only scan of
-ix_jobs_status_queue), the claims among the newest events (a bounded range of job_events ids),
+with the history: the unfinished jobs by queue and status (a scan of the partial index
+ix_jobs_unfinished), the claims among the newest events (a bounded range of job_events ids),
 the submitters' table, and the planner's estimate of the jobs table's rows."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ FROM heads JOIN jobs AS h ON h.id = heads.head_id;
 
 -- name: submitter_usage
 -- Fair share's view of some submitters: the accountant's row and the weighted slots their
--- handed-out jobs hold now (ix_jobs_active_submitter).
+-- handed-out jobs hold now (ix_jobs_active).
 SELECT s.name, s.factor, s.priority, s.usage, s.updated_at, s.last_usage,
     (SELECT coalesce(sum(j.slot_weight), 0) FROM jobs AS j
      WHERE j.submitter = s.name AND j.status IN ('fetched', 'accepted', 'running')) AS in_use
@@ -57,9 +57,13 @@ FROM submitters AS s WHERE s.name IN :names;
 SELECT name FROM concurrency_limits WHERE name IN :names ORDER BY name FOR UPDATE;
 
 -- name: limits_in_use
--- The units of each named concurrency limit that handed-out jobs hold, across all nodes.
+-- The units of each named concurrency limit that handed-out jobs hold, across all nodes: the
+-- jobs of each autocluster that uses it, found under the autocluster's submitter in
+-- ix_jobs_active.
 SELECT l.name, sum(l.amount) AS in_use
-FROM autocluster_limits AS l JOIN jobs AS j ON j.autocluster_id = l.autocluster_id
+FROM autocluster_limits AS l
+JOIN autoclusters AS a ON a.id = l.autocluster_id
+JOIN jobs AS j ON j.submitter = a.submitter AND j.autocluster_id = l.autocluster_id
 WHERE l.name IN :names AND j.status IN ('fetched', 'accepted', 'running')
 GROUP BY l.name;
 

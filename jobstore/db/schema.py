@@ -108,6 +108,9 @@ passes = Table(
     Column("last_run_at", Epoch(), nullable=False),
 )
 
+# The predicate of ix_jobs_unfinished (jobstore.core.states.FINAL; tests/test_sql.py checks).
+UNFINISHED = "status NOT IN ('completed', 'removed', 'failed')"
+
 jobs = Table(
     "jobs",
     metadata,
@@ -184,18 +187,13 @@ jobs = Table(
         postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
         sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
     ),
-    # Fair share and concurrency limits: what the handed-out jobs hold, by submitter and by
-    # autocluster.
+    # Fair share and concurrency limits: what the handed-out jobs hold, by submitter, and by
+    # autocluster within its submitter (an autocluster has one).
     Index(
-        "ix_jobs_active_submitter",
+        "ix_jobs_active",
         "submitter",
-        "slot_weight",
-        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
-        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
-    ),
-    Index(
-        "ix_jobs_active_autocluster",
         "autocluster_id",
+        "slot_weight",
         postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
         sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
     ),
@@ -221,8 +219,17 @@ jobs = Table(
         postgresql_where=text("status IN ('completed', 'removed', 'failed')"),
         sqlite_where=text("status IN ('completed', 'removed', 'failed')"),
     ),
-    Index("ix_jobs_status_queue", "status", "queue"),
-    Index("ix_jobs_owner", "owner"),
+    # condor_q and the store's gauges: the unfinished jobs only, so that a status change is
+    # one entry here (and none for the job that finishes), not one in a whole-table index by
+    # status and another by owner. History by owner goes through ix_jobs_finished.
+    Index(
+        "ix_jobs_unfinished",
+        "queue",
+        "status",
+        "owner",
+        postgresql_where=text(UNFINISHED),
+        sqlite_where=text(UNFINISHED),
+    ),
 )
 
 job_events = Table(
