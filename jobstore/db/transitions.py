@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, Update, func, insert, literal, select, update
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, HANDED_OUT, Decision, Event, Status, decide
-from jobstore.db.notify import STOPS, notify
+from jobstore.db.notify import CHANNEL, STOPS, notify
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
@@ -130,7 +130,7 @@ class Transitions(Transactions):
             attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
         elif before == Status.HELD:
             values.update(hold_code=None, hold_subcode=None)
-        result = conn.execute(
+        change = (
             update(jobs)
             .where(
                 jobs.c.id == job.id,
@@ -139,22 +139,9 @@ class Transitions(Transactions):
             )
             .values(**values)
         )
-        if result.rowcount != 1:  # cannot happen while the row is locked; refuse to guess
-            raise DatabaseError(f"job {job.id} changed under a locked transition")
-        self._event(
-            conn,
-            job.id,
-            event,
-            before,
-            d.to_status,
-            now,
-            attempt=attempt,
-            slot=slot,
-            host=host,
-            reason=why,
-            attrs=attrs,
-            job=job,
-        )
+        self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
+                                     slot=slot, host=host, reason=why, attrs=attrs),
+                     job, change)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
     def _event(
@@ -173,12 +160,31 @@ class Transitions(Transactions):
         attrs: Mapping[str, Any] | None = None,
         job: Job | None = None,
     ) -> None:
-        values = event_row(job_id, event, before, after, now, attempt=attempt, slot=slot,
-                           host=host, reason=reason, attrs=attrs)
-        conn.execute(insert(job_events).values(**values))
+        self._record(conn, event_row(job_id, event, before, after, now, attempt=attempt,
+                                     slot=slot, host=host, reason=reason, attrs=attrs), job)
+
+    def _record(self, conn: Connection, values: dict[str, Any], job: Job | None,
+                change: Update | None = None) -> None:
+        """Append the event `values` and notify the followers (sent on commit, never for a
+        rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
+        given: it must hit the row (it cannot miss while the row is locked; refuse to guess).
+        On PostgreSQL the three are one statement."""
+        if not self._pg:
+            if change is not None and conn.execute(change).rowcount != 1:
+                raise DatabaseError(f"job {values['job_id']} changed under a locked transition")
+            conn.execute(insert(job_events).values(**values))
+        else:
+            row = select(*(literal(v, job_events.c[k].type).label(k) for k, v in values.items()))
+            if change is not None:
+                row = row.select_from(change.returning(jobs.c.id).cte("changed"))
+            appended = insert(job_events).from_select(list(values), row).returning(
+                job_events.c.job_id).cte("appended")
+            sent = conn.execute(
+                select(func.pg_notify(CHANNEL, str(values["job_id"]))).select_from(appended)
+            ).all()
+            if change is not None and len(sent) != 1:
+                raise DatabaseError(f"job {values['job_id']} changed under a locked transition")
         note_event(conn, values, job)
-        if self._pg:  # sent on commit, never for a rolled-back transition (jobstore watch)
-            notify(conn, str(job_id))
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran
