@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from jobstore.core import fairshare, limits
 from jobstore.core.states import Status
@@ -54,6 +54,63 @@ class JobSpec:
     concurrency_limits: str | None = None  # HTCondor's `NAME[:n], ...`
     custom: dict[str, str] = field(default_factory=dict)  # +Attr: name -> expression text
     proc_id: int = 0
+
+
+# The JobSpec fields where a templated submit may put a per-proc macro: text the job ad carries
+# as it is, and that no autocluster looks at.
+TEMPLATED_FIELDS = ("args", "env", "iwd", "input", "output", "error")
+
+
+@dataclass(frozen=True)
+class ProcTemplate:
+    """All the procs of one cluster as one spec: where the submit description uses a per-proc
+    macro ($(Process), $(Step), $(Row), $(ItemIndex), an item's variable), the spec's
+    TEMPLATED_FIELDS hold a placeholder, and each proc's text is made where its row is written
+    (a bulk submit on PostgreSQL makes the rows in the server)."""
+
+    spec: JobSpec  # proc 0's, with the placeholders
+    procs: int
+    per_item: int  # procs per item row (the N of `queue N ...`)
+    counters: dict[str, str]  # placeholder -> "proc", "step" or "row"
+    items: dict[str, list[str]]  # placeholder -> its variable's value in each item row
+
+    def values(self, proc: int) -> dict[str, str]:
+        """Each placeholder's text in proc `proc`."""
+        row, step = divmod(proc, self.per_item)
+        return self._texts({"proc": proc, "step": step, "row": row},
+                           {p: column[row] for p, column in self.items.items()})
+
+    def widest(self) -> dict[str, str]:
+        """Each placeholder's longest text over all the procs (for the largest ad)."""
+        last = self.procs - 1
+        return self._texts({"proc": last, "step": self.per_item - 1, "row": last // self.per_item},
+                           {p: max(column, key=len) for p, column in self.items.items()})
+
+    def _texts(self, numbers: dict[str, int], items: dict[str, str]) -> dict[str, str]:
+        return {**{p: str(numbers[kind]) for p, kind in self.counters.items()}, **items}
+
+    def spec_with(self, texts: Mapping[str, str]) -> JobSpec:
+        """The spec with each placeholder replaced by its text in `texts`."""
+
+        def fill(value: str | None) -> str | None:
+            for placeholder, text in texts.items():
+                value = None if value is None else value.replace(placeholder, text)
+            return value
+
+        filled: dict[str, Any] = {name: fill(getattr(self.spec, name))
+                                  for name in TEMPLATED_FIELDS}
+        return replace(self.spec, **filled)
+
+    def spec_of(self, proc: int) -> JobSpec:
+        """Proc `proc`'s spec, as expanding its macros makes it."""
+        return replace(self.spec_with(self.values(proc)), proc_id=proc)
+
+
+@runtime_checkable
+class Templated(Protocol):
+    """Specs that can say what all their procs are in one ProcTemplate (None: they cannot)."""
+
+    def template(self) -> ProcTemplate | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,10 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -17,9 +18,10 @@ from sqlalchemy import Connection, insert, select, update
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec
+from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec, ProcTemplate, Templated
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
+from jobstore.db.bulk import insert_procs
 from jobstore.db.copy import copy_rows
 from jobstore.db.gauges import Gauges
 from jobstore.db.negotiator import ACTIVE, Negotiator
@@ -145,8 +147,13 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
                         .order_by(jobs.c.proc_id)).scalars())
+            template = self._template(specs)
             ids: list[int] = []
-            pending = iter(specs)
+            pending: Iterator[JobSpec] = iter(specs if template is None else ())
+            if template is not None:
+                ids = self._insert_template(conn, template, cluster_id=cluster_id, owner=owner,
+                                            queue=queue, max_attempts=max_attempts, now=now,
+                                            check=check)
             while batch := list(islice(pending, SUBMIT_BATCH)):
                 queued = [
                     Job.queued(
@@ -166,6 +173,33 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
+
+    def _template(self, specs: Sequence[JobSpec]) -> ProcTemplate | None:
+        """The specs as one ProcTemplate when the server can make their rows (PostgreSQL; no
+        commit listener needs a record per job: no user log, nobody listening to every job)."""
+        if not self._pg or not isinstance(specs, Templated) or self.listens_to_every_job():
+            return None
+        template = specs.template()
+        return None if template is None or template.spec.user_log else template
+
+    def _insert_template(self, conn: Connection, template: ProcTemplate, *, cluster_id: int,
+                         owner: str, queue: str, max_attempts: int, now: float,
+                         check: Callable[[Job], None] | None) -> list[int]:
+        """Insert the procs of `template` (jobstore.db.bulk); `check` sees proc 0 and a proc
+        with every placeholder at its longest."""
+
+        def queued(spec: JobSpec) -> Job:
+            return Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
+                              ad=submitted_ad(spec), max_attempts=max_attempts, now=now)
+
+        if check is not None:
+            check(queued(template.spec_of(0)))
+            widest = template.spec_with(template.widest())
+            check(queued(dataclasses.replace(widest, proc_id=template.procs - 1)))
+        job = queued(template.spec)
+        (autocluster,) = self._register(conn, [job], now)
+        job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
+        return insert_procs(conn, job, template, now)
 
     def _insert_jobs(self, conn: Connection, batch: list[Job], now: float) -> list[int]:
         """Insert `batch` and their submit events: COPY on PostgreSQL (ids reserved from the

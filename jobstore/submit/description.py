@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import secrets
 import signal
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +18,13 @@ import htcondor2
 
 from jobstore.core import limits
 from jobstore.core.fairshare import check_group_name
-from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
+from jobstore.core.jobs import (
+    DEFAULT_REQUEST_DISK,
+    DEFAULT_REQUEST_MEMORY,
+    TEMPLATED_FIELDS,
+    JobSpec,
+    ProcTemplate,
+)
 from jobstore.core.policy import POLICY_COMMANDS
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
@@ -42,6 +49,15 @@ from jobstore.submit.values import (
 QUEUE_LINE = re.compile(r"(?i)queue(?:\s|$)")
 _QUEUE_KEYWORD = re.compile(r"(?i)(?:^|(?<=[\s,]))(in|from|matching)(?=\s|\(|$)")
 _CLUSTER_SENTINEL = "JOBSTORE_CLUSTER_ID_IS_NOT_KNOWN_AT_SUBMIT_TIME"
+# The per-proc built-in macros and what each one counts (ProcTemplate.counters).
+_COUNTERS = {"Process": "proc", "ProcId": "proc", "Step": "step", "Row": "row",
+             "ItemIndex": "row"}
+# A macro function ($INT(...), $ENV(...), $Fn(...), ...): its result is not the plain text of
+# the macros it reads, so a description that uses one is expanded proc by proc.
+_MACRO_FUNCTION = re.compile(r"\$[A-Za-z_]\w*\(")
+# Item values a placeholder can stand for: the same text in a path, an argument list, an
+# environment, JSON and a ClassAd string, whatever surrounds it.
+_PLAIN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")
 
 
 _COMMANDS: dict[str, tuple[str, ...]] = {
@@ -397,6 +413,12 @@ class SubmitSpecs(Sequence[JobSpec]):
         for proc in range(len(self)):
             yield self[proc]
 
+    def template(self) -> ProcTemplate | None:
+        """All the procs as one ProcTemplate, when each per-proc macro the description uses
+        is plain text in the fields a template may hold; None otherwise (each proc is then
+        expanded when read)."""
+        return self._expander.template(self._items, self._count, self._first)
+
 
 class _SubmitExpander:
     """Expands the commands of a parsed submit description once per proc."""
@@ -434,6 +456,45 @@ class _SubmitExpander:
         if total == 0:
             raise SubmitError(f"{self.source}: the queue statement produces no jobs")
         return SubmitSpecs(self, items, count)
+
+    def template(self, items: list[dict[str, str]], count: int,
+                 first: JobSpec) -> ProcTemplate | None:
+        """The procs of `items` x `count` as one ProcTemplate whose proc 0 is `first`, or None
+        when the description's per-proc macros are not plain text substitutions (a macro
+        function anywhere, an item value that is not plain, a placeholder outside
+        TEMPLATED_FIELDS, or a proc the template would make differently)."""
+        procs = len(items) * count
+        if not self.dynamic:
+            return ProcTemplate(first, procs, count, {}, {})
+        if any(_MACRO_FUNCTION.search(self.submit[key]) for key in self.submit):
+            return None
+        names = sorted({name for row in items for name in row})
+        if set(names) & _COUNTERS.keys() or not all(
+                _PLAIN.fullmatch(row.get(name, "")) for row in items for name in names):
+            return None
+        nonce = secrets.token_hex(6)
+        holders = {name: f"JOBSTOREPROC{i:03d}X{nonce}"
+                   for i, name in enumerate([*_COUNTERS, *names])}
+        for name, placeholder in holders.items():
+            self.submit[name] = placeholder
+        if not names:
+            self.submit["Item"] = ""
+        try:
+            spec = self._spec(0)
+        except SubmitError:
+            return None
+        if any(nonce in repr(getattr(spec, f.name)) for f in dataclasses.fields(spec)
+               if f.name not in TEMPLATED_FIELDS):
+            return None
+        template = ProcTemplate(
+            spec, procs, count,
+            counters={holders[name]: kind for name, kind in _COUNTERS.items()},
+            items={holders[name]: [row[name] for row in items] for name in names},
+        )
+        if template.spec_of(0) != first or (
+                procs > 1 and template.spec_of(procs - 1) != self.spec_at(items, count, procs - 1)):
+            return None
+        return template
 
     def spec_at(self, items: list[dict[str, str]], count: int, proc: int) -> JobSpec:
         """The JobSpec of proc `proc` (item proc // count, step proc % count)."""
