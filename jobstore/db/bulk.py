@@ -13,6 +13,8 @@ from sqlalchemy import (
     JSON,
     ColumnElement,
     Connection,
+    FromClause,
+    Integer,
     Select,
     Text,
     cast,
@@ -21,7 +23,6 @@ from sqlalchemy import (
     literal,
     select,
 )
-from sqlalchemy.sql.elements import Grouping
 
 from jobstore.core.jobs import JOB_COLUMNS, Job, ProcTemplate
 from jobstore.core.states import Event, Status
@@ -40,32 +41,43 @@ def insert_procs(conn: Connection, job: Job, template: ProcTemplate, now: float)
         last = min(first + CHUNK, template.procs) - 1
         rows = conn.execute(_statement(job, template, now, first, last)).scalars()
         ids.extend(int(i) for i in rows)
-    return ids
+    return sorted(ids)  # the procs' order: ids are drawn from the sequence as rows are made
 
 
 def _statement(job: Job, template: ProcTemplate, now: float, first: int,
                last: int) -> Select[Any]:
     """The insert of procs `first` to `last` and their events, selecting their ids."""
-    proc = func.generate_series(first, last).column_valued("proc")
-    numbers = {"proc": proc, "step": proc % template.per_item,
-               "row": func.div(proc, template.per_item)}
-    texts: list[tuple[str, ColumnElement[Any]]] = [
-        (placeholder, cast(numbers[kind], Text)) for placeholder, kind in template.counters.items()
-    ]
-    top, bottom = first // template.per_item, last // template.per_item  # the item rows used
-    texts += [
-        (placeholder,
-         Grouping(literal(column[top:bottom + 1], ARRAY(Text)))[numbers["row"] - top + 1])
-        for placeholder, column in template.items.items()
-    ]
-    start: ColumnElement[Any] = cast(literal(json.dumps(job.ad)), Text)
+    per_item = template.per_item
+    procs = func.generate_series(first, last).table_valued("proc").render_derived(name="procs")
+    proc: ColumnElement[Any] = procs.c.proc
+    step, row = proc % per_item, proc.op("/", return_type=Integer)(per_item)  # integers
+    texts: list[tuple[str, ColumnElement[Any]]] = []
+    source: FromClause = procs
+    ad_text = json.dumps(job.ad)
+    top, bottom = first // per_item, last // per_item  # the item rows of these procs
+    if template.items and top == bottom:  # one item row: its values are the same in them all
+        for placeholder, column in template.items.items():
+            ad_text = ad_text.replace(placeholder, column[top])
+    elif template.items:  # the values of the item rows, joined by row number
+        item = func.unnest(*(literal(column[top:bottom + 1], ARRAY(Text))
+                             for column in template.items.values())).table_valued(
+            *(f"v{i}" for i in range(len(template.items))), with_ordinality="n"
+        ).render_derived(name="item")
+        source = procs.join(item, item.c.n == row - top + 1)
+        texts += [(placeholder, item.c[f"v{i}"])
+                  for i, placeholder in enumerate(template.items)]
+    numbers = {"proc": proc, "step": step, "row": row}
+    texts[:0] = [(placeholder, cast(numbers[kind], Text))
+                 for placeholder, kind in template.counters.items()]
+    texts = [(placeholder, text) for placeholder, text in texts if placeholder in ad_text]
+    start: ColumnElement[Any] = cast(literal(ad_text), Text)
     filled = reduce(lambda text, sub: func.replace(text, sub[0], sub[1]), texts, start)
     ad = cast(filled, JSON)
     same = [name for name in JOB_COLUMNS if name not in ("id", "proc_id", "ad")]
     rows = select(
         *(literal(getattr(job, name), jobs.c[name].type).label(name) for name in same),
         proc.label("proc_id"), ad.label("ad"),
-    ).order_by(proc)
+    ).select_from(source).order_by(proc)
     made = insert(jobs).from_select([*same, "proc_id", "ad"], rows).returning(jobs.c.id).cte("made")
     submit = event_row(0, Event.SUBMIT, None, Status.IDLE, now, attempt=0)
     del submit["job_id"]
@@ -74,4 +86,4 @@ def _statement(job: Job, template: ProcTemplate, now: float, first: int,
         select(made.c.id, *(literal(value, job_events.c[name].type)
                             for name, value in submit.items())),
     ).cte("events")
-    return select(made.c.id).add_cte(events).order_by(made.c.id)
+    return select(made.c.id).add_cte(events)
