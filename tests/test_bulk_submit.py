@@ -132,3 +132,8 @@ def test_the_widest_proc_of_a_template_is_checked(pg_url: str, tmp_path: Path) -
     finally:
         store.engine.dispose()
     assert schedd.submit(sub, itemdata=iter([{"x": "a"}, {"x": "b"}])).num_procs() == 2
+    # the widest proc is a real one: two long values in different rows are not added up
+    two = htcondor2.Submit({"executable": "/bin/echo", "arguments": "$(x) $(y)",
+                            "transfer_executable": "false"})
+    rows = [{"x": "a" * 6_000, "y": "b"}, {"x": "a", "y": "b" * 6_000}]
+    assert schedd.submit(two, itemdata=iter(rows)).num_procs() == 2
