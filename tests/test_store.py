@@ -664,9 +664,71 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
         store.engine.dispose()
 
 
+def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url: str) -> None:
+    """New usage moments after the lease was renewed (within its last tenth): the lease stays,
+    so no indexed column changes and PostgreSQL makes a HOT update (no index entries); later,
+    the lease is renewed."""
+    import psycopg
+    from conftest import libpq_url
+    from test_winding_down import running
+
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    try:
+        (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                                 queue="default", max_attempts=3)[1]
+        job = running(store)  # START with job_pid 42, lease 600
+        lease = store.get_job(job_id).lease_expires_at
+
+        def hot_updates() -> int:
+            with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
+                return int(conn.execute("SELECT n_tup_hot_upd FROM pg_stat_user_tables"
+                                        " WHERE relname = 'jobs'").fetchone()[0])
+
+        def settled() -> int:  # a backend's counters reach the view when it ends (NullPool)
+            seen, deadline = hot_updates(), time.monotonic() + 5
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                if (now_seen := hot_updates()) == seen:
+                    return seen
+                seen = now_seen
+            return seen
+
+        before = settled()
+        out = store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                           changes={"job_pid": 42, "remote_user_cpu": 3.0}, lease=600)
+        assert out.changed and store.get_job(job_id).lease_expires_at == lease
+        assert store.get_job(job_id).remote_user_cpu == 3.0
+        assert settled() == before + 1
+        later = time.time() + 100  # 500 s of 600 left: renewed
+        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                     changes={"job_pid": 42, "remote_user_cpu": 4.0}, lease=600, now=later)
+        assert store.get_job(job_id).lease_expires_at == pytest.approx(later + 600)
+    finally:
+        store.engine.dispose()
+
+
+def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) -> None:
+    """LEASE_DURATION 900 s, UPDATE_JOB_INFO every 300 s (STARTER_UPDATE_INTERVAL) with
+    nothing new, some of them lost: whenever an update arrives, the lease has not run out."""
+    from test_winding_down import running
+
+    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                             queue="default", max_attempts=3)[1]
+    job = running(store)  # START with job_pid 42, lease 600
+    t0 = time.time()
+    for k in (0, 1, 3, 4, 6, 7):  # updates 2 and 5 are lost
+        at = t0 + 300 * k
+        assert store.get_job(job_id).lease_expires_at > at, k
+        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                     changes={"job_pid": 42}, lease=900, now=at)
+    assert store.get_job(job_id).status == "running"
+
+
 def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) -> None:
-    """UPDATE_JOB_INFO of a running job with the same values and a lease more than half left:
-    no row version and no event; new usage, or a lease past its half, is written as before."""
+    """UPDATE_JOB_INFO of a running job with the same values moments after its lease was
+    renewed: no row version and no event; new usage, or a lease renewed longer ago (past a
+    tenth of its length), is written as before."""
     from test_winding_down import running
 
     (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",

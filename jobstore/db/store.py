@@ -60,6 +60,7 @@ POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Stat
                                   Status.RUNNING))
 PAGE = 500
 SUBMIT_BATCH = 1000  # jobs per multi-row INSERT at submit
+LEASE_KEPT = 0.9  # a report keeps a lease with more than this share of its length left
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
@@ -84,15 +85,25 @@ def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
 def _nothing_new(job: Job, event: Event, changes: Mapping[str, Any], lease: int | None,
                  now: float) -> bool:
     """A repeated UPDATE_JOB_INFO that would change nothing: the job stays where it is, every
-    reported value is the one stored, its lease has more than half its length left, and it has
-    no periodic policy for a report to evaluate. Such a report writes no row and no event."""
+    reported value is the one stored, its lease was renewed moments ago (_lease_holds), and it
+    has no periodic policy for a report to evaluate. Such a report writes no row and no
+    event."""
     staying = job.status == Status.RUNNING or (event == Event.UPDATE
                                                and job.status == Status.ACCEPTED)
     if event not in (Event.UPDATE, Event.START) or not staying or job.periodic:
         return False
     if any(getattr(job, name) != value for name, value in changes.items()):
         return False
-    return lease is None or (job.lease_expires_at or 0.0) - now > lease / 2
+    return lease is None or _lease_holds(job, lease, now)
+
+
+def _lease_holds(job: Job, lease: int, now: float) -> bool:
+    """Whether `job`'s lease was renewed within the last tenth of `lease` (the reports of a
+    job's start come seconds apart): a report then keeps it and changes no indexed column,
+    so PostgreSQL updates the row in place (a HOT update, no new index entries). Any later
+    report renews it, so that one lost periodic report never lets it run out (with the lease
+    above 2.5 times the starter's update interval)."""
+    return (job.lease_expires_at or 0.0) - now > lease * LEASE_KEPT
 
 
 def _text(attrs: Mapping[str, Any], name: str) -> str | None:
@@ -304,7 +315,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     event, reason = Event.HOLD, verdict.hold.reason
                     hold = (verdict.hold.code, verdict.hold.subcode)
                 decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
-            if lease is not None:
+            if lease is not None and not _lease_holds(job, lease, now):
                 all_changes["lease_expires_at"] = now + lease
             outcome = self._apply(
                 conn,
