@@ -1,6 +1,6 @@
 """A templated bulk submit on PostgreSQL: the server makes every proc's row of a cluster from one
-job row (jobstore.core.jobs.ProcTemplate) and appends each one's submit event, in one
-statement; the client sends one row whatever the number of procs."""
+job row (jobstore.core.jobs.ProcTemplate) and appends each one's submit event, one statement per
+CHUNK procs; the client sends one row (and the item values) whatever the number of procs."""
 
 from __future__ import annotations
 
