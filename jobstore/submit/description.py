@@ -473,12 +473,10 @@ class _SubmitExpander:
                 _PLAIN.fullmatch(row.get(name, "")) for row in items for name in names):
             return None
         nonce = secrets.token_hex(6)
-        holders = {name: f"JOBSTOREPROC{i:03d}X{nonce}"
-                   for i, name in enumerate([*_COUNTERS, *names])}
-        for name, placeholder in holders.items():
-            self.submit[name] = placeholder
-        if not names:
-            self.submit["Item"] = ""
+        kinds = sorted(set(_COUNTERS.values()))
+        holders = {name: f"JOBSTOREPROC{i:03d}X{nonce}" for i, name in enumerate([*kinds, *names])}
+        self._set_proc_vars({name: holders[name] for name in names},
+                            {kind: holders[kind] for kind in kinds})
         try:
             spec = self._spec(0)
         except SubmitError:
@@ -488,7 +486,7 @@ class _SubmitExpander:
             return None
         template = ProcTemplate(
             spec, procs, count,
-            counters={holders[name]: kind for name, kind in _COUNTERS.items()},
+            counters={holders[kind]: kind for kind in kinds},
             items={holders[name]: [row[name] for row in items] for name in names},
         )
         if template.spec_of(0) != first or (
@@ -499,17 +497,16 @@ class _SubmitExpander:
     def spec_at(self, items: list[dict[str, str]], count: int, proc: int) -> JobSpec:
         """The JobSpec of proc `proc` (item proc // count, step proc % count)."""
         row, step = divmod(proc, count)
-        self._set_proc_vars(items[row], proc, step, row)
+        self._set_proc_vars(items[row], {"proc": str(proc), "step": str(step), "row": str(row)})
         return self._spec(proc)
 
-    def _set_proc_vars(self, item: dict[str, str], proc: int, step: int, row: int) -> None:
-        """Set item variables and the per-proc built-in macros."""
+    def _set_proc_vars(self, item: Mapping[str, str], numbers: Mapping[str, str]) -> None:
+        """Set item variables and the per-proc built-in macros (`numbers`: the text of each
+        kind of _COUNTERS)."""
         for name, value in item.items():
             self.submit[name] = value
-        for name in ("Process", "ProcId"):
-            self.submit[name] = str(proc)
-        self.submit["Step"] = str(step)
-        self.submit["Row"] = self.submit["ItemIndex"] = str(row)
+        for name, kind in _COUNTERS.items():
+            self.submit[name] = numbers[kind]
         if not item:
             self.submit["Item"] = ""
 
