@@ -32,6 +32,7 @@ PROC_BY_PROC = {
     "item starting with a dot": "output = $(x)\nqueue x in (a, ..)\n",
     "empty item": "arguments = a $(x)\nqueue x,y from (\n1, 2\n3\n)\n",
     "item named like a counter": "arguments = $(Step)\nqueue Step in (a, b)\n",
+    "item named like a counter, in lower case": "arguments = $(row)\nqueue row in (a, b)\n",
     "custom attribute": "+Proc = $(Process)\nqueue 3\n",
     "number": "request_memory = $(Process)00\nqueue 3\n",
     "executable": "executable = /bin/$(x)\nqueue x in (true, false)\n",

@@ -469,14 +469,15 @@ class _SubmitExpander:
         if any(_MACRO_FUNCTION.search(self.submit[key]) for key in self.submit):
             return None
         names = sorted({name for row in items for name in row})
-        if set(names) & _COUNTERS.keys() or not all(
+        if {n.lower() for n in names} & {n.lower() for n in _COUNTERS} or not all(
                 _PLAIN.fullmatch(row.get(name, "")) for row in items for name in names):
             return None
         nonce = secrets.token_hex(6)
         kinds = sorted(set(_COUNTERS.values()))
-        holders = {name: f"JOBSTOREPROC{i:03d}X{nonce}" for i, name in enumerate([*kinds, *names])}
-        self._set_proc_vars({name: holders[name] for name in names},
-                            {kind: holders[kind] for kind in kinds})
+        placeholders = [f"JOBSTOREPROC{i:03d}X{nonce}" for i in range(len(kinds) + len(names))]
+        counters = dict(zip(kinds, placeholders, strict=False))
+        variables = dict(zip(names, placeholders[len(kinds):], strict=True))
+        self._set_proc_vars(variables, counters)
         try:
             spec = self._spec(0)
         except SubmitError:
@@ -486,8 +487,8 @@ class _SubmitExpander:
             return None
         template = ProcTemplate(
             spec, procs, count,
-            counters={holders[kind]: kind for kind in kinds},
-            items={holders[name]: [row[name] for row in items] for name in names},
+            counters={placeholder: kind for kind, placeholder in counters.items()},
+            items={variables[name]: [row[name] for row in items] for name in names},
         )
         if template.spec_of(0) != first or (
                 procs > 1 and template.spec_of(procs - 1) != self.spec_at(items, count, procs - 1)):
