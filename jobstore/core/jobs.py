@@ -80,16 +80,17 @@ class ProcTemplate:
         return self._texts({"proc": proc, "step": step, "row": row},
                            {p: column[row] for p, column in self.items.items()})
 
-    def widest(self) -> dict[str, str]:
-        """Texts that make an ad at least as large as any proc's: the counters of the last proc
-        (each at its longest) and the values of the item row that take the most room."""
+    def widest(self) -> JobSpec:
+        """A last proc whose ad is at least as large as any proc's: the counters of the last
+        proc (each at its longest) and the values of the item row that take the most room."""
         text = "".join(getattr(self.spec, name) or "" for name in TEMPLATED_FIELDS)
         uses = {p: text.count(p) for p in self.items}
         rows = len(next(iter(self.items.values()), [None]))
         row = max(range(rows), key=lambda r: sum(
             uses[p] * len(column[r]) for p, column in self.items.items()))
-        return {**self.values(self.procs - 1),
-                **{p: column[row] for p, column in self.items.items()}}
+        texts = {**self.values(self.procs - 1),
+                 **{p: column[row] for p, column in self.items.items()}}
+        return replace(self.spec_with(texts), proc_id=self.procs - 1)
 
     def _texts(self, numbers: dict[str, int], items: dict[str, str]) -> dict[str, str]:
         return {**{p: str(numbers[kind]) for p, kind in self.counters.items()}, **items}

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from jobstore.core.jobs import JOB_COLUMNS, Job, ProcTemplate
 from jobstore.core.states import Event, Status
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.transitions import event_row
+from jobstore.db.transitions import event_row, typed
 
 CHUNK = 10_000  # procs per statement
 
@@ -75,7 +75,7 @@ def _statement(job: Job, template: ProcTemplate, now: float, first: int,
     ad = cast(filled, JSON)
     same = [name for name in JOB_COLUMNS if name not in ("id", "proc_id", "ad")]
     rows = select(
-        *(literal(getattr(job, name), jobs.c[name].type).label(name) for name in same),
+        *typed(jobs, {name: getattr(job, name) for name in same}),
         proc.label("proc_id"), ad.label("ad"),
     ).select_from(source).order_by(proc)
     made = insert(jobs).from_select([*same, "proc_id", "ad"], rows).returning(jobs.c.id).cte("made")
@@ -83,7 +83,6 @@ def _statement(job: Job, template: ProcTemplate, now: float, first: int,
     del submit["job_id"]
     events = insert(job_events).from_select(
         ["job_id", *submit],
-        select(made.c.id, *(literal(value, job_events.c[name].type)
-                            for name, value in submit.items())),
+        select(made.c.id, *typed(job_events, submit)),
     ).cte("events")
     return select(made.c.id).add_cte(events)

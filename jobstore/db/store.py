@@ -7,7 +7,6 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -205,8 +204,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
 
         if check is not None:
             check(queued(template.spec_of(0)))
-            widest = template.spec_with(template.widest())
-            check(queued(dataclasses.replace(widest, proc_id=template.procs - 1)))
+            check(queued(template.widest()))
         job = queued(template.spec)
         (autocluster,) = self._register(conn, [job], now)
         job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)

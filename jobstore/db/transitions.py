@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Update, func, insert, literal, select, update
+from sqlalchemy import Connection, Label, Table, Update, func, insert, literal, select, update
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
@@ -174,7 +174,7 @@ class Transitions(Transactions):
                 raise DatabaseError(f"job {values['job_id']} changed under a locked transition")
             conn.execute(insert(job_events).values(**values))
         else:
-            row = select(*(literal(v, job_events.c[k].type).label(k) for k, v in values.items()))
+            row = select(*typed(job_events, values))
             if change is not None:
                 row = row.select_from(change.returning(jobs.c.id).cte("changed"))
             appended = insert(job_events).from_select(list(values), row).returning(
@@ -228,6 +228,12 @@ def event_row(
         reason=reason,
         attrs=dict(attrs) if attrs else None,
     )
+
+
+def typed(table: Table, values: Mapping[str, Any]) -> list[Label[Any]]:
+    """`values` as bound literals of `table`'s column types, each labelled with its column (a
+    row for INSERT ... SELECT)."""
+    return [literal(value, table.c[name].type).label(name) for name, value in values.items()]
 
 
 def winding_down(job: Job, now: float) -> bool:
