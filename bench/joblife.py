@@ -6,6 +6,10 @@ each hook a real process talking to `jobstore agent`, against the targets (at mo
 and subtracted, and so is the agent's own background work (its watch, policy and prune ticks),
 measured over an idle window as long as the lives took.
 
+Then what a long job costs while it runs: UPDATE_JOB_INFO every STARTER_UPDATE_INTERVAL (300 s)
+with new usage, LEASE_DURATION 900 s, the reaper running before each, on simulated time
+through the store as the agent calls it: the commits, WAL and index entries per update.
+
 PostgreSQL (fsync and synchronous_commit as the server has them).
 Usage: .venv/bin/python bench/joblife.py [--lives N] [--db-url URL]
 """
@@ -21,6 +25,7 @@ import psycopg
 from common import (
     DEFAULT_ADMIN_URL,
     DEFAULT_TRANSCRIPT,
+    KEYWORD,
     OWNER,
     cleanup,
     create_pg,
@@ -48,6 +53,48 @@ def counters(url: str) -> tuple[int, int, int]:
             " FROM pg_stat_database WHERE datname = current_database()").fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
+
+
+PERIODIC_UPDATES = 30
+
+
+def periodic_updates(url: str, store) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """(commits, WAL bytes, index entries of jobs) per periodic update of a running job."""
+    from common import submit_one
+
+    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.core.states import Event
+
+    job_id = submit_one(store)
+    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                       slot="slot1@bench", host="bench", keyword=KEYWORD, claim_lease=120)
+    job = store.claim(req, lambda _row: Verdict(take=True))
+    if job is None or job.id != job_id:
+        raise RuntimeError(f"the periodic-update job {job_id} was not the one claimed")
+    t0 = time.time()
+    store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=120, now=t0)
+    store.report(job_id, Event.START, token=job.token, attempt=job.claims, lease=900,
+                 changes={"job_pid": 4242}, now=t0 + 1)
+
+    def entries() -> int:  # index tuples inserted into jobs' indexes (all of them)
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT coalesce(sum(n_tup_upd - n_tup_hot_upd), 0) FROM pg_stat_user_tables"
+                " WHERE relname = 'jobs'").fetchone()
+            return int(row[0]) if row else 0
+
+    wal0, commits0, _ = counters(url)
+    cold0 = entries()
+    for k in range(1, PERIODIC_UPDATES + 1):
+        at = t0 + 1 + 300 * k
+        if store.reap(now=at):
+            raise RuntimeError(f"the lease of job {job_id} ran out at update {k}")
+        store.report(job_id, Event.START, token=job.token, attempt=job.claims, lease=900,
+                     changes={"job_pid": 4242, "remote_user_cpu": 10.0 * k}, now=at)
+    wal1, commits1, _ = counters(url)
+    cold = entries() - cold0
+    n = PERIODIC_UPDATES
+    return (commits1 - commits0) / n, (wal1 - wal0) / n, cold / n
 
 
 def main() -> int:
@@ -83,6 +130,7 @@ def main() -> int:
         wal1, commits1, xid1 = counters(url)
         time.sleep(took)  # the agent alone, as long as the lives took
         wal2, commits2, xid2 = counters(url)
+        upd_commits, upd_wal, upd_cold = periodic_updates(url, store)
         store.engine.dispose()
         idle_wal, idle_commits, idle_xids = wal2 - wal1, commits2 - commits1, xid2 - xid1
         submit_wal = (wal_s1 - wal_s0) / args.lives
@@ -103,6 +151,10 @@ def main() -> int:
             ["WAL bytes", f"{per_wal:.0f}", f"<= {WAL_TARGET:g}",
              verdict(per_wal <= WAL_TARGET)],
         ]))
+        say(f"a running job's periodic update (new usage every 300 s, lease 900 s, the reaper"
+            f" before each), {PERIODIC_UPDATES} of them: {upd_commits:.2f} commits (read-only"
+            f" ones too), {upd_wal:.0f} B of WAL, {upd_cold:.2f} row versions that were not"
+            " HOT (each a new entry in every index of jobs) per update")
         return 0
     finally:
         cleanup(env)

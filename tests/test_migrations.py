@@ -140,7 +140,8 @@ def test_partial_index_predicates_and_sorting(db_url, tmp_path):
                 reference = _index_details(conn)
                 ref_xinfo = conn.exec_driver_sql("PRAGMA index_xinfo(ix_jobs_claim)").fetchall()
             ref_engine.dispose()
-            assert xinfo == ref_xinfo
+            # (seqno, name, desc, collation, key): the column numbers follow each one's order
+            assert [r[:1] + r[2:] for r in xinfo] == [r[:1] + r[2:] for r in ref_xinfo]
     finally:
         engine.dispose()
     assert migrated == reference
@@ -293,3 +294,69 @@ def test_upgrade_gives_existing_jobs_autoclusters_and_submitters(db_url):
         assert claimed == {jobs[0].id, jobs[1].id, jobs[2].id}
     finally:
         store.engine.dispose()
+
+
+def test_upgrade_0008_moves_the_changing_columns_last_and_keeps_rows_and_grants(pg_url):
+    """0008 puts the columns that transitions change after the submitted ones (PostgreSQL's
+    order is the metadata's): every row keeps its values, the defaults and NOT NULLs stay, the
+    indexes are all there again and a role keeps its UPDATE on a moved column; 0009 lets a
+    role that may renew leases write lease_renewed_until."""
+    import uuid
+
+    role = f"jobstore_test_{uuid.uuid4().hex[:12]}"
+    upgrade(pg_url, "0007")
+    engine = make_engine(pg_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO clusters (id, owner, queue, num_procs, submitted_at) "
+                "VALUES (1, 'alice', 'default', 2, 1.0)"))
+            conn.execute(sa.text(
+                "INSERT INTO jobs (cluster_id, proc_id, queue, status, owner, ad, cmd,"
+                " request_cpus, request_memory, request_disk, max_attempts, submitted_at,"
+                " updated_at, claims, token, lease_expires_at, slot, host, job_pid)"
+                " VALUES (1, 0, 'default', 'running', 'alice', '{\"Cmd\": \"/bin/true\"}',"
+                " '/bin/true', 1, 64, 1024, 3, 1.0, 2.0, 1, 'tok', 900.0, 'slot1@n', 'n', 42),"
+                " (1, 1, 'default', 'completed', 'alice', '{}', '/bin/true', 1, 64, 1024, 3,"
+                " 1.0, 3.0, 1, NULL, NULL, NULL, NULL, NULL)"))
+            conn.execute(sa.text(f"CREATE ROLE {role}"))
+            conn.execute(sa.text(
+                f"GRANT UPDATE (status, token, lease_expires_at) ON jobs TO {role}"))
+            before = [dict(r._mapping) for r in conn.execute(sa.text(
+                "SELECT * FROM jobs ORDER BY id"))]
+        upgrade(pg_url, "0008")
+        with engine.begin() as conn:
+            after = [dict(r._mapping) for r in conn.execute(sa.text(
+                "SELECT * FROM jobs ORDER BY id"))]
+            order = list(conn.execute(sa.text(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'jobs'::regclass"
+                " AND attnum > 0 AND NOT attisdropped ORDER BY attnum")).scalars())
+        upgrade(pg_url)
+        with engine.begin() as conn:
+            granted = [conn.execute(sa.text(
+                f"SELECT has_column_privilege('{role}', 'jobs', :c, 'UPDATE')"), {"c": c}).scalar()
+                for c in ("status", "token", "lease_renewed_until", "claims")]
+            conn.execute(sa.text(
+                "INSERT INTO jobs (cluster_id, proc_id, queue, status, owner, ad, cmd,"
+                " request_cpus, request_memory, request_disk, max_attempts, submitted_at,"
+                " updated_at) VALUES (1, 2, 'default', 'idle', 'alice', '{}', '/bin/true', 1,"
+                " 64, 1024, 3, 1.0, 4.0)"))
+            claims = conn.execute(sa.text("SELECT claims FROM jobs WHERE proc_id = 2")).scalar()
+            with pytest.raises(sa.exc.IntegrityError), conn.begin_nested():
+                conn.execute(sa.text("UPDATE jobs SET status = NULL WHERE proc_id = 2"))
+            diffs = _diffs(conn)
+    finally:
+        with engine.begin() as conn:
+            if conn.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"),
+                            {"r": role}).first():
+                conn.execute(sa.text(f"DROP OWNED BY {role}"))
+                conn.execute(sa.text(f"DROP ROLE {role}"))
+        engine.dispose()
+    assert not diffs
+    assert after == before
+    assert order == [c.name for c in metadata.tables["jobs"].columns
+                     if c.name != "lease_renewed_until"]  # 0009's
+    assert order[-3:] == ["lease_expires_at", "updated_at", "status"]
+    assert order.index("ad") < order.index("claims")
+    assert granted == [True, True, True, False]
+    assert claims == 0

@@ -667,7 +667,7 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
 def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url: str) -> None:
     """New usage moments after the lease was renewed (within its last tenth): the lease stays,
     so no indexed column changes and PostgreSQL makes a HOT update (no index entries); later,
-    the lease is renewed."""
+    the lease is renewed, still in place (lease_renewed_until, which no index names)."""
     import psycopg
     from conftest import libpq_url
     from test_winding_down import running
@@ -703,14 +703,18 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
         later = time.time() + 100  # 500 s of 600 left: renewed
         store.report(job_id, Event.START, token=job.token, attempt=job.claims,
                      changes={"job_pid": 42, "remote_user_cpu": 4.0}, lease=600, now=later)
-        assert store.get_job(job_id).lease_expires_at == pytest.approx(later + 600)
+        renewed = store.get_job(job_id)
+        assert renewed.lease_ends_at == pytest.approx(later + 600)
+        assert renewed.lease_expires_at == lease
+        assert settled() == before + 2
     finally:
         store.engine.dispose()
 
 
 def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) -> None:
     """LEASE_DURATION 900 s, UPDATE_JOB_INFO every 300 s (STARTER_UPDATE_INTERVAL) with
-    nothing new, some of them lost: whenever an update arrives, the lease has not run out."""
+    nothing new, some of them lost: whenever an update arrives, the lease has not run out, and
+    the reaper, running just before it, leaves the job alone."""
     from test_winding_down import running
 
     (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
@@ -719,10 +723,38 @@ def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) 
     t0 = time.time()
     for k in (0, 1, 3, 4, 6, 7):  # updates 2 and 5 are lost
         at = t0 + 300 * k
-        assert store.get_job(job_id).lease_expires_at > at, k
+        assert store.get_job(job_id).lease_ends_at > at, k
+        assert store.reap(now=at) == [], k
         store.report(job_id, Event.START, token=job.token, attempt=job.claims,
                      changes={"job_pid": 42}, lease=900, now=at)
     assert store.get_job(job_id).status == "running"
+
+
+def test_the_reaper_indexes_a_renewed_lease_and_expires_only_a_lease_run_out(
+    store: JobStore,
+) -> None:
+    """A lease renewed in place (lease_renewed_until) outlives the expiry the reaper's index
+    holds: the reaper then moves that expiry up, with no event; once the renewal has run out
+    too, the lease expires."""
+    from test_winding_down import running
+
+    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                             queue="default", max_attempts=3)[1]
+    job = running(store)  # START with job_pid 42, lease 600
+    first = store.get_job(job_id).lease_expires_at
+    at = first - 100
+    store.report(job_id, Event.START, token=job.token, attempt=job.claims,
+                 changes={"job_pid": 42, "remote_user_cpu": 1.0}, lease=600, now=at)
+    assert store.get_job(job_id).lease_expires_at == first
+    events = len(store.events(job_id))
+    assert store.reap(now=first + 1) == []
+    stored = store.get_job(job_id)
+    assert (stored.status, stored.lease_expires_at) == ("running", pytest.approx(at + 600))
+    assert len(store.events(job_id)) == events
+    (out,) = store.reap(now=at + 601)
+    assert (out.event, out.before, out.after) == ("lease_expired", "running", "idle")
+    stored = store.get_job(job_id)
+    assert (stored.lease_expires_at, stored.lease_renewed_until, stored.token) == (None,) * 3
 
 
 def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) -> None:
@@ -749,5 +781,5 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     assert used.changed and len(store.events(job_id)) == events + 1
     assert update(now + 30, remote_user_cpu=5.0).reason == "nothing new"
     renewed = update(now + 400, remote_user_cpu=5.0)  # 200 s of 600 left: renew
-    assert renewed.changed and store.get_job(job_id).lease_expires_at == pytest.approx(now + 1000)
+    assert renewed.changed and store.get_job(job_id).lease_ends_at == pytest.approx(now + 1000)
     assert len(store.events(job_id)) == events + 2

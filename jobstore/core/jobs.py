@@ -179,6 +179,16 @@ class Job:
     num_starts: int | None
     first_started_at: float | None
     wall_clock: float | None
+    # A report that renews the lease of a job whose status stays sets only this (no index
+    # names it, so PostgreSQL updates the row in place); lease_expires_at, which the reaper's
+    # index orders, catches up when the status next changes or when the reaper gets to it.
+    lease_renewed_until: float | None = None
+
+    @property
+    def lease_ends_at(self) -> float | None:
+        """When the current attempt's lease runs out: the later of its two columns."""
+        ends = [t for t in (self.lease_expires_at, self.lease_renewed_until) if t is not None]
+        return max(ends) if ends else None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> Job:

@@ -20,6 +20,7 @@ HOOK_UPDATE_COLUMNS = (
     "claims",
     "attempts",
     "lease_expires_at",
+    "lease_renewed_until",
     "slot",
     "host",
     "keyword",

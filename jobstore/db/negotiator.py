@@ -75,6 +75,7 @@ def _claim_changes(req: ClaimRequest, now: float) -> dict[str, Any]:
     return {
         "token": secrets.token_hex(16),
         "lease_expires_at": now + req.claim_lease,
+        "lease_renewed_until": None,
         "slot": req.slot,
         "host": req.host,
         "keyword": req.keyword,

@@ -83,7 +83,8 @@ WITH cand AS (
     LIMIT 1
 ), upd AS (
     UPDATE jobs SET status = 'fetched', token = %(token)s, claims = jobs.claims + 1,
-        lease_expires_at = %(lease_expires_at)s, slot = %(slot)s, host = %(host)s,
+        lease_expires_at = %(lease_expires_at)s,
+        lease_renewed_until = %(lease_renewed_until)s, slot = %(slot)s, host = %(host)s,
         keyword = %(keyword)s, fetched_at = %(fetched_at)s, job_pid = %(job_pid)s,
         reason = %(reason)s, updated_at = %(now)s,
         slot_weight = CASE WHEN %(partitionable)s THEN cand.request_cpus ELSE %(weight)s END

@@ -102,7 +102,7 @@ def _lease_holds(job: Job, lease: int, now: float) -> bool:
     so PostgreSQL updates the row in place (a HOT update, no new index entries). Any later
     report renews it, so that one lost periodic report never lets it run out (with the lease
     above 2.5 times the starter's update interval)."""
-    return (job.lease_expires_at or 0.0) - now > lease * LEASE_KEPT
+    return (job.lease_ends_at or 0.0) - now > lease * LEASE_KEPT
 
 
 def _text(attrs: Mapping[str, Any], name: str) -> str | None:
@@ -314,7 +314,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     hold = (verdict.hold.code, verdict.hold.subcode)
                 decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
             if lease is not None and not _lease_holds(job, lease, now):
-                all_changes["lease_expires_at"] = now + lease
+                all_changes["lease_renewed_until"] = now + lease
             outcome = self._apply(
                 conn,
                 job,
@@ -461,6 +461,9 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         return out
 
     def _reap_leases(self, now: float, limit: int) -> list[Outcome]:
+        """Expire the leases that ran out; a lease that a report renewed since its expiry was
+        last indexed (Job.lease_renewed_until) is indexed again instead (no event: nothing
+        happened to the job)."""
         q = (
             select(jobs)
             .where(
@@ -471,9 +474,15 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             .limit(limit)
         )
         with self._tx() as conn:
-            rows = [
-                Job.from_row(r._mapping) for r in conn.execute(q.with_for_update(skip_locked=True))
-            ]
+            rows = []
+            for r in conn.execute(q.with_for_update(skip_locked=True)).all():
+                job = Job.from_row(r._mapping)
+                renewed = job.lease_renewed_until
+                if renewed is not None and renewed >= now:
+                    conn.execute(update(jobs).where(jobs.c.id == job.id)
+                                 .values(lease_expires_at=renewed))
+                else:
+                    rows.append(job)
             return [
                 self._apply(
                     conn,

@@ -103,12 +103,16 @@ class Transitions(Transactions):
                 )
             return Outcome(job.id, event, before, before, False, reason=why, name=views.job_id(job))
         values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
+        renewed = values.get("lease_renewed_until", job.lease_renewed_until)
+        if d.to_status != before and renewed is not None and renewed > (job.lease_expires_at or 0):
+            # the row's index entries are new anyway: the reaper's index learns the renewal
+            values["lease_expires_at"] = renewed
         if d.counts_attempt:
             values["attempts"] = job.attempts + 1
         if d.ends_attempt:
-            values.update(token=None, lease_expires_at=None)
+            values.update(token=None, lease_expires_at=None, lease_renewed_until=None)
             if before in HANDED_OUT and event in STOPS_ATTEMPT and not attempt_ended:
-                values["winding_down_until"] = max(job.lease_expires_at or now, now)
+                values["winding_down_until"] = max(job.lease_ends_at or now, now)
                 if self._pg:  # the node's agent vacates the slot (jobstore.agent)
                     notify(conn, str(job.id), STOPS)
         if d.to_status in FINAL:
