@@ -54,3 +54,27 @@ def test_failed_send_keeps_order(tmp_path: Path) -> None:
     sent: list[dict] = []
     assert spool.replay(d, lambda r, uid: sent.append(r)) == (2, 0, 0)
     assert sent == [{"n": 1}, {"n": 2}]
+
+
+def test_a_held_report_is_never_sent_by_a_replayer_too(tmp_path: Path, monkeypatch) -> None:
+    """A hook's own report is held from the moment it appears in the spool: a replayer that
+    lists the directory at any point while the hook writes it (here: while the directory is
+    synced) leaves it to the hook, so the database never gets it twice."""
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    sent: list[dict] = []
+    sync = spool._fsync_dir
+
+    def replay_meanwhile(directory: Path) -> None:
+        sync(directory)
+        with monkeypatch.context() as other:  # a replayer in another (live) process
+            other.setattr(spool.os, "getpid", lambda: 1)
+            other.setattr(spool, "_fsync_dir", sync)
+            spool.replay(directory, lambda r, uid: sent.append(r))
+
+    monkeypatch.setattr(spool, "_fsync_dir", replay_meanwhile)
+    held = spool.hold(d, {"n": 3})
+    assert sent == []
+    assert os.listdir(d) == [held.path.name]
+    spool.done(held.path)
+    assert os.listdir(d) == []

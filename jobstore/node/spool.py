@@ -170,10 +170,24 @@ def _describe(st: os.stat_result) -> str:
 
 def put(directory: Path, record: dict[str, Any]) -> Path:
     """Write `record` durably (write, fsync, rename); returns the file."""
+    return _write(directory, record, held=False)
+
+
+def hold(directory: Path, record: dict[str, Any]) -> Spooled:
+    """Write `record` durably, held by this process while it sends the report itself: replayers
+    leave it alone until it is `release`d (sending failed) or its writer dies (killed). It goes
+    from its temporary name straight to its held one, so no replayer ever sees it unheld and
+    sends it too."""
+    taken = _write(directory, record, held=True)
+    original = taken.with_name(_TAKEN.match(taken.name).group(1))  # type: ignore[union-attr]
+    return Spooled(taken, original, record, os.geteuid())
+
+
+def _write(directory: Path, record: dict[str, Any], *, held: bool) -> Path:
     ensure_dir(directory)
     name = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(8)}"
     tmp = directory / f".{name}.tmp"
-    final = directory / f"{name}{SUFFIX}"
+    final = directory / (f".{name}{SUFFIX}.{os.getpid()}.taking" if held else f"{name}{SUFFIX}")
     data = json.dumps(record, separators=(",", ":")).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -184,15 +198,6 @@ def put(directory: Path, record: dict[str, Any]) -> Path:
     os.rename(tmp, final)
     _fsync_dir(directory)
     return final
-
-
-def hold(directory: Path, record: dict[str, Any]) -> Spooled:
-    """Write `record` durably, held by this process while it sends the report itself: replayers
-    leave it alone until it is `release`d (sending failed) or its writer dies (killed)."""
-    path = put(directory, record)
-    taken = path.with_name(f".{path.name}.{os.getpid()}.taking")
-    os.rename(path, taken)
-    return Spooled(taken, path, record, os.geteuid())
 
 
 def release(item: Spooled) -> None:
