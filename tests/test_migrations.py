@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,11 @@ def _diffs(conn: sa.Connection, target: sa.MetaData = metadata) -> list:
     mc = MigrationContext.configure(
         conn, opts={"compare_type": True, "compare_server_default": True}
     )
-    return compare_metadata(mc, target)
+    with warnings.catch_warnings():
+        # jobs.phase's expression as the server spells it differs in text only (test_sql.py
+        # checks what the database computes)
+        warnings.filterwarnings("ignore", "Computed default on jobs.phase cannot be modified")
+        return compare_metadata(mc, target)
 
 
 def _flatten(diffs: list) -> list:
@@ -145,9 +150,8 @@ def test_partial_index_predicates_and_sorting(db_url, tmp_path):
     finally:
         engine.dispose()
     assert migrated == reference
-    assert "idle" in migrated["ix_jobs_claim"][3]
-    for status in ("fetched", "accepted", "running"):
-        assert status in migrated["ix_jobs_lease"][3]
+    assert "phase" in migrated["ix_jobs_claim"][3] and "idle" in migrated["ix_jobs_claim"][3]
+    assert "phase" in migrated["ix_jobs_lease"][3] and "out" in migrated["ix_jobs_lease"][3]
     names = {ix.name for t in metadata.tables.values() for ix in t.indexes}
     assert names <= set(migrated)
     if db_url.startswith("postgresql"):
@@ -355,7 +359,7 @@ def test_upgrade_0008_moves_the_changing_columns_last_and_keeps_rows_and_grants(
     assert not diffs
     assert after == before
     assert order == [c.name for c in metadata.tables["jobs"].columns
-                     if c.name != "lease_renewed_until"]  # 0009's
+                     if c.name not in ("lease_renewed_until", "phase")]  # 0009's, 0010's
     assert order[-3:] == ["lease_expires_at", "updated_at", "status"]
     assert order.index("ad") < order.index("claims")
     assert granted == [True, True, True, False]

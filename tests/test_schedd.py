@@ -237,7 +237,8 @@ def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
 
 def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
     """NumJobStarts, JobStartDate (the first start), JobCurrentStartDate, RemoteWallClockTime
-    and CompletionDate over two attempts, the same in the ad, the JSON form and RUN_TIME."""
+    (not counted again by an update while running) and CompletionDate over two attempts, the
+    same in the ad, the JSON form and RUN_TIME."""
     from jobstore.formats import views
 
     store = schedd.store
@@ -250,6 +251,9 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
     second = store.claim(REQ, lambda _j: Verdict(take=True))
     store.report(second.id, Event.START, token=second.token, attempt=second.claims,
                  changes={"job_pid": 2}, now=t0 + 200)
+    # a periodic update with new usage: the running attempt's time is counted once, at its end
+    store.report(second.id, Event.START, token=second.token, attempt=second.claims,
+                 changes={"job_pid": 2, "remote_user_cpu": 12.0}, now=t0 + 215)
     store.report(second.id, Event.EXIT, token=second.token, attempt=second.claims,
                  changes={"exit_code": 0}, now=t0 + 230)
     job = store.get_job(second.id)

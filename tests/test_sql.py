@@ -44,27 +44,58 @@ def test_the_claims_literals_are_the_state_machines() -> None:
 
 
 def test_the_holding_statuses_are_the_negotiators() -> None:
-    """Fair share and limits count the jobs in the statuses that hold a slot, in SQL too."""
+    """Fair share and limits count the jobs in the statuses that hold a slot, in SQL too: the
+    phase `out`, which the index of the handed-out jobs is made for."""
+    from jobstore.core.states import PHASES
     from jobstore.db.negotiator import ACTIVE
+    from jobstore.db.schema import HANDED_OUT
 
     assert set(ACTIVE) == {"fetched", "accepted", "running"}
-    literal = "status IN ('" + "', '".join(ACTIVE) + "')"
+    assert {s for s, p in PHASES.items() if p == "out"} == set(ACTIVE)
+    assert HANDED_OUT == "phase = 'out'"
     for name in ("submitter_usage", "limits_in_use"):
-        assert literal in sql.QUERIES[name].sql, name
+        assert "j.phase = 'out'" in sql.QUERIES[name].sql, name
     for index in jobs.indexes:
-        if index.name.startswith("ix_jobs_active"):
-            assert literal == str(index.dialect_options["postgresql"]["where"])
+        if index.name in ("ix_jobs_active", "ix_jobs_lease"):
+            assert str(index.dialect_options["postgresql"]["where"]) == HANDED_OUT
 
 
-def test_the_unfinished_index_excludes_exactly_the_final_statuses() -> None:
-    """condor_q's and the gauges' `status NOT IN FINAL` is the partial index's predicate."""
-    from jobstore.core.states import FINAL
-    from jobstore.db.schema import UNFINISHED
+def test_the_phases_are_the_state_machines() -> None:
+    """jobs.phase's expression gives each status the phase of jobstore.core.states.PHASES, and
+    the indexes' predicates name the phases of the statuses they are for."""
+    from jobstore.core.states import FINAL, PHASES
+    from jobstore.db.schema import CLAIMABLE, FINISHED, PHASE, UNFINISHED
 
-    listed = UNFINISHED.removeprefix("status NOT IN (").removesuffix(")").split(", ")
-    assert {s.strip("'") for s in listed} == {s.value for s in FINAL}
+    for status in Status:
+        # the CASE as the database evaluates it: the first WHEN whose list has the status
+        expected = PHASES[status]
+        got = status.value
+        for when in PHASE.split(" WHEN ")[1:]:
+            listed, _, then = when.partition(" THEN ")
+            if f"'{status.value}'" in listed:
+                got = then.split()[0].strip("'")
+                break
+        assert got == expected, status
+    assert f"phase = '{PHASES[Status.IDLE]}'" == CLAIMABLE
+    assert {s for s, p in PHASES.items() if p == "done"} == set(FINAL)
+    assert FINISHED == "phase = 'done'" and UNFINISHED == "phase <> 'done'"
     (index,) = [i for i in jobs.indexes if i.name == "ix_jobs_unfinished"]
     assert str(index.dialect_options["postgresql"]["where"]) == UNFINISHED
+
+
+def test_the_database_gives_each_status_its_phase(store: JobStore) -> None:
+    """The computed column, read back from the database for every status."""
+    import sqlalchemy as sa
+
+    from jobstore.core.states import PHASES
+
+    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                             queue="default", max_attempts=1)[1]
+    with store.engine.begin() as conn:
+        for status in Status:
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(status=status.value))
+            phase = conn.execute(sa.select(jobs.c.phase).where(jobs.c.id == job_id)).scalar()
+            assert phase == PHASES[status], status
 
 
 def test_listen_and_notify_use_one_channel() -> None:
@@ -85,7 +116,9 @@ def test_no_statement_is_written_anywhere_else() -> None:
 
 
 def test_typed_rows_have_every_column_of_their_table() -> None:
-    assert set(JOB_COLUMNS) == set(jobs.c.keys())
+    """Every column a row is written with (not the one the database computes: jobs.phase)."""
+    assert set(JOB_COLUMNS) == {c.name for c in jobs.c if c.computed is None}
+    assert [c.name for c in jobs.c if c.computed is not None] == ["phase"]
     assert set(EVENT_COLUMNS) == set(job_events.c.keys())
 
 

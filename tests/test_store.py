@@ -15,7 +15,7 @@ from jobstore.core.jobs import JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
-from jobstore.db.schema import clusters, job_events
+from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import (
     ClaimRequest,
     JobStore,
@@ -258,7 +258,7 @@ def test_report_with_the_right_token(store):
     job = claim(store)
     out = report(store, job, Event.ACCEPT, lease=900, slot="slot1@node")
     assert (out.before, out.after, out.changed, out.stale) == ("fetched", "accepted", True, False)
-    assert store.get_job(job_id).lease_expires_at > time.time() + 800
+    assert store.get_job(job_id).lease_ends_at > time.time() + 800
     out = report(store, job, Event.START, changes={"job_pid": 4242}, attrs={"JobPid": 4242})
     assert out.after == "running"
     stored = store.get_job(job_id)
@@ -568,6 +568,90 @@ def test_claim_queries_use_the_claim_index(store):
                 assert "TEMP B-TREE" not in text, text  # the index gives the order
 
 
+def _scans(plan: Any) -> list[tuple[str, str | None]]:
+    """(node type, index) of every scan of jobs in an EXPLAIN (FORMAT JSON) plan."""
+    found, todo = [], [plan[0]["Plan"]]
+    while todo:
+        node = todo.pop()
+        if node.get("Relation Name") == "jobs":
+            found.append((node["Node Type"], node.get("Index Name")))
+        todo.extend(node.get("Plans", []))
+    return found
+
+
+def test_status_queries_use_the_phase_indexes(pg_url: str) -> None:
+    """The reaper, condor_q by status, fair share and retention name a job's phase as the
+    partial indexes do, so each finds its rows among 20,000 idle and 20,000 finished jobs
+    through an index of jobs, never a scan of the whole table."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    (first,) = submit(store)
+    clone(store, first, 20_000, status="completed")
+    clone(store, first, 20_000)
+    for _ in range(5):
+        claim(store)
+    captured: list[tuple[str, Any]] = []
+
+    def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if "jobs" in statement and statement.lstrip().upper().startswith(("SELECT", "WITH")):
+            captured.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", listener)
+    try:
+        store.reap(now=time.time())
+        store.list_jobs(statuses=["running", "accepted"])
+        store.list_jobs(final_only=True, limit=10)
+        store.usage_table()
+        store.prune(time.time() - 86400, dry_run=True)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", listener)
+    assert len(captured) >= 5
+    with store.engine.connect() as conn:
+        for statement, params in captured:
+            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar()
+            scans = _scans(plan)
+            assert scans and all(kind != "Seq Scan" for kind, _ in scans), (statement, scans)
+    store.engine.dispose()
+
+
+def test_a_report_applies_to_the_row_as_it_is_when_it_changed_meanwhile(pg_url: str) -> None:
+    """On PostgreSQL a report reads the job row without a lock and writes it only if it is still
+    the version it read. Here another session changes the row between the exit report's read
+    and its write (inside the exit policy's evaluation, without waiting for any lock): the
+    report is applied once, to the changed row, whose change it keeps."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url)
+    other = sa.create_engine(pg_url)
+    try:
+        (job_id,) = submit(store)
+        job = claim(store)
+        t0 = time.time()
+        report(store, job, Event.START, changes={"job_pid": 7}, now=t0)
+        calls: list[int] = []
+
+        def policy_meanwhile(row):  # type: ignore[no-untyped-def]
+            calls.append(row.id)
+            if len(calls) == 1:
+                with other.begin() as conn:
+                    conn.exec_driver_sql("SET LOCAL lock_timeout = '2s'")
+                    conn.execute(sa.update(jobs).where(jobs.c.id == job_id)
+                                 .values(wall_clock=1000.0))
+            return ExitVerdict(True, False)
+
+        out = report(store, job, Event.EXIT, changes={"exit_code": 0}, now=t0 + 10,
+                     exit_policy=policy_meanwhile)
+        assert (out.changed, out.after) == (True, "completed")
+        assert len(calls) == 2  # read again, and judged again, after the change
+        stored = store.get_job(job_id)
+        assert stored.status == "completed" and stored.exit_code == 0
+        assert stored.wall_clock == pytest.approx(1010.0)  # the other session's 1000 s kept
+        exits = [e for e in store.events(job_id) if e.event == "exit"]
+        assert [(e.from_status, e.to_status) for e in exits] == [("running", "completed")]
+    finally:
+        other.dispose()
+        store.engine.dispose()
+
+
 def test_fresh_store_from_url(db_url):
     upgrade(db_url)
     s = JobStore.from_url(db_url)
@@ -759,8 +843,8 @@ def test_the_reaper_indexes_a_renewed_lease_and_expires_only_a_lease_run_out(
 
 def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) -> None:
     """UPDATE_JOB_INFO of a running job with the same values moments after its lease was
-    renewed: no row version and no event; new usage, or a lease renewed longer ago (past a
-    tenth of its length), is written as before."""
+    renewed: no row version and no event; new usage is written with its event; a lease renewed
+    longer ago (past a tenth of its length) is renewed in the row, without an event."""
     from test_winding_down import running
 
     (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
@@ -781,5 +865,8 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     assert used.changed and len(store.events(job_id)) == events + 1
     assert update(now + 30, remote_user_cpu=5.0).reason == "nothing new"
     renewed = update(now + 400, remote_user_cpu=5.0)  # 200 s of 600 left: renew
-    assert renewed.changed and store.get_job(job_id).lease_ends_at == pytest.approx(now + 1000)
-    assert len(store.events(job_id)) == events + 2
+    assert (renewed.changed, renewed.reason) == (False, "lease renewed")
+    stored = store.get_job(job_id)
+    assert stored.lease_ends_at == pytest.approx(now + 1000)
+    assert stored.updated_at == pytest.approx(now + 400)
+    assert len(store.events(job_id)) == events + 1  # nothing happened to the job

@@ -41,6 +41,19 @@ class Event(StrEnum):
 
 FINAL = frozenset({Status.COMPLETED, Status.REMOVED, Status.FAILED})
 HANDED_OUT = frozenset({Status.FETCHED, Status.ACCEPTED, Status.RUNNING})
+# Each status's phase: the status at the grain the job table's indexes need (the database keeps
+# it in a column computed from the status, `jobs.phase`), so that a transition within a phase
+# (accept, start) changes no indexed column and PostgreSQL updates the row in place.
+PHASES: dict[Status, str] = {
+    Status.IDLE: "idle",
+    Status.FETCHED: "out",
+    Status.ACCEPTED: "out",
+    Status.RUNNING: "out",
+    Status.HELD: "held",
+    Status.COMPLETED: "done",
+    Status.REMOVED: "done",
+    Status.FAILED: "done",
+}
 
 # Sentinel targets resolved by `decide`: the job goes back to idle or, out of attempts, fails;
 # or it ends as the job's retry policy says.
@@ -148,5 +161,6 @@ __all__ = [
     "STARTER_EVENTS",
     "FINAL",
     "HANDED_OUT",
+    "PHASES",
     "is_final",
 ]

@@ -29,6 +29,7 @@ from sqlalchemy import true as sql_true
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import GenericFunction
 
+from jobstore.db.phases import status_in, status_not_in
 from jobstore.db.schema import jobs
 from jobstore.formats.views import JOB_STATUS
 
@@ -319,7 +320,8 @@ def _value(node: Node) -> _Val | None:
 
 
 def _status_set(op: str, attr: Node, lit: Node, flipped: bool) -> _Tri | None:
-    """JobStatus compared with a number, as `status IN (...)`: the index can serve it."""
+    """JobStatus compared with a number, as `status IN (...)` with its phases: the index can
+    serve it."""
     if attr.kind != "attr" or attr.value != "jobstatus" or lit.kind != "lit":
         return None
     if lit.value[0] != "int":
@@ -327,14 +329,11 @@ def _status_set(op: str, attr: Node, lit: Node, flipped: bool) -> _Tri | None:
     n = lit.value[1]
     if op in ("=?=", "=!="):
         hit = {s for s, code in JOB_STATUS.items() if code == n}
-        yes = jobs.c.status.in_(sorted(hit)) if hit else false()
-        no = jobs.c.status.not_in(sorted(hit)) if hit else sql_true()
+        yes, no = status_in(hit), status_not_in(hit)
         return _Tri(yes, no, false()) if op == "=?=" else _Tri(no, yes, false())
     fn = _CMP[op]
     hit = {s for s, code in JOB_STATUS.items() if (fn(n, code) if flipped else fn(code, n))}
-    yes = jobs.c.status.in_(sorted(hit)) if hit else false()
-    no = jobs.c.status.not_in(sorted(hit)) if hit else sql_true()
-    return _Tri(yes, no, false())
+    return _Tri(status_in(hit), status_not_in(hit), false())
 
 
 def _compare(op: str, left: Node, right: Node) -> _Tri | None:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from sqlalchemy import func, select
 
 from jobstore.core.states import FINAL, Event
+from jobstore.db.phases import status_not_in
 from jobstore.db.schema import job_events, jobs, submitters
 from jobstore.db.sql import TABLE_ROWS_ESTIMATE
 from jobstore.db.transactions import Transactions
@@ -47,7 +48,7 @@ class Gauges(Transactions):
     def gauges(self, now: float, *, window: float = 60.0) -> StoreGauges:
         active = (
             select(jobs.c.queue, jobs.c.status, func.count(), func.min(jobs.c.submitted_at))
-            .where(jobs.c.status.not_in([s.value for s in FINAL]))
+            .where(status_not_in(FINAL))
             .group_by(jobs.c.queue, jobs.c.status)
             .order_by(jobs.c.queue, jobs.c.status)
         )

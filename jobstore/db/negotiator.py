@@ -26,6 +26,7 @@ from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status, decide
 from jobstore.db.notify import CHANNEL
+from jobstore.db.phases import status_in
 from jobstore.db.schema import (
     autocluster_limits,
     autoclusters,
@@ -222,7 +223,7 @@ class Negotiator(Transitions):
     ) -> None:
         q = (
             select(jobs)
-            .where(jobs.c.status == Status.IDLE.value, jobs.c.autocluster_id == autocluster)
+            .where(status_in([Status.IDLE]), jobs.c.autocluster_id == autocluster)
             .order_by(jobs.c.id)
             .limit(HOLD_BATCH)
             .with_for_update(skip_locked=True)
@@ -302,7 +303,7 @@ class Negotiator(Transitions):
             row = conn.execute(
                 select(jobs)
                 .where(
-                    jobs.c.status == Status.IDLE.value,
+                    status_in([Status.IDLE]),
                     jobs.c.queue == req.queue,
                     jobs.c.autocluster_id == m.id,
                 )
@@ -382,7 +383,7 @@ class Negotiator(Transitions):
         """Weighted slots held now, by submitter."""
         q = (
             select(jobs.c.submitter, func.coalesce(func.sum(jobs.c.slot_weight), 0.0))
-            .where(jobs.c.status.in_(ACTIVE))
+            .where(status_in(ACTIVE))
             .group_by(jobs.c.submitter)
         )
         if names is not None:

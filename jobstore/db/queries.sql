@@ -2,19 +2,19 @@
 -- SQLAlchemy Core from jobstore.db.schema. Each statement: `-- name: NAME`, a one-line
 -- `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's text()),
 -- except `claim_in_autoclusters`, which runs as driver SQL (psycopg's `%(name)s`) on the claim's hot path.
--- The literal statuses and events are jobstore.core.states' values (tests/test_sql.py checks).
+-- The literal statuses, phases and events are jobstore.core.states' values (tests/test_sql.py checks).
 
 -- name: idle_autoclusters
 -- The queue's autoclusters with idle jobs that fit the slot's resources, each with its first
 -- job in claim order (the head a slot judges): a skip scan of ix_jobs_claim that finds the next
 -- autocluster and its head in one index probe, whatever the number of idle jobs (PostgreSQL).
 WITH RECURSIVE idle(ac, priority, id) AS (
-    (SELECT autocluster_id, priority, id FROM jobs WHERE status = 'idle' AND queue = :queue
+    (SELECT autocluster_id, priority, id FROM jobs WHERE phase = 'idle' AND queue = :queue
      ORDER BY autocluster_id, priority DESC, id LIMIT 1)
     UNION ALL
     SELECT n.autocluster_id, n.priority, n.id FROM idle CROSS JOIN LATERAL (
         SELECT autocluster_id, priority, id FROM jobs
-        WHERE status = 'idle' AND queue = :queue AND autocluster_id > idle.ac
+        WHERE phase = 'idle' AND queue = :queue AND autocluster_id > idle.ac
         ORDER BY autocluster_id, priority DESC, id LIMIT 1
     ) AS n
 )
@@ -26,15 +26,15 @@ WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk
 -- name: idle_autoclusters_portable
 -- idle_autoclusters for SQLite, which has no LATERAL: three index probes per autocluster.
 WITH RECURSIVE idle(id) AS (
-    SELECT min(autocluster_id) FROM jobs WHERE status = 'idle' AND queue = :queue
+    SELECT min(autocluster_id) FROM jobs WHERE phase = 'idle' AND queue = :queue
     UNION ALL
     SELECT (SELECT min(j.autocluster_id) FROM jobs AS j
-            WHERE j.status = 'idle' AND j.queue = :queue AND j.autocluster_id > idle.id)
+            WHERE j.phase = 'idle' AND j.queue = :queue AND j.autocluster_id > idle.id)
     FROM idle WHERE idle.id IS NOT NULL
 ), heads AS (
     SELECT a.id, a.submitter, a.concurrency_limits,
         (SELECT j.id FROM jobs AS j
-         WHERE j.status = 'idle' AND j.queue = :queue AND j.autocluster_id = a.id
+         WHERE j.phase = 'idle' AND j.queue = :queue AND j.autocluster_id = a.id
          ORDER BY j.priority DESC, j.id LIMIT 1) AS head_id
     FROM idle JOIN autoclusters AS a ON a.id = idle.id
     WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk <= :disk
@@ -48,7 +48,7 @@ FROM heads JOIN jobs AS h ON h.id = heads.head_id;
 -- handed-out jobs hold now (ix_jobs_active).
 SELECT s.name, s.factor, s.priority, s.usage, s.updated_at, s.last_usage,
     (SELECT coalesce(sum(j.slot_weight), 0) FROM jobs AS j
-     WHERE j.submitter = s.name AND j.status IN ('fetched', 'accepted', 'running')) AS in_use
+     WHERE j.submitter = s.name AND j.phase = 'out') AS in_use
 FROM submitters AS s WHERE s.name IN :names;
 
 -- name: lock_limits
@@ -64,7 +64,7 @@ SELECT l.name, sum(l.amount) AS in_use
 FROM autocluster_limits AS l
 JOIN autoclusters AS a ON a.id = l.autocluster_id
 JOIN jobs AS j ON j.submitter = a.submitter AND j.autocluster_id = l.autocluster_id
-WHERE l.name IN :names AND j.status IN ('fetched', 'accepted', 'running')
+WHERE l.name IN :names AND j.phase = 'out'
 GROUP BY l.name;
 
 -- name: claim_in_autoclusters
@@ -75,7 +75,7 @@ WITH cand AS (
     SELECT j.* FROM unnest(%(autoclusters)s::bigint[]) AS a(id)
     CROSS JOIN LATERAL (
         SELECT * FROM jobs
-        WHERE status = 'idle' AND queue = %(queue)s AND autocluster_id = a.id
+        WHERE phase = 'idle' AND queue = %(queue)s AND autocluster_id = a.id
         ORDER BY priority DESC, id
         LIMIT 1
         FOR UPDATE SKIP LOCKED

@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, case, func, or_, select
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
+from jobstore.db.phases import status_in, status_not_in
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.sql import SNAPSHOT_BOUNDS, XACT_HORIZON
 from jobstore.db.transactions import Transactions
@@ -78,7 +79,7 @@ class JobReads(Transactions):
             return []
         q = select(jobs.c.id, jobs.c.slot, jobs.c.claims, jobs.c.keyword, jobs.c.fetched_at,
                    jobs.c.ad, jobs.c.cluster_id, jobs.c.proc_id, jobs.c.token)
-        handed_out = q.where(jobs.c.status.in_([s.value for s in HANDED_OUT]),
+        handed_out = q.where(status_in(HANDED_OUT),
                              jobs.c.host.in_(list(hosts)))
         winding = q.where(jobs.c.winding_down_until.is_not(None), jobs.c.host.in_(list(hosts)))
         with self._tx() as conn:
@@ -249,11 +250,11 @@ def _job_filter(
     """The WHERE terms of the job queries (`jobstore q`, `history`, autoclusters)."""
     terms: list[ColumnElement[bool]] = []
     if statuses:
-        terms.append(jobs.c.status.in_(list(statuses)))
+        terms.append(status_in(statuses))
     elif final_only:
-        terms.append(jobs.c.status.in_([s.value for s in FINAL]))
+        terms.append(status_in(FINAL))
     elif not include_final:
-        terms.append(jobs.c.status.not_in([s.value for s in FINAL]))
+        terms.append(status_not_in(FINAL))
     if owners:
         terms.append(jobs.c.owner.in_(list(owners)))
     if queues:

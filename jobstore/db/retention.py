@@ -15,6 +15,7 @@ from typing import NamedTuple
 from sqlalchemy import delete, exists, func, select
 
 from jobstore.core.states import FINAL
+from jobstore.db.phases import status_in
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.transactions import Transactions
 
@@ -38,7 +39,7 @@ class Pruned(NamedTuple):
 
 
 def _prunable(before: float):  # type: ignore[no-untyped-def]
-    return (jobs.c.status.in_(FINAL_VALUES), jobs.c.finished_at < before,
+    return (status_in(FINAL_VALUES), jobs.c.finished_at < before,
             jobs.c.winding_down_until.is_(None))
 
 

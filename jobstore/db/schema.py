@@ -7,6 +7,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Computed,
     Float,
     ForeignKey,
     Index,
@@ -108,8 +109,18 @@ passes = Table(
     Column("last_run_at", Epoch(), nullable=False),
 )
 
-# The predicate of ix_jobs_unfinished (jobstore.core.states.FINAL; tests/test_sql.py checks).
-UNFINISHED = "status NOT IN ('completed', 'removed', 'failed')"
+# jobs.phase, computed from the status (jobstore.core.states.PHASES; tests/test_sql.py checks):
+# the indexes name the phase, never the status, so that accept and start, which change the
+# status within a phase, are HOT updates on PostgreSQL (no new index entries). Migration 0010.
+PHASE = (
+    "CASE WHEN status IN ('fetched', 'accepted', 'running') THEN 'out'"
+    " WHEN status IN ('completed', 'removed', 'failed') THEN 'done' ELSE status END"
+)
+# The partial indexes' predicates.
+CLAIMABLE = "phase = 'idle'"
+HANDED_OUT = "phase = 'out'"
+FINISHED = "phase = 'done'"
+UNFINISHED = "phase <> 'done'"
 
 jobs = Table(
     "jobs",
@@ -173,6 +184,9 @@ jobs = Table(
     Column("status", String(16), nullable=False),
     # A lease renewal that changes no indexed column (jobstore.core.jobs.Job; migration 0009).
     Column("lease_renewed_until", Epoch()),
+    # Stored on PostgreSQL, computed on reading on SQLite (which cannot add a stored column
+    # to a table: migration 0010).
+    Column("phase", String(8), Computed(PHASE, persisted=True), nullable=False),
     UniqueConstraint("cluster_id", "proc_id"),
     # The claim path: a queue's idle autoclusters (a skip scan), and each one's idle jobs in
     # claim order; partial, so finished jobs cost nothing.
@@ -182,15 +196,15 @@ jobs = Table(
         "autocluster_id",
         text("priority DESC"),
         "id",
-        postgresql_where=text("status = 'idle'"),
-        sqlite_where=text("status = 'idle'"),
+        postgresql_where=text(CLAIMABLE),
+        sqlite_where=text(CLAIMABLE),
     ),
     # The reaper's path: handed-out jobs by lease expiry.
     Index(
         "ix_jobs_lease",
         "lease_expires_at",
-        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
-        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
+        postgresql_where=text(HANDED_OUT),
+        sqlite_where=text(HANDED_OUT),
     ),
     # Fair share and concurrency limits: what the handed-out jobs hold, by submitter, and by
     # autocluster within its submitter (an autocluster has one).
@@ -199,8 +213,8 @@ jobs = Table(
         "submitter",
         "autocluster_id",
         "slot_weight",
-        postgresql_where=text("status IN ('fetched', 'accepted', 'running')"),
-        sqlite_where=text("status IN ('fetched', 'accepted', 'running')"),
+        postgresql_where=text(HANDED_OUT),
+        sqlite_where=text(HANDED_OUT),
     ),
     # The periodic pass: jobs with periodic policy expressions.
     Index(
@@ -221,16 +235,16 @@ jobs = Table(
     Index(
         "ix_jobs_finished",
         "finished_at",
-        postgresql_where=text("status IN ('completed', 'removed', 'failed')"),
-        sqlite_where=text("status IN ('completed', 'removed', 'failed')"),
+        postgresql_where=text(FINISHED),
+        sqlite_where=text(FINISHED),
     ),
-    # condor_q and the store's gauges: the unfinished jobs only, so that a status change is
-    # one entry here (and none for the job that finishes), not one in a whole-table index by
-    # status and another by owner. History by owner goes through ix_jobs_finished.
+    # condor_q and the store's gauges: the unfinished jobs only, by phase (the status within
+    # one is read from the row), so that a phase change is one entry here (none for the job
+    # that finishes). History by owner goes through ix_jobs_finished.
     Index(
         "ix_jobs_unfinished",
         "queue",
-        "status",
+        "phase",
         "owner",
         postgresql_where=text(UNFINISHED),
         sqlite_where=text(UNFINISHED),

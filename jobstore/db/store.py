@@ -25,12 +25,13 @@ from jobstore.db.copy import copy_rows
 from jobstore.db.gauges import Gauges
 from jobstore.db.negotiator import ACTIVE, Negotiator
 from jobstore.db.notify import notify
+from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.sql import NEXT_JOB_IDS
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
-from jobstore.db.transitions import Outcome, event_row
+from jobstore.db.transitions import Outcome, RowChanged, event_row, row_version
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import views
 from jobstore.formats.edits import edit_changes, edit_target
@@ -81,19 +82,15 @@ def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
     return code, 0
 
 
-def _nothing_new(job: Job, event: Event, changes: Mapping[str, Any], lease: int | None,
-                 now: float) -> bool:
-    """A repeated UPDATE_JOB_INFO that would change nothing: the job stays where it is, every
-    reported value is the one stored, its lease was renewed moments ago (_lease_holds), and it
-    has no periodic policy for a report to evaluate. Such a report writes no row and no
-    event."""
+def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
+    """An UPDATE_JOB_INFO that leaves the job where it is and reports only values already
+    stored, about a job with no periodic policy for a report to evaluate: it may renew the
+    lease, nothing else (no event: nothing happened to the job)."""
     staying = job.status == Status.RUNNING or (event == Event.UPDATE
                                                and job.status == Status.ACCEPTED)
     if event not in (Event.UPDATE, Event.START) or not staying or job.periodic:
         return False
-    if any(getattr(job, name) != value for name, value in changes.items()):
-        return False
-    return lease is None or _lease_holds(job, lease, now)
+    return all(getattr(job, name) == value for name, value in changes.items())
 
 
 def _lease_holds(job: Job, lease: int, now: float) -> bool:
@@ -261,78 +258,129 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             raise ValueError(f"a report may not change {sorted(wrong)}")
         now = now or time.time()
         with self._tx() as conn:
-            job = self._lock(conn, job_id)
-            if job is None:
-                raise UnknownJob(job_id)
-            if owner is not None and job.owner != owner:
-                raise NotOwner(job_id, owner)
-            if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
-                slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
-            current = (
-                job.token is not None
-                and secrets.compare_digest(str(token or ""), job.token)
-                and attempt == job.claims
-            )
-            if not current:
-                reason = f"report from attempt {attempt}, current attempt is {job.claims}"
-                if job.token is None:
-                    reason = f"report from attempt {attempt}; the job is {job.status}"
-                self._event(
-                    conn,
-                    job_id,
-                    event,
-                    job.status,
-                    None,
-                    now,
-                    attempt=attempt,
-                    slot=slot,
-                    host=host,
-                    reason="stale: " + reason,
-                    attrs=attrs,
-                )
-                if (job.winding_down_until is not None and attempt == job.claims
-                        and event in ENDS_ATTEMPT):
-                    released = self._wound_down(
-                        conn, job, now, f"released: attempt {attempt} ended ({event})")
-                    if released is not None:
-                        return released
-                return Outcome(job_id, event, job.status, job.status, False, True, reason,
-                               name=views.job_id(job))
-            if _nothing_new(job, event, changes or {}, lease, now):
-                return Outcome(job_id, event, job.status, job.status, False,
-                               reason="nothing new", name=views.job_id(job))
-            decide_args: dict[str, Any] = {}
-            hold = (holds.UNSPECIFIED, 0)
-            if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"
-                hold = _hook_hold(attrs or {})
-                reason = reason or _text(attrs or {}, "HoldReason")
-            all_changes = dict(changes or {})
-            if event == Event.EXIT and exit_policy is not None:
-                verdict = exit_policy(job.but(**all_changes))
-                if verdict.hold is not None:  # on_exit_hold: the exit puts the job on hold
-                    event, reason = Event.HOLD, verdict.hold.reason
-                    hold = (verdict.hold.code, verdict.hold.subcode)
-                decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
-            if lease is not None and not _lease_holds(job, lease, now):
-                all_changes["lease_renewed_until"] = now + lease
-            outcome = self._apply(
+            # PostgreSQL: the row read unlocked and written only if it is still the version
+            # read (no lock to log); one that changed meanwhile is read again under a lock
+            for locked in (False, True) if self._pg else (True,):
+                job, version = self._read(conn, job_id, locked=locked)
+                if job is None:
+                    raise UnknownJob(job_id)
+                if owner is not None and job.owner != owner:
+                    raise NotOwner(job_id, owner)
+                if not locked and (job.periodic or job.winding_down_until is not None):
+                    continue  # more than one write: under the lock
+                try:
+                    return self._report(conn, job, event, token=token, attempt=attempt,
+                                        version=version, changes=changes, attrs=attrs,
+                                        lease=lease, slot=slot, host=host,
+                                        exit_policy=exit_policy, now=now, reason=reason)
+                except RowChanged:
+                    if locked:
+                        raise
+        raise AssertionError("unreachable: the locked read is the last")
+
+    def _report(
+        self,
+        conn: Connection,
+        job: Job,
+        event: Event,
+        *,
+        token: str | None,
+        attempt: int | None,
+        version: str | None,
+        changes: Mapping[str, Any] | None,
+        attrs: Mapping[str, Any] | None,
+        lease: int | None,
+        slot: str | None,
+        host: str | None,
+        exit_policy: ExitPolicy | None,
+        now: float,
+        reason: str | None,
+    ) -> Outcome:
+        """`report` on the row `job` as read (RowChanged: it is no longer `version`)."""
+        job_id = job.id
+        if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
+            slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
+        current = (
+            job.token is not None
+            and secrets.compare_digest(str(token or ""), job.token)
+            and attempt == job.claims
+        )
+        if not current:
+            reason = f"report from attempt {attempt}, current attempt is {job.claims}"
+            if job.token is None:
+                reason = f"report from attempt {attempt}; the job is {job.status}"
+            self._event(
                 conn,
-                job,
+                job_id,
                 event,
-                decide_args={} if event == Event.HOLD else decide_args,
-                now=now,
-                changes=all_changes,
-                attrs=attrs,
-                reason=reason,
+                job.status,
+                None,
+                now,
+                attempt=attempt,
                 slot=slot,
                 host=host,
-                attempt=attempt,
-                hold=hold,
-                attempt_ended=True,
+                reason="stale: " + reason,
+                attrs=attrs,
             )
-            if job.periodic and outcome.changed and outcome.after in ACTIVE:
-                self._police_one(conn, job.but(**all_changes, status=outcome.after), now)
-            return outcome
+            if (job.winding_down_until is not None and attempt == job.claims
+                    and event in ENDS_ATTEMPT):
+                released = self._wound_down(
+                    conn, job, now, f"released: attempt {attempt} ended ({event})")
+                if released is not None:
+                    return released
+            return Outcome(job_id, event, job.status, job.status, False, True, reason,
+                           name=views.job_id(job))
+        if _no_transition(job, event, changes or {}):
+            return self._renew(conn, job, event, lease, now, version)
+        decide_args: dict[str, Any] = {}
+        hold = (holds.UNSPECIFIED, 0)
+        if event == Event.HOOK_HOLD:  # the starter's reason, or "the startd held it"
+            hold = _hook_hold(attrs or {})
+            reason = reason or _text(attrs or {}, "HoldReason")
+        all_changes = dict(changes or {})
+        if event == Event.EXIT and exit_policy is not None:
+            verdict = exit_policy(job.but(**all_changes))
+            if verdict.hold is not None:  # on_exit_hold: the exit puts the job on hold
+                event, reason = Event.HOLD, verdict.hold.reason
+                hold = (verdict.hold.code, verdict.hold.subcode)
+            decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
+        if lease is not None and not _lease_holds(job, lease, now):
+            all_changes["lease_renewed_until"] = now + lease
+        outcome = self._apply(
+            conn,
+            job,
+            event,
+            decide_args={} if event == Event.HOLD else decide_args,
+            now=now,
+            changes=all_changes,
+            attrs=attrs,
+            reason=reason,
+            slot=slot,
+            host=host,
+            attempt=attempt,
+            hold=hold,
+            attempt_ended=True,
+            version=version,
+        )
+        if job.periodic and outcome.changed and outcome.after in ACTIVE:
+            self._police_one(conn, job.but(**all_changes, status=outcome.after), now)
+        return outcome
+
+    def _renew(self, conn: Connection, job: Job, event: Event, lease: int | None,
+               now: float, version: str | None) -> Outcome:
+        """A report with nothing new (`_no_transition`): the lease renewed unless it still holds
+        (`_lease_holds`), in place (no indexed column changes); no event."""
+        if lease is None or _lease_holds(job, lease, now):
+            return Outcome(job.id, event, job.status, job.status, False,
+                           reason="nothing new", name=views.job_id(job))
+        renew = update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
+        if version is not None:
+            renew = renew.where(row_version() == version)
+        renew = renew.values(lease_renewed_until=now + lease, updated_at=now)
+        if conn.execute(renew).rowcount != 1:
+            raise RowChanged(f"job {job.id} changed while its report was applied")
+        return Outcome(job.id, event, job.status, job.status, False,
+                       reason="lease renewed", name=views.job_id(job))
 
     def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
         """An administrator's hold (HoldReasonCode 1, UserRequest), release or rm of one job."""
@@ -384,7 +432,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                 rows = conn.execute(
                     select(jobs)
                     .where(jobs.c.periodic.is_(True), jobs.c.id > after,
-                           jobs.c.status.in_(POLICED))
+                           status_in(POLICED))
                     .order_by(jobs.c.id)
                     .limit(size)
                     .with_for_update(skip_locked=True)
@@ -467,7 +515,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         q = (
             select(jobs)
             .where(
-                jobs.c.status.in_(ACTIVE),
+                status_in(ACTIVE),
                 jobs.c.lease_expires_at < now,
             )
             .order_by(jobs.c.lease_expires_at)

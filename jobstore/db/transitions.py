@@ -6,11 +6,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Label, Table, Update, func, insert, literal, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Label,
+    Table,
+    Update,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    update,
+)
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, HANDED_OUT, Decision, Event, Status, decide
+from jobstore.core.states import FINAL, HANDED_OUT, PHASES, Decision, Event, Status, decide
 from jobstore.db.notify import CHANNEL, STOPS, notify
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.transactions import Transactions, note_event
@@ -19,6 +31,16 @@ from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
 STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
+
+
+def row_version() -> ColumnElement[str]:
+    """The version of a job row as PostgreSQL keeps it (the transaction that wrote it): a write
+    conditional on it finds the row as it was read, or nothing."""
+    return literal_column("jobs.xmin::text")
+
+
+class RowChanged(DatabaseError):
+    """The job row changed between its read and the write that depended on it."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,7 @@ class Transitions(Transactions):
         record_ignored: bool = True,
         hold: tuple[int, int] = (holds.UNSPECIFIED, 0),
         attempt_ended: bool = False,
+        version: str | None = None,
     ) -> Outcome:
         """Apply `event` to the locked `job`: the row and its event. A job put on hold gets
         `hold` as its HoldReasonCode and HoldReasonSubCode (also in the event's attrs, for the
@@ -66,7 +89,8 @@ class Transitions(Transactions):
         A hold or rm of a handed-out job whose attempt has not ended (`attempt_ended`: the
         event comes from the attempt's own end report) leaves the attempt winding down on its
         slot until its end is reported, at the latest until its lease would have run out; a
-        release meanwhile is pending (`release_pending`) and takes effect then."""
+        release meanwhile is pending (`release_pending`) and takes effect then. With `version`
+        (`_read`), the row is written only if it is still that version (else RowChanged)."""
         before = Status(job.status)
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
@@ -104,7 +128,8 @@ class Transitions(Transactions):
             return Outcome(job.id, event, before, before, False, reason=why, name=views.job_id(job))
         values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
         renewed = values.get("lease_renewed_until", job.lease_renewed_until)
-        if d.to_status != before and renewed is not None and renewed > (job.lease_expires_at or 0):
+        if (PHASES[d.to_status] != PHASES[before] and renewed is not None
+                and renewed > (job.lease_expires_at or 0)):
             # the row's index entries are new anyway: the reaper's index learns the renewal
             values["lease_expires_at"] = renewed
         if d.counts_attempt:
@@ -126,7 +151,7 @@ class Transitions(Transactions):
             values["num_starts"] = (job.num_starts or 0) + 1
             if job.first_started_at is None:
                 values["first_started_at"] = values["started_at"]
-        elif before == Status.RUNNING and job.started_at is not None:
+        elif before == Status.RUNNING != d.to_status and job.started_at is not None:
             values["wall_clock"] = (job.wall_clock or 0.0) + max(0.0, now - job.started_at)
         if d.to_status == Status.HELD:
             values.update(hold_code=hold[0], hold_subcode=hold[1],
@@ -143,6 +168,8 @@ class Transitions(Transactions):
             )
             .values(**values)
         )
+        if version is not None:
+            change = change.where(row_version() == version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
@@ -175,7 +202,7 @@ class Transitions(Transactions):
         On PostgreSQL the three are one statement."""
         if not self._pg:
             if change is not None and conn.execute(change).rowcount != 1:
-                raise DatabaseError(f"job {values['job_id']} changed under a locked transition")
+                raise RowChanged(f"job {values['job_id']} changed under its transition")
             conn.execute(insert(job_events).values(**values))
         else:
             row = select(*typed(job_events, values))
@@ -187,7 +214,7 @@ class Transitions(Transactions):
                 select(func.pg_notify(CHANNEL, str(values["job_id"]))).select_from(appended)
             ).all()
             if change is not None and len(sent) != 1:
-                raise DatabaseError(f"job {values['job_id']} changed under a locked transition")
+                raise RowChanged(f"job {values['job_id']} changed under its transition")
         note_event(conn, values, job)
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
@@ -204,6 +231,18 @@ class Transitions(Transactions):
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
+
+    def _read(self, conn: Connection, job_id: int, *,
+              locked: bool) -> tuple[Job | None, str | None]:
+        """The job row, `locked` (`_lock`), or else as it is now with its version (PostgreSQL:
+        for a write that checks nothing changed since, instead of a lock)."""
+        if locked:
+            return self._lock(conn, job_id), None
+        row = conn.execute(select(jobs, row_version().label("row_version"))
+                           .where(jobs.c.id == job_id)).first()
+        if row is None:
+            return None, None
+        return Job.from_row(row._mapping), row._mapping["row_version"]
 
 
 def event_row(
