@@ -78,3 +78,39 @@ def test_a_held_report_is_never_sent_by_a_replayer_too(tmp_path: Path, monkeypat
     assert os.listdir(d) == [held.path.name]
     spool.done(held.path)
     assert os.listdir(d) == []
+
+
+def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -> None:
+    """A report sent at once is recorded at the time it is applied; one applied later (a
+    replay from the spool) also keeps, as ReportedAt, the time its hook made it."""
+    import time
+
+    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.core.jobs import JobSpec
+    from jobstore.db.engine import upgrade
+    from jobstore.db.store import JobStore
+    from jobstore.node.handlers import send_record, store_identity
+    from jobstore.node.reports import Caller
+
+    url = f"sqlite:///{tmp_path / 'jobstore.db'}"
+    upgrade(url)
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
+    store = JobStore.from_url(url)
+    store.submit([JobSpec(cmd="/bin/true")], owner="alice", queue="default", max_attempts=1)
+    job = store.claim(ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                                   slot="slot1@node01", host="node01", keyword="JOBSTORE",
+                                   claim_lease=600), lambda _row: Verdict(take=True))
+    assert job is not None
+    made = time.time() - 60
+
+    def record(event: str, at: float) -> dict:
+        return {"keyword": "JOBSTORE", "job_id": job.id, "event": event, "token": job.token,
+                "attempt": job.claims, "changes": {}, "attrs": {}, "slot": "slot1",
+                "time": at, "store": store_identity(url)}
+
+    send_record(record("accept", time.time()), Caller())
+    send_record(record("prepare", made), Caller())
+    attrs = {e.event: e.attrs for e in store.events(job.id)}
+    assert not (attrs["accept"] or {}).get("ReportedAt")
+    assert attrs["prepare"]["ReportedAt"] == made
+    store.engine.dispose()

@@ -4,7 +4,6 @@ CHUNK procs; the client sends one row (and the item values) whatever the number 
 
 from __future__ import annotations
 
-import json
 from functools import reduce
 from typing import Any
 
@@ -26,6 +25,7 @@ from sqlalchemy import (
 
 from jobstore.core.jobs import JOB_COLUMNS, Job, ProcTemplate
 from jobstore.core.states import Event, Status
+from jobstore.db.engine import json_text
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.transitions import event_row, typed
 
@@ -53,7 +53,7 @@ def _statement(job: Job, template: ProcTemplate, now: float, first: int,
     step, row = proc % per_item, proc.op("/", return_type=Integer)(per_item)  # integers
     texts: list[tuple[str, ColumnElement[Any]]] = []
     source: FromClause = procs
-    ad_text = json.dumps(job.ad)
+    ad_text = json_text(job.ad)
     top, bottom = first // per_item, last // per_item  # the item rows of these procs
     if template.items and top == bottom:  # one item row: its values are the same in them all
         for placeholder, column in template.items.items():

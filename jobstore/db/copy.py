@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Connection, Table
 
+from jobstore.db.engine import json_text
 from jobstore.db.sql import QUERIES
 
 
@@ -26,5 +27,6 @@ def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]])
     dbapi: Any = conn.connection.dbapi_connection  # psycopg's, in the open transaction
     with dbapi.cursor() as cursor, cursor.copy(statement) as copy:
         for row in rows:
-            copy.write_row([Json(row[n]) if n in json_columns and row[n] is not None
-                            else row[n] for n in names])
+            copy.write_row([Json(row[n], dumps=json_text)
+                            if n in json_columns and row[n] is not None else row[n]
+                            for n in names])

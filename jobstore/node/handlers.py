@@ -58,6 +58,9 @@ from jobstore.node.reports import (
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
     from jobstore.db.store import JobStore, Outcome
 
+# A report applied this many seconds after its hook made it (a replay from the spool) keeps
+# the time it was made in its event's attrs (ReportedAt).
+LATE = 1.0
 # Fraction of fetches that also recover expired leases, so no extra daemon is needed.
 REAP_PROBABILITY = 0.05
 
@@ -538,7 +541,7 @@ def apply_report(
         token=report.token,
         attempt=report.attempt,
         changes=report.changes,
-        attrs={**attrs, "ReportedAt": report.time},
+        attrs=attrs if time.time() - report.time < LATE else {**attrs, "ReportedAt": report.time},
         lease=lease,
         slot=report.slot,
         host=report.host,
