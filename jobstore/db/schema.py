@@ -255,7 +255,9 @@ job_events = Table(
     "job_events",
     metadata,
     Column("id", BigId, primary_key=True, autoincrement=True),
-    Column("job_id", BigId, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    # No foreign key (migration 0011): every event is written while its transaction holds the
+    # job's row, and the pruner deletes a job's events with it.
+    Column("job_id", BigId, nullable=False),
     Column("time", Epoch(), nullable=False),
     Column("event", String(32), nullable=False),
     Column("from_status", String(16)),

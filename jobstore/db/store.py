@@ -93,6 +93,12 @@ def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
     return all(getattr(job, name) == value for name, value in changes.items())
 
 
+def _current(job: Job, token: str | None, attempt: int | None) -> bool:
+    """Whether a report with `token` and `attempt` is about the job's current attempt."""
+    return (job.token is not None and secrets.compare_digest(str(token or ""), job.token)
+            and attempt == job.claims)
+
+
 def _lease_holds(job: Job, lease: int, now: float) -> bool:
     """Whether `job`'s lease was renewed within the last tenth of `lease` (the reports of a
     job's start come seconds apart): a report then keeps it and changes no indexed column,
@@ -266,8 +272,11 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     raise UnknownJob(job_id)
                 if owner is not None and job.owner != owner:
                     raise NotOwner(job_id, owner)
-                if not locked and (job.periodic or job.winding_down_until is not None):
-                    continue  # more than one write: under the lock
+                if not locked and (job.periodic or job.winding_down_until is not None
+                                   or not _current(job, token, attempt)):
+                    # more than one write, or an event of an attempt that is over (its job may
+                    # be finished and pruned meanwhile): under the lock
+                    continue
                 try:
                     return self._report(conn, job, event, token=token, attempt=attempt,
                                         version=version, changes=changes, attrs=attrs,
@@ -300,12 +309,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         job_id = job.id
         if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
             slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
-        current = (
-            job.token is not None
-            and secrets.compare_digest(str(token or ""), job.token)
-            and attempt == job.claims
-        )
-        if not current:
+        if not _current(job, token, attempt):
             reason = f"report from attempt {attempt}, current attempt is {job.claims}"
             if job.token is None:
                 reason = f"report from attempt {attempt}; the job is {job.status}"
