@@ -210,7 +210,8 @@ def main() -> int:
         create_pg(env)
         with open(env.condor_config, "a") as fh:
             script = env.tmp / "vacate.sh"
-            script.write_text('#!/bin/sh\nprintf %s "$1" > "$0.d/vacate-$2"\n')
+            script.write_text('#!/bin/sh\nprintf %s "$1" > "$0.d/.vacate-$2"'
+                              ' && mv "$0.d/.vacate-$2" "$0.d/vacate-$2"\n')
             script.chmod(0o755)
             fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\n"
                      f"JOBSTORE_AGENT_WATCH_INTERVAL = {WATCH:g}\n")

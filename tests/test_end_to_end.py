@@ -263,7 +263,9 @@ def _vacating_node(store: JobStore, tmp: Path, host: str = "node01.example.org",
     control = tmp / "control"
     control.mkdir()
     script = tmp / "vacate.sh"
-    script.write_text(f'#!/bin/sh\nprintf %s "$1" > "{control}/vacate-$2"\n')
+    # written whole, then renamed: the emulator may look while it is being written
+    script.write_text(f'#!/bin/sh\nprintf %s "$1" > "{control}/.vacate-$2"'
+                      f' && mv "{control}/.vacate-$2" "{control}/vacate-$2"\n')
     script.chmod(0o755)
     cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
                                static_slots=1, cpus=1, control_dir=str(control), host=host,

@@ -51,7 +51,8 @@ class EmulatorConfig:
     keep_sandboxes: bool = False
     # A directory where a file `vacate-<slot name>` asks the startd to vacate that slot, as
     # `condor_vacate` or the agent's Startd.vacateSlot would: fast when the file says `-fast`
-    # (or nothing), else graceful (the startd removes the file).
+    # (or nothing), else graceful (the startd removes the file). Write it under another name
+    # (a leading dot) and rename it: a file read while it is being written says nothing yet.
     control_dir: str | None = None
     # MachineMaxVacateTime: a graceful vacate sends the job its KillSig, then SIGKILL after
     # min(JobMaxVacateTime, this) seconds.
