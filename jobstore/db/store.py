@@ -31,7 +31,7 @@ from jobstore.db.retention import Pruned, Retention
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.sql import NEXT_JOB_IDS
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
-from jobstore.db.transitions import Outcome, RowChanged, event_row, row_version
+from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
 from jobstore.formats import views
 from jobstore.formats.edits import edit_changes, edit_target
@@ -377,10 +377,8 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         if lease is None or _lease_holds(job, lease, now):
             return Outcome(job.id, event, job.status, job.status, False,
                            reason="nothing new", name=views.job_id(job))
-        renew = update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
-        if version is not None:
-            renew = renew.where(row_version() == version)
-        renew = renew.values(lease_renewed_until=now + lease, updated_at=now)
+        renew = as_read(update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
+                        .values(lease_renewed_until=now + lease, updated_at=now), version)
         if conn.execute(renew).rowcount != 1:
             raise RowChanged(f"job {job.id} changed while its report was applied")
         return Outcome(job.id, event, job.status, job.status, False,

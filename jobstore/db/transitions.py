@@ -34,9 +34,14 @@ STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
 
 
 def row_version() -> ColumnElement[str]:
-    """The version of a job row as PostgreSQL keeps it (the transaction that wrote it): a write
-    conditional on it finds the row as it was read, or nothing."""
+    """The version of a job row as PostgreSQL keeps it (the transaction that wrote it)."""
     return literal_column("jobs.xmin::text")
+
+
+def as_read(change: Update, version: str | None) -> Update:
+    """`change` of a job row, made only to the row as it was read at `version` (`_read`): it
+    finds nothing if the row changed since. None: the row is locked, nothing to check."""
+    return change if version is None else change.where(row_version() == version)
 
 
 class RowChanged(DatabaseError):
@@ -159,17 +164,16 @@ class Transitions(Transactions):
             attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
         elif before == Status.HELD:
             values.update(hold_code=None, hold_subcode=None)
-        change = (
+        change = as_read(
             update(jobs)
             .where(
                 jobs.c.id == job.id,
                 jobs.c.status == before.value,
                 jobs.c.claims == job.claims,
             )
-            .values(**values)
+            .values(**values),
+            version,
         )
-        if version is not None:
-            change = change.where(row_version() == version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)

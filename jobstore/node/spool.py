@@ -170,7 +170,9 @@ def _describe(st: os.stat_result) -> str:
 
 def put(directory: Path, record: dict[str, Any]) -> Path:
     """Write `record` durably (write, fsync, rename); returns the file."""
-    return _write(directory, record, held=False)
+    path = _report_path(directory)
+    _write(record, path, path)
+    return path
 
 
 def hold(directory: Path, record: dict[str, Any]) -> Spooled:
@@ -178,16 +180,27 @@ def hold(directory: Path, record: dict[str, Any]) -> Spooled:
     leave it alone until it is `release`d (sending failed) or its writer dies (killed). It goes
     from its temporary name straight to its held one, so no replayer ever sees it unheld and
     sends it too."""
-    taken = _write(directory, record, held=True)
-    original = taken.with_name(_TAKEN.match(taken.name).group(1))  # type: ignore[union-attr]
-    return Spooled(taken, original, record, os.geteuid())
+    path = _report_path(directory)
+    taken = _taken(path)
+    _write(record, path, taken)
+    return Spooled(taken, path, record, os.geteuid())
 
 
-def _write(directory: Path, record: dict[str, Any], *, held: bool) -> Path:
+def _report_path(directory: Path) -> Path:
+    return directory / f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(8)}{SUFFIX}"
+
+
+def _taken(path: Path) -> Path:
+    """Where the report `path` waits while this process holds it (_TAKEN)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.taking")
+
+
+def _write(record: dict[str, Any], path: Path, final: Path) -> None:
+    """Write the report `path` to its temporary file (_WRITING), fsync it, and rename it to
+    `final` (the report itself, or held: `_taken`)."""
+    directory = path.parent
     ensure_dir(directory)
-    name = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(8)}"
-    tmp = directory / f".{name}.tmp"
-    final = directory / (f".{name}{SUFFIX}.{os.getpid()}.taking" if held else f"{name}{SUFFIX}")
+    tmp = path.with_name(f".{path.name.removesuffix(SUFFIX)}.tmp")
     data = json.dumps(record, separators=(",", ":")).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -197,7 +210,6 @@ def _write(directory: Path, record: dict[str, Any], *, held: bool) -> Path:
         os.close(fd)
     os.rename(tmp, final)
     _fsync_dir(directory)
-    return final
 
 
 def release(item: Spooled) -> None:
@@ -247,7 +259,7 @@ def pending(directory: Path, *, limit: int = 10_000) -> Iterator[Spooled]:
         try:
             if me != 0 and os.lstat(directory / current).st_uid != me:
                 continue
-            taken = path.with_name(f".{name}.{os.getpid()}.taking")
+            taken = _taken(path)
             os.rename(directory / current, taken)
         except OSError:
             continue
