@@ -14,10 +14,13 @@ from jobstore.testing.support import (
     libpq_url,
 )
 
+SHAPE = "bench-slot"  # a slot shape, as the hooks give one: verdicts are remembered per shape
+
 
 def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
-    """The statements one claim + EXIT issues through the pooled JobStore, with their
-    parameters, split into transactions where the package commits."""
+    """The statements one claim + EXIT issues through the pooled JobStore in its steady state
+    (the second cycle: the autocluster's verdict is known), with their parameters, split into
+    transactions where the package commits. `queue` needs two idle jobs."""
     import sqlalchemy as sa
 
     from jobstore.core.states import Event
@@ -26,15 +29,19 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
 
     store = JobStore(make_engine(url, pool=True))
     seen: list[tuple[str, dict] | None] = []  # None: a commit
-    sa.event.listen(store.engine, "before_cursor_execute",
-                    lambda _c, _cur, stmt, params, *_a: seen.append((stmt, dict(params or {}))))
-    sa.event.listen(store.engine, "commit", lambda _conn: seen.append(None))
     req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600)
-    job = store.claim(req, lambda _row: Verdict(take=True))
-    if job is None:
-        raise RuntimeError("no idle job to capture a claim with")
-    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+                       slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600,
+                       shape=SHAPE)
+    for cycle in range(2):
+        if cycle == 1:
+            sa.event.listen(store.engine, "before_cursor_execute",
+                            lambda _c, _cur, stmt, params, *_a: seen.append(
+                                (stmt, dict(params or {}))))
+            sa.event.listen(store.engine, "commit", lambda _conn: seen.append(None))
+        job = store.claim(req, lambda _row: Verdict(take=True))
+        if job is None:
+            raise RuntimeError("no idle job to capture a claim with")
+        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
     store.engine.dispose()
     txs: list[list[tuple[str, dict]]] = [[]]
     for item in seen:
@@ -45,14 +52,18 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
     return [tx for tx in txs if tx]
 
 
-def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str) -> dict:
-    """A captured parameter set for another job, slot and time (by parameter name)."""
+def fill(tpl: dict, job_id: int | None, token: str, now: float, slot: str,
+         version: str | None) -> dict:
+    """A captured parameter set for another job, slot, time and row version (by parameter
+    name)."""
     out = {}
     for k, v in tpl.items():
         if k in ("id_1", "job_id") and job_id is not None:
             v = job_id
-        elif k == "p" and job_id is not None:
+        elif k == "payload" and job_id is not None:
             v = str(job_id)
+        elif k == "version" and v is not None:
+            v = version
         elif k == "token" and v is not None:
             v = token
         elif k == "slot" and v is not None:
@@ -68,7 +79,8 @@ def tp_worker(  # type: ignore[no-untyped-def]
 ):
     """One claiming process: claim + complete until `seconds` have passed or the queue is empty.
     `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, psycopg's implicit
-    BEGIN, the captured statements (with this job's id, token, slot and time), COMMIT."""
+    BEGIN, the captured statements (with this job's id, token, slot, time and row version),
+    reading the rows the package reads, COMMIT."""
     count, t0, t1, err = 0, 0.0, 0.0, None
     try:
         if mode == "bare":
@@ -83,7 +95,8 @@ def tp_worker(  # type: ignore[no-untyped-def]
 
             store = JobStore(make_engine(url, connect_timeout=30, pool=mode == "pooled"))
             req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                               slot=slot, host="node", keyword=KEYWORD, claim_lease=600)
+                               slot=slot, host="node", keyword=KEYWORD, claim_lease=600,
+                               shape=SHAPE)
             take = Verdict(take=True)
         barrier.wait(120)
         t0 = time.monotonic()
@@ -92,22 +105,32 @@ def tp_worker(  # type: ignore[no-untyped-def]
             if mode == "bare":  # the package's own statements, replayed
                 job_id, token, now = None, secrets.token_hex(16), time.time()
                 idle: list[int] = []
+                heads: list[int] = []
+                version = None
                 for tx in cycle:
                     for stmt, tpl in tx:
-                        params = fill(tpl, job_id, token, now, slot)
+                        params = fill(tpl, job_id, token, now, slot, version)
                         if "queue" in params:
                             params["queue"] = queue
                         if "autoclusters" in params:  # those the menu just listed
                             params["autoclusters"] = idle
+                        if "ids" in params:  # and their first jobs
+                            params["ids"] = heads
                         cur = conn.execute(stmt, params)
                         if stmt.startswith("WITH RECURSIVE idle"):
-                            idle = [r[0] for r in cur.fetchall()]
+                            menu = cur.fetchall()
+                            idle, heads = [r[0] for r in menu], [r[3] for r in menu]
+                        elif stmt.startswith("SELECT * FROM jobs"):  # the heads, to judge
+                            cur.fetchall()
                         elif stmt.startswith("WITH cand"):
                             row = cur.fetchone()
                             if row is None:
                                 break
                             job_id = row[0]
-                        elif stmt.startswith(("UPDATE", "WITH upd")) and cur.rowcount != 1:
+                        elif "row_version" in stmt:  # the report's read: the row's version
+                            read = cur.fetchone()
+                            version = None if read is None else read[-1]
+                        elif stmt.startswith("WITH changed") and cur.rowcount != 1:
                             raise RuntimeError(f"job {job_id}: {cur.rowcount} rows updated")
                     conn.commit()
                     if job_id is None:
@@ -156,7 +179,7 @@ def section_throughput(
             s: first(admin.execute(f"SHOW {s}"))
             for s in ("synchronous_commit", "fsync", "full_page_writes", "wal_sync_method")
         }
-        populate(admin, "tp_capture", 1, ad)
+        populate(admin, "tp_capture", 2, ad)
         cycle = capture_cycle(env.pg_url, "tp_capture")
         for n in TP_CLAIMERS:
             for rnd in range(rounds):
@@ -199,10 +222,14 @@ def section_throughput(
                      verdict(r >= 0.9)])
     say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90"], rows))
     nstmt = sum(len(tx) for tx in cycle)
-    say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job) +"
-        f" report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
-        " transactions, text captured from the package in this run, replayed by a psycopg loop"
-        " on one persistent connection per claimer, connected as make_engine connects"
+    say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job; one"
+        " slot shape, as the hooks give one, so that the verdict is remembered as in the agent)"
+        f" + report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
+        " transactions, text captured from the package's second cycle in this run, replayed by"
+        " a psycopg loop"
+        " that reads the rows the package reads and passes on what it needs (the menu's"
+        " autoclusters and heads, the claimed job, the row version the report read), on one"
+        " persistent connection per claimer, connected as make_engine connects"
         " (prepare_threshold=None: no server-side prepared statements, as PgBouncer in"
         " transaction mode needs). Both make the same round trips: psycopg's BEGIN, the"
         " statements, COMMIT (the package pings no pooled connection before use):")

@@ -870,3 +870,85 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     assert stored.lease_ends_at == pytest.approx(now + 1000)
     assert stored.updated_at == pytest.approx(now + 400)
     assert len(store.events(job_id)) == events + 1  # nothing happened to the job
+
+
+# ---- PostgreSQL's hot path runs on psycopg (jobstore.db.driver) -------------------------------
+
+
+def test_a_report_is_three_statements_and_one_commit(pg_url: str) -> None:
+    """An exit report on PostgreSQL: the transaction's timeout, the row read without a lock, the
+    transition (row, event and notification in one statement), one commit; SQLAlchemy's
+    listeners see the statements the driver module runs, with their parameters."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True)
+    try:
+        submit(store)
+        job = claim(store)
+        seen: list[str] = []
+        commits: list[bool] = []
+
+        def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+            seen.append(" ".join(statement.split()[:3]))
+            assert job.token not in str(parameters)  # compared in Python, never sent back
+
+        sa.event.listen(store.engine, "before_cursor_execute", listener)
+        sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
+        out = report(store, job, Event.EXIT, changes={"exit_code": 0})
+        assert out.after == "completed"
+        assert seen == ["SELECT set_config('statement_timeout', %(milliseconds)s,",
+                        "SELECT jobs.*, jobs.xmin::text", "WITH changed AS"]
+        assert commits == [True]
+        (fetch, exit_) = [e for e in store.events(job.id) if e.event in ("fetch", "exit")]
+        assert (exit_.from_status, exit_.to_status, exit_.attempt) == ("fetched", "completed", 1)
+        assert store.get_job(job.id).exit_code == 0 and store.get_job(job.id).token is None
+    finally:
+        store.engine.dispose()
+
+
+def test_a_column_a_migration_adds_does_not_confuse_the_hot_path(pg_url: str) -> None:
+    """The hot path reads rows by the result's own column names, remembered per statement and
+    number of columns: a column added to jobs while a store runs (a newer migration) is read
+    past, by the same process, in the claim and in the reports."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True)
+    try:
+        submit(store, 2)
+        first = claim(store)
+        report(store, first, Event.EXIT)
+        with store.engine.begin() as conn:
+            conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN site_note text DEFAULT 'x'"))
+        second = claim(store)
+        assert second is not None and second.id != first.id and second.status == "fetched"
+        assert report(store, second, Event.EXIT).after == "completed"
+    finally:
+        store.engine.dispose()
+
+
+def test_a_transition_sets_only_columns_of_jobs() -> None:
+    from jobstore.db.transitions import _transition_sql
+
+    assert "status = %(set_status)s" in _transition_sql(("status", "updated_at"))
+    with pytest.raises(ValueError, match="not columns of jobs"):
+        _transition_sql(("status", "status = 'done'; --"))
+    with pytest.raises(ValueError, match="JSON"):
+        _transition_sql(("status", "ad"))
+
+
+def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
+    """A transaction whose statements ran on psycopg and then failed is rolled back (with
+    SQLAlchemy's rollback listeners called) and its pooled connection serves the next one."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True)
+    try:
+        (job_id,) = submit(store)
+        rollbacks: list[bool] = []
+        sa.event.listen(store.engine, "rollback", lambda _conn: rollbacks.append(True))
+        with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
+            store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
+            raise RuntimeError("after the event")
+        assert rollbacks == [True]
+        assert [e.event for e in store.events(job_id)] == ["submit"]
+        job = claim(store)
+        assert job is not None and report(store, job, Event.EXIT).after == "completed"
+    finally:
+        store.engine.dispose()

@@ -4,6 +4,7 @@ CHUNK procs; the client sends one row (and the item values) whatever the number 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import reduce
 from typing import Any
 
@@ -14,7 +15,9 @@ from sqlalchemy import (
     Connection,
     FromClause,
     Integer,
+    Label,
     Select,
+    Table,
     Text,
     cast,
     func,
@@ -27,9 +30,15 @@ from jobstore.core.jobs import JOB_COLUMNS, Job, ProcTemplate
 from jobstore.core.states import Event, Status
 from jobstore.db.engine import json_text
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.transitions import event_row, typed
+from jobstore.db.transitions import event_row
 
 CHUNK = 10_000  # procs per statement
+
+
+def typed(table: Table, values: Mapping[str, Any]) -> list[Label[Any]]:
+    """`values` as bound literals of `table`'s column types, each labelled with its column (a
+    row for INSERT ... SELECT)."""
+    return [literal(value, table.c[name].type).label(name) for name, value in values.items()]
 
 
 def insert_procs(conn: Connection, job: Job, template: ProcTemplate, now: float) -> list[int]:

@@ -25,6 +25,7 @@ from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status, decide
+from jobstore.db import driver
 from jobstore.db.notify import CHANNEL
 from jobstore.db.phases import status_in
 from jobstore.db.schema import (
@@ -38,6 +39,7 @@ from jobstore.db.sql import (
     CLAIM_IN_AUTOCLUSTERS,
     IDLE_AUTOCLUSTERS,
     IDLE_AUTOCLUSTERS_PORTABLE,
+    JOB_HEADS,
     LIMITS_IN_USE,
     LOCK_LIMITS,
     SUBMITTER_USAGE,
@@ -177,8 +179,9 @@ class Negotiator(Transitions):
                 "memory": req.offer.memory,
                 "disk": req.offer.disk,
             }
-            menu_sql = IDLE_AUTOCLUSTERS if self._pg else IDLE_AUTOCLUSTERS_PORTABLE
-            menu = list(starmap(IdleCluster, conn.execute(menu_sql, params).all()))
+            found = (driver.rows(conn, IDLE_AUTOCLUSTERS, params) if self._pg
+                     else conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all())
+            menu = list(starmap(IdleCluster, found))
             matching = self._matching(conn, req, judge, menu, now) if menu else []
             for group in self._submitter_order(conn, req, matching, now):
                 job = self._take_within_limits(conn, req, group, now)
@@ -199,7 +202,9 @@ class Negotiator(Transitions):
         known = {m.id: self.verdicts.get(req.shape, m.id) for m in menu}
         unknown = [m.head_id for m in menu if known[m.id] is None]
         heads: dict[int, Job] = {}
-        if unknown:
+        if unknown and self._pg:
+            heads = {r["id"]: r.job() for r in driver.every(conn, JOB_HEADS, {"ids": unknown})}
+        elif unknown:
             rows = conn.execute(select(jobs).where(jobs.c.id.in_(unknown)))
             heads = {r.id: Job.from_row(r._mapping) for r in rows}
         out = []
@@ -336,14 +341,13 @@ class Negotiator(Transitions):
             "now": now,
             "channel": CHANNEL,
         }
-        found = conn.exec_driver_sql(CLAIM_IN_AUTOCLUSTERS, params).mappings().first()
+        found = driver.first(conn, CLAIM_IN_AUTOCLUSTERS, params)
         if found is None:
             return None
-        job = Job.from_row(found)
-        attempt = job.claims + 1
-        note_event(conn, _fetch_event(job.id, attempt, req, now), job)
-        return job.but(**changes, claims=attempt, status=_FETCHED,
-                       slot_weight=found["claimed_weight"])
+        attempt = found["claims"] + 1
+        note_event(conn, _fetch_event(found["id"], attempt, req, now), found.job())
+        return found.job(**changes, claims=attempt, status=_FETCHED,
+                         slot_weight=found["claimed_weight"])
 
     # ---- the accountant and condor_userprio ------------------------------------------------
 

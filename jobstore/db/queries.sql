@@ -1,7 +1,8 @@
 -- The hand-written statements of the job store, by name; everything else is built with
 -- SQLAlchemy Core from jobstore.db.schema. Each statement: `-- name: NAME`, a one-line
 -- `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's text()),
--- except `claim_in_autoclusters`, which runs as driver SQL (psycopg's `%(name)s`) on the claim's hot path.
+-- except in the statements of PostgreSQL's hot path (the claim, the reports, the transaction's
+-- timeout), which run straight on psycopg (jobstore.db.driver) with its `%(name)s`.
 -- The literal statuses, phases and events are jobstore.core.states' values (tests/test_sql.py checks).
 
 -- name: idle_autoclusters
@@ -9,19 +10,20 @@
 -- job in claim order (the head a slot judges): a skip scan of ix_jobs_claim that finds the next
 -- autocluster and its head in one index probe, whatever the number of idle jobs (PostgreSQL).
 WITH RECURSIVE idle(ac, priority, id) AS (
-    (SELECT autocluster_id, priority, id FROM jobs WHERE phase = 'idle' AND queue = :queue
+    (SELECT autocluster_id, priority, id FROM jobs WHERE phase = 'idle' AND queue = %(queue)s
      ORDER BY autocluster_id, priority DESC, id LIMIT 1)
     UNION ALL
     SELECT n.autocluster_id, n.priority, n.id FROM idle CROSS JOIN LATERAL (
         SELECT autocluster_id, priority, id FROM jobs
-        WHERE phase = 'idle' AND queue = :queue AND autocluster_id > idle.ac
+        WHERE phase = 'idle' AND queue = %(queue)s AND autocluster_id > idle.ac
         ORDER BY autocluster_id, priority DESC, id LIMIT 1
     ) AS n
 )
 SELECT a.id, a.submitter, a.concurrency_limits, idle.id AS head_id,
     idle.priority AS head_priority
 FROM idle JOIN autoclusters AS a ON a.id = idle.ac
-WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk <= :disk;
+WHERE a.request_cpus <= %(cpus)s AND a.request_memory <= %(memory)s
+    AND a.request_disk <= %(disk)s;
 
 -- name: idle_autoclusters_portable
 -- idle_autoclusters for SQLite, which has no LATERAL: three index probes per autocluster.
@@ -101,7 +103,51 @@ FROM cand CROSS JOIN upd;
 -- name: set_statement_timeout
 -- Bound every statement of this transaction (set_config(..., true) is SET LOCAL: PgBouncer in
 -- transaction mode allows it, a startup option it does not).
-SELECT set_config('statement_timeout', :milliseconds, true);
+SELECT set_config('statement_timeout', %(milliseconds)s, true);
+
+-- name: job_heads
+-- The first jobs of the autoclusters a slot has not judged yet (PostgreSQL).
+SELECT * FROM jobs WHERE id = ANY(%(ids)s);
+
+-- name: read_job
+-- A job row as it is now and its version, the transaction that wrote it: a report writes it
+-- only if it is still that version, instead of locking it (PostgreSQL).
+SELECT jobs.*, jobs.xmin::text AS row_version FROM jobs WHERE id = %(job_id)s;
+
+-- name: lock_job
+-- A job row, locked until the transaction ends (PostgreSQL).
+SELECT * FROM jobs WHERE id = %(job_id)s FOR UPDATE;
+
+-- name: record_transition
+-- A transition in one round trip (PostgreSQL): the job row's UPDATE, made only if the row is
+-- still in the status and attempt it was read in (and, with a version, still that version);
+-- the event, appended only if it was; the followers' notification. {assignments} is the SET
+-- list, `column = %(set_column)s` per column the transition changes (jobstore.db.transitions).
+WITH changed AS (
+    UPDATE jobs SET {assignments}
+    WHERE id = %(job_id)s AND status = %(from_status)s AND claims = %(claims)s
+        AND (%(version)s::text IS NULL OR xmin::text = %(version)s::text)
+    RETURNING id
+), appended AS (
+    INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host,
+        reason, attrs)
+    SELECT id, %(time)s::float8, %(event)s::text, %(from_status)s::text, %(to_status)s::text,
+        %(attempt)s::integer, %(slot)s::text, %(host)s::text, %(reason)s::text, %(attrs)s::json
+    FROM changed
+    RETURNING job_id
+)
+SELECT pg_notify(%(channel)s, %(payload)s) FROM appended;
+
+-- name: record_event
+-- An event that changes no job row, and the followers' notification (PostgreSQL).
+WITH appended AS (
+    INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host,
+        reason, attrs)
+    VALUES (%(job_id)s, %(time)s, %(event)s, %(from_status)s, %(to_status)s, %(attempt)s,
+        %(slot)s, %(host)s, %(reason)s, %(attrs)s::json)
+    RETURNING job_id
+)
+SELECT pg_notify(%(channel)s, %(payload)s) FROM appended;
 
 -- name: notify_event
 -- Wake the followers of job_events (jobstore watch) when this transaction commits; never sent

@@ -48,13 +48,20 @@ def parse(source: str) -> dict[str, Statement]:
 
 
 QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding="utf-8"))
+# PostgreSQL's hot path, run with psycopg (jobstore.db.driver)
 CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
-IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].clause
+IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
+SET_STATEMENT_TIMEOUT = QUERIES["set_statement_timeout"].sql
+JOB_HEADS = QUERIES["job_heads"].sql
+READ_JOB = QUERIES["read_job"].sql
+LOCK_JOB = QUERIES["lock_job"].sql
+RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=...)
+RECORD_EVENT = QUERIES["record_event"].sql
+# run with SQLAlchemy
 IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
 SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")
 LOCK_LIMITS = QUERIES["lock_limits"].expanding("names")
 LIMITS_IN_USE = QUERIES["limits_in_use"].expanding("names")
-SET_STATEMENT_TIMEOUT = QUERIES["set_statement_timeout"].clause
 NOTIFY_EVENT = QUERIES["notify_event"].clause
 LISTEN_EVENTS = QUERIES["listen_events"].sql
 LISTEN_STOPS = QUERIES["listen_stops"].sql

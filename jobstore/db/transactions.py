@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from types import TracebackType
 from typing import Any, Self
 
+import psycopg
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from jobstore.core.jobs import Job
+from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
 from jobstore.db.sql import SET_STATEMENT_TIMEOUT
 from jobstore.errors import DatabaseError
@@ -29,8 +32,9 @@ PENDING = "jobstore_pending_events"  # key in conn.info: events of the open tran
 JOINED = "jobstore_joined_events"  # ... of a caller's transaction the store joined
 _log = logging.getLogger(__name__)
 # What a lost or refused connection raises inside a transaction (PendingRollbackError: a
-# connection lost mid-transaction, as SQLAlchemy reports it once).
-LOST = (OperationalError, DBAPIError, PendingRollbackError)
+# connection lost mid-transaction, as SQLAlchemy reports it once; psycopg's own errors: the
+# statements of the hot path, jobstore.db.driver).
+LOST = (OperationalError, DBAPIError, PendingRollbackError, psycopg.Error)
 
 
 def note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> None:
@@ -84,7 +88,7 @@ class Transactions:
         pending: list[dict[str, Any]] = []
         after: list[AfterCommit] = []
         try:
-            with self._begin() as conn:
+            with self._connect() as conn, self._transaction(conn):
                 conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
                 try:
                     yield conn
@@ -101,26 +105,32 @@ class Transactions:
             raise
         _after_commit(after, True)
 
-    @contextmanager
-    def _begin(self) -> Iterator[Connection]:
-        """engine.begin() with the statement timeout set (PostgreSQL: SET LOCAL, also 0 for
-        none). That first statement finds a pooled connection the server dropped (a restart, an
-        idle timeout): it is replaced once, and no ping precedes every checkout."""
+    def _transaction(self, conn: Connection) -> AbstractContextManager[Any]:
+        """The transaction of `conn` (`_connect`), committed at the end of its block or rolled
+        back: on PostgreSQL the one psycopg opened with its first statement (no SQLAlchemy
+        Transaction on the hot path), on SQLite SQLAlchemy's (BEGIN IMMEDIATE)."""
+        return DriverTransaction(conn) if self._pg else conn.begin()
+
+    def _connect(self) -> Connection:
+        """A connection whose transaction has its statement timeout (PostgreSQL: set_config
+        local to the transaction, which psycopg opens with it; also 0 for none). That first
+        statement finds a pooled connection the server dropped (a restart, an idle timeout):
+        it is replaced once, and no ping precedes every checkout."""
         for retry in (True, False):
-            stack = ExitStack()
-            conn = stack.enter_context(self.engine.begin())
+            conn = self.engine.connect()
+            if not self._pg:
+                return conn
             try:
-                if self._pg:
-                    timeout = str(int(self.statement_timeout_ms or 0))
-                    conn.execute(SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
-            except DBAPIError as exc:
-                stack.__exit__(type(exc), exc, exc.__traceback__)
-                if retry and exc.connection_invalidated:
+                timeout = str(int(self.statement_timeout_ms or 0))
+                driver.execute(conn, SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
+            except (DBAPIError, psycopg.Error):
+                dropped = conn.invalidated  # by the driver module
+                conn.close()
+                if retry and dropped:
                     continue
                 raise
-            with stack:
-                yield conn
-            return
+            return conn
+        raise AssertionError("unreachable: the second try returns or raises")
 
     @contextmanager
     def _joined(self, outer: Connection) -> Iterator[Connection]:
@@ -177,6 +187,48 @@ class Transactions:
                 if then is not None:
                     after.append(then)
         return after
+
+
+class DriverTransaction:
+    """The transaction psycopg opened on a connection, ended as `with conn.begin()` ends one
+    (SQLAlchemy's commit and rollback listeners are called as SQLAlchemy calls them); when
+    SQLAlchemy statements ran in it, SQLAlchemy began its own on it and ends it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        conn = self.conn
+        if conn.in_transaction():
+            if kind is None:
+                conn.commit()
+            else:
+                conn.rollback()
+            return
+        if conn.invalidated:  # lost with the connection
+            return
+        raw = conn.connection.driver_connection
+        if raw is None or raw.closed:
+            return
+        listen = conn._has_events or conn.engine._has_events
+        try:
+            if kind is None:
+                if listen:
+                    conn.dispatch.commit(conn)
+                raw.commit()
+            elif not raw.broken:
+                if listen:
+                    conn.dispatch.rollback(conn)
+                raw.rollback()
+        except psycopg.Error as exc:
+            if raw.broken or raw.closed:
+                conn.invalidate(exc)
+            if kind is None:
+                raise
 
 
 def _after_commit(after: list[AfterCommit], committed: bool) -> None:

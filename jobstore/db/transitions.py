@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     Connection,
-    Label,
-    Table,
     Update,
-    func,
     insert,
-    literal,
     literal_column,
     select,
     update,
@@ -23,8 +21,11 @@ from sqlalchemy import (
 from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, HANDED_OUT, PHASES, Decision, Event, Status, decide
+from jobstore.db import driver
+from jobstore.db.engine import json_text
 from jobstore.db.notify import CHANNEL, STOPS, notify
 from jobstore.db.schema import job_events, jobs
+from jobstore.db.sql import LOCK_JOB, READ_JOB, RECORD_EVENT, RECORD_TRANSITION
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
 from jobstore.formats import views
@@ -46,6 +47,32 @@ def as_read(change: Update, version: str | None) -> Update:
 
 class RowChanged(DatabaseError):
     """The job row changed between its read and the write that depended on it."""
+
+
+@dataclass(frozen=True)
+class RowChange:
+    """A transition's UPDATE of one job row: `values`, made only if the row is still in
+    `status` and attempt `claims` and, with a `version` (`_read`), still that version."""
+
+    job_id: int
+    status: str
+    claims: int
+    values: Mapping[str, Any]
+    version: str | None = None
+
+    def update(self) -> Update:
+        """The UPDATE as SQLAlchemy runs it."""
+        return as_read(update(jobs).where(jobs.c.id == self.job_id,
+                                          jobs.c.status == self.status,
+                                          jobs.c.claims == self.claims)
+                       .values(**self.values), self.version)
+
+    def params(self) -> dict[str, Any]:
+        """record_transition's parameters for the row (the event's are added to them; no
+        column a transition sets is JSON: `_transition_sql`)."""
+        out = {f"set_{name}": value for name, value in self.values.items()}
+        out.update(claims=self.claims, version=self.version)
+        return out
 
 
 @dataclass(frozen=True)
@@ -164,16 +191,7 @@ class Transitions(Transactions):
             attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
         elif before == Status.HELD:
             values.update(hold_code=None, hold_subcode=None)
-        change = as_read(
-            update(jobs)
-            .where(
-                jobs.c.id == job.id,
-                jobs.c.status == before.value,
-                jobs.c.claims == job.claims,
-            )
-            .values(**values),
-            version,
-        )
+        change = RowChange(job.id, before.value, job.claims, values, version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
@@ -199,26 +217,24 @@ class Transitions(Transactions):
                                      slot=slot, host=host, reason=reason, attrs=attrs), job)
 
     def _record(self, conn: Connection, values: dict[str, Any], job: Job | None,
-                change: Update | None = None) -> None:
+                change: RowChange | None = None) -> None:
         """Append the event `values` and notify the followers (sent on commit, never for a
         rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
         given: it must hit the row (it cannot miss while the row is locked; refuse to guess).
         On PostgreSQL the three are one statement."""
         if not self._pg:
-            if change is not None and conn.execute(change).rowcount != 1:
+            if change is not None and conn.execute(change.update()).rowcount != 1:
                 raise RowChanged(f"job {values['job_id']} changed under its transition")
             conn.execute(insert(job_events).values(**values))
         else:
-            row = select(*typed(job_events, values))
-            if change is not None:
-                row = row.select_from(change.returning(jobs.c.id).cte("changed"))
-            appended = insert(job_events).from_select(list(values), row).returning(
-                job_events.c.job_id).cte("appended")
-            sent = conn.execute(
-                select(func.pg_notify(CHANNEL, str(values["job_id"]))).select_from(appended)
-            ).all()
-            if change is not None and len(sent) != 1:
-                raise RowChanged(f"job {values['job_id']} changed under its transition")
+            params = {**values, "attrs": _json(values["attrs"]), "channel": CHANNEL,
+                      "payload": str(values["job_id"])}
+            if change is None:
+                driver.execute(conn, RECORD_EVENT, params)
+            else:
+                sql = _transition_sql(tuple(change.values))
+                if driver.execute(conn, sql, {**params, **change.params()}).rowcount != 1:
+                    raise RowChanged(f"job {values['job_id']} changed under its transition")
         note_event(conn, values, job)
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
@@ -233,6 +249,9 @@ class Transitions(Transactions):
         return self._apply(conn, job, Event.RELEASE, decide_args={}, now=now, reason=why)
 
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
+        if self._pg:
+            found = driver.first(conn, LOCK_JOB, {"job_id": job_id})
+            return None if found is None else found.job()
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
 
@@ -240,13 +259,12 @@ class Transitions(Transactions):
               locked: bool) -> tuple[Job | None, str | None]:
         """The job row, `locked` (`_lock`), or else as it is now with its version (PostgreSQL:
         for a write that checks nothing changed since, instead of a lock)."""
-        if locked:
+        if locked or not self._pg:
             return self._lock(conn, job_id), None
-        row = conn.execute(select(jobs, row_version().label("row_version"))
-                           .where(jobs.c.id == job_id)).first()
-        if row is None:
+        found = driver.first(conn, READ_JOB, {"job_id": job_id})
+        if found is None:
             return None, None
-        return Job.from_row(row._mapping), row._mapping["row_version"]
+        return found.job(), found["row_version"]
 
 
 def event_row(
@@ -277,10 +295,23 @@ def event_row(
     )
 
 
-def typed(table: Table, values: Mapping[str, Any]) -> list[Label[Any]]:
-    """`values` as bound literals of `table`'s column types, each labelled with its column (a
-    row for INSERT ... SELECT)."""
-    return [literal(value, table.c[name].type).label(name) for name, value in values.items()]
+@lru_cache(maxsize=512)
+def _transition_sql(columns: tuple[str, ...]) -> str:
+    """record_transition with the SET list of `columns` (columns of jobs, nothing else; none
+    of them JSON, which psycopg would need wrapped)."""
+    unknown = [name for name in columns if name not in jobs.c]
+    if unknown:
+        raise ValueError(f"not columns of jobs: {unknown}")
+    json = [name for name in columns if isinstance(jobs.c[name].type, JSON)]
+    if json:
+        raise ValueError(f"a transition does not set JSON columns: {json}")
+    return RECORD_TRANSITION.format(
+        assignments=", ".join(f"{name} = %(set_{name})s" for name in columns))
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's value as psycopg binds it: its compact text."""
+    return None if value is None else json_text(value)
 
 
 def winding_down(job: Job, now: float) -> bool:

@@ -1,0 +1,108 @@
+"""Statements run straight on the psycopg connection of a SQLAlchemy transaction (PostgreSQL's
+hot path: the claim and the reports), rows back as tuples, or as `Row`s that find their columns
+by the result's own names; SQLAlchemy's `before_cursor_execute` listeners see the statements as
+they see every statement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import psycopg
+from sqlalchemy import Connection
+
+from jobstore.core.jobs import JOB_COLUMNS, Job
+
+
+def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    """Run `sql` (psycopg's `%(name)s` parameters) in `conn`'s transaction. A connection the
+    server dropped is invalidated (the pool replaces it) and its psycopg error raised."""
+    raw = conn.connection.driver_connection
+    if raw is None:
+        raise psycopg.OperationalError("the connection is closed")
+    cursor = raw.cursor()
+    # as SQLAlchemy itself decides whether to call its listeners
+    if conn._has_events or conn.engine._has_events:
+        conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
+    try:
+        cursor.execute(sql, params)
+    except psycopg.Error as exc:
+        if raw.broken or raw.closed:
+            conn.invalidate(exc)
+        raise
+    return cursor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns of a statement's result: each one's position by name, and (when the result
+    has every column of jobs) the values of a Job, in its fields' order."""
+
+    index: dict[str, int]
+    job_values: Callable[[Any], tuple[Any, ...]] | None
+
+
+class Row:
+    """One result row: its values and its statement's Layout."""
+
+    __slots__ = ("layout", "values")
+
+    def __init__(self, values: tuple[Any, ...], layout: Layout) -> None:
+        self.values = values
+        self.layout = layout
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[self.layout.index[name]]
+
+    def job(self, **changes: Any) -> Job:
+        """The Job of the row, with `changes` (columns of jobs)."""
+        if self.layout.job_values is None:
+            raise KeyError("the row does not have every column of jobs")
+        values: Any = self.values
+        if changes:
+            values = list(values)
+            for name, value in changes.items():
+                values[self.layout.index[name]] = value
+        return Job(*self.layout.job_values(values))
+
+
+# The layouts of the statements' results, by statement text and number of columns.
+_LAYOUTS: dict[tuple[str, int], Layout] = {}
+
+
+def layout(cursor: psycopg.Cursor[Any], sql: str) -> Layout:
+    """The Layout of `sql`'s result in `cursor`, read once per statement and number of columns
+    (a `SELECT *` gains one when a migration adds it) from the result's field names: not
+    psycopg's description, which makes an object per column on every call."""
+    result = cursor.pgresult
+    count = 0 if result is None else result.nfields
+    found = _LAYOUTS.get((sql, count))
+    if found is None:
+        names = [] if result is None else [(result.fname(i) or b"").decode()
+                                           for i in range(count)]
+        index = {name: i for i, name in reversed(list(enumerate(names)))}
+        complete = all(name in index for name in JOB_COLUMNS)
+        getter = itemgetter(*(index[name] for name in JOB_COLUMNS)) if complete else None
+        found = _LAYOUTS[(sql, count)] = Layout(index, getter)
+    return found
+
+
+def first(conn: Connection, sql: str, params: Mapping[str, Any]) -> Row | None:
+    """The first row of `sql` (None: no row)."""
+    cursor = execute(conn, sql, params)
+    values = cursor.fetchone()
+    return None if values is None else Row(values, layout(cursor, sql))
+
+
+def every(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
+    """Every row of `sql`."""
+    cursor = execute(conn, sql, params)
+    found = layout(cursor, sql)
+    return [Row(values, found) for values in cursor.fetchall()]
+
+
+def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Every row of `sql`, as tuples in its column order."""
+    return execute(conn, sql, params).fetchall()
