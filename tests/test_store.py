@@ -952,3 +952,11 @@ def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
         assert job is not None and report(store, job, Event.EXIT).after == "completed"
     finally:
         store.engine.dispose()
+
+
+def test_a_postgresql_store_needs_psycopg() -> None:
+    """make_engine always picks psycopg; an engine made otherwise is refused at once, in one
+    line, not at its first claim."""
+    engine = sa.create_mock_engine("postgresql+pg8000://", lambda *_a, **_k: None)
+    with pytest.raises(ValueError, match=r"needs psycopg \(postgresql\+psycopg://\), not pg8000"):
+        JobStore(engine)

@@ -51,6 +51,9 @@ class Transactions:
         self.engine = engine
         self.statement_timeout_ms = statement_timeout_ms
         self._pg = engine.dialect.name == "postgresql"
+        if self._pg and engine.dialect.driver != "psycopg":  # the hot path is psycopg's (driver)
+            raise ValueError(f"a job store on PostgreSQL needs psycopg (postgresql+psycopg://),"
+                             f" not {engine.dialect.driver}")
         # Commit listeners (see CommitListener); the job event log writer is always one.
         self.listeners: list[CommitListener] = [userlog.on_commit]
 
