@@ -1,14 +1,15 @@
-"""Statements run straight on the psycopg connection of a SQLAlchemy transaction (PostgreSQL's
-hot path: the claim and the reports), rows back as tuples, or as `Row`s that find their columns
-by the result's own names; SQLAlchemy's `before_cursor_execute` listeners see the statements as
-they see every statement."""
+"""Statements and transactions straight on the psycopg connection of a SQLAlchemy connection
+(PostgreSQL's hot path: the claim and the reports), rows back as tuples, or as `Row`s that find
+their columns by the result's own names; SQLAlchemy's listeners see the statements, commits and
+rollbacks as they see SQLAlchemy's own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import psycopg
 from sqlalchemy import Connection
@@ -23,16 +24,68 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cu
     if raw is None:
         raise psycopg.OperationalError("the connection is closed")
     cursor = raw.cursor()
-    # as SQLAlchemy itself decides whether to call its listeners
-    if conn._has_events or conn.engine._has_events:
+    if _listened(conn):
         conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
     try:
         cursor.execute(sql, params)
     except psycopg.Error as exc:
-        if raw.broken or raw.closed:
-            conn.invalidate(exc)
+        _invalidate_if_lost(conn, raw, exc)
         raise
     return cursor
+
+
+class DriverTransaction:
+    """The transaction psycopg opened on a connection, ended as `with conn.begin()` ends one
+    (SQLAlchemy's commit and rollback listeners are called as SQLAlchemy calls them); when
+    SQLAlchemy statements ran in it, SQLAlchemy began its own on it and ends it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        conn = self.conn
+        if conn.in_transaction():
+            if kind is None:
+                conn.commit()
+            else:
+                conn.rollback()
+            return
+        if conn.invalidated:  # lost with the connection
+            return
+        raw = conn.connection.driver_connection
+        if raw is None or raw.closed:
+            return
+        listen = _listened(conn)
+        try:
+            if kind is None:
+                if listen:
+                    conn.dispatch.commit(conn)
+                raw.commit()
+            elif not raw.broken:
+                if listen:
+                    conn.dispatch.rollback(conn)
+                raw.rollback()
+        except psycopg.Error as exc:
+            _invalidate_if_lost(conn, raw, exc)
+            if kind is None:
+                raise
+
+
+def _listened(conn: Connection) -> bool:
+    """Whether SQLAlchemy listeners are attached to `conn` or its engine: SQLAlchemy's own test
+    before it calls them."""
+    return conn._has_events or conn.engine._has_events
+
+
+def _invalidate_if_lost(conn: Connection, raw: psycopg.Connection[Any],
+                        exc: psycopg.Error) -> None:
+    """Invalidate `conn` when its psycopg connection `raw` is lost: the pool replaces it."""
+    if raw.broken or raw.closed:
+        conn.invalidate(exc)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from types import TracebackType
 from typing import Any, Self
 
 import psycopg
@@ -112,7 +111,7 @@ class Transactions:
         """The transaction of `conn` (`_connect`), committed at the end of its block or rolled
         back: on PostgreSQL the one psycopg opened with its first statement (no SQLAlchemy
         Transaction on the hot path), on SQLite SQLAlchemy's (BEGIN IMMEDIATE)."""
-        return DriverTransaction(conn) if self._pg else conn.begin()
+        return driver.DriverTransaction(conn) if self._pg else conn.begin()
 
     def _connect(self) -> Connection:
         """A connection whose transaction has its statement timeout (PostgreSQL: set_config
@@ -190,48 +189,6 @@ class Transactions:
                 if then is not None:
                     after.append(then)
         return after
-
-
-class DriverTransaction:
-    """The transaction psycopg opened on a connection, ended as `with conn.begin()` ends one
-    (SQLAlchemy's commit and rollback listeners are called as SQLAlchemy calls them); when
-    SQLAlchemy statements ran in it, SQLAlchemy began its own on it and ends it."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        conn = self.conn
-        if conn.in_transaction():
-            if kind is None:
-                conn.commit()
-            else:
-                conn.rollback()
-            return
-        if conn.invalidated:  # lost with the connection
-            return
-        raw = conn.connection.driver_connection
-        if raw is None or raw.closed:
-            return
-        listen = conn._has_events or conn.engine._has_events
-        try:
-            if kind is None:
-                if listen:
-                    conn.dispatch.commit(conn)
-                raw.commit()
-            elif not raw.broken:
-                if listen:
-                    conn.dispatch.rollback(conn)
-                raw.rollback()
-        except psycopg.Error as exc:
-            if raw.broken or raw.closed:
-                conn.invalidate(exc)
-            if kind is None:
-                raise
 
 
 def _after_commit(after: list[AfterCommit], committed: bool) -> None:
