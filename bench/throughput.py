@@ -78,16 +78,19 @@ def tp_worker(  # type: ignore[no-untyped-def]
     mode: str, url: str, queue: str, slot: str, seconds: float, barrier, results, cycle
 ):
     """One claiming process: claim + complete until `seconds` have passed or the queue is empty.
-    `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, psycopg's implicit
-    BEGIN, the captured statements (with this job's id, token, slot, time and row version),
-    reading the rows the package reads, COMMIT."""
-    count, t0, t1, err = 0, 0.0, 0.0, None
+    `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, the captured
+    statements (the first opens the transaction; then this job's id, token, slot, time and row
+    version), reading the rows the package reads, COMMIT."""
+    count, t0, t1, err, cpu = 0, 0.0, 0.0, None, 0.0
     try:
         if mode == "bare":
             import psycopg
 
-            # as make_engine connects: no server-side prepared statements (PgBouncer)
-            conn = psycopg.connect(libpq_url(url), connect_timeout=30, prepare_threshold=None)
+            # as make_engine connects: no server-side prepared statements (PgBouncer); and as
+            # the package runs a transaction: its first statement opens it (autocommit: psycopg
+            # sends no BEGIN of its own)
+            conn = psycopg.connect(libpq_url(url), connect_timeout=30, prepare_threshold=None,
+                                   autocommit=True)
         else:
             from jobstore.core.states import Event
             from jobstore.db.engine import make_engine
@@ -99,7 +102,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
                                shape=SHAPE)
             take = Verdict(take=True)
         barrier.wait(120)
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         stop = t0 + seconds
         while time.monotonic() < stop:
             if mode == "bare":  # the package's own statements, replayed
@@ -116,7 +119,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
                             params["autoclusters"] = idle
                         if "ids" in params:  # and their first jobs
                             params["ids"] = heads
-                        cur = conn.execute(stmt, params)
+                        cur = conn.execute(stmt, params or None)  # None: a simple query
                         if stmt.startswith("WITH RECURSIVE idle"):
                             menu = cur.fetchall()
                             idle, heads = [r[0] for r in menu], [r[3] for r in menu]
@@ -147,7 +150,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
                 if out.after != "completed" or out.stale:
                     raise RuntimeError(f"job {job.id}: EXIT gave {out}")
             count += 1
-        t1 = time.monotonic()
+        t1, cpu = time.monotonic(), time.process_time() - cpu0
         if mode == "bare":
             conn.close()
         else:
@@ -157,7 +160,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
         t1 = time.monotonic()
         with suppress(Exception):
             barrier.abort()  # a worker that never got going must not keep the others waiting
-    results.put((count, t0, t1, err))
+    results.put((count, t0, t1, err, cpu))
 
 
 def section_throughput(
@@ -172,6 +175,7 @@ def section_throughput(
     modes = ("pooled", "bare")
     done: dict[tuple[str, int], float] = {}
     spent: dict[tuple[str, int], float] = {}
+    client: dict[tuple[str, int], float] = {}  # the claimers' own CPU seconds
     errors: list[str] = []
     exhausted: list[str] = []
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as admin:
@@ -211,16 +215,20 @@ def section_throughput(
                     span = max(g[2] for g in got) - min(starts) if total and starts else 0
                     done[(mode, n)] = done.get((mode, n), 0) + total
                     spent[(mode, n)] = spent.get((mode, n), 0.0) + span
+                    client[(mode, n)] = client.get((mode, n), 0.0) + sum(g[4] for g in got)
                     if total >= jobs_per_run:
                         exhausted.append(f"{mode} x{n}")
     rates = {k: done[k] / spent[k] if spent[k] > 0 else 0.0 for k in done}
+    per_cycle = {k: 1000 * client[k] / done[k] if done[k] else 0.0 for k in done}
     rows = []
     for n in TP_CLAIMERS:
         bare = rates[("bare", n)]
         r = rates[("pooled", n)] / bare if bare else 0.0
         rows.append([str(n), f"{rates[('pooled', n)]:.0f}", f"{bare:.0f}", f"{r:.2f}",
-                     verdict(r >= 0.9)])
-    say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90"], rows))
+                     verdict(r >= 0.9), f"{per_cycle[('pooled', n)]:.2f} / "
+                     f"{per_cycle[('bare', n)]:.2f}"])
+    say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90",
+               "client CPU ms/cycle, package / bare"], rows))
     nstmt = sum(len(tx) for tx in cycle)
     say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job; one"
         " slot shape, as the hooks give one, so that the verdict is remembered as in the agent)"
@@ -231,8 +239,9 @@ def section_throughput(
         " autoclusters and heads, the claimed job, the row version the report read), on one"
         " persistent connection per claimer, connected as make_engine connects"
         " (prepare_threshold=None: no server-side prepared statements, as PgBouncer in"
-        " transaction mode needs). Both make the same round trips: psycopg's BEGIN, the"
-        " statements, COMMIT (the package pings no pooled connection before use):")
+        " transaction mode needs). Both make the same round trips: the statements, the first of"
+        " which opens the transaction (BEGIN and its timeout in one simple query), then COMMIT"
+        " (the package pings no pooled connection before use):")
     for tx in cycle:
         say("     tx: " + "; ".join(" ".join(st.split())[:60] for st, _ in tx) + "; COMMIT")
     say("   durability: " + ", ".join(f"{k}={v}" for k, v in durability.items()))
@@ -240,4 +249,5 @@ def section_throughput(
         say("   queue ran dry (rate measured up to that point): " + ", ".join(exhausted))
     for e in errors:
         say(f"   ERROR {e}")
-    return {"rates": rates, "durability": durability, "errors": errors, "cycle": cycle}
+    return {"rates": rates, "client_ms": per_cycle, "durability": durability, "errors": errors,
+            "cycle": cycle}

@@ -22,7 +22,7 @@ SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LIST
 
 def test_every_statement_has_a_name_a_purpose_and_sql() -> None:
     assert set(sql.QUERIES) >= {"claim_in_autoclusters", "idle_autoclusters", "notify_event",
-                                "listen_events", "set_statement_timeout", "snapshot_bounds",
+                                "listen_events", "begin_transaction", "snapshot_bounds",
                                 "xact_horizon", "submitter_usage", "lock_limits", "limits_in_use"}
     for st in sql.QUERIES.values():
         assert st.purpose and st.sql and not st.sql.endswith(";"), st.name

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from bulk import clone
@@ -23,6 +24,8 @@ from jobstore.db.store import (
     UnknownJob,
     Verdict,
 )
+from jobstore.errors import DatabaseError
+from jobstore.testing.support import libpq_url
 
 FAR_FUTURE = time.time() + 10 * 365 * 86400
 BIG = Offer(cpus=64, memory=1 << 20, disk=1 << 40)
@@ -876,9 +879,11 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
 
 
 def test_a_report_is_three_statements_and_one_commit(pg_url: str) -> None:
-    """An exit report on PostgreSQL: the transaction's timeout, the row read without a lock, the
-    transition (row, event and notification in one statement), one commit; SQLAlchemy's
-    listeners see the statements the driver module runs, with their parameters."""
+    """An exit report on PostgreSQL: BEGIN with the transaction's timeout (one round trip:
+    psycopg, in autocommit mode meanwhile, sends no BEGIN of its own), the row read without a
+    lock, the transition (row, event and notification in one statement), one commit;
+    SQLAlchemy's listeners see the statements the driver module runs, with their
+    parameters."""
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True)
     try:
@@ -890,12 +895,13 @@ def test_a_report_is_three_statements_and_one_commit(pg_url: str) -> None:
         def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
             seen.append(" ".join(statement.split()[:3]))
             assert job.token not in str(parameters)  # compared in Python, never sent back
+            assert conn.connection.driver_connection.autocommit
 
         sa.event.listen(store.engine, "before_cursor_execute", listener)
         sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
         out = report(store, job, Event.EXIT, changes={"exit_code": 0})
         assert out.after == "completed"
-        assert seen == ["SELECT set_config('statement_timeout', %(milliseconds)s,",
+        assert seen == ["BEGIN; SELECT set_config('statement_timeout',",
                         "SELECT jobs.*, jobs.xmin::text", "WITH changed AS"]
         assert commits == [True]
         (fetch, exit_) = [e for e in store.events(job.id) if e.event in ("fetch", "exit")]
@@ -950,6 +956,48 @@ def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
         assert [e.event for e in store.events(job_id)] == ["submit"]
         job = claim(store)
         assert job is not None and report(store, job, Event.EXIT).after == "completed"
+    finally:
+        store.engine.dispose()
+
+
+def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
+    """The timeout the first statement sets bounds the transaction's statements: a report
+    waiting for a row another transaction holds gives up with a DatabaseError instead of
+    hanging; the timeout ends with its transaction, and the pooled connection serves on."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True, statement_timeout_ms=300)
+    try:
+        submit(store)
+        job = claim(store)
+        with psycopg.connect(libpq_url(pg_url)) as holder:
+            # without the report's timeout, the server ends this one (the test fails, not hangs)
+            holder.execute("SET idle_in_transaction_session_timeout = '20s'")
+            holder.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
+            with pytest.raises(DatabaseError, match="statement timeout"):
+                report(store, job, Event.EXIT)
+            holder.rollback()
+        with store.engine.connect() as conn:  # the pool's one connection, the report's
+            assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "0"
+        assert report(store, job, Event.EXIT).after == "completed"
+    finally:
+        store.engine.dispose()
+
+
+def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> None:
+    """After the store's transactions (psycopg in autocommit mode while they ran), a caller's
+    own transaction on the same pooled connection is one transaction again: what it queued
+    with connection= rolls back with it."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True)
+    try:
+        submit(store)
+        report(store, claim(store), Event.EXIT)
+        # the pool's one kept connection
+        with store.engine.connect() as conn, conn.begin() as tx:
+            store.submit([new_job()], owner="alice", queue="default", max_attempts=1,
+                         connection=conn)
+            tx.rollback()
+        assert len(rows(store, jobs)) == 1
     finally:
         store.engine.dispose()
 

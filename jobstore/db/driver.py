@@ -17,12 +17,12 @@ from sqlalchemy import Connection
 from jobstore.core.jobs import JOB_COLUMNS, Job
 
 
-def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-    """Run `sql` (psycopg's `%(name)s` parameters) in `conn`'s transaction. A connection the
-    server dropped is invalidated (the pool replaces it) and its psycopg error raised."""
-    raw = conn.connection.driver_connection
-    if raw is None:
-        raise psycopg.OperationalError("the connection is closed")
+def execute(conn: Connection, sql: str,
+            params: Mapping[str, Any] | None) -> psycopg.Cursor[Any]:
+    """Run `sql` (psycopg's `%(name)s` parameters; None: none, and then it may be more than one
+    statement) in `conn`'s transaction. A connection the server dropped is invalidated (the
+    pool replaces it) and its psycopg error raised."""
+    raw = _driver_connection(conn)
     cursor = raw.cursor()
     if _listened(conn):
         conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
@@ -34,8 +34,35 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cu
     return cursor
 
 
+def begin(conn: Connection, sql: str) -> None:
+    """Open the transaction of `conn` with `sql`, its BEGIN and what goes with it, in one round
+    trip: psycopg, put in autocommit mode, sends no BEGIN of its own, and the statements that
+    follow (SQLAlchemy's too) run in the transaction `sql` opened until DriverTransaction ends
+    it (psycopg's commit and rollback go by the server's transaction status).
+    `end_autocommit` gives the connection back to the pool as SQLAlchemy expects it."""
+    raw = _driver_connection(conn)
+    try:
+        raw.autocommit = True
+    except psycopg.Error as exc:
+        _invalidate_if_lost(conn, raw, exc)
+        raise
+    execute(conn, sql, None)
+
+
+def end_autocommit(raw: Any, record: Any) -> None:
+    """A pool's checkin listener: a connection `begin` put in autocommit mode goes back to the
+    pool in psycopg's default mode (a caller's own transaction on it is one again); one that
+    cannot change mode any more is discarded."""
+    if raw is None or not getattr(raw, "autocommit", False):
+        return
+    try:
+        raw.autocommit = False
+    except psycopg.Error as exc:
+        record.invalidate(exc)
+
+
 class DriverTransaction:
-    """The transaction psycopg opened on a connection, ended as `with conn.begin()` ends one
+    """The transaction `begin` opened on a connection, ended as `with conn.begin()` ends one
     (SQLAlchemy's commit and rollback listeners are called as SQLAlchemy calls them); when
     SQLAlchemy statements ran in it, SQLAlchemy began its own on it and ends it."""
 
@@ -73,6 +100,13 @@ class DriverTransaction:
             _invalidate_if_lost(conn, raw, exc)
             if kind is None:
                 raise
+
+
+def _driver_connection(conn: Connection) -> psycopg.Connection[Any]:
+    raw = conn.connection.driver_connection
+    if raw is None:
+        raise psycopg.OperationalError("the connection is closed")
+    return raw
 
 
 def _listened(conn: Connection) -> bool:

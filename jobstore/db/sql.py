@@ -51,7 +51,7 @@ QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding=
 # PostgreSQL's hot path, run with psycopg (jobstore.db.driver)
 CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
 IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
-SET_STATEMENT_TIMEOUT = QUERIES["set_statement_timeout"].sql
+BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql  # str.format(milliseconds=...)
 JOB_HEADS = QUERIES["job_heads"].sql
 READ_JOB = QUERIES["read_job"].sql
 LOCK_JOB = QUERIES["lock_job"].sql

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 from jobstore.core.jobs import Job
 from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
-from jobstore.db.sql import SET_STATEMENT_TIMEOUT
+from jobstore.db.sql import BEGIN_TRANSACTION
 from jobstore.errors import DatabaseError
 from jobstore.formats import userlog
 
@@ -53,6 +53,8 @@ class Transactions:
         if self._pg and engine.dialect.driver != "psycopg":  # the hot path is psycopg's (driver)
             raise ValueError(f"a job store on PostgreSQL needs psycopg (postgresql+psycopg://),"
                              f" not {engine.dialect.driver}")
+        if self._pg and not event.contains(engine, "checkin", driver.end_autocommit):
+            event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
         # Commit listeners (see CommitListener); the job event log writer is always one.
         self.listeners: list[CommitListener] = [userlog.on_commit]
 
@@ -109,22 +111,22 @@ class Transactions:
 
     def _transaction(self, conn: Connection) -> AbstractContextManager[Any]:
         """The transaction of `conn` (`_connect`), committed at the end of its block or rolled
-        back: on PostgreSQL the one psycopg opened with its first statement (no SQLAlchemy
-        Transaction on the hot path), on SQLite SQLAlchemy's (BEGIN IMMEDIATE)."""
+        back: on PostgreSQL the one `_connect` opened (no SQLAlchemy Transaction on the hot
+        path), on SQLite SQLAlchemy's (BEGIN IMMEDIATE)."""
         return driver.DriverTransaction(conn) if self._pg else conn.begin()
 
     def _connect(self) -> Connection:
-        """A connection whose transaction has its statement timeout (PostgreSQL: set_config
-        local to the transaction, which psycopg opens with it; also 0 for none). That first
-        statement finds a pooled connection the server dropped (a restart, an idle timeout):
-        it is replaced once, and no ping precedes every checkout."""
+        """A connection in a transaction with its statement timeout (PostgreSQL: BEGIN and
+        set_config local to the transaction in one round trip, begin_transaction; also 0 for
+        none). That first statement finds a pooled connection the server dropped (a restart, an
+        idle timeout): it is replaced once, and no ping precedes every checkout."""
         for retry in (True, False):
             conn = self.engine.connect()
             if not self._pg:
                 return conn
             try:
-                timeout = str(int(self.statement_timeout_ms or 0))
-                driver.execute(conn, SET_STATEMENT_TIMEOUT, {"milliseconds": timeout})
+                timeout = int(self.statement_timeout_ms or 0)
+                driver.begin(conn, BEGIN_TRANSACTION.format(milliseconds=timeout))
             except (DBAPIError, psycopg.Error):
                 dropped = conn.invalidated  # by the driver module
                 conn.close()
