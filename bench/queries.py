@@ -31,6 +31,7 @@ from sqlalchemy.engine import make_url
 from jobstore.db.constraint import plan
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import jobs
+from jobstore.db.sql import without_begin
 from jobstore.db.store import JobStore
 from jobstore.testing.support import libpq_url
 
@@ -84,6 +85,7 @@ class Capture:
         event.listen(store.engine, "before_cursor_execute", self._hook)
 
     def _hook(self, conn: Any, cursor: Any, statement: str, params: Any, *_a: Any) -> None:
+        statement = without_begin(statement)  # the transaction's first statement
         if statement.lstrip().upper().startswith(("SELECT", "WITH")):
             self.last = (statement, params)
 

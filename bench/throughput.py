@@ -10,6 +10,7 @@ from contextlib import suppress
 
 from common import KEYWORD, TP_CLAIMERS, Env, first, populate, progress, say, table, verdict
 
+from jobstore.db.sql import without_begin
 from jobstore.testing.support import (
     libpq_url,
 )
@@ -79,8 +80,8 @@ def tp_worker(  # type: ignore[no-untyped-def]
 ):
     """One claiming process: claim + complete until `seconds` have passed or the queue is empty.
     `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, the captured
-    statements (the first opens the transaction; then this job's id, token, slot, time and row
-    version), reading the rows the package reads, COMMIT."""
+    statements (the first opens the transaction, as driver.begin does; with this job's id,
+    token, slot, time and row version), reading the rows the package reads, COMMIT."""
     count, t0, t1, err, cpu = 0, 0.0, 0.0, None, 0.0
     try:
         if mode == "bare":
@@ -119,8 +120,13 @@ def tp_worker(  # type: ignore[no-untyped-def]
                             params["autoclusters"] = idle
                         if "ids" in params:  # and their first jobs
                             params["ids"] = heads
-                        cur = conn.execute(stmt, params or None)  # None: a simple query
-                        if stmt.startswith("WITH RECURSIVE idle"):
+                        opening = stmt.startswith("BEGIN;")  # one simple query, driver.begin
+                        cur: psycopg.Cursor = (psycopg.ClientCursor(conn) if opening
+                                               else conn.cursor())
+                        cur.execute(stmt, params)
+                        while opening and cur.nextset():
+                            pass
+                        if "WITH RECURSIVE idle" in stmt:
                             menu = cur.fetchall()
                             idle, heads = [r[0] for r in menu], [r[3] for r in menu]
                         elif stmt.startswith("SELECT * FROM jobs"):  # the heads, to judge
@@ -240,10 +246,13 @@ def section_throughput(
         " persistent connection per claimer, connected as make_engine connects"
         " (prepare_threshold=None: no server-side prepared statements, as PgBouncer in"
         " transaction mode needs). Both make the same round trips: the statements, the first of"
-        " which opens the transaction (BEGIN and its timeout in one simple query), then COMMIT"
-        " (the package pings no pooled connection before use):")
+        " which opens the transaction (BEGIN, its timeout and the transaction's first read in"
+        " one simple query, bound on the client), then COMMIT (the package pings no pooled"
+        " connection before use):")
     for tx in cycle:
-        say("     tx: " + "; ".join(" ".join(st.split())[:60] for st, _ in tx) + "; COMMIT")
+        say("     tx: " + "; ".join(("BEGIN, timeout + " if st.startswith("BEGIN;") else "")
+                                   + " ".join(without_begin(st).split())[:50] for st, _ in tx)
+            + "; COMMIT")
     say("   durability: " + ", ".join(f"{k}={v}" for k, v in durability.items()))
     if exhausted:
         say("   queue ran dry (rate measured up to that point): " + ", ".join(exhausted))

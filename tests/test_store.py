@@ -17,6 +17,7 @@ from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.sql import without_begin
 from jobstore.db.store import (
     ClaimRequest,
     JobStore,
@@ -536,7 +537,7 @@ def _capture_claim_statements(store: JobStore) -> list[tuple[str, Any]]:
         # the skip scan of idle autoclusters, and the claim itself (PostgreSQL's one statement,
         # SQLite's SELECT of an autocluster's first job)
         if "autocluster_id" in statement and "ORDER BY" in statement:
-            captured.append((statement, parameters))
+            captured.append((without_begin(statement), parameters))
 
     sa.event.listen(store.engine, "before_cursor_execute", listener)
     try:
@@ -596,6 +597,7 @@ def test_status_queries_use_the_phase_indexes(pg_url: str) -> None:
     captured: list[tuple[str, Any]] = []
 
     def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        statement = without_begin(statement)
         if "jobs" in statement and statement.lstrip().upper().startswith(("SELECT", "WITH")):
             captured.append((statement, parameters))
 
@@ -878,35 +880,58 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
 # ---- PostgreSQL's hot path runs on psycopg (jobstore.db.driver) -------------------------------
 
 
-def test_a_report_is_three_statements_and_one_commit(pg_url: str) -> None:
-    """An exit report on PostgreSQL: BEGIN with the transaction's timeout (one round trip:
-    psycopg, in autocommit mode meanwhile, sends no BEGIN of its own), the row read without a
-    lock, the transition (row, event and notification in one statement), one commit;
-    SQLAlchemy's listeners see the statements the driver module runs, with their
-    parameters."""
+def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str) -> None:
+    """On PostgreSQL the round trip that opens a transaction (BEGIN and its timeout in one simple
+    query; psycopg, in autocommit mode meanwhile, sends no BEGIN of its own) also reads what the
+    transaction starts from: the claim's menu, a report's job row (without a lock). Then one
+    statement writes (row, event and notification) and one commit ends it. SQLAlchemy's
+    listeners see the statements the driver module runs, with their parameters."""
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True)
     try:
-        submit(store)
-        job = claim(store)
+        submit(store, 2)
+        claim(store, shape="small")  # the autocluster's verdict is remembered from here on
         seen: list[str] = []
         commits: list[bool] = []
+        token: list[str] = []
 
         def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
-            seen.append(" ".join(statement.split()[:3]))
-            assert job.token not in str(parameters)  # compared in Python, never sent back
+            seen.append(" ".join(statement.split()))
+            assert not token or token[0] not in str(parameters)  # compared in Python only
             assert conn.connection.driver_connection.autocommit
 
         sa.event.listen(store.engine, "before_cursor_execute", listener)
         sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
+        job = claim(store, shape="small")
+        token.append(job.token)
         out = report(store, job, Event.EXIT, changes={"exit_code": 0})
         assert out.after == "completed"
-        assert seen == ["BEGIN; SELECT set_config('statement_timeout',",
-                        "SELECT jobs.*, jobs.xmin::text", "WITH changed AS"]
-        assert commits == [True]
+        begin = "BEGIN; SELECT set_config('statement_timeout', %(milliseconds)s, true);"
+        assert [st.startswith(begin) for st in seen] == [True, False, True, False], seen
+        assert [st[len(begin):].split()[:2] if st.startswith(begin) else st.split()[:2]
+                for st in seen] == [["WITH", "RECURSIVE"], ["WITH", "cand"],
+                                    ["SELECT", "jobs.*,"], ["WITH", "changed"]]
+        assert commits == [True, True]
         (fetch, exit_) = [e for e in store.events(job.id) if e.event in ("fetch", "exit")]
         assert (exit_.from_status, exit_.to_status, exit_.attempt) == ("fetched", "completed", 1)
         assert store.get_job(job.id).exit_code == 0 and store.get_job(job.id).token is None
+    finally:
+        store.engine.dispose()
+
+
+def test_the_opening_round_trip_quotes_what_it_binds(pg_url: str) -> None:
+    """The opening round trip binds its parameters on the client, as literals: a queue named
+    like SQL is a name, matched as one, and injects nothing."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True)
+    try:
+        queue = "o'brien'; DELETE FROM jobs; --"
+        (job_id,) = submit(store, queue=queue)
+        (other,) = submit(store)
+        assert claim(store, queue="o") is None
+        job = claim(store, queue=queue)
+        assert job is not None and job.id == job_id and job.queue == queue
+        assert store.get_job(other).status == "idle"
     finally:
         store.engine.dispose()
 

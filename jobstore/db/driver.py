@@ -17,13 +17,35 @@ from sqlalchemy import Connection
 from jobstore.core.jobs import JOB_COLUMNS, Job
 
 
-def execute(conn: Connection, sql: str,
-            params: Mapping[str, Any] | None) -> psycopg.Cursor[Any]:
-    """Run `sql` (psycopg's `%(name)s` parameters; None: none, and then it may be more than one
-    statement) in `conn`'s transaction. A connection the server dropped is invalidated (the
-    pool replaces it) and its psycopg error raised."""
+def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    """Run `sql` (psycopg's `%(name)s` parameters) in `conn`'s transaction. A connection the
+    server dropped is invalidated (the pool replaces it) and its psycopg error raised."""
     raw = _driver_connection(conn)
-    cursor = raw.cursor()
+    return _run(conn, raw, raw.cursor(), sql, params)
+
+
+def begin(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
+    """Open the transaction of `conn` with `sql`, BEGIN and the statements that go with it (the
+    transaction's first may be one), in one round trip: one simple query, its parameters bound
+    by psycopg on the client (ClientCursor: quoted as literals); the cursor is left on the last
+    statement's result. psycopg, put in autocommit mode, sends no BEGIN of its own, and the
+    statements that follow (SQLAlchemy's too) run in the transaction `sql` opened until
+    DriverTransaction ends it (psycopg's commit and rollback go by the server's transaction
+    status). `end_autocommit` gives the connection back to the pool as SQLAlchemy expects it."""
+    raw = _driver_connection(conn)
+    try:
+        raw.autocommit = True
+    except psycopg.Error as exc:
+        _invalidate_if_lost(conn, raw, exc)
+        raise
+    cursor = _run(conn, raw, psycopg.ClientCursor(raw), sql, params)
+    while cursor.nextset():
+        pass
+    return cursor
+
+
+def _run(conn: Connection, raw: psycopg.Connection[Any], cursor: psycopg.Cursor[Any], sql: str,
+         params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
     if _listened(conn):
         conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
     try:
@@ -32,21 +54,6 @@ def execute(conn: Connection, sql: str,
         _invalidate_if_lost(conn, raw, exc)
         raise
     return cursor
-
-
-def begin(conn: Connection, sql: str) -> None:
-    """Open the transaction of `conn` with `sql`, its BEGIN and what goes with it, in one round
-    trip: psycopg, put in autocommit mode, sends no BEGIN of its own, and the statements that
-    follow (SQLAlchemy's too) run in the transaction `sql` opened until DriverTransaction ends
-    it (psycopg's commit and rollback go by the server's transaction status).
-    `end_autocommit` gives the connection back to the pool as SQLAlchemy expects it."""
-    raw = _driver_connection(conn)
-    try:
-        raw.autocommit = True
-    except psycopg.Error as exc:
-        _invalidate_if_lost(conn, raw, exc)
-        raise
-    execute(conn, sql, None)
 
 
 def end_autocommit(raw: Any, record: Any) -> None:
@@ -178,7 +185,11 @@ def layout(cursor: psycopg.Cursor[Any], sql: str) -> Layout:
 
 def first(conn: Connection, sql: str, params: Mapping[str, Any]) -> Row | None:
     """The first row of `sql` (None: no row)."""
-    cursor = execute(conn, sql, params)
+    return first_of(execute(conn, sql, params), sql)
+
+
+def first_of(cursor: psycopg.Cursor[Any], sql: str) -> Row | None:
+    """The first row of the result `sql` left in `cursor` (None: no row)."""
     values = cursor.fetchone()
     return None if values is None else Row(values, layout(cursor, sql))
 

@@ -172,15 +172,16 @@ class Negotiator(Transitions):
         whose concurrency limits have no room is passed over (with `req.limit`).
         """
         now = time.time()
-        with self._tx() as conn:
-            params = {
-                "queue": req.queue,
-                "cpus": req.offer.cpus,
-                "memory": req.offer.memory,
-                "disk": req.offer.disk,
-            }
-            found = (driver.rows(conn, IDLE_AUTOCLUSTERS, params) if self._pg
-                     else conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all())
+        params = {
+            "queue": req.queue,
+            "cpus": req.offer.cpus,
+            "memory": req.offer.memory,
+            "disk": req.offer.disk,
+        }
+        # PostgreSQL: the menu is read in the round trip that opens the transaction
+        with self._opened(IDLE_AUTOCLUSTERS if self._pg else None, params) as (conn, menu_read):
+            found = (conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all() if menu_read is None
+                     else menu_read.fetchall())
             menu = list(starmap(IdleCluster, found))
             matching = self._matching(conn, req, judge, menu, now) if menu else []
             for group in self._submitter_order(conn, req, matching, now):

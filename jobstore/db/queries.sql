@@ -1,8 +1,8 @@
 -- The hand-written statements of the job store, by name; everything else is built with
 -- SQLAlchemy Core from jobstore.db.schema. Each statement: `-- name: NAME`, a one-line
 -- `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's text()),
--- except in the statements of PostgreSQL's hot path (the claim, the reports), which run straight
--- on psycopg (jobstore.db.driver) with its `%(name)s`, and in begin_transaction, which has none.
+-- except in the statements of PostgreSQL's hot path (the transaction's start, the claim, the
+-- reports), which run straight on psycopg (jobstore.db.driver) with its `%(name)s`.
 -- The literal statuses, phases and events are jobstore.core.states' values (tests/test_sql.py checks).
 
 -- name: idle_autoclusters
@@ -101,11 +101,11 @@ SELECT cand.*, upd.slot_weight AS claimed_weight, pg_notify(%(channel)s, cand.id
 FROM cand CROSS JOIN upd;
 
 -- name: begin_transaction
--- Open a transaction and bound each of its statements by a timeout, in one round trip (a simple
--- query of two statements; {milliseconds} is the integer the store formats in, 0 for none):
+-- Open a transaction and bound each of its statements by a timeout ('0' for none), in one simple
+-- query that the transaction's first statement may follow (jobstore.db.driver.begin):
 -- set_config(..., true) is SET LOCAL, which PgBouncer in transaction mode allows, a startup
 -- option it does not.
-BEGIN; SELECT set_config('statement_timeout', '{milliseconds}', true);
+BEGIN; SELECT set_config('statement_timeout', %(milliseconds)s, true);
 
 -- name: job_heads
 -- The first jobs of the autoclusters a slot has not judged yet (PostgreSQL).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib.resources import files
 
 from sqlalchemy import TextClause, bindparam, text
@@ -51,7 +52,7 @@ QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding=
 # PostgreSQL's hot path, run with psycopg (jobstore.db.driver)
 CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
 IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
-BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql  # str.format(milliseconds=...)
+BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql
 JOB_HEADS = QUERIES["job_heads"].sql
 READ_JOB = QUERIES["read_job"].sql
 LOCK_JOB = QUERIES["lock_job"].sql
@@ -71,3 +72,17 @@ GRANT_TARGETS = QUERIES["grant_targets"].clause
 NEXT_JOB_IDS = QUERIES["next_job_ids"].clause
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
 AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
+
+
+@lru_cache(maxsize=16)
+def opening(first: str | None) -> str:
+    """BEGIN_TRANSACTION followed by the transaction's `first` statement, if any: one simple
+    query, one round trip (jobstore.db.driver.begin)."""
+    return BEGIN_TRANSACTION if first is None else f"{BEGIN_TRANSACTION}; {first}"
+
+
+def without_begin(statement: str) -> str:
+    """The transaction's first statement in an `opening` (`statement` itself otherwise): what
+    to EXPLAIN."""
+    prefix = f"{BEGIN_TRANSACTION}; "
+    return statement[len(prefix):] if statement.startswith(prefix) else statement

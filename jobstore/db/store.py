@@ -29,7 +29,7 @@ from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
 from jobstore.db.schema import clusters, job_events, jobs, passes
-from jobstore.db.sql import NEXT_JOB_IDS
+from jobstore.db.sql import NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
 from jobstore.errors import DatabaseError, NotOwner, UnknownJob
@@ -263,11 +263,15 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         if wrong:
             raise ValueError(f"a report may not change {sorted(wrong)}")
         now = now or time.time()
-        with self._tx() as conn:
-            # PostgreSQL: the row read unlocked and written only if it is still the version
-            # read (no lock to log); one that changed meanwhile is read again under a lock
+        # PostgreSQL: the row read unlocked, in the round trip that opens the transaction, and
+        # written only if it is still the version read (no lock to log); one that changed
+        # meanwhile is read again under a lock
+        with self._opened(READ_JOB if self._pg else None, {"job_id": job_id}) as (conn, read):
             for locked in (False, True) if self._pg else (True,):
-                job, version = self._read(conn, job_id, locked=locked)
+                if locked or read is None:
+                    job, version = self._lock(conn, job_id), None
+                else:
+                    job, version = self._version_read(read)
                 if job is None:
                     raise UnknownJob(job_id)
                 if owner is not None and job.owner != owner:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 from jobstore.core.jobs import Job
 from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
-from jobstore.db.sql import BEGIN_TRANSACTION
+from jobstore.db.sql import opening
 from jobstore.errors import DatabaseError
 from jobstore.formats import userlog
 
@@ -89,13 +89,23 @@ class Transactions:
             with self._joined(outer) as conn:
                 yield conn
             return
+        with self._opened() as (conn, _):
+            yield conn
+
+    @contextmanager
+    def _opened(self, first: str | None = None, params: Mapping[str, Any] | None = None,
+                ) -> Iterator[tuple[Connection, psycopg.Cursor[Any] | None]]:
+        """One transaction, and on PostgreSQL the cursor of its `first` statement (psycopg's
+        `%(name)s` parameters `params`), run in the round trip that opens the transaction
+        (`_connect`); None on SQLite or without `first`."""
         pending: list[dict[str, Any]] = []
         after: list[AfterCommit] = []
         try:
-            with self._connect() as conn, self._transaction(conn):
+            conn, opened = self._connect(first, params)
+            with conn, self._transaction(conn):
                 conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
                 try:
-                    yield conn
+                    yield conn, opened
                 finally:
                     if not conn.invalidated:  # a lost connection's info cannot be touched
                         conn.info.pop(PENDING, None)
@@ -115,25 +125,27 @@ class Transactions:
         path), on SQLite SQLAlchemy's (BEGIN IMMEDIATE)."""
         return driver.DriverTransaction(conn) if self._pg else conn.begin()
 
-    def _connect(self) -> Connection:
-        """A connection in a transaction with its statement timeout (PostgreSQL: BEGIN and
-        set_config local to the transaction in one round trip, begin_transaction; also 0 for
-        none). That first statement finds a pooled connection the server dropped (a restart, an
-        idle timeout): it is replaced once, and no ping precedes every checkout."""
+    def _connect(self, first: str | None = None, params: Mapping[str, Any] | None = None,
+                 ) -> tuple[Connection, psycopg.Cursor[Any] | None]:
+        """A connection in a transaction with its statement timeout, and the cursor of the
+        transaction's `first` statement (`_opened`). PostgreSQL: BEGIN, set_config local to
+        the transaction (begin_transaction; '0' for no timeout) and `first`, in one round trip.
+        That round trip finds a pooled connection the server dropped (a restart, an idle
+        timeout): it is replaced once, and no ping precedes every checkout."""
         for retry in (True, False):
             conn = self.engine.connect()
             if not self._pg:
-                return conn
+                return conn, None
             try:
-                timeout = int(self.statement_timeout_ms or 0)
-                driver.begin(conn, BEGIN_TRANSACTION.format(milliseconds=timeout))
+                timeout = {"milliseconds": str(int(self.statement_timeout_ms or 0))}
+                cursor = driver.begin(conn, opening(first), {**timeout, **(params or {})})
             except (DBAPIError, psycopg.Error):
                 dropped = conn.invalidated  # by the driver module
                 conn.close()
                 if retry and dropped:
                     continue
                 raise
-            return conn
+            return conn, None if first is None else cursor
         raise AssertionError("unreachable: the second try returns or raises")
 
     @contextmanager

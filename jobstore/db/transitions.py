@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import psycopg
 from sqlalchemy import (
     JSON,
     ColumnElement,
@@ -25,7 +26,7 @@ from jobstore.db import driver
 from jobstore.db.engine import json_text
 from jobstore.db.notify import CHANNEL, STOPS, notify
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.sql import LOCK_JOB, READ_JOB, RECORD_EVENT, RECORD_TRANSITION
+from jobstore.db.sql import LOCK_JOB, READ_JOB, RECORD_EVENT, RECORD_TRANSITION, opening
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
 from jobstore.formats import views
@@ -40,8 +41,9 @@ def row_version() -> ColumnElement[str]:
 
 
 def as_read(change: Update, version: str | None) -> Update:
-    """`change` of a job row, made only to the row as it was read at `version` (`_read`): it
-    finds nothing if the row changed since. None: the row is locked, nothing to check."""
+    """`change` of a job row, made only to the row as it was read at `version`
+    (`_version_read`): it finds nothing if the row changed since. None: the row is locked,
+    nothing to check."""
     return change if version is None else change.where(row_version() == version)
 
 
@@ -52,7 +54,8 @@ class RowChanged(DatabaseError):
 @dataclass(frozen=True)
 class RowChange:
     """A transition's UPDATE of one job row: `values`, made only if the row is still in
-    `status` and attempt `claims` and, with a `version` (`_read`), still that version."""
+    `status` and attempt `claims` and, with a `version` (`_version_read`), still that
+    version."""
 
     job_id: int
     status: str
@@ -122,7 +125,7 @@ class Transitions(Transactions):
         event comes from the attempt's own end report) leaves the attempt winding down on its
         slot until its end is reported, at the latest until its lease would have run out; a
         release meanwhile is pending (`release_pending`) and takes effect then. With `version`
-        (`_read`), the row is written only if it is still that version (else RowChanged)."""
+        (`_version_read`), the row is written only if it is still that version (else RowChanged)."""
         before = Status(job.status)
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
@@ -255,16 +258,12 @@ class Transitions(Transactions):
         row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         return None if row is None else Job.from_row(row._mapping)
 
-    def _read(self, conn: Connection, job_id: int, *,
-              locked: bool) -> tuple[Job | None, str | None]:
-        """The job row, `locked` (`_lock`), or else as it is now with its version (PostgreSQL:
-        for a write that checks nothing changed since, instead of a lock)."""
-        if locked or not self._pg:
-            return self._lock(conn, job_id), None
-        found = driver.first(conn, READ_JOB, {"job_id": job_id})
-        if found is None:
-            return None, None
-        return found.job(), found["row_version"]
+    @staticmethod
+    def _version_read(cursor: psycopg.Cursor[Any]) -> tuple[Job | None, str | None]:
+        """The job row read_job left in `cursor` (`_opened`, PostgreSQL) and its version, for
+        a write that checks nothing changed since (`as_read`), instead of a lock."""
+        found = driver.first_of(cursor, opening(READ_JOB))
+        return (None, None) if found is None else (found.job(), found["row_version"])
 
 
 def event_row(
