@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import resource
 import secrets
 import threading
 import time
@@ -82,7 +83,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
     `bare` replays `cycle` (capture_cycle) with psycopg: per transaction, the captured
     statements (the first opens the transaction, as driver.begin does; with this job's id,
     token, slot, time and row version), reading the rows the package reads, COMMIT."""
-    count, t0, t1, err, cpu = 0, 0.0, 0.0, None, 0.0
+    count, t0, t1, err, cpu, preempted = 0, 0.0, 0.0, None, 0.0, 0
     try:
         if mode == "bare":
             import psycopg
@@ -104,6 +105,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
             take = Verdict(take=True)
         barrier.wait(120)
         t0, cpu0 = time.monotonic(), time.process_time()
+        switches0 = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
         stop = t0 + seconds
         while time.monotonic() < stop:
             if mode == "bare":  # the package's own statements, replayed
@@ -157,6 +159,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
                     raise RuntimeError(f"job {job.id}: EXIT gave {out}")
             count += 1
         t1, cpu = time.monotonic(), time.process_time() - cpu0
+        preempted = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches0
         if mode == "bare":
             conn.close()
         else:
@@ -166,7 +169,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
         t1 = time.monotonic()
         with suppress(Exception):
             barrier.abort()  # a worker that never got going must not keep the others waiting
-    results.put((count, t0, t1, err, cpu))
+    results.put((count, t0, t1, err, cpu, preempted))
 
 
 def section_throughput(
@@ -182,6 +185,7 @@ def section_throughput(
     done: dict[tuple[str, int], float] = {}
     spent: dict[tuple[str, int], float] = {}
     client: dict[tuple[str, int], float] = {}  # the claimers' own CPU seconds
+    preempted: dict[tuple[str, int], int] = {}  # ... and involuntary context switches
     errors: list[str] = []
     exhausted: list[str] = []
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as admin:
@@ -222,20 +226,25 @@ def section_throughput(
                     done[(mode, n)] = done.get((mode, n), 0) + total
                     spent[(mode, n)] = spent.get((mode, n), 0.0) + span
                     client[(mode, n)] = client.get((mode, n), 0.0) + sum(g[4] for g in got)
+                    preempted[(mode, n)] = preempted.get((mode, n), 0) + sum(g[5] for g in got)
                     if total >= jobs_per_run:
                         exhausted.append(f"{mode} x{n}")
     rates = {k: done[k] / spent[k] if spent[k] > 0 else 0.0 for k in done}
     per_cycle = {k: 1000 * client[k] / done[k] if done[k] else 0.0 for k in done}
+    switches = {k: preempted[k] / done[k] if done[k] else 0.0 for k in done}
     rows = []
     for n in TP_CLAIMERS:
         bare = rates[("bare", n)]
         r = rates[("pooled", n)] / bare if bare else 0.0
         rows.append([str(n), f"{rates[('pooled', n)]:.0f}", f"{bare:.0f}", f"{r:.2f}",
                      verdict(r >= 0.9), f"{per_cycle[('pooled', n)]:.2f} / "
-                     f"{per_cycle[('bare', n)]:.2f}"])
+                     f"{per_cycle[('bare', n)]:.2f}", f"{switches[('pooled', n)]:.1f} / "
+                     f"{switches[('bare', n)]:.1f}"])
     say(table(["claimers", "package/s", "bare/s", "package/bare", "target >= 0.90",
-               "client CPU ms/cycle, package / bare"], rows))
+               "client CPU ms/cycle, package / bare", "preempted/cycle"], rows))
     nstmt = sum(len(tx) for tx in cycle)
+    say("   client CPU: each claimer's own CPU time over its loop (user and system), per cycle;"
+        " preempted: its involuntary context switches (getrusage), per cycle")
     say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job; one"
         " slot shape, as the hooks give one, so that the verdict is remembered as in the agent)"
         f" + report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
@@ -258,5 +267,6 @@ def section_throughput(
         say("   queue ran dry (rate measured up to that point): " + ", ".join(exhausted))
     for e in errors:
         say(f"   ERROR {e}")
-    return {"rates": rates, "client_ms": per_cycle, "durability": durability, "errors": errors,
+    return {"rates": rates, "client_ms": per_cycle, "preempted": switches,
+            "durability": durability, "errors": errors,
             "cycle": cycle}

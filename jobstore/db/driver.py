@@ -199,8 +199,3 @@ def every(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
     cursor = execute(conn, sql, params)
     found = layout(cursor, sql)
     return [Row(values, found) for values in cursor.fetchall()]
-
-
-def rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Every row of `sql`, as tuples in its column order."""
-    return execute(conn, sql, params).fetchall()
