@@ -1008,6 +1008,30 @@ def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
         store.engine.dispose()
 
 
+def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> None:
+    """The read in the round trip that opens a transaction comes after the timeout's set_config
+    in the same simple query, and is bounded by it: a claim and a report stuck behind a lock on
+    the whole jobs table (a migration's, say) give up with a DatabaseError."""
+    upgrade(pg_url)
+    store = JobStore.from_url(pg_url, pool=True, statement_timeout_ms=300)
+    try:
+        submit(store, 2)
+        job = claim(store)
+        with psycopg.connect(libpq_url(pg_url)) as holder:
+            # without the timeout, the server ends this one (the test fails, not hangs)
+            holder.execute("SET idle_in_transaction_session_timeout = '20s'")
+            holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(DatabaseError, match="statement timeout"):
+                claim(store)
+            with pytest.raises(DatabaseError, match="statement timeout"):
+                report(store, job, Event.EXIT)
+            holder.rollback()
+        assert report(store, job, Event.EXIT).after == "completed"
+        assert claim(store) is not None
+    finally:
+        store.engine.dispose()
+
+
 def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> None:
     """After the store's transactions (psycopg in autocommit mode while they ran), a caller's
     own transaction on the same pooled connection is one transaction again: what it queued
