@@ -1051,6 +1051,25 @@ def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> Non
         store.engine.dispose()
 
 
+def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url: str) -> None:
+    """A store on a caller's engine made with isolation_level="AUTOCOMMIT": the store's own
+    transactions are still transactions (its BEGIN is explicit), and the pooled connection goes
+    back in the engine's autocommit mode."""
+    upgrade(pg_url)
+    store = JobStore(sa.create_engine(pg_url, isolation_level="AUTOCOMMIT", pool_size=1,
+                                      max_overflow=0))
+    try:
+        (job_id,) = submit(store)
+        with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
+            store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
+            raise RuntimeError("after the event")
+        assert [e.event for e in store.events(job_id)] == ["submit"]
+        with store.engine.connect() as conn:
+            assert conn.connection.driver_connection.autocommit
+    finally:
+        store.engine.dispose()
+
+
 def test_a_postgresql_store_needs_psycopg() -> None:
     """make_engine always picks psycopg; an engine made otherwise is refused at once, in one
     line, not at its first claim."""

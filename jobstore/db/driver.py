@@ -16,6 +16,8 @@ from sqlalchemy import Connection
 
 from jobstore.core.jobs import JOB_COLUMNS, Job
 
+AUTOCOMMIT_SET = "jobstore_autocommit_set"  # key in conn.info: `begin` turned autocommit on
+
 
 def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
     """Run `sql` (psycopg's `%(name)s` parameters) in `conn`'s transaction. A connection the
@@ -33,11 +35,13 @@ def begin(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Curs
     DriverTransaction ends it (psycopg's commit and rollback go by the server's transaction
     status). `end_autocommit` gives the connection back to the pool as SQLAlchemy expects it."""
     raw = _driver_connection(conn)
-    try:
-        raw.autocommit = True
-    except psycopg.Error as exc:
-        _invalidate_if_lost(conn, raw, exc)
-        raise
+    if not raw.autocommit:
+        try:
+            raw.autocommit = True
+        except psycopg.Error as exc:
+            _invalidate_if_lost(conn, raw, exc)
+            raise
+        conn.info[AUTOCOMMIT_SET] = True
     cursor = _run(conn, raw, psycopg.ClientCursor(raw), sql, params)
     while cursor.nextset():
         pass
@@ -58,9 +62,9 @@ def _run(conn: Connection, raw: psycopg.Connection[Any], cursor: psycopg.Cursor[
 
 def end_autocommit(raw: Any, record: Any) -> None:
     """A pool's checkin listener: a connection `begin` put in autocommit mode goes back to the
-    pool in psycopg's default mode (a caller's own transaction on it is one again); one that
-    cannot change mode any more is discarded."""
-    if raw is None or not getattr(raw, "autocommit", False):
+    pool in the mode it had (a caller's own transaction on it is one again); one that cannot
+    change mode any more is discarded."""
+    if raw is None or not record.info.pop(AUTOCOMMIT_SET, False):
         return
     try:
         raw.autocommit = False
