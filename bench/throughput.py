@@ -268,5 +268,4 @@ def section_throughput(
     for e in errors:
         say(f"   ERROR {e}")
     return {"rates": rates, "client_ms": per_cycle, "preempted": switches,
-            "durability": durability, "errors": errors,
-            "cycle": cycle}
+            "durability": durability, "errors": errors, "cycle": cycle}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -965,6 +967,14 @@ def test_a_transition_sets_only_columns_of_jobs() -> None:
         _transition_sql(("status", "ad"))
 
 
+def _fail_after_an_event(store: JobStore, job_id: int) -> None:
+    """A store transaction that writes an event of `job_id` and then fails: nothing is kept."""
+    with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
+        store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
+        raise RuntimeError("after the event")
+    assert [e.event for e in store.events(job_id)] == ["submit"]
+
+
 def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
     """A transaction whose statements ran on psycopg and then failed is rolled back (with
     SQLAlchemy's rollback listeners called) and its pooled connection serves the next one."""
@@ -974,15 +984,25 @@ def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
         (job_id,) = submit(store)
         rollbacks: list[bool] = []
         sa.event.listen(store.engine, "rollback", lambda _conn: rollbacks.append(True))
-        with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
-            store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
-            raise RuntimeError("after the event")
+        _fail_after_an_event(store, job_id)
         assert rollbacks == [True]
-        assert [e.event for e in store.events(job_id)] == ["submit"]
         job = claim(store)
         assert job is not None and report(store, job, Event.EXIT).after == "completed"
     finally:
         store.engine.dispose()
+
+
+@contextmanager
+def _holding(pg_url: str, lock: str, *params: Any) -> Iterator[None]:
+    """Another session holding the locks `lock` takes until the block ends. Without the store's
+    timeout the server ends that session after 20 s: a test then fails, it does not hang."""
+    with psycopg.connect(libpq_url(pg_url)) as holder:
+        holder.execute("SET idle_in_transaction_session_timeout = '20s'")
+        holder.execute(lock, params or None)
+        try:
+            yield
+        finally:
+            holder.rollback()
 
 
 def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
@@ -994,13 +1014,9 @@ def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
     try:
         submit(store)
         job = claim(store)
-        with psycopg.connect(libpq_url(pg_url)) as holder:
-            # without the report's timeout, the server ends this one (the test fails, not hangs)
-            holder.execute("SET idle_in_transaction_session_timeout = '20s'")
-            holder.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job.id,))
-            with pytest.raises(DatabaseError, match="statement timeout"):
-                report(store, job, Event.EXIT)
-            holder.rollback()
+        with (_holding(pg_url, "SELECT id FROM jobs WHERE id = %s FOR UPDATE", job.id),
+              pytest.raises(DatabaseError, match="statement timeout")):
+            report(store, job, Event.EXIT)
         with store.engine.connect() as conn:  # the pool's one connection, the report's
             assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "0"
         assert report(store, job, Event.EXIT).after == "completed"
@@ -1017,15 +1033,11 @@ def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> No
     try:
         submit(store, 2)
         job = claim(store)
-        with psycopg.connect(libpq_url(pg_url)) as holder:
-            # without the timeout, the server ends this one (the test fails, not hangs)
-            holder.execute("SET idle_in_transaction_session_timeout = '20s'")
-            holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        with _holding(pg_url, "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"):
             with pytest.raises(DatabaseError, match="statement timeout"):
                 claim(store)
             with pytest.raises(DatabaseError, match="statement timeout"):
                 report(store, job, Event.EXIT)
-            holder.rollback()
         assert report(store, job, Event.EXIT).after == "completed"
         assert claim(store) is not None
     finally:
@@ -1060,10 +1072,7 @@ def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url:
                                       max_overflow=0))
     try:
         (job_id,) = submit(store)
-        with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
-            store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
-            raise RuntimeError("after the event")
-        assert [e.event for e in store.events(job_id)] == ["submit"]
+        _fail_after_an_event(store, job_id)
         with store.engine.connect() as conn:
             assert conn.connection.driver_connection.autocommit
     finally:

@@ -137,8 +137,8 @@ class Transactions:
             if not self._pg:
                 return conn, None
             try:
-                timeout = {"milliseconds": str(int(self.statement_timeout_ms or 0))}
-                cursor = driver.begin(conn, opening(first), {**timeout, **(params or {})})
+                cursor = driver.begin(conn, opening(first), {
+                    "milliseconds": str(int(self.statement_timeout_ms or 0)), **(params or {})})
             except (DBAPIError, psycopg.Error):
                 dropped = conn.invalidated  # by the driver module
                 conn.close()
