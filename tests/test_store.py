@@ -695,30 +695,21 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
     """The agent's pooled store after its connection was killed (a restart, an idle timeout):
     the next call still succeeds, without a ping before every checkout; a server that is
     really away is one DatabaseError."""
-    import psycopg
-    from conftest import libpq_url
-
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
     try:
         (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
                                  queue="default", max_attempts=3)[1]
-        with store.engine.connect() as conn:
-            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-        for round_ in range(3):
-            with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+        with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+            for round_ in range(3):
+                (pid,) = _backends(admin)  # the store's kept connection
                 assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
                 # the backend is gone before the store's next statement
-                while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
-                                    (pid,)).fetchone():
-                    time.sleep(0.01)
-            assert store.get_job(job_id).status == ("idle", "held")[round_ % 2]
-            outcome = store.admin(job_id, Event.HOLD if round_ % 2 == 0 else Event.RELEASE)
-            assert outcome.changed
-            with store.engine.connect() as conn:
-                new_pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
-            assert new_pid != pid
-            pid = new_pid
+                assert _until(lambda: not _backends(admin))  # noqa: B023
+                assert store.get_job(job_id).status == ("idle", "held")[round_ % 2]
+                outcome = store.admin(job_id, Event.HOLD if round_ % 2 == 0 else Event.RELEASE)
+                assert outcome.changed
+                assert _backends(admin) not in ([], [pid])
     finally:
         store.engine.dispose()
     from jobstore.errors import DatabaseError
@@ -900,7 +891,7 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
         def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
             seen.append(" ".join(statement.split()))
             assert not token or token[0] not in str(parameters)  # compared in Python only
-            assert conn.connection.driver_connection.autocommit
+            assert conn.connection.dbapi_connection.autocommit
 
         sa.event.listen(store.engine, "before_cursor_execute", listener)
         sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
@@ -1045,15 +1036,16 @@ def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> No
 
 
 def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> None:
-    """After the store's transactions (psycopg in autocommit mode while they ran), a caller's
-    own transaction on the same pooled connection is one transaction again: what it queued
-    with connection= rolls back with it."""
+    """After the store's transactions on a pooled connection (psycopg in autocommit mode while
+    they ran; the kept connection lent, so they take the pool's), a caller's own transaction on
+    that connection is one transaction again: what it queued with connection= rolls back with
+    it."""
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True)
     try:
-        submit(store)
-        report(store, claim(store), Event.EXIT)
-        # the pool's one kept connection
+        with store._tx():  # lends the kept connection: what follows takes the pool's one
+            submit(store)
+            report(store, claim(store), Event.EXIT)
         with store.engine.connect() as conn, conn.begin() as tx:
             store.submit([new_job()], owner="alice", queue="default", max_attempts=1,
                          connection=conn)
@@ -1065,18 +1057,110 @@ def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> Non
 
 def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url: str) -> None:
     """A store on a caller's engine made with isolation_level="AUTOCOMMIT": the store's own
-    transactions are still transactions (its BEGIN is explicit), and the pooled connection goes
-    back in the engine's autocommit mode."""
+    transactions are still transactions (its BEGIN is explicit), on the kept connection and on
+    a pooled one, and the pooled connection goes back in the engine's autocommit mode."""
     upgrade(pg_url)
     store = JobStore(sa.create_engine(pg_url, isolation_level="AUTOCOMMIT", pool_size=1,
                                       max_overflow=0))
     try:
         (job_id,) = submit(store)
-        _fail_after_an_event(store, job_id)
+        _fail_after_an_event(store, job_id)  # on the kept connection
+        with store._tx():
+            _fail_after_an_event(store, job_id)  # on the pool's
         with store.engine.connect() as conn:
-            assert conn.connection.driver_connection.autocommit
+            assert conn.connection.dbapi_connection.autocommit
     finally:
         store.engine.dispose()
+
+
+def _backends(admin: psycopg.Connection[Any]) -> list[int]:
+    """The pids of the other sessions on the admin session's database."""
+    return [pid for (pid,) in admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()")]
+
+
+def _until(check: Any, seconds: float = 10.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (found := check()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
+
+
+def test_a_pooled_store_keeps_one_connection_out_of_its_pool(pg_url: str) -> None:
+    """A store on a pooled engine keeps one connection between its transactions (no pool
+    checkout per claim or report): every call runs on the same server session, the engine's
+    pool of one is still free for the caller, a transaction inside a transaction of its thread
+    takes a pooled one (closed after use: the kept connection stands for a pool of one) instead
+    of waiting for itself, and Engine.dispose() closes the kept one."""
+    upgrade(pg_url)
+    store = JobStore(sa.create_engine(pg_url, pool_size=1, max_overflow=0, pool_timeout=1))
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+        try:
+            (job_id, _) = submit(store, 2)
+            kept = _backends(admin)
+            assert len(kept) == 1
+            report(store, claim(store), Event.EXIT)
+            assert store.get_job(job_id).status == "completed"
+            assert _backends(admin) == kept
+            with store.engine.connect() as conn:  # the pool's capacity is untouched
+                pooled = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            assert pooled not in kept and len(_backends(admin)) == 2
+            with store._tx():
+                job = claim(store)
+                assert job is not None and report(store, job, Event.EXIT).after == "completed"
+            assert _backends(admin) == kept
+            store.engine.dispose()
+            assert _until(lambda: not _backends(admin)), "the kept connection is still open"
+            assert store.get_job(job_id).status == "completed"  # a new one after dispose
+            assert len(_backends(admin)) == 1 and _backends(admin) != kept
+        finally:
+            store.engine.dispose()
+
+
+@pytest.mark.parametrize("overflow", [0, 1])
+def test_while_its_connection_is_lent_a_store_waits_or_takes_the_overflow(
+        pg_url: str, overflow: int) -> None:
+    """make_engine's pool of one (the agent's: one connection per node): while another thread's
+    transaction has the kept connection, a call waits for it; with an overflow it takes one
+    more connection, closed after use, so that only the kept one stays open."""
+    import threading
+
+    from jobstore.db.engine import make_engine
+
+    upgrade(pg_url)
+    store = JobStore(make_engine(pg_url, pool=True, max_overflow=overflow))
+    holding, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._tx():
+            holding.set()
+            release.wait(20)
+
+    def read() -> None:
+        store.get_job(job_id)
+        done.set()
+
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
+        try:
+            (job_id,) = submit(store)
+            holder = threading.Thread(target=hold)
+            holder.start()
+            assert holding.wait(10)
+            reader = threading.Thread(target=read)
+            reader.start()
+            if overflow:
+                assert done.wait(10)
+                assert len(_backends(admin)) == 1  # the overflow one was closed after use
+            else:
+                assert not done.wait(0.3)  # it waits for the kept connection
+            release.set()
+            holder.join(10)
+            reader.join(10)
+            assert done.is_set() and len(_backends(admin)) == 1
+        finally:
+            release.set()
+            store.engine.dispose()
 
 
 def test_a_postgresql_store_needs_psycopg() -> None:

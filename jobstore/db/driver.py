@@ -50,7 +50,7 @@ def begin(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Curs
 
 def _run(conn: Connection, raw: psycopg.Connection[Any], cursor: psycopg.Cursor[Any], sql: str,
          params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
-    if _listened(conn):
+    if _listened(conn, "before_cursor_execute"):
         conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
     try:
         cursor.execute(sql, params)
@@ -94,17 +94,16 @@ class DriverTransaction:
             return
         if conn.invalidated:  # lost with the connection
             return
-        raw = conn.connection.driver_connection
+        raw = psycopg_of(conn)
         if raw is None or raw.closed:
             return
-        listen = _listened(conn)
         try:
             if kind is None:
-                if listen:
+                if _listened(conn, "commit"):
                     conn.dispatch.commit(conn)
                 raw.commit()
             elif not raw.broken:
-                if listen:
+                if _listened(conn, "rollback"):
                     conn.dispatch.rollback(conn)
                 raw.rollback()
         except psycopg.Error as exc:
@@ -113,17 +112,29 @@ class DriverTransaction:
                 raise
 
 
+def psycopg_of(conn: Connection) -> psycopg.Connection[Any] | None:
+    """The psycopg connection of `conn` (None: closed). The pool's DBAPI connection, psycopg's
+    own on this dialect; there also when detached from the pool (db.kept), where
+    `driver_connection` is not."""
+    raw: psycopg.Connection[Any] | None = conn.connection.dbapi_connection  # type: ignore[assignment]
+    return raw
+
+
 def _driver_connection(conn: Connection) -> psycopg.Connection[Any]:
-    raw = conn.connection.driver_connection
+    raw: psycopg.Connection[Any] | None = conn.connection.dbapi_connection  # type: ignore[assignment]
     if raw is None:
         raise psycopg.OperationalError("the connection is closed")
     return raw
 
 
-def _listened(conn: Connection) -> bool:
-    """Whether SQLAlchemy listeners are attached to `conn` or its engine: SQLAlchemy's own test
-    before it calls them."""
-    return conn._has_events or conn.engine._has_events
+def _listened(conn: Connection, name: str) -> bool:
+    """Whether SQLAlchemy listeners of the connection event `name` may be attached to `conn`
+    (or its class) or to its engine: SQLAlchemy's own test before it calls them, narrowed to
+    the event on the engine, where other events' listeners are (db.kept's engine_disposed)."""
+    if conn._has_events:
+        return True
+    engine = conn.engine
+    return engine._has_events and bool(getattr(engine.dispatch, name))
 
 
 def _invalidate_if_lost(conn: Connection, raw: psycopg.Connection[Any],

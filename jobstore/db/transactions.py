@@ -11,10 +11,12 @@ from typing import Any, Self
 import psycopg
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
+from sqlalchemy.pool import NullPool
 
 from jobstore.core.jobs import Job
 from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
+from jobstore.db.kept import KeptConnection
 from jobstore.db.sql import opening
 from jobstore.errors import DatabaseError
 from jobstore.formats import userlog
@@ -55,6 +57,9 @@ class Transactions:
                              f" not {engine.dialect.driver}")
         if self._pg and not event.contains(engine, "checkin", driver.end_autocommit):
             event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
+        # a pooled engine's store keeps one connection between its transactions (db.kept)
+        self._kept = (KeptConnection.for_engine(engine)
+                      if self._pg and not isinstance(engine.pool, NullPool) else None)
         # Commit listeners (see CommitListener); the job event log writer is always one.
         self.listeners: list[CommitListener] = [userlog.on_commit]
 
@@ -102,15 +107,18 @@ class Transactions:
         after: list[AfterCommit] = []
         try:
             conn, opened = self._connect(first, params)
-            with conn, self._transaction(conn):
-                conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
-                try:
-                    yield conn, opened
-                finally:
-                    if not conn.invalidated:  # a lost connection's info cannot be touched
-                        conn.info.pop(PENDING, None)
-                if pending:
-                    after = self._before_commit(pending)
+            try:
+                with self._transaction(conn):
+                    conn.info[PENDING] = pending  # conn.info outlives the checkout: always reset
+                    try:
+                        yield conn, opened
+                    finally:
+                        if not conn.invalidated:  # a lost connection's info cannot be touched
+                            conn.info.pop(PENDING, None)
+                    if pending:
+                        after = self._before_commit(pending)
+            finally:
+                self._release(conn)
         except LOST as exc:
             _after_commit(after, False)
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
@@ -133,7 +141,7 @@ class Transactions:
         That round trip finds a pooled connection the server dropped (a restart, an idle
         timeout): it is replaced once, and no ping precedes every checkout."""
         for retry in (True, False):
-            conn = self.engine.connect()
+            conn = self.engine.connect() if self._kept is None else self._kept.lend()
             if not self._pg:
                 return conn, None
             try:
@@ -141,12 +149,19 @@ class Transactions:
                     "milliseconds": str(int(self.statement_timeout_ms or 0)), **(params or {})})
             except (DBAPIError, psycopg.Error):
                 dropped = conn.invalidated  # by the driver module
-                conn.close()
+                self._release(conn)
                 if retry and dropped:
                     continue
                 raise
             return conn, None if first is None else cursor
         raise AssertionError("unreachable: the second try returns or raises")
+
+    def _release(self, conn: Connection) -> None:
+        """The end of `_connect`'s connection."""
+        if self._kept is None:
+            conn.close()
+        else:
+            self._kept.end(conn)
 
     @contextmanager
     def _joined(self, outer: Connection) -> Iterator[Connection]:
