@@ -121,7 +121,7 @@ def psycopg_of(conn: Connection) -> psycopg.Connection[Any] | None:
 
 
 def _driver_connection(conn: Connection) -> psycopg.Connection[Any]:
-    raw: psycopg.Connection[Any] | None = conn.connection.dbapi_connection  # type: ignore[assignment]
+    raw = psycopg_of(conn)
     if raw is None:
         raise psycopg.OperationalError("the connection is closed")
     return raw

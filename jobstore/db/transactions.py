@@ -138,8 +138,9 @@ class Transactions:
         """A connection in a transaction with its statement timeout, and the cursor of the
         transaction's `first` statement (`_opened`). PostgreSQL: BEGIN, set_config local to
         the transaction (begin_transaction; '0' for no timeout) and `first`, in one round trip.
-        That round trip finds a pooled connection the server dropped (a restart, an idle
-        timeout): it is replaced once, and no ping precedes every checkout."""
+        The connection is the store's kept one where it has one (db.kept). That round trip
+        finds a kept or pooled connection the server dropped (a restart, an idle timeout): it
+        is replaced once, and no ping precedes every transaction."""
         for retry in (True, False):
             conn = self.engine.connect() if self._kept is None else self._kept.lend()
             if not self._pg:
