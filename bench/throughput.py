@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
 import secrets
 import statistics
@@ -19,6 +20,17 @@ from jobstore.testing.support import (
 
 SHAPE = "bench-slot"  # a slot shape, as the hooks give one: verdicts are remembered per shape
 WARMUP = 5  # claim + EXIT cycles each claimer runs before the clock starts, on either side
+
+
+def machine_busy() -> float | None:
+    """CPU seconds the whole machine spent busy since boot (every process, the server's and the
+    kernel's included: /proc/stat, not idle or iowait); None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
@@ -187,7 +199,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
 
 
 def section_throughput(
-    env: Env, seconds: float, jobs_per_run: int, ad: str, rounds: int = 2
+    env: Env, seconds: float, jobs_per_run: int, ad: str, rounds: int = 4
 ) -> dict:
     import psycopg
 
@@ -201,6 +213,7 @@ def section_throughput(
     spent: dict[tuple[str, int], float] = {}
     client: dict[tuple[str, int], float] = {}  # the claimers' own CPU seconds
     preempted: dict[tuple[str, int], int] = {}  # ... and involuntary context switches
+    machine: dict[tuple[str, int], float] = {}  # the whole machine's busy CPU seconds
     paired: dict[int, list[float]] = {}  # package/bare of each round
     errors: list[str] = []
     exhausted: list[str] = []
@@ -231,7 +244,11 @@ def section_throughput(
                         p.start()
                     with suppress(threading.BrokenBarrierError):  # a worker failed: it says why
                         barrier.wait(120)
+                    busy0 = machine_busy()
                     got = [results.get(timeout=seconds + 120) for _ in procs]
+                    busy1 = machine_busy()
+                    if busy0 is not None and busy1 is not None:
+                        machine[(mode, n)] = machine.get((mode, n), 0.0) + busy1 - busy0
                     for p in procs:
                         p.join(30)
                     env.workers = []
@@ -252,6 +269,7 @@ def section_throughput(
     rates = {k: done[k] / spent[k] if spent[k] > 0 else 0.0 for k in done}
     per_cycle = {k: 1000 * client[k] / done[k] if done[k] else 0.0 for k in done}
     switches = {k: preempted[k] / done[k] if done[k] else 0.0 for k in done}
+    whole = {k: 1000 * machine[k] / done[k] if done.get(k) else 0.0 for k in machine}
     rows = []
     ratios = {}
     for n in TP_CLAIMERS:
@@ -260,9 +278,12 @@ def section_throughput(
         rows.append([str(n), f"{rates[('pooled', n)]:.0f}", f"{rates[('bare', n)]:.0f}",
                      f"{r:.2f}", f"{each[0]:.2f} to {each[-1]:.2f}", verdict(r >= 0.9),
                      f"{per_cycle[('pooled', n)]:.2f} / {per_cycle[('bare', n)]:.2f}",
-                     f"{switches[('pooled', n)]:.1f} / {switches[('bare', n)]:.1f}"])
+                     f"{switches[('pooled', n)]:.1f} / {switches[('bare', n)]:.1f}",
+                     (f"{whole[('pooled', n)]:.2f} / {whole[('bare', n)]:.2f}"
+                      if whole.get(("bare", n)) else "-")])
     say(table(["claimers", "package/s", "bare/s", "package/bare", "rounds", "target >= 0.90",
-               "client CPU ms/cycle, package / bare", "preempted/cycle"], rows))
+               "client CPU ms/cycle, package / bare", "preempted/cycle",
+               "machine CPU ms/cycle, package / bare"], rows))
     say("   package/bare: the median over the rounds of the ratio of the two cells measured back"
         " to back in that round (rounds: the lowest and the highest); package/s and bare/s: all"
         " rounds together")
@@ -270,7 +291,10 @@ def section_throughput(
     say(f"   each claimer connects and runs {WARMUP} cycles before the clock starts (either side:"
         " a long-running claimer, as the agent is, connects and fills its caches once)")
     say("   client CPU: each claimer's own CPU time over its loop (user and system), per cycle;"
-        " preempted: its involuntary context switches (getrusage), per cycle")
+        " preempted: its involuntary context switches (getrusage), per cycle; machine CPU: the"
+        f" whole machine's busy CPU time ({os.cpu_count()} CPUs: the claimers, the server, the"
+        " kernel) from the start to the end of the cell, per cycle. Where the machine is busy"
+        " the whole time, package/bare is about the inverse ratio of the machine CPU")
     say(f"   package = JobStore(make_engine(url, pool=True)): claim (judge takes every job; one"
         " slot shape, as the hooks give one, so that the verdict is remembered as in the agent)"
         f" + report(EXIT); bare = the same {nstmt} statements in the same {len(cycle)}"
@@ -294,4 +318,5 @@ def section_throughput(
     for e in errors:
         say(f"   ERROR {e}")
     return {"rates": rates, "ratios": ratios, "client_ms": per_cycle, "preempted": switches,
+            "machine_ms": whole,
             "durability": durability, "errors": errors, "cycle": cycle}
