@@ -108,9 +108,8 @@ class KeptConnection:
         """A pooled connection goes back to the pool or, from a pool of one (make_engine's,
         which the kept connection stands for), is closed."""
         try:
-            pool = self.engine.pool
-            if isinstance(pool, QueuePool) and pool.size() == 1 and not (
-                    conn.invalidated or conn.closed):
+            shape = _shape(self.engine.pool)
+            if shape is not None and shape[0] == 1 and not (conn.invalidated or conn.closed):
                 conn.connection.detach()
             conn.close()
         finally:
@@ -134,13 +133,21 @@ class KeptConnection:
             conn.close()
 
 
+def _shape(pool: Pool) -> tuple[int, int] | None:
+    """A QueuePool's size and overflow (negative: no limit), which SQLAlchemy keeps private;
+    None for other kinds of pool."""
+    if not isinstance(pool, QueuePool):
+        return None
+    return pool.size(), int(getattr(pool, "_max_overflow", 0))
+
+
 def _spare(pool: Pool) -> int:
     """How many of the pool's connections the store's transactions may hold besides the kept
     one: the pool's capacity less one (no limit but the pool's own for other kinds)."""
-    if not isinstance(pool, QueuePool):
+    shape = _shape(pool)
+    if shape is None or shape[1] < 0:
         return 1 << 30
-    overflow = int(getattr(pool, "_max_overflow", 0))
-    return 1 << 30 if overflow < 0 else pool.size() + overflow - 1
+    return shape[0] + shape[1] - 1
 
 
 def _reusable(conn: Connection) -> bool:
