@@ -230,6 +230,7 @@ def section_throughput(
                 for mode in modes if rnd % 2 == 0 else modes[::-1]:
                     queue = f"tp_{mode}_{n}_{rnd}"
                     populate(admin, queue, jobs_per_run, ad)
+                    admin.execute("CHECKPOINT")  # no cell pays for the writes of the one before
                     progress(f"throughput {mode} x{n}, round {rnd + 1}")
                     barrier = ctx.Barrier(n + 1)
                     results = ctx.Queue()
@@ -289,7 +290,9 @@ def section_throughput(
         " rounds together")
     nstmt = sum(len(tx) for tx in cycle)
     say(f"   each claimer connects and runs {WARMUP} cycles before the clock starts (either side:"
-        " a long-running claimer, as the agent is, connects and fills its caches once)")
+        " a long-running claimer, as the agent is, connects and fills its caches once); each"
+        " cell starts after a CHECKPOINT (its queue's jobs are inserted just before it, and no"
+        " cell pays for the writes of the one before it)")
     say("   client CPU: each claimer's own CPU time over its loop (user and system), per cycle;"
         " preempted: its involuntary context switches (getrusage), per cycle; machine CPU: the"
         f" whole machine's busy CPU time ({os.cpu_count()} CPUs: the claimers, the server, the"
