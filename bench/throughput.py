@@ -11,6 +11,7 @@ import threading
 import time
 from contextlib import suppress
 
+import psycopg
 from common import KEYWORD, TP_CLAIMERS, Env, first, populate, progress, say, table, verdict
 
 from jobstore.db.sql import without_begin
@@ -96,8 +97,6 @@ def bare_cycle(conn, cycle: list[list[tuple[str, dict]]], queue: str,  # type: i
     per transaction, the captured statements (the first opens the transaction, as driver.begin
     does; with this job's id, token, slot, time and row version), reading the rows the package
     reads, COMMIT. False: no idle job was left."""
-    import psycopg
-
     job_id, token, now = None, secrets.token_hex(16), time.time()
     idle: list[int] = []
     heads: list[int] = []
@@ -147,8 +146,6 @@ def tp_worker(  # type: ignore[no-untyped-def]
     count, t0, t1, err, cpu, preempted = 0, 0.0, 0.0, None, 0.0, 0
     try:
         if mode == "bare":
-            import psycopg
-
             # as make_engine connects: no server-side prepared statements (PgBouncer); and as
             # the package runs a transaction: its first statement opens it (autocommit: psycopg
             # sends no BEGIN of its own)
@@ -201,8 +198,6 @@ def tp_worker(  # type: ignore[no-untyped-def]
 def section_throughput(
     env: Env, seconds: float, jobs_per_run: int, ad: str, rounds: int = 4
 ) -> dict:
-    import psycopg
-
     say("")
     say(f"== 2. Claim throughput on PostgreSQL: claim + EXIT per second, {rounds} rounds of"
         f" {seconds:g} s per cell, package and bare back to back in each, alternating which"
