@@ -119,9 +119,13 @@ class Templated(Protocol):
     def template(self) -> ProcTemplate | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Job:
-    """One row of the `jobs` table (jobstore.db.schema), as every layer above the store sees it."""
+    """One row of the `jobs` table (jobstore.db.schema), as every layer above the store sees it.
+
+    A value: nothing changes one once it is made (`but` makes the changed copy). Not a frozen
+    dataclass, all the same: the store makes three per claim and report, and a frozen one's
+    `__init__` sets its 53 fields through object.__setattr__, about eight times the cost."""
 
     id: int
     cluster_id: int

@@ -39,6 +39,9 @@ class Event(StrEnum):
     REMOVE = "remove"  # jobstore rm
 
 
+# The Status of a status text (or of a Status): a dict lookup, where Status(text) is Enum's
+# call (several Python calls, on every transition).
+STATUS_OF: dict[str, Status] = {s.value: s for s in Status}
 FINAL = frozenset({Status.COMPLETED, Status.REMOVED, Status.FAILED})
 HANDED_OUT = frozenset({Status.FETCHED, Status.ACCEPTED, Status.RUNNING})
 # Each status's phase: the status at the grain the job table's indexes need (the database keeps
@@ -135,7 +138,7 @@ def decide(
             target, counts, reason = _requeue(attempts, max_attempts, "exit code asks for a retry")
     elif target == REQUEUE:
         target, counts, reason = _requeue(attempts, max_attempts, str(event))
-    new = Status(target)
+    new = STATUS_OF[target]
     return Decision(new, counts_attempt=counts, ends_attempt=new in _ENDS_ATTEMPT, reason=reason)
 
 
@@ -162,5 +165,6 @@ __all__ = [
     "FINAL",
     "HANDED_OUT",
     "PHASES",
+    "STATUS_OF",
     "is_final",
 ]

@@ -30,7 +30,11 @@ class KeptConnection:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._cond = threading.Condition()
+        # the lock held directly (a Condition's own `with` is Python code, on every loan), and
+        # the condition notified only when a transaction waits on it
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._waiting = 0
         self._idle: Connection | None = None
         self._lent: object | None = None  # the lent connection (or _OPENING)
         self._holder: int | None = None  # the thread it is lent to
@@ -68,7 +72,7 @@ class KeptConnection:
             self._close_other(conn)
 
     def _take(self) -> Connection | None:
-        with self._cond:
+        with self._lock:
             if self._lent is not None and self._holder == threading.get_ident():
                 self._others += 1
                 return None
@@ -83,7 +87,11 @@ class KeptConnection:
                 if left <= 0:
                     raise exc.TimeoutError(
                         "the job store's database connection stayed busy: gave up waiting")
-                self._cond.wait(left)
+                self._waiting += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._waiting -= 1
             conn, self._idle = self._idle, None
             self._lent, self._holder = _OPENING, threading.get_ident()
             self._lent_generation = self._generation
@@ -116,17 +124,19 @@ class KeptConnection:
             self._end_other()
 
     def _end_other(self) -> None:
-        with self._cond:
+        with self._lock:
             self._others -= 1
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
 
     def _end_loan(self, idle: Connection | None = None) -> None:
-        with self._cond:
+        with self._lock:
             self._idle, self._lent, self._holder = idle, None, None
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
 
     def _disposed(self, engine: Engine) -> None:
-        with self._cond:
+        with self._lock:
             self._generation += 1
             conn, self._idle = self._idle, None
         if conn is not None and os.getpid() == self._pid:  # not a forked child's copy

@@ -21,7 +21,16 @@ from sqlalchemy import (
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, HANDED_OUT, PHASES, Decision, Event, Status, decide
+from jobstore.core.states import (
+    FINAL,
+    HANDED_OUT,
+    PHASES,
+    STATUS_OF,
+    Decision,
+    Event,
+    Status,
+    decide,
+)
 from jobstore.db import driver
 from jobstore.db.engine import json_text
 from jobstore.db.notify import CHANNEL, STOPS, notify
@@ -126,7 +135,7 @@ class Transitions(Transactions):
         slot until its end is reported, at the latest until its lease would have run out; a
         release meanwhile is pending (`release_pending`) and takes effect then. With `version`
         (`_version_read`), the row is written only if it is still that version (else RowChanged)."""
-        before = Status(job.status)
+        before = STATUS_OF[job.status]
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
             if not job.release_pending:
