@@ -5,13 +5,18 @@ class DatabaseError(RuntimeError):
     """The database cannot be used; the message is safe to show (no password)."""
 
 
+class Refused(DatabaseError, PermissionError):
+    """The database refused what this session asked: it is not the job's owner, a queue super
+    user or an admin (row-level security, privileges). The message says who and what."""
+
+
 class UnknownJob(LookupError):
     """No job with that id."""
 
 
 class NotOwner(PermissionError):
-    """A report about a job from an account that does not own it."""
+    """An account acts on, or reports on, a job it does not own."""
 
-    def __init__(self, job_id: int, who: str) -> None:
-        super().__init__(f"{who} may not report on job {job_id} (not its owner)")
+    def __init__(self, job_id: int, who: str, what: str = "report on") -> None:
+        super().__init__(f"{who} may not {what} job {job_id} (not its owner)")
         self.job_id = job_id

@@ -203,6 +203,9 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
         assert len(exits) == 1
 
 
+# PostgreSQL only: a SQLite job store is one user's, and refuses the hooks of other accounts
+# (test_identity.py::test_sqlite_is_one_users_store)
+@pytest.mark.parametrize("node_db", ["postgresql"], indirect=True)
 def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-untyped-def]
     """As root: startd hooks as the service account, starter hooks and the job as the owner."""
     if os.geteuid() != 0:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
 import sys
 from pathlib import Path
@@ -80,7 +82,14 @@ def install_hooks(
     """
     target = Path(directory).absolute()
     target.mkdir(parents=True, exist_ok=True)
-    if target.stat().st_mode & stat.S_IWOTH:
+    found = os.lstat(target)
+    if not stat.S_ISDIR(found.st_mode):
+        raise ValueError(f"{target} is not a directory (a symlink?): hooks are not written "
+                         "through one")
+    if found.st_uid not in (0, os.geteuid()):
+        raise ValueError(f"{target} belongs to uid {found.st_uid}: hooks go into a directory "
+                         "of root's or of the installing account's")
+    if found.st_mode & stat.S_IWOTH:
         raise ValueError(f"{target} is world-writable; HTCondor refuses hooks there")
     interpreter = python or sys.executable
     # The package's location is known only for this interpreter; another one imports it the
@@ -93,16 +102,30 @@ def install_hooks(
     paths = {}
     for name in NAMES:
         path = target / name
-        tmp = path.with_suffix(".tmp")
         text = hook_text(
             name, interpreter, package_root=package_root, agent_socket=agent_socket,
             agent_uids=uids,
         )
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        _write_new(target, name, text)
         paths[CONDOR_NAMES[name]] = str(path)
     return paths
+
+
+def _write_new(directory: Path, name: str, text: str) -> None:
+    """Write `name` in `directory` as a new file (O_EXCL|O_NOFOLLOW under a random name, mode
+    0755), then rename it over the old one: a symlink planted there is replaced, never
+    followed."""
+    tmp = directory / f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    try:
+        os.fchmod(fd, 0o755)  # whatever the umask
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def agent_uids(names: tuple[str, ...]) -> tuple[int, ...]:

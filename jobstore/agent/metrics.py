@@ -6,22 +6,31 @@ every name."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
     disable_created_metrics,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jobstore.node import spool
 from jobstore.node.handlers import HookResponse
+
+# The metrics server's threads at most (one per connection being answered; more connections
+# are closed at once), and how long one may stay idle.
+METRICS_THREADS = 4
+METRICS_IDLE_TIMEOUT = 5.0
 
 # Seconds: a direct fetch takes a few ms, a report one or two; the hooks' deadline is 10 s.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -101,7 +110,11 @@ class AgentMetrics:
             self.db_errors.labels(hook).inc()
 
     def serve(self, address: str, port: int) -> None:
-        server, thread = start_http_server(port, address, registry=self.registry)
+        server = make_server(address, port, make_wsgi_app(self.registry),
+                             server_class=_BoundedServer, handler_class=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, name="jobstore-metrics",
+                                  daemon=True)
+        thread.start()
         self._servers.append((server, thread))
 
     def close(self) -> None:
@@ -110,3 +123,42 @@ class AgentMetrics:
             server.server_close()
             thread.join(5)
         self._servers.clear()
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
+    """A WSGI server with at most METRICS_THREADS connections answered at once (more are
+    closed unanswered), each dropped after METRICS_IDLE_TIMEOUT idle seconds: idle or flooding
+    clients cannot make the agent (root) start a thread each."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(METRICS_THREADS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            request.settimeout(METRICS_IDLE_TIMEOUT)
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that timed out or went away: nothing to report
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass

@@ -47,6 +47,7 @@ from jobstore.agent.work import WorkQueue
 from jobstore.node import config, handlers, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
+from jobstore.node.hooktable import NAMES
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
@@ -59,6 +60,7 @@ POLICE_TICK = 10.0
 _package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
 WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
+LOG_CALLS_PER_UID = 200  # an ordinary account's calls logged per WARN_EVERY seconds
 
 
 class AgentError(RuntimeError):
@@ -108,6 +110,32 @@ class _Throttle:
         log.warning(message, *args)
 
 
+class _LogBudget:
+    """The lines of at most LOG_CALLS_PER_UID calls of one ordinary account every WARN_EVERY
+    seconds are logged (the service accounts' are not limited), so that no caller can fill
+    root's logs; the first call logged after some were dropped says how many."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: dict[int, tuple[float, int, int]] = {}  # uid -> (start, lines, dropped)
+
+    def take(self, uid: int) -> tuple[bool, int]:
+        """Whether the lines of one more call of `uid` may be logged, and how many calls'
+        were dropped before it."""
+        now = time.monotonic()
+        with self._lock:
+            start, lines, dropped = self._windows.get(uid, (now, 0, 0))
+            if now - start >= WARN_EVERY:
+                start, lines = now, 0
+            if lines >= LOG_CALLS_PER_UID:
+                self._windows[uid] = (start, lines, dropped + 1)
+                return False, 0
+            if len(self._windows) > 10_000:
+                self._windows.clear()
+            self._windows[uid] = (start, lines + 1, 0)
+            return True, dropped
+
+
 class Agent:
     """The service. `run()` blocks until SIGTERM/SIGQUIT/SIGINT and returns the exit status."""
 
@@ -133,6 +161,7 @@ class Agent:
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
         self._hook_log_lock = threading.Lock()
+        self._log_budget = _LogBudget()
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -417,6 +446,8 @@ class Agent:
             if len(items) < 3:
                 raise ProtocolError("request without hook, environment and stdin")
             hook = items[0].decode("ascii")
+            if hook not in NAMES:  # checked before anything logs it
+                raise ProtocolError("unknown hook")
         except (ProtocolError, UnicodeDecodeError) as exc:
             self._throttle.warn("bad", conn.peer.uid, "uid %d pid %d: bad request refused: %s",
                                 conn.peer.uid, conn.peer.pid, exc)
@@ -477,11 +508,17 @@ class Agent:
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services),
             ))
-            for note in response.log:
-                log.info("%s uid %d pid %d: %s", hook, peer.uid, peer.pid, note)
-            if response.error:
-                log.warning("%s uid %d pid %d: %s", hook, peer.uid, peer.pid, response.error)
-            self._hook_log(hook, peer, response)
+            logged, dropped = (True, 0) if conn.service else self._log_budget.take(peer.uid)
+            if dropped:
+                log.warning("uid %d: the lines of %d of its calls were not logged (more than %d"
+                            " in %g s)", peer.uid, dropped, LOG_CALLS_PER_UID, WARN_EVERY)
+            if logged:
+                for note in response.log:
+                    log.info("%s uid %d pid %d: %s", hook, peer.uid, peer.pid, one_line(note))
+                if response.error:
+                    log.warning("%s uid %d pid %d: %s", hook, peer.uid, peer.pid,
+                                one_line(response.error))
+                self._hook_log(hook, peer, response)
             sent = self._answer(conn.sock, [
                 OK,
                 str(response.exit_code).encode(),
@@ -493,6 +530,8 @@ class Agent:
                 self._give_back(item.stdin, response)
             elif hook == "fetch_job" and response.stdout:
                 self._attempts.fetched(item.stdin, response.stdout)
+            elif response.error and not response.spooled:
+                pass  # a report refused or not sent changes nothing, the watch included
             elif hook == "job_exit":
                 self._attempts.ended(item.stdin, trusted=conn.service)
             elif hook == "reply_fetch" and item.argv == ["reject"]:

@@ -86,8 +86,10 @@ class Schedd:
 
     `url` and `keyword` find the database as the `jobstore` command does (--db, --keyword:
     JOBSTORE_DATABASE_URL, the HTCondor configuration); `owner` submits for another account
-    (root only, as `jobstore submit --owner`). Errors are the package's (SubmitError,
-    DatabaseError, UnknownJob, ValueError), each with a one-line message."""
+    (root on a trusted session, as `jobstore submit --owner`; a queue super user's own role on
+    PostgreSQL, for the accounts its QUEUE_SUPER_USER_MAY_IMPERSONATE rule allows). Errors are
+    the package's (SubmitError, DatabaseError and its Refused, UnknownJob, NotOwner,
+    ValueError), each with a one-line message."""
 
     def __init__(self, url: str | None = None, keyword: str | None = None,
                  owner: str | None = None, *, store: JobStore | None = None) -> None:
@@ -137,7 +139,7 @@ class Schedd:
             raise SubmitError(f"count {count} is negative")
         specs = parse_submit_object(description, base_dir=os.getcwd(), count=count,
                                     itemdata=itemdata, queue=queue)
-        owner = choose_owner(self.owner, self.settings)
+        owner = choose_owner(self.owner, self.settings, self.store.identity())
         cluster, ids = self.store.submit(
             specs, owner=owner, queue=job_queue or self.settings.queue,
             max_attempts=self.settings.max_attempts, connection=connection,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jobstore.core.jobs import Job
+from jobstore.db.grants import Identity
 from jobstore.db.store import JobStore
 from jobstore.formats.classads import AdError
 from jobstore.formats.jobads import render_job
@@ -28,16 +29,23 @@ def invoking_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def choose_owner(requested: str | None, settings: config.Settings) -> str:
-    """The job owner: the invoking user, or (for root only) an allowed account named by --owner."""
-    me = invoking_user()
-    owner = requested or me
-    if requested and requested != me and os.getuid() != 0:
-        raise SubmitError(f"only root may submit jobs for another user ({requested})")
-    if owner == "root" and not requested:
-        raise SubmitError(
-            "jobs may not run as root: submit as a user, or as root with --owner USER"
-        )
+def choose_owner(requested: str | None, settings: config.Settings, identity: Identity) -> str:
+    """The job owner. A submitter's own database role (PostgreSQL) submits as the account the
+    database says it is; `requested` is passed on for the database to refuse unless the session
+    is a queue super user allowed to impersonate it. A trusted session (the store's owner role,
+    or a SQLite store: one user's) submits as the invoking user, or (root only) as `requested`.
+    Never root, a system account or an account the keyword does not allow."""
+    if identity.trusted:
+        me = invoking_user()
+        owner = requested or me
+        if requested and requested != me and os.getuid() != 0:
+            raise SubmitError(f"only root may submit jobs for another user ({requested})")
+        if owner == "root" and not requested:
+            raise SubmitError(
+                "jobs may not run as root: submit as a user, or as root with --owner USER"
+            )
+    else:
+        owner = requested or identity.account
     if not ACCOUNT_NAME.fullmatch(owner):
         raise SubmitError(f"{owner!r} is not a valid account name")
     refused = owner_refusal(owner, settings)
@@ -77,7 +85,7 @@ def submit_path(
     specs = load_jobs(path)
     if not specs:
         raise SubmitError(f"{path}: no jobs to queue")
-    who = choose_owner(owner, settings)
+    who = choose_owner(owner, settings, store.identity())
     return store.submit(
         specs,
         owner=who,

@@ -28,8 +28,9 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 
 
 for command in (
-    admin.init, admin.grant, queue.submit, queue.q, queue.history, queue.qedit, queue.events,
-    queue.watch, queue.hold, queue.release, queue.rm, queue.stats, userprio.userprio,
+    admin.init, admin.grant, admin.grant_user, admin.revoke_user, queue.submit, queue.q,
+    queue.history, queue.qedit, queue.events, queue.watch, queue.hold, queue.release, queue.rm,
+    queue.stats, userprio.userprio,
     admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
     demo, emulate,
 ):

@@ -50,6 +50,73 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
         click.echo(f"{sql};")
 
 
+@click.command("grant-user")
+@click.argument("roles", nargs=-1, required=True, metavar="ROLE...")
+@click.option("--account", metavar="NAME",
+              help="The OS account the role's members submit as (default: the role's name), "
+                   "as pg_ident.conf maps it.")
+@click.option("--super-user", is_flag=True,
+              help="A queue super user (QUEUE_SUPER_USERS): may hold, release, remove and edit "
+                   "every job.")
+@click.option("--may-impersonate", metavar="REGEX",
+              help="With --super-user: the accounts it may submit as, a regular expression that "
+                   "must match the whole name (QUEUE_SUPER_USER_MAY_IMPERSONATE).")
+@click.option("--admin", is_flag=True,
+              help="May change the submitters' factors and usage (condor_userprio -setfactor, "
+                   "-resetusage).")
+@click.option("--print", "print_only", is_flag=True, help="Only print the grants.")
+@pass_ctx
+@guard
+def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_user: bool,
+               may_impersonate: str | None, admin: bool, print_only: bool) -> None:
+    """Let PostgreSQL roles submit, read the queue, and act on their own jobs (run as the owner).
+
+    The database decides who a session is: a job's owner is the account of the role that
+    submitted it (peer authentication on the local socket makes the role the OS user), and only
+    that owner, or a queue super user, may hold, release, remove or edit it. ROLE may be a group
+    role: its members submit as themselves."""
+    from sqlalchemy.exc import DBAPIError
+
+    from jobstore.db.grants import UserRights, grant_user_role, user_role_statements
+
+    if account is not None and len(roles) > 1:
+        raise click.UsageError("--account names the account of one role")
+    rights = UserRights(account=account, super_user=super_user,
+                        may_impersonate=may_impersonate, admin=admin)
+    engine = ctx.store.engine
+    for role in roles:
+        try:
+            if print_only:
+                statements = user_role_statements(engine, role, rights)
+            else:
+                statements = grant_user_role(engine, role, rights)
+        except DBAPIError as exc:
+            fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
+            return
+        for sql in statements:
+            click.echo(f"{sql};")
+
+
+@click.command("revoke-user")
+@click.argument("roles", nargs=-1, required=True, metavar="ROLE...")
+@pass_ctx
+@guard
+def revoke_user(ctx: Context, roles: tuple[str, ...]) -> None:
+    """Take from PostgreSQL roles every right `jobstore grant-user` gave them (run as the
+    owner). Their jobs stay in the queue."""
+    from sqlalchemy.exc import DBAPIError
+
+    from jobstore.db.grants import revoke_user_role
+
+    for role in roles:
+        try:
+            revoke_user_role(ctx.store.engine, role)
+        except DBAPIError as exc:
+            fail(f"cannot revoke from {role}: {str(exc.orig).strip().splitlines()[0]}")
+            return
+        click.echo(f"revoked: {role}")
+
+
 @click.command()
 @pass_ctx
 @guard

@@ -11,7 +11,7 @@ import click
 from jobstore.api.query import Shown
 from jobstore.db.engine import DatabaseError
 from jobstore.db.store import JobStore
-from jobstore.errors import UnknownJob
+from jobstore.errors import NotOwner, UnknownJob
 from jobstore.node import config
 from jobstore.submit import SubmitError
 
@@ -73,6 +73,8 @@ def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc))
         except UnknownJob as exc:
             fail(f"no such job: {exc.args[0]}")
+        except NotOwner as exc:
+            fail(str(exc))
 
     return wrapper
 

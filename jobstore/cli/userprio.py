@@ -8,6 +8,8 @@ import time
 import click
 
 from jobstore.cli.context import Context, fail, guard, pass_ctx
+from jobstore.db.store import JobStore
+from jobstore.errors import Refused
 from jobstore.formats import views
 
 
@@ -31,6 +33,16 @@ def userprio(
     factor, weighted slots in use, accumulated usage, usage start and last usage. Priorities and
     usage are the accountant's last update (`jobstore reap`, or fetches now and then)."""
     store = ctx.store
+    try:
+        _userprio(store, setfactor, resetusage, resetall, as_json)
+    except Refused:
+        option = "-setfactor" if setfactor else "-resetusage" if resetusage else "-resetall"
+        fail(f"userprio {option} needs the job store's admin role (the owner's, or one that "
+             f"`jobstore grant-user --admin` named); {store.identity().account} has neither")
+
+
+def _userprio(store: JobStore, setfactor: tuple[str, str] | None, resetusage: str | None,
+              resetall: bool, as_json: bool) -> None:
     if setfactor:
         name, text = setfactor
         try:

@@ -11,12 +11,13 @@ from typing import Any
 from sqlalchemy import (
     ARRAY,
     JSON,
+    BigInteger,
     ColumnElement,
     Connection,
     FromClause,
+    Insert,
     Integer,
     Label,
-    Select,
     Table,
     Text,
     cast,
@@ -41,21 +42,42 @@ def typed(table: Table, values: Mapping[str, Any]) -> list[Label[Any]]:
     return [literal(value, table.c[name].type).label(name) for name, value in values.items()]
 
 
-def insert_procs(conn: Connection, job: Job, template: ProcTemplate, now: float) -> list[int]:
+def insert_procs(conn: Connection, job: Job, template: ProcTemplate, now: float, *,
+                 events_after: bool = False) -> list[int]:
     """Insert `template.procs` jobs like `job` (its ad holds the template's placeholders), proc
     i with each placeholder's text for i, each with its submit event, CHUNK procs per
-    statement (each well within a statement timeout); their ids in proc order."""
+    statement (each well within a statement timeout); their ids in proc order.
+    `events_after`: the events in a statement of their own, after the jobs' (a session under
+    row-level security: its policy on the events must see the jobs, which a statement's own
+    inserts are not)."""
     ids: list[int] = []
     for first in range(0, template.procs, CHUNK):
         last = min(first + CHUNK, template.procs) - 1
-        rows = conn.execute(_statement(job, template, now, first, last)).scalars()
-        ids.extend(int(i) for i in rows)
+        made = _procs(job, template, first, last)
+        if events_after:
+            chunk = [int(i) for i in conn.execute(made).scalars()]
+            listed = func.unnest(literal(chunk, ARRAY(BigInteger))).table_valued("id")
+            conn.execute(_events(listed.render_derived(name="made"), now))
+        else:
+            made_cte = made.cte("made")
+            chunk = [int(i) for i in conn.execute(
+                select(made_cte.c.id).add_cte(_events(made_cte, now).cte("events"))).scalars()]
+        ids.extend(chunk)
     return sorted(ids)  # the procs' order: ids are drawn from the sequence as rows are made
 
 
-def _statement(job: Job, template: ProcTemplate, now: float, first: int,
-               last: int) -> Select[Any]:
-    """The insert of procs `first` to `last` and their events, selecting their ids."""
+def _events(made: FromClause, now: float) -> Insert:
+    """The submit events of the jobs whose ids `made` lists."""
+    submit = event_row(0, Event.SUBMIT, None, Status.IDLE, now, attempt=0)
+    del submit["job_id"]
+    return insert(job_events).from_select(
+        ["job_id", *submit],
+        select(made.c.id, *typed(job_events, submit)),
+    )
+
+
+def _procs(job: Job, template: ProcTemplate, first: int, last: int) -> Insert:
+    """The insert of procs `first` to `last`, returning their ids."""
     per_item = template.per_item
     procs = func.generate_series(first, last).table_valued("proc").render_derived(name="procs")
     proc: ColumnElement[Any] = procs.c.proc
@@ -87,11 +109,4 @@ def _statement(job: Job, template: ProcTemplate, now: float, first: int,
         *typed(jobs, {name: getattr(job, name) for name in same}),
         proc.label("proc_id"), ad.label("ad"),
     ).select_from(source).order_by(proc)
-    made = insert(jobs).from_select([*same, "proc_id", "ad"], rows).returning(jobs.c.id).cte("made")
-    submit = event_row(0, Event.SUBMIT, None, Status.IDLE, now, attempt=0)
-    del submit["job_id"]
-    events = insert(job_events).from_select(
-        ["job_id", *submit],
-        select(made.c.id, *typed(job_events, submit)),
-    ).cte("events")
-    return select(made.c.id).add_cte(events)
+    return insert(jobs).from_select([*same, "proc_id", "ad"], rows).returning(jobs.c.id)

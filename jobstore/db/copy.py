@@ -12,8 +12,11 @@ from jobstore.db.engine import json_text
 from jobstore.db.sql import QUERIES
 
 
-def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
-    """COPY `rows` (column -> value, all with the same columns) into `table`."""
+def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], *,
+              staged: bool = False) -> None:
+    """COPY `rows` (column -> value, all with the same columns) into `table`. `staged`: the
+    session is subject to row-level security (a submitter's own role), which COPY does not
+    check: the rows go through a temporary table and an INSERT that the policies check."""
     if not rows:
         return
     from psycopg import sql
@@ -21,12 +24,19 @@ def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]])
 
     names = list(rows[0])
     json_columns = {c.name for c in table.columns if isinstance(c.type, JSON)}
-    statement = sql.SQL(QUERIES["copy_rows"].sql).format(
-        table=sql.Identifier(table.name),
-        columns=sql.SQL(", ").join(map(sql.Identifier, names)))
+    parts = {"table": sql.Identifier(table.name),
+             "staging": sql.Identifier(f"jobstore_staged_{table.name}"),
+             "columns": sql.SQL(", ").join(map(sql.Identifier, names))}
     dbapi: Any = conn.connection.dbapi_connection  # psycopg's, in the open transaction
-    with dbapi.cursor() as cursor, cursor.copy(statement) as copy:
-        for row in rows:
-            copy.write_row([Json(row[n], dumps=json_text)
-                            if n in json_columns and row[n] is not None else row[n]
-                            for n in names])
+    with dbapi.cursor() as cursor:
+        if staged:
+            cursor.execute(sql.SQL(QUERIES["copy_staging_table"].sql).format(**parts))
+        target = {**parts, "table": parts["staging"]} if staged else parts
+        with cursor.copy(sql.SQL(QUERIES["copy_rows"].sql).format(**target)) as copy:
+            for row in rows:
+                copy.write_row([Json(row[n], dumps=json_text)
+                                if n in json_columns and row[n] is not None else row[n]
+                                for n in names])
+        if staged:
+            cursor.execute(sql.SQL(QUERIES["copy_from_staging"].sql).format(**parts))
+            cursor.execute(sql.SQL(QUERIES["copy_staging_clear"].sql).format(**parts))

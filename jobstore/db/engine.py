@@ -77,6 +77,8 @@ def make_engine(
         if database and database != ":memory:" and not create and not os.path.exists(database):
             raise DatabaseError(f"no job store at {database} (create it with `jobstore init`)")
         if database and database != ":memory:":
+            _check_sqlite_owner(database)
+        if database and database != ":memory:":
             _make_parent(database)
         engine = create_engine(url, connect_args={"timeout": max(connect_timeout, 30)}, **kwargs)
         _sqlite_immediate(engine)
@@ -96,6 +98,26 @@ def url_error(url: str) -> str:
         path = os.path.abspath(text)
         return (f"{text!r} is a path, not a database URL: for SQLite say sqlite:///{path}")
     return "the database URL cannot be parsed (postgresql://USER@HOST/DB or sqlite:////PATH)"
+
+
+def _check_sqlite_owner(database: str) -> None:
+    """A SQLite job store is one user's: its file's owner and root use it, nobody else (the
+    file holds no identity: whoever can write it could queue jobs as anyone)."""
+    try:
+        owner = os.stat(database).st_uid
+    except OSError:
+        return  # not there yet (`jobstore init` makes it, owned by the caller)
+    me = os.getuid()
+    if me not in (0, owner):
+        import pwd
+
+        try:
+            name = pwd.getpwuid(owner).pw_name
+        except KeyError:
+            name = f"uid {owner}"
+        raise DatabaseError(f"the SQLite job store {database} belongs to {name}: a SQLite job "
+                            "store is one user's (its owner's and root's); use PostgreSQL, "
+                            "where each submitter has her own role, for a shared queue")
 
 
 def _make_parent(database: str) -> None:

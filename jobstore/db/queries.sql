@@ -191,6 +191,23 @@ SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(
 -- quotes.
 COPY {table} ({columns}) FROM STDIN;
 
+-- A submitter's own role (row-level security, migration 0012) may not COPY into the job store's
+-- tables: her rows are streamed into a temporary table of the same shape, then inserted from it,
+-- each checked by the policies.
+
+-- name: copy_staging_table
+-- The session's staging table for `{table}`, dropped when the transaction ends.
+CREATE TEMPORARY TABLE IF NOT EXISTS {staging}
+    (LIKE {table} INCLUDING DEFAULTS INCLUDING GENERATED) ON COMMIT DROP;
+
+-- name: copy_from_staging
+-- Insert the staged rows into the table (the policies check each).
+INSERT INTO {table} ({columns}) SELECT {columns} FROM {staging};
+
+-- name: copy_staging_clear
+-- Empty the staging table for the next batch.
+TRUNCATE {staging};
+
 -- name: grant_targets
 -- The sequence behind job_events.id and the schema of the tables (jobstore grant).
 SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() AS schema;
@@ -236,3 +253,76 @@ GRANT INSERT ON job_events TO {role};
 -- name: grant_sequence
 -- Take the ids of new events.
 GRANT USAGE ON SEQUENCE {sequence} TO {role};
+
+-- name: grant_agent_drop_update_policy
+-- Make the agent's row-level security policy on jobs again (`{policy}`: its name).
+DROP POLICY IF EXISTS {policy} ON jobs;
+
+-- name: grant_agent_update_policy
+-- The agent's role may change every job (migration 0012): its column privileges say which
+-- columns.
+CREATE POLICY {policy} ON jobs FOR UPDATE TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_event_policy
+-- Make the agent's row-level security policy on job_events again.
+DROP POLICY IF EXISTS {policy} ON job_events;
+
+-- name: grant_agent_event_policy
+-- The agent's role may record an event of every job (migration 0012).
+CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
+
+-- name: user_sequences
+-- The sequences behind the ids a submit takes (jobstore grant-user).
+SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
+       pg_get_serial_sequence('jobs', 'id') AS jobs,
+       pg_get_serial_sequence('job_events', 'id') AS job_events,
+       pg_get_serial_sequence('autoclusters', 'id') AS autoclusters;
+
+-- The grants of `jobstore grant-user ROLE`, in this order (after grant_schema); the row-level
+-- security policies of migration 0012 decide which rows: only jobs the session may submit as
+-- or act on. `{sequences}` is the list user_sequences found.
+
+-- name: user_revoke
+-- Start the submitter's role from nothing on the job store's tables.
+REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
+    submitters, passes, queue_roles FROM {role};
+
+-- name: user_read
+-- Read the queue and the history, as condor_q and condor_history may.
+GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
+    submitters, passes, queue_roles TO {role};
+
+-- name: user_submit
+-- Queue clusters of jobs, their autoclusters, limits, accounting rows and submit events.
+GRANT INSERT ON clusters, jobs, job_events, autoclusters, autocluster_limits,
+    concurrency_limits, submitters TO {role};
+
+-- name: user_act
+-- Hold, release, remove and edit the jobs the policies let the role act on; never their ids,
+-- owner, queue, attempts or the usage a slot reported.
+GRANT UPDATE ({columns}) ON jobs TO {role};
+
+-- name: user_sequences_grant
+-- Take the ids of new clusters, jobs, events and autoclusters.
+GRANT USAGE ON SEQUENCE {sequences} TO {role};
+
+-- name: user_admin
+-- condor_userprio's changes (-setfactor, -resetusage): the queue's administrators only.
+GRANT UPDATE ON submitters TO {role};
+
+-- name: user_register
+-- Record the role's rights (read by the database's functions: jobstore_account, ...).
+INSERT INTO queue_roles (role, account, super_user, may_impersonate, admin)
+VALUES (:role, :account, :super_user, :may_impersonate, :admin)
+ON CONFLICT (role) DO UPDATE SET account = excluded.account, super_user = excluded.super_user,
+    may_impersonate = excluded.may_impersonate, admin = excluded.admin;
+
+-- name: user_forget
+-- Forget a role's rights (jobstore revoke-user).
+DELETE FROM queue_roles WHERE role = :role;
+
+-- name: session_identity
+-- Who this session is, as the database decides (migration 0012): its OS account, whether it
+-- owns the store and whether it is a queue super user.
+SELECT jobstore_account() AS account, jobstore_trusted() AS trusted,
+       jobstore_super_user() AS super_user;

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -99,6 +100,20 @@ submitters = Table(
     Column("updated_at", Epoch(), nullable=False),
     Column("first_usage", Epoch()),
     Column("last_usage", Epoch()),
+)
+
+# Who may do what on PostgreSQL (migration 0012, `jobstore grant-user`): the OS account a role
+# submits as (NULL: its own name), whether its members are queue super users (act on every job;
+# submit as the accounts `may_impersonate`, a regular expression, matches) and admins
+# (condor_userprio's changes). The database's own functions read it (jobstore_account, ...).
+queue_roles = Table(
+    "queue_roles",
+    metadata,
+    Column("role", String(63), primary_key=True),
+    Column("account", String(64)),
+    Column("super_user", Boolean, nullable=False, server_default=false()),
+    Column("may_impersonate", Text),
+    Column("admin", Boolean, nullable=False, server_default=false()),
 )
 
 # When a pool-wide periodic pass (the policy pass) last ran: one runner per interval.

@@ -7,6 +7,8 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
+import os
+import pwd
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +25,7 @@ from jobstore.core.states import Event, Status
 from jobstore.db.bulk import insert_procs
 from jobstore.db.copy import copy_rows
 from jobstore.db.gauges import Gauges
+from jobstore.db.grants import Identity, session_identity
 from jobstore.db.negotiator import ACTIVE, Negotiator
 from jobstore.db.notify import notify
 from jobstore.db.phases import status_in
@@ -32,7 +35,7 @@ from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.sql import NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
-from jobstore.errors import DatabaseError, NotOwner, UnknownJob
+from jobstore.errors import DatabaseError, NotOwner, Refused, UnknownJob
 from jobstore.formats import views
 from jobstore.formats.edits import edit_changes, edit_target
 from jobstore.formats.jobads import submitted_ad
@@ -115,7 +118,10 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
 
 class JobStore(Negotiator, JobReads, Retention, Gauges):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
-    remembered verdicts of the claim (Negotiator.verdicts)."""
+    remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
+    (`identity`)."""
+
+    _identity: Identity | None = None
 
     # ---- submit -------------------------------------------------------------------------
 
@@ -143,6 +149,20 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
         a time (a lazy sequence, description.SubmitSpecs, is never held whole)."""
         now = now or time.time()
+        try:
+            return self._submit(specs, owner=owner, queue=queue, max_attempts=max_attempts,
+                                submit_file=submit_file, now=now, connection=connection,
+                                idempotency_key=idempotency_key, check=check)
+        except Refused:
+            who = self.identity().account
+            raise Refused(f"{who} may not submit jobs as {owner}: only a queue super user may"
+                          " submit for the accounts its QUEUE_SUPER_USER_MAY_IMPERSONATE rule"
+                          " allows") from None
+
+    def _submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
+                submit_file: str | None, now: float, connection: Connection | None,
+                idempotency_key: str | None, check: Callable[[Job], None] | None,
+                ) -> tuple[int, list[int]]:
         with self._tx(connection) as conn:
             cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
                            num_procs=len(specs), submitted_at=now)
@@ -153,9 +173,12 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                 new = self._insert_missing(conn, clusters, {**cluster,
                                                             "idempotency_key": idempotency_key},
                                            ["idempotency_key"])
-                cluster_id = conn.execute(
-                    select(clusters.c.id)
-                    .where(clusters.c.idempotency_key == idempotency_key)).scalar_one()
+                cluster_id, queued_by = conn.execute(
+                    select(clusters.c.id, clusters.c.owner)
+                    .where(clusters.c.idempotency_key == idempotency_key)).one()
+                if queued_by != owner:
+                    raise ValueError(f"idempotency key {idempotency_key!r} was used by a"
+                                     " submit of another owner")
                 if not new:  # queued before (or by a concurrent submit)
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
@@ -166,7 +189,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             if template is not None:
                 ids = self._insert_template(conn, template, cluster_id=cluster_id, owner=owner,
                                             queue=queue, max_attempts=max_attempts, now=now,
-                                            check=check)
+                                            check=check, callers=connection is not None)
             while batch := list(islice(pending, SUBMIT_BATCH)):
                 queued = [
                     Job.queued(
@@ -182,7 +205,8 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                 ids.extend(self._insert_jobs(conn, [
                     job.but(autocluster_id=autocluster,
                             periodic=policy.has_periodic(job.ad) or None)
-                    for job, autocluster in zip(queued, groups, strict=True)], now))
+                    for job, autocluster in zip(queued, groups, strict=True)], now,
+                    connection is not None))
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
@@ -197,7 +221,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
 
     def _insert_template(self, conn: Connection, template: ProcTemplate, *, cluster_id: int,
                          owner: str, queue: str, max_attempts: int, now: float,
-                         check: Callable[[Job], None] | None) -> list[int]:
+                         check: Callable[[Job], None] | None, callers: bool) -> list[int]:
         """Insert the procs of `template` (jobstore.db.bulk); `check` sees proc 0 and a proc
         with every placeholder at its longest."""
 
@@ -211,22 +235,25 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         job = queued(template.spec)
         (autocluster,) = self._register(conn, [job], now)
         job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
-        return insert_procs(conn, job, template, now)
+        return insert_procs(conn, job, template, now,
+                            events_after=not self._identity_on(conn, callers).trusted)
 
-    def _insert_jobs(self, conn: Connection, batch: list[Job], now: float) -> list[int]:
+    def _insert_jobs(self, conn: Connection, batch: list[Job], now: float, callers: bool,
+                     ) -> list[int]:
         """Insert `batch` and their submit events: COPY on PostgreSQL (ids reserved from the
         sequence first), multi-row INSERTs on SQLite."""
+        staged = self._pg and not self._identity_on(conn, callers).trusted
         if self._pg:
             ids = [int(i) for i in conn.execute(NEXT_JOB_IDS, {"n": len(batch)}).scalars()]
             copy_rows(conn, jobs, [{"id": i, **_job_row(job)} for i, job in zip(
-                ids, batch, strict=True)])
+                ids, batch, strict=True)], staged=staged)
         else:
             inserted = conn.execute(insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
                                     [_job_row(job) for job in batch])
             ids = [int(i) for i in inserted.scalars()]
         events = [event_row(i, Event.SUBMIT, None, Status.IDLE, now, attempt=0) for i in ids]
         if self._pg:
-            copy_rows(conn, job_events, events)
+            copy_rows(conn, job_events, events, staged=staged)
         else:
             conn.execute(insert(job_events), events)
         every = self.listens_to_every_job()
@@ -388,13 +415,46 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         return Outcome(job.id, event, job.status, job.status, False,
                        reason="lease renewed", name=views.job_id(job))
 
+    def identity(self) -> Identity:
+        """Who this store's sessions are, as the database decides (PostgreSQL: the session's
+        role, migration 0012). A SQLite store is one user's (the file's owner, or root:
+        engine.make_engine), so its session is the invoking account, trusted."""
+        if self._identity is None:
+            if self._pg:
+                with self._tx() as conn:
+                    self._identity = session_identity(conn)
+            else:
+                name = pwd.getpwuid(os.getuid()).pw_name
+                self._identity = Identity(name, trusted=True, super_user=True)
+        return self._identity
+
+    def _identity_on(self, conn: Connection, callers: bool) -> Identity:
+        """`identity`, read on `conn` if it is not known yet; a caller's connection
+        (`callers`) may be another role's: read on it every time."""
+        if not self._pg:
+            return self.identity()
+        if callers:
+            return session_identity(conn)
+        if self._identity is None:
+            self._identity = session_identity(conn)
+        return self._identity
+
+    def _acted_on(self, conn: Connection, job_id: int, what: str) -> Job:
+        """The job, locked for an owner's or a super user's action (UnknownJob; NotOwner when
+        the database's policies hide it from this session's changes)."""
+        job = self._lock(conn, job_id)
+        if job is not None:
+            return job
+        if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
+            raise UnknownJob(job_id)
+        raise NotOwner(job_id, self.identity().account, what)
+
     def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
-        """An administrator's hold (HoldReasonCode 1, UserRequest), release or rm of one job."""
+        """An owner's or a queue super user's hold (HoldReasonCode 1, UserRequest), release or
+        rm of one job (NotOwner for anyone else, decided by the database on PostgreSQL)."""
         now = time.time()
         with self._tx() as conn:
-            job = self._lock(conn, job_id)
-            if job is None:
-                raise UnknownJob(job_id)
+            job = self._acted_on(conn, job_id, str(event))
             return self._apply(
                 conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False,
                 hold=(holds.USER_REQUEST, 0),
@@ -408,9 +468,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
         name, text = edit_target(attr, value)
         now = now or time.time()
         with self._tx() as conn:
-            job = self._lock(conn, job_id)
-            if job is None:
-                raise UnknownJob(job_id)
+            job = self._acted_on(conn, job_id, "edit")
             if job.status not in EDITABLE:
                 return False
             changes = edit_changes(job, name, text)

@@ -18,7 +18,7 @@ from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
 from jobstore.db.kept import KeptConnection
 from jobstore.db.sql import opening
-from jobstore.errors import DatabaseError
+from jobstore.errors import DatabaseError, Refused
 from jobstore.formats import userlog
 
 # Called just before a transaction that wrote events commits, with those events in order: each a
@@ -121,6 +121,8 @@ class Transactions:
                 self._release(conn)
         except LOST as exc:
             _after_commit(after, False)
+            if _refused(exc):
+                raise Refused(_refusal(exc)) from None
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
         except BaseException:
             _after_commit(after, False)
@@ -177,6 +179,8 @@ class Transactions:
         try:
             yield outer
         except LOST as exc:
+            if _refused(exc):
+                raise Refused(_refusal(exc)) from None
             raise DatabaseError(_db_message(exc, self.engine.url)) from None
         finally:
             if not outer.invalidated:
@@ -227,6 +231,19 @@ def _after_commit(after: list[AfterCommit], committed: bool) -> None:
             then(committed)
         except Exception as exc:  # a listener never breaks a transition
             _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether the database refused a statement for this session's rights (SQLSTATE 42501:
+    a privilege or a row-level security policy)."""
+    orig = getattr(exc, "orig", None) or exc
+    return isinstance(orig, psycopg.errors.InsufficientPrivilege)
+
+
+def _refusal(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
+    return f"the job store's database refused it: {first}"
 
 
 def _db_message(exc: Exception, url: Any) -> str:

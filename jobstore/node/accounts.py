@@ -13,9 +13,14 @@ NOBODY_UID = 65534
 
 
 def owner_refusal(owner: str, settings: config.Settings) -> str | None:
-    """Why `owner` may not run jobs through this keyword, or None."""
+    """Why `owner` may not run jobs through this keyword, or None. Never root, a system
+    account or a service account (JOBSTORE_AGENT_STARTD_USERS, else condor: it would talk to
+    the agent as the startd). Asked at submit and at every fetch."""
     if owner == "root":
         return "jobs may not run as root"
+    if owner in settings.service_accounts:
+        return (f"account {owner} is a service account (JOBSTORE_AGENT_STARTD_USERS): jobs may"
+                " not run as it")
     try:
         uid = pwd.getpwnam(owner).pw_uid
     except KeyError:

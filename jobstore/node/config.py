@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,9 @@ class Settings:
     # Why the database password could not be read (e.g. a starter hook running as the job's
     # user): the store cannot be used, but reports can still be spooled for the agent.
     credentials_error: str | None = None
+    # The accounts the agent serves as the startd (JOBSTORE_AGENT_STARTD_USERS, else condor):
+    # a job never runs as one of them (node.accounts.owner_refusal).
+    service_accounts: tuple[str, ...] = ("condor",)
 
     def owner_allowed(self, owner: str) -> bool:
         """Is `owner` on this keyword's allow-list? (System accounts are checked elsewhere.)"""
@@ -187,8 +191,15 @@ def _checked_int(param: str, raw: str | None, default: int, minimum: int) -> int
 
 
 def _read_password_file(path: str) -> str:
+    """The first line of the password file; ConfigError when it cannot be read, or when others
+    than its owner may read or write it (libpq refuses such a .pgpass too)."""
     try:
         with open(path, encoding="utf-8") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            if mode & 0o077:
+                raise ConfigError(f"the database password file {path} has mode "
+                                  f"{stat.S_IMODE(mode):04o}: others than its owner may read or "
+                                  "change it (chmod 600 it)")
             return fh.readline().strip()
     except OSError as exc:
         raise ConfigError(
@@ -257,6 +268,7 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
             60,
             1,
         ),
+        service_accounts=configured_startd_users() or ("condor",),
     )
 
 
@@ -301,15 +313,19 @@ def agent_socket(override: str | None = None) -> str:
     )
 
 
+def configured_startd_users() -> tuple[str, ...]:
+    """JOBSTORE_AGENT_STARTD_USERS as configured (empty when it is not)."""
+    users = _param("JOBSTORE_AGENT_STARTD_USERS") or ""
+    return tuple(u for u in re.split(r"[\s,]+", users) if u)
+
+
 def startd_users() -> tuple[str, ...]:
     """JOBSTORE_AGENT_STARTD_USERS: the service accounts (the startd's hooks run as one of
     them); default this process's own account and `condor`."""
     import pwd
 
-    users = _param("JOBSTORE_AGENT_STARTD_USERS")
-    if users:
-        return tuple(u for u in re.split(r"[\s,]+", users) if u)
-    return tuple(dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
+    return configured_startd_users() or tuple(
+        dict.fromkeys([pwd.getpwuid(os.getuid()).pw_name, "condor"]))
 
 
 def service_uids(names: tuple[str, ...]) -> frozenset[int]:

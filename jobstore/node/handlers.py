@@ -562,6 +562,12 @@ def spool_sender(services: frozenset[int]) -> Callable[[Any, int], Outcome]:
             return send_record(record, writer)
         except (DatabaseError, config.ConfigError) as exc:
             raise spool.Later(record_group(record), str(exc)) from None
+        except spool.NotMine:
+            if writer is SERVICE:
+                raise
+            # an ordinary account's report about another store: never applied here, and it
+            # must not keep the genuine ones from being looked at (quarantined)
+            raise ValueError("a report about another job store") from None
 
     return send
 

@@ -301,6 +301,12 @@ def read_file(path: Path, owner: int | None) -> tuple[bytes, int]:
         os.close(fd)
 
 
+# The spool entries one replay may go through, quarantined ones included, and how many of its
+# quarantines it logs one by one (the rest in one line).
+MAX_LOOKED_AT = 1_000_000
+LOGGED_QUARANTINES = 20
+
+
 def replay(
     directory: Path,
     send: Callable[[Any, int], object],
@@ -315,15 +321,20 @@ def replay(
     ensure_dir(directory)
     sent = left = bad = 0
     away: set[object] = set()
-    for item in pending(directory, limit=max(limit, 1) * 4):
+    # quarantined records are not counted: a flood of unusable or foreign ones is cleared in
+    # one replay, and never keeps the genuine ones behind it from being looked at
+    looked, most = 0, max(limit, 1) * 4
+    for item in pending(directory, limit=MAX_LOOKED_AT):
         if item.error is not None:
-            quarantine(item.path, item.error)
+            quarantine(item.path, item.error, logged=bad < LOGGED_QUARANTINES)
             bad += 1
             continue
-        if sent >= limit or (deadline is not None and time.monotonic() > deadline):
+        if looked >= most or sent >= limit or (
+                deadline is not None and time.monotonic() > deadline):
             _put_back(item)
             left += 1
             break
+        looked += 1
         try:
             key = group(item.record)
         except Exception:
@@ -344,18 +355,24 @@ def replay(
             away.add(key)
             continue
         except Exception as exc:
-            quarantine(item.path, f"{type(exc).__name__}: {exc}")
+            quarantine(item.path, f"{type(exc).__name__}: {exc}",
+                       logged=bad < LOGGED_QUARANTINES)
             bad += 1
+            looked -= 1
             continue
         done(item.path)
         sent += 1
+    if bad > LOGGED_QUARANTINES:
+        _log.warning("spool: %d more reports quarantined", bad - LOGGED_QUARANTINES)
     return Replayed(sent, left, bad)
 
 
-def quarantine(path: Path, why: str) -> None:
+def quarantine(path: Path, why: str, *, logged: bool = True) -> None:
     """Keep a report that cannot be applied out of every later replay (root removes what is
     not a regular file: it cannot be a report)."""
-    _log.warning("spool: %s not applied, quarantined: %s", path.name, why[:300])
+    if logged:
+        _log.warning("spool: %s not applied, quarantined: %s", path.name,
+                     why[:300].replace("\n", " "))
     try:
         st = os.lstat(path)
         if os.geteuid() == 0 and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):

@@ -1,0 +1,379 @@
+"""Who may do what (issue 28), decided by the database: a job's owner is the account of the role
+that submitted it, only she or a queue super user may act on it, a portal submits only for the
+accounts its rule allows, userprio changes need the admin role. Real PostgreSQL roles made per
+test; as root, the CLI runs as separate OS accounts too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import libpq_url
+from sqlalchemy import select, update
+from sqlalchemy.engine import make_url
+
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.grants import UserRights, grant_hook_role, grant_user_role
+from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.store import JobStore
+from jobstore.errors import DatabaseError, NotOwner, Refused
+from jobstore.testing.support import ensure_account
+
+pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+
+JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
+SPEC = [JobSpec(cmd="/bin/true")]
+# OS accounts of the submitters (created as root; elsewhere only names the database maps to)
+ALICE, BOB, CAROL = "jsalice", "jsbob", "jscarol"
+
+
+@dataclass
+class Pool:
+    """A job store with its owner's URL and one role per part: two submitters, a portal (a
+    queue super user that may submit for ALICE and CAROL), a plain super user, an admin and an
+    agent."""
+
+    owner_url: str
+    roles: dict[str, str]  # part -> role name
+
+    def url(self, part: str) -> str:
+        return make_url(self.owner_url).set(username=self.roles[part]).render_as_string(
+            hide_password=False)
+
+    def store(self, part: str) -> JobStore:
+        return JobStore.from_url(self.url(part))
+
+
+@pytest.fixture
+def pool(db_url: str) -> Iterator[Pool]:
+    upgrade(db_url)
+    suffix = uuid.uuid4().hex[:8]
+    roles = {part: f"js_{part}_{suffix}"
+             for part in ("alice", "bob", "portal", "super", "admin", "agent")}
+    admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for role in roles.values():
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+    owner = JobStore.from_url(db_url)
+    grant_user_role(owner.engine, roles["alice"], UserRights(account=ALICE))
+    grant_user_role(owner.engine, roles["bob"], UserRights(account=BOB))
+    grant_user_role(owner.engine, roles["portal"], UserRights(
+        super_user=True, may_impersonate=f"{ALICE}|{CAROL}"))
+    grant_user_role(owner.engine, roles["super"], UserRights(super_user=True))
+    grant_user_role(owner.engine, roles["admin"], UserRights(admin=True))
+    grant_hook_role(owner.engine, roles["agent"])
+    owner.engine.dispose()
+    try:
+        yield Pool(db_url, roles)
+    finally:
+        with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
+            for role in roles.values():
+                conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for role in roles.values():
+                conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+@pytest.fixture
+def owner(pool: Pool) -> Iterator[JobStore]:
+    s = JobStore.from_url(pool.owner_url)
+    yield s
+    s.engine.dispose()
+
+
+def _submitted(pool: Pool, part: str, owner: str | None = None) -> int:
+    store = pool.store(part)
+    try:
+        who = owner or store.identity().account
+        _, (job_id,) = store.submit(SPEC, owner=who, queue="default", max_attempts=3)
+        return job_id
+    finally:
+        store.engine.dispose()
+
+
+def _snapshot(store: JobStore) -> tuple[list[tuple], list[tuple], int]:
+    """Every cluster, every job's owner, command, ad and status, and the number of events."""
+    with store.engine.connect() as conn:
+        cl = [tuple(r) for r in conn.execute(select(clusters.c.id, clusters.c.owner)
+                                             .order_by(clusters.c.id))]
+        jb = [tuple(r) for r in conn.execute(select(jobs.c.id, jobs.c.owner, jobs.c.cmd,
+                                                    jobs.c.ad, jobs.c.status)
+                                             .order_by(jobs.c.id))]
+        ev = len(conn.execute(select(job_events.c.id)).all())
+    return cl, jb, ev
+
+
+def _cli(pool: Pool, part: str, *args: str, account: str | None = None
+         ) -> subprocess.CompletedProcess:
+    """`jobstore` with `part`'s role; as root, run as the OS account `account` as well."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "JOBSTORE_"))}
+    kwargs: dict = {}
+    if account is not None and os.geteuid() == 0:
+        user = ensure_account(account, home=True)
+        kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
+                  "cwd": user.pw_dir}
+        env["HOME"] = user.pw_dir
+    return subprocess.run([*JOBSTORE, "--db", pool.url(part), *args], capture_output=True,
+                          text=True, timeout=120, env=env, **kwargs)
+
+
+def _users_file(account: str, tmp_path: Path, name: str, text: str) -> Path:
+    """A file of `account`'s, in her home as root (tmp_path elsewhere)."""
+    if os.geteuid() != 0:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    user = ensure_account(account, home=True)
+    path = Path(user.pw_dir) / name
+    path.write_text(text)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_the_owner_is_the_account_the_database_says(pool: Pool, owner: JobStore) -> None:
+    alice = pool.store("alice")
+    try:
+        assert alice.identity().account == ALICE and not alice.identity().super_user
+        from jobstore.api.schedd import Schedd
+
+        result = Schedd(store=alice).submit({"executable": "/bin/true"})
+        assert result.clusterad()["Owner"] == ALICE
+        (job,) = owner.list_jobs()
+        assert job.owner == ALICE and job.cluster_id == result.cluster()
+    finally:
+        alice.engine.dispose()
+
+
+def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
+                                                  tmp_path: Path) -> None:
+    from jobstore.api.schedd import Schedd
+
+    bob_job = _submitted(pool, "bob")
+    before = _snapshot(owner)
+    alice = pool.store("alice")
+    try:
+        with pytest.raises(Refused, match=f"may not submit jobs as {BOB}"):
+            alice.submit(SPEC, owner=BOB, queue="default", max_attempts=3)
+        with pytest.raises(Refused, match=f"{ALICE} may not submit jobs as {BOB}"):
+            Schedd(store=alice, owner=BOB).submit({"executable": "/bin/true"})
+        with pytest.raises(ValueError, match="another owner"):  # her key, bob's cluster
+            bob = pool.store("bob")
+            bob.submit(SPEC, owner=BOB, queue="default", max_attempts=3, idempotency_key="k1")
+            bob.engine.dispose()
+            before = _snapshot(owner)
+            alice.submit(SPEC, owner=ALICE, queue="default", max_attempts=3,
+                         idempotency_key="k1")
+    finally:
+        alice.engine.dispose()
+    sub = _users_file(ALICE, tmp_path, "job.sub", "executable = /bin/true\nqueue\n")
+    r = _cli(pool, "alice", "submit", str(sub), "--owner", BOB, account=ALICE)
+    assert r.returncode == 1 and f"may not submit jobs as {BOB}" in _one_line(r.stderr)
+    assert _snapshot(owner) == before
+    # raw SQL with her credentials
+    alice_sql = libpq_url(pool.url("alice"))
+    attempts = [
+        f"INSERT INTO clusters (owner, queue, num_procs, submitted_at) VALUES ('{BOB}', 'q', 1, 0)",
+        f"UPDATE jobs SET owner = '{ALICE}' WHERE id = {bob_job}",
+        f"INSERT INTO job_events (job_id, time, event, attempt) VALUES ({bob_job}, 0, 'hold', 0)",
+        "UPDATE submitters SET factor = 10000",
+        f"INSERT INTO queue_roles (role, super_user) VALUES ('{pool.roles['alice']}', true)",
+        f"DELETE FROM jobs WHERE id = {bob_job}",
+        "COPY jobs (owner) FROM STDIN",
+        "SELECT jobstore_may_submit_as('x')",  # harmless: a function that only answers
+    ]
+    refused = 0
+    with psycopg.connect(alice_sql, autocommit=True) as conn:
+        for sql in attempts[:-1]:
+            with pytest.raises(psycopg.Error):
+                conn.execute(sql)
+            refused += 1
+        assert conn.execute(attempts[-1]).fetchone() == (False,)
+        # hers to act on: bob's job is invisible to her changes
+        cur = conn.execute(f"UPDATE jobs SET cmd = '/tmp/evil.sh' WHERE id = {bob_job}")
+        assert cur.rowcount == 0
+    assert refused == len(attempts) - 1
+    assert _snapshot(owner) == before
+
+
+def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:
+    bob_job = _submitted(pool, "bob")
+    alice, bob, sup = pool.store("alice"), pool.store("bob"), pool.store("super")
+    try:
+        before = _snapshot(owner)
+        for event in (Event.HOLD, Event.REMOVE, Event.RELEASE):
+            with pytest.raises(NotOwner, match=f"{ALICE} may not {event} job {bob_job}"):
+                alice.admin(bob_job, event, "mine now")
+        with pytest.raises(NotOwner, match="may not edit"):
+            alice.edit(bob_job, "Cmd", '"/tmp/evil.sh"')
+        for args in (("hold", str(bob_job)), ("rm", str(bob_job)), ("release", str(bob_job)),
+                     ("qedit", str(bob_job), "Cmd", '"/tmp/evil.sh"')):
+            r = _cli(pool, "alice", *args, account=ALICE)
+            assert r.returncode == 1, r
+            assert "not its owner" in _one_line(r.stderr)
+        assert _snapshot(owner) == before
+        # the owner and a super user may
+        assert bob.edit(bob_job, "Cmd", '"/bin/false"')
+        assert bob.admin(bob_job, Event.HOLD, "mine").after == "held"
+        assert sup.admin(bob_job, Event.RELEASE, "the admin's").after == "idle"
+        r = _cli(pool, "super", "rm", str(bob_job))
+        assert r.returncode == 0, r.stderr
+        assert owner.get_job(bob_job).status == "removed"
+        assert "/bin/false" in str(owner.get_job(bob_job).ad.get("Cmd"))
+    finally:
+        for s in (alice, bob, sup):
+            s.engine.dispose()
+
+
+def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -> None:
+    """The probe's attack: alice holds bob's running job. Refused; bob's own hold stops it."""
+    bob_job = _submitted(pool, "bob")
+    agent = pool.store("agent")
+    alice, bob = pool.store("alice"), pool.store("bob")
+    try:
+        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
+                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
+        job = agent.claim(request, lambda j: Verdict(take=True))
+        assert job is not None and job.id == bob_job
+        agent.report(bob_job, Event.ACCEPT, token=job.token, attempt=job.claims, lease=120)
+        with pytest.raises(NotOwner):
+            alice.admin(bob_job, Event.HOLD, "no")
+        assert owner.get_job(bob_job).status == "accepted"
+        assert bob.admin(bob_job, Event.HOLD, "mine").after == "held"
+        assert owner.get_job(bob_job).winding_down_until is not None
+    finally:
+        for s in (agent, alice, bob):
+            s.engine.dispose()
+
+
+def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,
+                                                                 owner: JobStore) -> None:
+    portal, sup = pool.store("portal"), pool.store("super")
+    try:
+        for who in (ALICE, CAROL):
+            _, (job_id,) = portal.submit(SPEC, owner=who, queue="default", max_attempts=3)
+            assert owner.get_job(job_id).owner == who
+        before = _snapshot(owner)
+        for who in (BOB, f"{ALICE}x", f"x{ALICE}"):  # the rule matches whole names only
+            with pytest.raises(Refused, match=f"may not submit jobs as {who}"):
+                portal.submit(SPEC, owner=who, queue="default", max_attempts=3)
+        with pytest.raises(Refused):  # a super user with no rule impersonates nobody
+            sup.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
+        assert _snapshot(owner) == before
+    finally:
+        portal.engine.dispose()
+        sup.engine.dispose()
+
+
+def test_userprio_changes_need_the_admin_role(pool: Pool, owner: JobStore) -> None:
+    _submitted(pool, "bob")
+    (row, _), = owner.usage_table()
+    for part in ("alice", "super"):
+        r = _cli(pool, part, "userprio", "-setfactor", row.name, "10000")
+        assert r.returncode == 1
+        assert "needs the job store's admin role" in _one_line(r.stderr)
+    assert owner.usage_table()[0][0].factor == 1
+    r = _cli(pool, "admin", "userprio", "-setfactor", row.name, "10")
+    assert r.returncode == 0, r.stderr
+    assert owner.usage_table()[0][0].factor == 10
+
+
+def test_everyone_reads_the_queue(pool: Pool) -> None:
+    """Reads stay open to every submitter, as condor_q's are."""
+    _submitted(pool, "bob")
+    _submitted(pool, "alice")
+    r = _cli(pool, "alice", "q", "-af", "Owner", account=ALICE)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split()) == sorted([ALICE, BOB])
+
+
+def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
+    role = f"js_dave_{uuid.uuid4().hex[:8]}"
+    admin = libpq_url(make_url(pool.owner_url).set(database="postgres").render_as_string(False))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role, "--account",
+                            "jsdave"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "GRANT INSERT ON clusters" in r.stdout
+        dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
+                                 .render_as_string(False))
+        try:
+            assert dave.identity().account == "jsdave"
+            _, (job_id,) = dave.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
+        finally:
+            dave.engine.dispose()
+        assert owner.get_job(job_id).owner == "jsdave"
+        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
+                            "--may-impersonate", "x"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "--super-user" in _one_line(r.stderr)
+        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "revoke-user", role],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
+                                 .render_as_string(False))
+        try:
+            with pytest.raises(DatabaseError):
+                dave.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
+        finally:
+            dave.engine.dispose()
+    finally:
+        with psycopg.connect(libpq_url(pool.owner_url), autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
+    """Migration 0012 gives the roles that held the agent's grants their policies."""
+    from jobstore.db.grants import hook_role_statements
+
+    upgrade(db_url, "0011")
+    role = f"js_old_agent_{uuid.uuid4().hex[:8]}"
+    admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        owner = JobStore.from_url(db_url)
+        old = [s for s in hook_role_statements(owner.engine, role) if "POLICY" not in s]
+        with owner.engine.begin() as conn:
+            from sqlalchemy import text
+
+            for sql in old:
+                conn.execute(text(sql))
+        upgrade(db_url)
+        _, (job_id,) = owner.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
+        agent = JobStore.from_url(make_url(db_url).set(username=role).render_as_string(False))
+        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
+                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
+        job = agent.claim(request, lambda j: Verdict(take=True))
+        assert job is not None and job.id == job_id
+        assert agent.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims,
+                            lease=120).after == "accepted"
+        with agent.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
+        agent.engine.dispose()
+        owner.engine.dispose()
+    finally:
+        with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
