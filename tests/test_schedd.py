@@ -218,9 +218,9 @@ def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
     if db_url.startswith("sqlite"):  # where the example's account can write
         db_url = f"sqlite:///{work / 'jobstore.db'}"
     upgrade(db_url)
-    if db_url.startswith("sqlite"):
-        os.chmod(work / "jobstore.db", 0o666)
     user = pwd.getpwnam(ordinary_owner()) if os.geteuid() == 0 else None
+    if db_url.startswith("sqlite") and user is not None:  # her own store: one user's
+        os.chown(work / "jobstore.db", user.pw_uid, user.pw_gid)
     code = f"DB = {db_url!r}\n" + _readme_example()
     out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True,
                          text=True, timeout=120, user=user.pw_uid if user else None,
