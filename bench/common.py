@@ -112,7 +112,7 @@ def populate(conn, queue: str, n: int, ad: str) -> None:  # type: ignore[no-unty
         ac = first(conn.execute(
             "INSERT INTO autoclusters (signature, queue, owner, submitter, request_cpus,"
             " request_memory, request_disk, created_at) VALUES (%s, %s, %s, %s, 1, 64, 1024, %s)"
-            " ON CONFLICT (signature) DO UPDATE SET queue = EXCLUDED.queue RETURNING id",
+            " ON CONFLICT (owner, signature) DO UPDATE SET queue = EXCLUDED.queue RETURNING id",
             (f"bench:{queue}", queue, OWNER, OWNER, now),
         ))
         conn.execute("INSERT INTO submitters (name, updated_at) VALUES (%s, %s)"

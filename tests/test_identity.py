@@ -26,7 +26,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.grants import UserRights, grant_hook_role, grant_user_role
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore
-from jobstore.errors import DatabaseError, NotOwner, Refused
+from jobstore.errors import NotOwner, Refused
 from jobstore.testing.support import ensure_account
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -211,6 +211,47 @@ def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
     assert _snapshot(owner) == before
 
 
+def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobStore) -> None:
+    """Her own rows may not look like a running attempt on some slot (an agent would vacate
+    that slot), nor carry a priority factor, nor stand for another's autocluster."""
+    from jobstore.core.autoclusters import signature
+    from jobstore.core.jobs import Job
+
+    alice_job = _submitted(pool, "alice")
+    job = owner.get_job(alice_job)
+    before = _snapshot(owner)
+    bob_sig = signature(Job.queued(SPEC[0], id=0, cluster_id=0, owner=BOB, queue="default",
+                                   ad=job.ad, max_attempts=3, now=0.0))
+    attempts = [
+        f"UPDATE jobs SET status = 'running' WHERE id = {alice_job}",
+        f"UPDATE jobs SET winding_down_until = 1e12 WHERE id = {alice_job}",
+        f"UPDATE jobs SET lease_expires_at = 1e12 WHERE id = {alice_job}",
+        "INSERT INTO jobs (cluster_id, proc_id, queue, status, owner, ad, cmd, request_cpus,"
+        " request_memory, request_disk, max_attempts, submitted_at, updated_at, slot, host)"
+        f" SELECT cluster_id, 7, queue, 'running', owner, ad, cmd, 1, 1, 1, 1, 0, 0,"
+        f" 'slot1@n', 'n' FROM jobs WHERE id = {alice_job}",
+        f"INSERT INTO submitters (name, factor, updated_at) VALUES ('{BOB}@x', 1e6, 0)",
+    ]
+    with psycopg.connect(libpq_url(pool.url("alice")), autocommit=True) as conn:
+        for sql in attempts:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
+        # an autocluster row under bob's signature is hers, and bob's jobs never join it
+        conn.execute("INSERT INTO autoclusters (signature, queue, owner, submitter,"
+                     " request_cpus, request_memory, request_disk, created_at)"
+                     f" VALUES ('{bob_sig}', 'default', '{ALICE}', '{ALICE}', 9999, 1, 1, 0)")
+    assert _snapshot(owner) == before
+    bob_job = _submitted(pool, "bob")
+    with owner.engine.connect() as conn:
+        from jobstore.db.schema import autoclusters
+
+        row = conn.execute(select(autoclusters.c.owner, autoclusters.c.request_cpus,
+                                  autoclusters.c.signature)
+                           .where(autoclusters.c.id == owner.get_job(bob_job).autocluster_id)
+                           ).one()
+    assert tuple(row) == (BOB, 1, bob_sig)  # the signature she forged, and still his own row
+
+
 def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:
     bob_job = _submitted(pool, "bob")
     alice, bob, sup = pool.store("alice"), pool.store("bob"), pool.store("super")
@@ -330,7 +371,7 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
         dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
                                  .render_as_string(False))
         try:
-            with pytest.raises(DatabaseError):
+            with pytest.raises(Refused, match="may not submit jobs to this job store"):
                 dave.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
         finally:
             dave.engine.dispose()

@@ -44,7 +44,7 @@ from jobstore.agent.protocol import (
 from jobstore.agent.pruner import Pruner
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.node import config, handlers, spool
+from jobstore.node import bounded, config, handlers, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import NAMES
@@ -211,6 +211,9 @@ class Agent:
     def run(self) -> int:
         self._setup_logging()
         handlers.use_pool(self.settings.db_overflow)
+        evaluator = bounded.Bounded(self.settings.expression_timeout,
+                                    self.settings.expression_workers)
+        handlers.use_evaluator(evaluator, self.settings.expression_timeout)
         listener = self._listen()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -299,6 +302,8 @@ class Agent:
             if self._metrics is not None:
                 self._metrics.close()
             handlers.drop_stores()
+            handlers.use_evaluator(bounded.Inline(), 0.0)
+            evaluator.close()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()
             wake_w.close()

@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from jobstore.core import holds
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -23,6 +25,7 @@ class Verdict:
 
     take: bool = False
     hold_reason: str | None = None
+    hold_code: int = holds.FAILED_TO_ACCESS_USER_ACCOUNT  # with hold_reason: HoldReasonCode
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 UNSPECIFIED = 0
 USER_REQUEST = 1  # condor_hold, jobstore hold
 JOB_POLICY = 3  # periodic_hold, on_exit_hold
+JOB_POLICY_UNDEFINED = 5  # a policy expression could not be evaluated (too costly)
 FAILED_TO_CREATE_PROCESS = 6  # the executable cannot be run (subcode: errno)
 UNABLE_TO_OPEN_INPUT = 8  # the job's `input` cannot be read (subcode: errno)
 IWD_ERROR = 14  # the job's initial directory cannot be entered (subcode: errno)

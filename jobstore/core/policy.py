@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from classad2 import ClassAd, ExprTree, Value
 
 from jobstore.core import holds
-from jobstore.core.jobs import Job
 
 # The submit commands of a job's policy and the attributes they set (HTCondor's names).
 POLICY_COMMANDS = {
@@ -101,6 +100,28 @@ def exit_action(ad: ClassAd) -> Action | None:
     return None
 
 
+class HasExitTerms(Protocol):
+    """What an exit's verdict reads of its job (a Job, or ExitTerms)."""
+
+    @property
+    def success_exit_code(self) -> int: ...
+
+    @property
+    def max_retries(self) -> int | None: ...
+
+    @property
+    def retry_until(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ExitTerms:
+    """A job's exit terms alone (sent to node.evalworker)."""
+
+    success_exit_code: int
+    max_retries: int | None
+    retry_until: str | None
+
+
 @dataclass(frozen=True)
 class ExitVerdict:
     """How a job's exit ends: did it succeed, does its policy want another run, or a hold."""
@@ -110,7 +131,8 @@ class ExitVerdict:
     hold: Action | None = None
 
 
-def exit_verdict(job: Job, exit_attrs: Mapping[str, Any], ad: ClassAd | None = None) -> ExitVerdict:
+def exit_verdict(job: HasExitTerms, exit_attrs: Mapping[str, Any], ad: ClassAd | None = None
+                 ) -> ExitVerdict:
     """The verdict for a JOB_EXIT `exit`: on_exit_hold and on_exit_remove (when `ad`, the policy
     ad with the exit attributes, is given), else max_retries, success_exit_code, retry_until.
 

@@ -69,8 +69,8 @@ USER_UPDATE_COLUMNS = (
     "winding_down_until", "attempts", "token", "finished_at", "wall_clock",
     "lease_expires_at", "updated_at", "status", "lease_renewed_until",
 )
-USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_act",
-               "user_sequences_grant")
+USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_submitters",
+               "user_act", "user_sequences_grant")
 # A role name as PostgreSQL takes it unquoted or quoted; nothing that needs escaping in a message.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select, update
 
-from jobstore.core import fairshare, holds, limits
+from jobstore.core import fairshare, limits
 from jobstore.core.autoclusters import signature
 from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
@@ -112,9 +112,9 @@ class Negotiator(Transitions):
         return out
 
     def _autocluster(self, conn: Connection, sig: str, job: Job, now: float) -> int:
-        found = conn.execute(
-            select(autoclusters.c.id).where(autoclusters.c.signature == sig)
-        ).scalar()
+        # the owner is part of the key: another submitter's row can never stand for this one
+        mine = (autoclusters.c.owner == job.owner, autoclusters.c.signature == sig)
+        found = conn.execute(select(autoclusters.c.id).where(*mine)).scalar()
         if found is not None:
             return int(found)
         values = {
@@ -129,11 +129,8 @@ class Negotiator(Transitions):
             "concurrency_limits": job.concurrency_limits,
             "created_at": now,
         }
-        self._insert_missing(conn, autoclusters, values, ["signature"])
-        ac = int(
-            conn.execute(select(autoclusters.c.id).where(autoclusters.c.signature == sig))
-            .scalar_one()
-        )
+        self._insert_missing(conn, autoclusters, values, ["owner", "signature"])
+        ac = int(conn.execute(select(autoclusters.c.id).where(*mine)).scalar_one())
         for name, amount in limits.parse(job.concurrency_limits).items():
             self._insert_missing(conn, concurrency_limits, {"name": name})
             self._insert_missing(
@@ -178,17 +175,54 @@ class Negotiator(Transitions):
             "memory": req.offer.memory,
             "disk": req.offer.disk,
         }
-        # PostgreSQL: the menu is read in the round trip that opens the transaction
-        with self._opened(IDLE_AUTOCLUSTERS if self._pg else None, params) as (conn, menu_read):
-            found = (conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all() if menu_read is None
-                     else menu_read.fetchall())
-            menu = list(starmap(IdleCluster, found))
-            matching = self._matching(conn, req, judge, menu, now) if menu else []
-            for group in self._submitter_order(conn, req, matching, now):
-                job = self._take_within_limits(conn, req, group, now)
-                if job is not None:
-                    return job
-        return None
+        # A job's user wrote what `judge` evaluates: where verdicts are remembered (a slot
+        # shape), autoclusters not judged yet are judged outside the transaction, which then
+        # starts again, so that no lock or connection waits for an expression (node.bounded)
+        judged_outside = req.shape is None
+        while True:
+            # PostgreSQL: the menu is read in the round trip that opens the transaction
+            with self._opened(IDLE_AUTOCLUSTERS if self._pg else None, params) as (conn, read):
+                found = (conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all() if read is None
+                         else read.fetchall())
+                menu = list(starmap(IdleCluster, found))
+                heads = self._unjudged(conn, req, menu)
+                if not heads or judged_outside:
+                    matching = self._matching(conn, req, judge, menu, heads, now) if menu else []
+                    for group in self._submitter_order(conn, req, matching, now):
+                        job = self._take_within_limits(conn, req, group, now)
+                        if job is not None:
+                            return job
+                    return None
+            self._judge_outside(req, judge, menu, heads, now)  # then the claim starts again
+            judged_outside = True
+
+    def _unjudged(self, conn: Connection, req: ClaimRequest, menu: list[IdleCluster]
+                  ) -> dict[int, Job]:
+        """The first jobs of the autoclusters of `menu` without a remembered verdict (one
+        query), by id."""
+        unknown = [m.head_id for m in menu if self.verdicts.get(req.shape, m.id) is None]
+        if unknown and self._pg:
+            return {r["id"]: r.job() for r in driver.every(conn, JOB_HEADS, {"ids": unknown})}
+        if unknown:
+            rows = conn.execute(select(jobs).where(jobs.c.id.in_(unknown)))
+            return {r.id: Job.from_row(r._mapping) for r in rows}
+        return {}
+
+    def _judge_outside(self, req: ClaimRequest, judge: Callable[[Job], Verdict],
+                       menu: list[IdleCluster], heads: dict[int, Job], now: float) -> None:
+        """Judge the unjudged autoclusters of `menu` in no transaction: remember each verdict,
+        and hold the idle jobs of those the verdict holds (a transaction of their own)."""
+        for m in menu:
+            head = heads.get(m.head_id)
+            if head is None:
+                continue
+            verdict = judge(head)
+            if verdict.hold_reason:
+                with self._tx() as conn:
+                    self._hold_idle(conn, req, m.id, verdict.hold_reason, verdict.hold_code,
+                                    now)
+            else:
+                self.verdicts.put(req.shape, m.id, verdict)
 
     def _matching(
         self,
@@ -196,18 +230,12 @@ class Negotiator(Transitions):
         req: ClaimRequest,
         judge: Callable[[Job], Verdict],
         menu: list[IdleCluster],
+        heads: dict[int, Job],
         now: float,
     ) -> list[IdleCluster]:
         """The autoclusters of `menu` that match the slot: remembered verdicts, else `judge` on
-        each one's first job (fetched in one query)."""
+        each one's first job (`heads`: `_unjudged`)."""
         known = {m.id: self.verdicts.get(req.shape, m.id) for m in menu}
-        unknown = [m.head_id for m in menu if known[m.id] is None]
-        heads: dict[int, Job] = {}
-        if unknown and self._pg:
-            heads = {r["id"]: r.job() for r in driver.every(conn, JOB_HEADS, {"ids": unknown})}
-        elif unknown:
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(unknown)))
-            heads = {r.id: Job.from_row(r._mapping) for r in rows}
         out = []
         for m in menu:
             verdict = known[m.id]
@@ -217,7 +245,8 @@ class Negotiator(Transitions):
                     continue
                 verdict = judge(head)
                 if verdict.hold_reason:
-                    self._hold_idle(conn, req, m.id, verdict.hold_reason, now)
+                    self._hold_idle(conn, req, m.id, verdict.hold_reason, verdict.hold_code,
+                                    now)
                     continue
                 self.verdicts.put(req.shape, m.id, verdict)
             if verdict.take:
@@ -225,7 +254,8 @@ class Negotiator(Transitions):
         return out
 
     def _hold_idle(
-        self, conn: Connection, req: ClaimRequest, autocluster: int, reason: str, now: float
+        self, conn: Connection, req: ClaimRequest, autocluster: int, reason: str, code: int,
+        now: float,
     ) -> None:
         q = (
             select(jobs)
@@ -238,7 +268,7 @@ class Negotiator(Transitions):
             self._apply(
                 conn, Job.from_row(row._mapping), Event.HOLD, decide_args={}, now=now,
                 reason=reason, slot=req.slot, host=req.host,
-                hold=(holds.FAILED_TO_ACCESS_USER_ACCOUNT, 0),
+                hold=(code, 0),
             )
 
     def _submitter_order(

@@ -293,9 +293,13 @@ GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, co
     submitters, passes, queue_roles TO {role};
 
 -- name: user_submit
--- Queue clusters of jobs, their autoclusters, limits, accounting rows and submit events.
+-- Queue clusters of jobs, their autoclusters, limits and submit events.
 GRANT INSERT ON clusters, jobs, job_events, autoclusters, autocluster_limits,
-    concurrency_limits, submitters TO {role};
+    concurrency_limits TO {role};
+
+-- name: user_submitters
+-- A submitter's accounting row where it is missing: its name only (never a factor or usage).
+GRANT INSERT (name, updated_at) ON submitters TO {role};
 
 -- name: user_act
 -- Hold, release, remove and edit the jobs the policies let the role act on; never their ids,

@@ -68,7 +68,8 @@ autoclusters = Table(
     Column("requirements", Text),
     Column("concurrency_limits", Text),
     Column("created_at", Epoch(), nullable=False),
-    UniqueConstraint("signature"),
+    # with its owner: a submitter cannot make the row another one's jobs would join (0012)
+    UniqueConstraint("owner", "signature"),
 )
 
 # The concurrency limits an autocluster's jobs each use: name -> units.

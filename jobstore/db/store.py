@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
+from classad2 import ClassAd
 from sqlalchemy import Connection, insert, select, update
 
 from jobstore.core import holds, policy
@@ -122,6 +123,9 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
     (`identity`)."""
 
     _identity: Identity | None = None
+    # How the periodic policy is evaluated (the agent's is bounded: jobstore.node.bounded).
+    periodic_policy: Callable[[ClassAd, float], policy.Action | None] = staticmethod(
+        policy.periodic_action)
 
     # ---- submit -------------------------------------------------------------------------
 
@@ -153,8 +157,11 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             return self._submit(specs, owner=owner, queue=queue, max_attempts=max_attempts,
                                 submit_file=submit_file, now=now, connection=connection,
                                 idempotency_key=idempotency_key, check=check)
-        except Refused:
+        except Refused as exc:
             who = self.identity().account
+            if "row-level security" not in str(exc):  # no grant at all
+                raise Refused(f"{who} may not submit jobs to this job store (ask its admin for"
+                              f" `jobstore grant-user`): {exc}") from None
             raise Refused(f"{who} may not submit jobs as {owner}: only a queue super user may"
                           " submit for the accounts its QUEUE_SUPER_USER_MAY_IMPERSONATE rule"
                           " allows") from None
@@ -541,7 +548,7 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
 
     def _police_one(self, conn: Connection, job: Job, now: float) -> Outcome | None:
         """Act on the first periodic expression of `job` (locked) that fires."""
-        action = policy.periodic_action(views.policy_ad(job), now)
+        action = self.periodic_policy(views.policy_ad(job), now)
         if action is None:
             return None
         event = {policy.HOLD: Event.HOLD, policy.RELEASE: Event.RELEASE,

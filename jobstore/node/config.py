@@ -299,6 +299,9 @@ class AgentSettings:
     metrics_port: int = 0  # JOBSTORE_AGENT_METRICS_PORT: Prometheus metrics (0: not served)
     metrics_address: str = "127.0.0.1"  # JOBSTORE_AGENT_METRICS_ADDRESS: a loopback address
     metrics_store: bool = False  # JOBSTORE_AGENT_METRICS_STORE: the store's view too
+    # JOBSTORE_AGENT_EXPRESSION_TIMEOUT: the longest a job's expression may take (node.bounded)
+    expression_timeout: float = 2.0
+    expression_workers: int = 3  # JOBSTORE_AGENT_EXPRESSION_WORKERS: its worker processes
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -387,7 +390,23 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         metrics_port=_port("JOBSTORE_AGENT_METRICS_PORT"),
         metrics_address=_loopback(_param("JOBSTORE_AGENT_METRICS_ADDRESS") or "127.0.0.1"),
         metrics_store=_flag("JOBSTORE_AGENT_METRICS_STORE", False),
+        expression_timeout=_seconds("JOBSTORE_AGENT_EXPRESSION_TIMEOUT", 2.0),
+        expression_workers=number("EXPRESSION_WORKERS", 3),
     )
+
+
+def _seconds(param: str, default: float) -> float:
+    """A positive number of seconds (fractions allowed)."""
+    raw = _param(param)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{param} must be a number of seconds, not {raw!r}") from None
+    if not 0 < value <= 3600:
+        raise ConfigError(f"{param} must be more than 0 and at most 3600 seconds")
+    return value
 
 
 def _port(param: str) -> int:

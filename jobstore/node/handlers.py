@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from classad2 import ClassAd
 
-from jobstore.core import policy
+from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
@@ -36,13 +36,12 @@ from jobstore.formats.jobads import (
     render_job,
 )
 from jobstore.formats.matching import (
-    matches,
     slot_offer,
     slot_shape,
     slot_weight,
     why_slot_cannot_take,
 )
-from jobstore.node import config, spool
+from jobstore.node import bounded, config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
 from jobstore.node.hookproc import STOP_JOB
 from jobstore.node.reports import (
@@ -102,6 +101,21 @@ _stores_lock = threading.Lock()
 _pool_overflow: int | None = None
 
 
+# How this process evaluates the expressions of a job's user (node.bounded): inline in a hook,
+# in bounded worker processes in the agent (`use_evaluator`).
+_evaluator: bounded.Evaluator = bounded.Inline()
+_evaluator_timeout = 0.0
+
+
+def use_evaluator(evaluator: bounded.Evaluator, timeout: float) -> None:
+    """Evaluate the jobs' expressions with `evaluator` from now on (the agent's bound)."""
+    global _evaluator, _evaluator_timeout
+    _evaluator, _evaluator_timeout = evaluator, timeout
+    with _stores_lock:
+        for store in _stores.values():
+            store.periodic_policy = evaluator.periodic_action
+
+
 def use_pool(overflow: int) -> None:
     """Keep one pooled connection per database from now on (for the agent)."""
     global _pool_overflow
@@ -133,6 +147,7 @@ def store_for(settings: config.Settings) -> JobStore:
                 pool=_pool_overflow is not None,
                 max_overflow=_pool_overflow or 0,
             )
+            store.periodic_policy = _evaluator.periodic_action
             _stores[settings.database_url] = store
         return store
 
@@ -194,7 +209,12 @@ def fetch_job(request: HookRequest) -> HookResponse:
             return Verdict(hold_reason=refused)
         if not account_exists(job.owner):
             return Verdict()
-        return Verdict(take=matches(job_classad(job, **ad_kw), slot))
+        try:
+            return Verdict(take=_evaluator.matches(job_classad(job, **ad_kw), slot))
+        except bounded.TooCostly:
+            return Verdict(hold_reason=bounded.too_costly(
+                "Its Requirements (or the slot's START against it)", _evaluator_timeout),
+                hold_code=holds.JOB_POLICY_UNDEFINED)
 
     request_ = ClaimRequest(
         queue=settings.queue,
@@ -533,7 +553,7 @@ def apply_report(
     if event == Event.EXIT:
 
         def exit_policy(row: Job) -> policy.ExitVerdict:
-            return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
+            return _evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
     return store_for(settings).report(
         report.job_id,

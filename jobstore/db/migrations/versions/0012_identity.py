@@ -9,10 +9,15 @@ queue super user (`jobstore_super_user`). The policies let anyone read, as condo
 session insert a cluster, a job or an autocluster only for an owner it may submit as
 (`jobstore_may_submit_as`: itself, or for a super user an account its `may_impersonate` regular
 expression matches, as QUEUE_SUPER_USER_MAY_IMPERSONATE), an event only for a job it may act on,
-and change only the jobs it may act on (its own, or every one for a super user). The table's
-owner is not subject to them. An agent's role (`jobstore grant`) gets a policy of its own that
+and change only the jobs it may act on (its own, or every one for a super user), never into a
+running attempt (a submitter's job row is new or at rest: no token, no lease, no slot); only an
+attempt that is handed out winds down on its slot, whoever writes it (a trigger), so that no row
+a submitter wrote makes an agent vacate a slot. The table's owner is not subject to the
+policies. An agent's role (`jobstore grant`) gets a policy of its own that
 lets it change every job (its column privileges already say which columns); the roles that had
-the agent's grants before this migration get theirs here.
+the agent's grants before this migration get theirs here. An autocluster is unique by its owner
+and signature (no longer the signature alone), so that a submitter cannot insert the row that
+another's jobs would join.
 
 Revision ID: 0012
 Revises: 0011
@@ -48,6 +53,22 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_catalog, pg_
         WHERE q.super_user AND pg_has_role(session_user, r.oid, 'MEMBER'))
 $$;
 
+CREATE FUNCTION jobstore_check_winding_down() RETURNS trigger
+LANGUAGE plpgsql SET search_path = {schema}, pg_catalog, pg_temp AS $$
+BEGIN
+    IF OLD.phase <> 'out' THEN
+        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege', MESSAGE = 'job ' || OLD.id
+            || ': only an attempt that is handed out winds down on its slot';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER jobstore_winding_down BEFORE UPDATE OF winding_down_until ON jobs FOR EACH ROW
+WHEN (NEW.winding_down_until IS NOT NULL
+      AND NEW.winding_down_until IS DISTINCT FROM OLD.winding_down_until)
+EXECUTE FUNCTION jobstore_check_winding_down();
+
 CREATE FUNCTION jobstore_may_submit_as(owner text) RETURNS boolean
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_catalog, pg_temp AS $$
     SELECT owner = jobstore_account() OR jobstore_trusted() OR EXISTS (
@@ -62,6 +83,12 @@ $$;
 OWN = "owner = (SELECT jobstore_account())"
 ACTS = f"{OWN} OR (SELECT jobstore_super_user())"
 SUBMITS = f"{OWN} OR jobstore_may_submit_as(owner)"
+# What a submitter's job row may be: new (nothing of a claim in it), and after her hold,
+# release, rm or edit (no attempt running: no token, no lease). The agent's policy is its own.
+FRESH = ("status IN ('idle', 'held') AND claims = 0 AND token IS NULL AND slot IS NULL"
+         " AND host IS NULL AND keyword IS NULL AND lease_expires_at IS NULL"
+         " AND winding_down_until IS NULL")
+AT_REST = "status IN ('idle', 'held', 'removed') AND token IS NULL AND lease_expires_at IS NULL"
 POLICIES = (
     ("clusters", "jobstore_read", "SELECT", "true", None),
     ("clusters", "jobstore_submit", "INSERT", None, SUBMITS),
@@ -75,8 +102,8 @@ POLICIES = (
      " AND (a.owner = (SELECT jobstore_account()) OR jobstore_may_submit_as(a.owner)))"),
     ("autocluster_limits", "jobstore_prune", "DELETE", "true", None),
     ("jobs", "jobstore_read", "SELECT", "true", None),
-    ("jobs", "jobstore_submit", "INSERT", None, SUBMITS),
-    ("jobs", "jobstore_act", "UPDATE", ACTS, ACTS),
+    ("jobs", "jobstore_submit", "INSERT", None, f"({SUBMITS}) AND {FRESH}"),
+    ("jobs", "jobstore_act", "UPDATE", ACTS, f"({ACTS}) AND {AT_REST}"),
     ("jobs", "jobstore_prune", "DELETE", "true", None),
     ("job_events", "jobstore_read", "SELECT", "true", None),
     ("job_events", "jobstore_record", "INSERT", None,
@@ -104,6 +131,9 @@ def upgrade() -> None:
         sa.Column("may_impersonate", sa.Text),
         sa.Column("admin", sa.Boolean, nullable=False, server_default=sa.false()),
     )
+    with op.batch_alter_table("autoclusters") as batch:  # SQLite: the table is made again
+        batch.drop_constraint("uq_autoclusters_signature", type_="unique")
+        batch.create_unique_constraint("uq_autoclusters_owner_signature", ["owner", "signature"])
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
@@ -143,7 +173,12 @@ def downgrade() -> None:
                 {"t": table}).scalars().all()
             for name in names:
                 op.execute(f"DROP POLICY {name} ON {table}")
-        for fn in ("jobstore_may_submit_as(text)", "jobstore_super_user()",
+        op.execute("DROP TRIGGER jobstore_winding_down ON jobs")
+        for fn in ("jobstore_check_winding_down()", "jobstore_may_submit_as(text)",
+                   "jobstore_super_user()",
                    "jobstore_account()", "jobstore_trusted()"):
             op.execute(f"DROP FUNCTION {fn}")
     op.drop_table("queue_roles")
+    with op.batch_alter_table("autoclusters") as batch:
+        batch.drop_constraint("uq_autoclusters_owner_signature", type_="unique")
+        batch.create_unique_constraint("uq_autoclusters_signature", ["signature"])

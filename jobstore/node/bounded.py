@@ -1,0 +1,201 @@
+"""The expressions a job's user wrote, evaluated with a bound on their cost that the job cannot
+escape: Requirements (both sides of a match), the periodic policy and the exit policy.
+
+`Inline` evaluates them in this process (a hook run for one call: its deadline bounds it).
+`Bounded` (the agent) sends each to a worker process (`node.evalworker`, unprivileged) and kills
+the worker when the answer takes longer than `timeout` seconds: classad2 holds the GIL while it
+evaluates, so in the agent a hostile expression would stop every other caller's fetch and
+report. A job whose expression took too long is held, with a reason that says so
+(HoldReasonCode 5, JobPolicyUndefined); everyone else's calls go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from classad2 import ClassAd
+
+from jobstore.core import holds, policy
+from jobstore.formats.matching import matches
+from jobstore.node.evalworker import READY
+
+DEFAULT_TIMEOUT = 2.0  # seconds: ordinary expressions take microseconds
+DEFAULT_WORKERS = 3
+STARTUP_TIMEOUT = 30.0
+# The worker: isolated mode (no environment, no user site), the package where ours is.
+_START = ("import sys; sys.path.insert(0, {root}); "
+          "from jobstore.node.evalworker import main; sys.exit(main())")
+
+
+class TooCostly(Exception):
+    """An expression took longer than the bound to evaluate."""
+
+
+class Evaluator(Protocol):
+    """How the node evaluates a job's expressions."""
+
+    def matches(self, job: ClassAd, slot: ClassAd) -> bool: ...
+
+    def periodic_action(self, ad: ClassAd, now: float) -> policy.Action | None: ...
+
+    def exit_verdict(self, terms: policy.HasExitTerms, exit_attrs: Mapping[str, Any],
+                     ad: ClassAd | None) -> policy.ExitVerdict: ...
+
+
+class Inline:
+    """In this process, unbounded but for the caller's own deadline."""
+
+    def matches(self, job: ClassAd, slot: ClassAd) -> bool:
+        return matches(job, slot)
+
+    def periodic_action(self, ad: ClassAd, now: float) -> policy.Action | None:
+        return policy.periodic_action(ad, now)
+
+    def exit_verdict(self, terms: policy.HasExitTerms, exit_attrs: Mapping[str, Any],
+                     ad: ClassAd | None) -> policy.ExitVerdict:
+        return policy.exit_verdict(terms, exit_attrs, ad)
+
+
+def too_costly(what: str, timeout: float) -> str:
+    """The hold reason of a job whose `what` took longer than `timeout` to evaluate."""
+    return (f"{what} took more than {timeout:g} s to evaluate (the job store's bound on a "
+            "job's expressions): the job is held so that it costs the node nothing more")
+
+
+class Bounded:
+    """In worker processes, each answer within `timeout` seconds or the worker is killed (and
+    TooCostly, or a hold for the policy). At most `workers` at once; started when first needed."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, workers: int = DEFAULT_WORKERS) -> None:
+        self.timeout = timeout
+        self._idle: list[_Worker] = []
+        self._free = threading.BoundedSemaphore(workers)
+        self._lock = threading.Lock()
+
+    def matches(self, job: ClassAd, slot: ClassAd) -> bool:
+        return bool(self._ask({"op": "match", "job": str(job), "slot": str(slot)}))
+
+    def periodic_action(self, ad: ClassAd, now: float) -> policy.Action | None:
+        try:
+            return _action(self._ask({"op": "periodic", "ad": str(ad), "now": now}))
+        except TooCostly:
+            return policy.Action(policy.HOLD, too_costly("Its periodic policy", self.timeout),
+                                 holds.JOB_POLICY_UNDEFINED)
+
+    def exit_verdict(self, terms: policy.HasExitTerms, exit_attrs: Mapping[str, Any],
+                     ad: ClassAd | None) -> policy.ExitVerdict:
+        request = {"op": "exit", "ad": None if ad is None else str(ad),
+                   "attrs": {k: v for k, v in exit_attrs.items()
+                             if isinstance(v, int | float | str | bool | None)},
+                   "terms": {"success_exit_code": terms.success_exit_code,
+                             "max_retries": terms.max_retries,
+                             "retry_until": terms.retry_until}}
+        try:
+            succeeded, retry, hold = self._ask(request)
+        except TooCostly:
+            return policy.ExitVerdict(False, False, policy.Action(
+                policy.HOLD, too_costly("Its exit policy", self.timeout),
+                holds.JOB_POLICY_UNDEFINED))
+        return policy.ExitVerdict(bool(succeeded), bool(retry), _action(hold))
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()
+
+    def _ask(self, request: dict[str, Any]) -> Any:
+        self._free.acquire()
+        try:
+            with self._lock:
+                worker = self._idle.pop() if self._idle else None
+            if worker is None or not worker.alive():
+                worker = _Worker()
+            try:
+                answer = worker.ask(request, self.timeout)
+            except BaseException:
+                worker.kill()
+                raise
+            with self._lock:
+                self._idle.append(worker)
+            return answer
+        finally:
+            self._free.release()
+
+
+def _action(value: Any) -> policy.Action | None:
+    if value is None:
+        return None
+    kind, reason, code, subcode = value
+    return policy.Action(str(kind), str(reason), int(code), int(subcode))
+
+
+class WorkerUnavailable(RuntimeError):
+    """No worker process could be started: nothing is judged (and nobody held) meanwhile."""
+
+
+class _Worker:
+    """One `jobstore.node.evalworker` process, ready (it said so) before it is asked."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _START.format(root=repr(_package_root()))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+        try:
+            self._read(len(READY), time.monotonic() + STARTUP_TIMEOUT)
+        except TooCostly:
+            self.kill()
+            raise WorkerUnavailable("the expression worker (jobstore.node.evalworker) did not "
+                                    "start") from None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, request: dict[str, Any], timeout: float) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        data = json.dumps(request).encode()
+        self.proc.stdin.write(len(data).to_bytes(4, "big") + data)
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        size = int.from_bytes(self._read(4, deadline), "big")
+        reply = json.loads(self._read(size, deadline))
+        if "error" in reply:
+            raise ValueError(f"expression evaluation failed: {reply['error']}")
+        return reply["ok"]
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd, data = self.proc.stdout.fileno(), b""
+        while len(data) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TooCostly
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise TooCostly  # the worker died evaluating it
+            data += chunk
+        return data
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _package_root() -> str:
+    """Where this process found the package (the worker imports the same one)."""
+    import jobstore
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(jobstore.__file__)))

@@ -1,0 +1,108 @@
+"""Untrusted expressions cannot stall a node (issue 28): the probe's 306-byte bomb (six levels of
+`A_n = (A_{n+1} =?= A_{n+1})` over a regexp that backtracks) in Requirements, periodic_hold and
+on_exit_hold is evaluated by the agent in a worker process it kills at the bound, the job is
+held with a reason that says so, and the agent serves everyone else meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from classad2 import ClassAd
+from hookseq import slot_ad, submit_jobs
+from test_agent import Node, node, store  # noqa: F401 - fixtures
+
+from jobstore.core import holds, policy
+from jobstore.core.jobs import JobSpec
+from jobstore.db.store import JobStore
+from jobstore.node.bounded import Bounded, TooCostly
+from jobstore.testing.support import ordinary_owner
+
+LEVELS = {f"A{n}": f"(A{n + 1} =?= A{n + 1})" for n in range(6)}
+BOMB = {**LEVELS, "A6": 'regexp("^(a|a)*$", "' + "a" * 28 + 'b")'}
+SLOT = ClassAd("[Cpus = 1; Memory = 1024; Disk = 1000000; Requirements = true]")
+TERMS = policy.ExitTerms(success_exit_code=0, max_retries=None, retry_until=None)
+
+
+def _ad(extra: dict[str, str]) -> ClassAd:
+    return ClassAd("[" + "; ".join(f"{k} = {v}" for k, v in {**BOMB, **extra}.items()) + "]")
+
+
+@pytest.fixture
+def evaluator():  # type: ignore[no-untyped-def]
+    ev = Bounded(timeout=1.5, workers=2)
+    yield ev
+    ev.close()
+
+
+def test_a_bomb_is_cut_off_and_the_next_answer_comes(evaluator: Bounded) -> None:
+    assert evaluator.matches(ClassAd("[Requirements = TARGET.Cpus >= 1]"), SLOT) is True
+    assert evaluator.matches(ClassAd("[Requirements = TARGET.Cpus >= 2]"), SLOT) is False
+    with pytest.raises(TooCostly):
+        evaluator.matches(_ad({"Requirements": "A0"}), SLOT)
+    assert evaluator.matches(ClassAd("[Requirements = TARGET.Cpus >= 1]"), SLOT) is True
+    held = evaluator.periodic_action(_ad({"JobStatus": "2", "PeriodicHold": "A0"}), time.time())
+    assert held is not None and (held.kind, held.code) == ("hold", holds.JOB_POLICY_UNDEFINED)
+    assert "periodic policy took more than 1.5 s to evaluate" in held.reason
+    fires = evaluator.periodic_action(ClassAd("[JobStatus = 1; PeriodicHold = true]"), 0.0)
+    assert fires is not None and fires.code == holds.JOB_POLICY
+    verdict = evaluator.exit_verdict(TERMS, {"ExitCode": 0}, _ad({"OnExitHold": "A0"}))
+    assert verdict.hold is not None and verdict.hold.code == holds.JOB_POLICY_UNDEFINED
+    ok = evaluator.exit_verdict(TERMS, {"ExitCode": 0}, ClassAd("[OnExitHold = false]"))
+    assert ok == policy.ExitVerdict(True, False, None)
+
+
+def test_others_are_answered_while_a_bomb_is_evaluated(evaluator: Bounded) -> None:
+    done: list[str] = []
+
+    def bomb() -> None:
+        try:
+            evaluator.matches(_ad({"Requirements": "A0"}), SLOT)
+        except TooCostly:
+            done.append("bomb")
+
+    t = threading.Thread(target=bomb)
+    t.start()
+    time.sleep(0.3)
+    for _ in range(20):
+        assert evaluator.matches(ClassAd("[Requirements = TARGET.Cpus >= 1]"), SLOT)
+    done.append("others")
+    t.join()
+    assert done == ["others", "bomb"]
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_agent_holds_a_bomb_and_serves_everyone_else(node: Node, store: JobStore  # noqa: F811
+                                                         ) -> None:
+    with open(node.config, "a") as fh:
+        fh.write("JOBSTORE_AGENT_EXPRESSION_TIMEOUT = 3\n")
+    owner = ordinary_owner()
+    (other,) = submit_jobs(store, 1, owner)
+    node.start()
+    first = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent").stdout
+    assert b"JobstoreJobId = %d" % other in first
+    _, (bomb_id,) = store.submit([JobSpec(cmd="/bin/true", requirements="A0",
+                                          custom=dict(BOMB))],
+                                 owner=owner, queue="default", max_attempts=3)
+    order: list[str] = []
+
+    def fetch() -> None:
+        out = node.hook("fetch_job", slot_ad("slot2@node01"), JOBSTORE_HOOK_MODE="agent")
+        assert out.stdout == b"", out.stdout
+        order.append("fetch")
+
+    t = threading.Thread(target=fetch)
+    t.start()
+    time.sleep(0.5)  # the agent is evaluating the bomb for slot2 now
+    accepted = node.hook("reply_fetch", first + b"-----\n" + slot_ad("slot1@node01"),
+                         ["accept"], JOBSTORE_HOOK_MODE="agent")
+    assert accepted.returncode == 0
+    order.append("reply_fetch")
+    t.join()
+    assert order == ["reply_fetch", "fetch"], (store.get_job(bomb_id), node.log.read_text())
+    assert store.get_job(other).status == "accepted"
+    held = store.get_job(bomb_id)
+    assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED)
+    assert "took more than 3 s to evaluate" in (held.reason or "")
+    assert node.stop() == 0
