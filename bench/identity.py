@@ -42,7 +42,7 @@ from common import (
     verdict,
 )
 from hookcost import spawn, start_agent
-from submit import API, SUBMIT
+from submit import SUBMIT, api_submit
 from throughput import tp_worker
 
 from jobstore.testing.support import ensure_account, libpq_url
@@ -181,14 +181,6 @@ def cli_submit(url: str, path: str, owner: bool) -> float:
     return time.perf_counter() - start
 
 
-def api_submit(url: str, n: int, owner: bool) -> float:
-    done = subprocess.run([sys.executable, "-c", API.format(), str(n), url,
-                           OWNER if owner else ""], capture_output=True, text=True, cwd="/tmp")
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip()[-400:])
-    return float(done.stdout.strip().splitlines()[-1])
-
-
 def section_submit(env, url: str, roles: dict[str, str], n: int, rounds: int  # type: ignore[no-untyped-def]
                    ) -> list[list[object]]:
     user = role_url(url, roles["user"])
@@ -198,7 +190,8 @@ def section_submit(env, url: str, roles: dict[str, str], n: int, rounds: int  # 
     rows: list[list[object]] = []
     for what, run in ((f"jobstore submit, queue {n}",
                        lambda u, o: cli_submit(u, str(path), o)),
-                      (f"Schedd.submit of {n} items", lambda u, o: api_submit(u, n, o))):
+                      (f"Schedd.submit of {n} items",
+                       lambda u, o: api_submit(u, n, OWNER if o else ""))):
         ratios = []
         for r in range(rounds):
             pair = {}

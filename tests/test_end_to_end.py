@@ -168,10 +168,7 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
         tmp, str(store.engine.url.render_as_string(False)), vacate_after=vacate_first_five
     )
     if os.geteuid() == 0:
-        cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
-        for path in (tmp, tmp / "jobstore.db"):
-            if path.exists():
-                os.chmod(path, 0o777 if path.is_dir() else 0o666)
+        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
     with ExitStack() as stack:
         if mode == "agent":
             cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
@@ -277,11 +274,22 @@ def _vacating_node(store: JobStore, tmp: Path, host: str = "node01.example.org",
         fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\nJOBSTORE_AGENT_WATCH_INTERVAL = 1\n"
                  f"NETWORK_HOSTNAME = {host}\n")
     if os.geteuid() == 0:
-        cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
-        for path in (tmp, tmp / "jobstore.db"):
-            if path.exists():
-                os.chmod(path, 0o777 if path.is_dir() else 0o666)
+        _give_node(cfg, store, tmp, None, personal=False)
     return cfg, condor_config
+
+
+def _give_node(cfg: EmulatorConfig, store: JobStore, tmp: Path, owner: str | None, *,
+               personal: bool) -> None:
+    """As root: the startd's hooks run as the service account, in a node directory open to it
+    and to the jobs' owner. A SQLite store is one user's: with no agent (`personal`) the node
+    is its jobs' owner's own, as `jobstore demo`'s, and every hook runs as her."""
+    os.chmod(tmp, 0o777)
+    if store.engine.dialect.name == "sqlite" and personal and owner:
+        user = pwd.getpwnam(owner)
+        os.chown(str(store.engine.url.database), user.pw_uid, user.pw_gid)
+        cfg.condor_user = owner
+        return
+    cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
 
 
 def _job_owner() -> str | None:

@@ -45,6 +45,8 @@ def test_a_bomb_is_cut_off_and_the_next_answer_comes(evaluator: Bounded) -> None
     held = evaluator.periodic_action(_ad({"JobStatus": "2", "PeriodicHold": "A0"}), time.time())
     assert held is not None and (held.kind, held.code) == ("hold", holds.JOB_POLICY_UNDEFINED)
     assert "periodic policy took more than 1.5 s to evaluate" in held.reason
+    held_already = _ad({"JobStatus": "5", "PeriodicRelease": "A0"})
+    assert evaluator.periodic_action(held_already, time.time()) is None
     fires = evaluator.periodic_action(ClassAd("[JobStatus = 1; PeriodicHold = true]"), 0.0)
     assert fires is not None and fires.code == holds.JOB_POLICY
     verdict = evaluator.exit_verdict(TERMS, {"ExitCode": 0}, _ad({"OnExitHold": "A0"}))

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hookseq import slot_ad
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT
 from test_metrics import _free_port, samples
@@ -246,6 +247,34 @@ def test_a_service_account_never_owns_a_job(tmp_path: Path, monkeypatch) -> None
     assert owner_refusal(JOB_USERS[0], settings) is None
     _configured(monkeypatch, conf, "")
     assert owner_refusal("condor", config.load_settings(None, "sqlite:////x")) is not None
+
+
+@ON_POSTGRESQL
+def test_a_job_of_a_service_account_is_refused_at_submit_and_held_at_fetch(
+        node: Node, tmp_path: Path) -> None:  # noqa: F811
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {SERVICE_ACCOUNT}\n")
+    sub = tmp_path / "job.sub"
+    sub.write_text("executable = /bin/true\nqueue\n")
+    env = dict(node.env(), JOBSTORE_DATABASE_URL=node.db_url)
+    r = subprocess.run([sys.executable, "-m", "jobstore.cli", "submit", str(sub), "--owner",
+                        SERVICE_ACCOUNT], env=env, capture_output=True, text=True, timeout=60)
+    if os.geteuid() == 0:  # (elsewhere only root may name another owner at all)
+        assert r.returncode == 1
+        assert r.stderr.strip() == (f"jobstore: account {SERVICE_ACCOUNT} is a service account"
+                                    " (JOBSTORE_AGENT_STARTD_USERS): jobs may not run as it")
+    js = JobStore.from_url(node.db_url)
+    try:
+        assert js.list_jobs() == []
+        # queued by the store's owner, who is not checked: the fetch refuses it all the same
+        _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=SERVICE_ACCOUNT,
+                                    queue="default", max_attempts=3)
+        out = node.hook("fetch_job", slot_ad("slot1@node01"))
+        assert out.stdout == b""
+        job = js.get_job(job_id)
+        assert job.status == "held" and "is a service account" in (job.reason or "")
+    finally:
+        js.engine.dispose()
 
 
 def test_a_sqlite_store_is_one_users(tmp_path: Path) -> None:

@@ -63,13 +63,22 @@ def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # ty
     else:
         db_url = request.getfixturevalue("pg_url")
     upgrade(db_url)
-    if request.param == "sqlite":
-        os.chmod(base / "jobstore.db", 0o666)
     monkeypatch.setenv("CONDOR_CONFIG", str(write_node_config(base, db_url)))
     store = JobStore.from_url(db_url)
     yield store, base, db_url
     store.engine.dispose()
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _node_account(db_url: str, owner: pwd.struct_passwd | None) -> str | None:
+    """As root, who runs the hooks: the service account, or on SQLite (one user's store) the
+    jobs' owner, whose node it is (as `jobstore demo`'s), and who is given the store."""
+    if owner is None:
+        return None
+    if db_url.startswith("sqlite"):
+        os.chown(db_url.removeprefix("sqlite:///"), owner.pw_uid, owner.pw_gid)
+        return owner.pw_name
+    return _account(SERVICE).pw_name
 
 
 def _read(path: Path) -> list[htcondor2.JobEvent]:
@@ -107,7 +116,7 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
         min_rearm=0.2,
         fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
         env={"PATH": "/usr/bin:/bin", "HOME": "/", "CONDOR_CONFIG": os.environ["CONDOR_CONFIG"]},
-        condor_user=_account(SERVICE).pw_name if root else None,
+        condor_user=_node_account(db_url, owner),
     )
     emulator = Emulator(cfg)
     vacated: list[str] = []

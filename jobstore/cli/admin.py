@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -33,16 +35,19 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
     ROLE may read the job store, append events and change the columns a claim, a transition or a
     report changes; never a job's owner, command, queue, submitted ad or user log. Point the
     agent's JOBSTORE_DATABASE_URL at ROLE."""
-    from sqlalchemy.exc import DBAPIError
-
     from jobstore.db.grants import grant_hook_role, hook_role_statements
 
     engine = ctx.store.engine
+    _show_grants(role, lambda: (hook_role_statements if print_only else grant_hook_role)(
+        engine, role))
+
+
+def _show_grants(role: str, make: Callable[[], list[str]]) -> None:
+    """Print the statements `make` ran (or only made), or one line on why it could not."""
+    from sqlalchemy.exc import DBAPIError
+
     try:
-        if print_only:
-            statements = hook_role_statements(engine, role)
-        else:
-            statements = grant_hook_role(engine, role)
+        statements = make()
     except DBAPIError as exc:
         fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
         return
@@ -75,8 +80,6 @@ def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_
     submitted it (peer authentication on the local socket makes the role the OS user), and only
     that owner, or a queue super user, may hold, release, remove or edit it. ROLE may be a group
     role: its members submit as themselves."""
-    from sqlalchemy.exc import DBAPIError
-
     from jobstore.db.grants import UserRights, grant_user_role, user_role_statements
 
     if account is not None and len(roles) > 1:
@@ -84,17 +87,9 @@ def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_
     rights = UserRights(account=account, super_user=super_user,
                         may_impersonate=may_impersonate, admin=admin)
     engine = ctx.store.engine
+    make = user_role_statements if print_only else grant_user_role
     for role in roles:
-        try:
-            if print_only:
-                statements = user_role_statements(engine, role, rights)
-            else:
-                statements = grant_user_role(engine, role, rights)
-        except DBAPIError as exc:
-            fail(f"cannot grant to {role}: {str(exc.orig).strip().splitlines()[0]}")
-            return
-        for sql in statements:
-            click.echo(f"{sql};")
+        _show_grants(role, functools.partial(make, engine, role, rights))
 
 
 @click.command("revoke-user")

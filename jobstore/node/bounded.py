@@ -87,6 +87,8 @@ class Bounded:
         try:
             return _action(self._ask({"op": "periodic", "ad": str(ad), "now": now}))
         except TooCostly:
+            if ad.get("JobStatus") == policy.HELD:
+                return None  # held already: nothing more to do
             return policy.Action(policy.HOLD, too_costly("Its periodic policy", self.timeout),
                                  holds.JOB_POLICY_UNDEFINED)
 
