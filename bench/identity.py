@@ -1,17 +1,16 @@
 #!/usr/bin/env python3
-"""What identity enforcement (issue 28) costs: the same code and database, each measurement
-made through a role the row-level security policies apply to and through the tables' owner,
-which they do not (what every path cost before migration 0012), in alternating rounds; the
-figure is the median of the rounds' ratios.
+"""What identity enforcement (issue 28) costs: the same code and database, in alternating
+rounds, with the enforcement on and off; the figure is the median of the rounds' ratios.
 
-1. claim + exit throughput as the agent's role (`jobstore grant`) / as the owner, at 1 and 8
-   claimers (target: at least 0.95);
-2. FETCH_WORK's latency through the real agent on the agent's role / on the owner's (p50 of
-   each run's calls; target: at most 1 / 0.95);
+1. claim + exit throughput of the agent's role (`jobstore grant`) with row-level security on /
+   off (the owner turns it off and on between runs: what the role cost before migration
+   0012), at 1 and 8 claimers (target: at least 0.95);
+2. FETCH_WORK's latency through the real agent on the agent's role, on / off (p50 of each run's
+   calls; target: at most 1 / 0.95);
 3. submit of N jobs as a submitter's own role (`grant-user`: the policies check every row, the
    events in a statement of their own, an API submit's COPY through a staging table) / as the
-   owner with --owner (target: at most 1.2): `jobstore submit` of a `queue N` file and
-   `Schedd.submit` of N items.
+   owner with --owner, as every submitter did before (target: at most 1.2): `jobstore submit`
+   of a `queue N` file and `Schedd.submit` of N items.
 
 N = 100,000 (20,000 with --quick). PostgreSQL only.
 Usage: .venv/bin/python bench/identity.py [--quick] [--db-url URL]
@@ -110,20 +109,40 @@ def cycles_per_second(url: str, claimers: int, seconds: float) -> float:
     return count / span
 
 
+TABLES = ("clusters", "autoclusters", "autocluster_limits", "jobs", "job_events")
+
+
+def enforce(on: bool) -> None:
+    """Row-level security on (migration 0012's state) or off (before it), by the owner."""
+    with psycopg.connect(libpq_url(OWNER_URL[0]), autocommit=True) as conn:
+        for name in TABLES:
+            conn.execute(f"ALTER TABLE {name} {'ENABLE' if on else 'DISABLE'} ROW LEVEL SECURITY")
+
+
+def paired(rounds: int, measure) -> tuple[list[float], list[dict[str, float]]]:  # type: ignore[no-untyped-def]
+    """`measure()` with the enforcement on and off, in alternating order per round; the ratios
+    on / off and the pairs."""
+    ratios, pairs = [], []
+    for r in range(rounds):
+        pair = {}
+        for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            enforce(side == "on")
+            pair[side] = measure()
+        enforce(True)
+        ratios.append(pair["on"] / pair["off"])
+        pairs.append(pair)
+    return ratios, pairs
+
+
 def section_throughput(url: str, roles: dict[str, str], seconds: float, rounds: int
                        ) -> list[list[object]]:
     rows: list[list[object]] = []
     agent = role_url(url, roles["agent"])
     for claimers in (1, 8):
-        ratios = []
-        for r in range(rounds):
-            pair = {}
-            for side in (("agent", "owner") if r % 2 == 0 else ("owner", "agent")):
-                pair[side] = cycles_per_second(agent if side == "agent" else url, claimers,
-                                               seconds)
-            ratios.append(pair["agent"] / pair["owner"])
-            say(f"  {claimers} claimer(s), round {r + 1}: agent role {pair['agent']:.0f}/s,"
-                f" owner {pair['owner']:.0f}/s")
+        ratios, pairs = paired(rounds, lambda c=claimers: cycles_per_second(agent, c, seconds))
+        for r, pair in enumerate(pairs):
+            say(f"  {claimers} claimer(s), round {r + 1}: enforced {pair['on']:.0f}/s,"
+                f" not {pair['off']:.0f}/s")
         median = statistics.median(ratios)
         rows.append([f"claim + exit, {claimers} claimer(s)", f"{median:.2f}",
                      f"{min(ratios):.2f} to {max(ratios):.2f}", verdict(median >= 0.95)])
@@ -159,14 +178,10 @@ def fetch_p50(env, url: str, calls: int) -> float:  # type: ignore[no-untyped-de
 def section_fetch(env, url: str, roles: dict[str, str], calls: int, rounds: int  # type: ignore[no-untyped-def]
                   ) -> list[list[object]]:
     agent = role_url(url, roles["agent"])
-    ratios = []
-    for r in range(rounds):
-        pair = {}
-        for side in (("agent", "owner") if r % 2 == 0 else ("owner", "agent")):
-            pair[side] = fetch_p50(env, agent if side == "agent" else url, calls)
-        ratios.append(pair["agent"] / pair["owner"])
-        say(f"  round {r + 1}: FETCH_WORK p50 agent role {pair['agent'] * 1000:.1f} ms,"
-            f" owner {pair['owner'] * 1000:.1f} ms")
+    ratios, pairs = paired(rounds, lambda: fetch_p50(env, agent, calls))
+    for r, pair in enumerate(pairs):
+        say(f"  round {r + 1}: FETCH_WORK p50 enforced {pair['on'] * 1000:.1f} ms,"
+            f" not {pair['off'] * 1000:.1f} ms")
     median = statistics.median(ratios)
     return [["FETCH_WORK p50 through the agent (time)", f"{median:.2f}",
              f"{min(ratios):.2f} to {max(ratios):.2f}", verdict(median <= 1 / 0.95)]]
@@ -221,10 +236,10 @@ def main() -> int:
         OWNER_URL.append(url)
         roles = make_roles(url)
         rows = []
-        say("claim + exit throughput (agent's role / owner):")
+        say("claim + exit throughput (the agent's role, enforced / not):")
         rows += section_throughput(url, roles, 2.0 if args.quick else 5.0,
                                    2 if args.quick else 4)
-        say("FETCH_WORK through the agent (agent's role / owner):")
+        say("FETCH_WORK through the agent (the agent's role, enforced / not):")
         rows += section_fetch(env, url, roles, 30 if args.quick else 100, 2 if args.quick else 4)
         say("submit (submitter's role / owner):")
         rows += section_submit(env, url, roles, n, 2)

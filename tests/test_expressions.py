@@ -108,3 +108,36 @@ def test_the_agent_holds_a_bomb_and_serves_everyone_else(node: Node, store: JobS
     assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED)
     assert "took more than 3 s to evaluate" in (held.reason or "")
     assert node.stop() == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
+def test_a_costly_periodic_policy_holds_its_autocluster(db_url: str, evaluator: Bounded) -> None:
+    """The policy pass evaluates in no transaction, holds the job whose periodic_hold took too
+    long, and its autocluster's other idle jobs with it; an ordinary job is left alone."""
+    from jobstore.db.engine import upgrade
+
+    upgrade(db_url)
+    js = JobStore.from_url(db_url)
+    asked: list[int] = []
+
+    def periodic(ad: ClassAd, now: float) -> policy.Action | None:
+        asked.append(ad["ProcId"])
+        return evaluator.periodic_action(ad, now)
+
+    js.periodic_policy = periodic
+    try:
+        bombs = [JobSpec(cmd="/bin/true", proc_id=i, custom={**BOMB, "PeriodicHold": "A0"})
+                 for i in range(3)]
+        _, bomb_ids = js.submit(bombs, owner=ordinary_owner(), queue="default", max_attempts=3)
+        _, (plain,) = js.submit([JobSpec(cmd="/bin/true", custom={"PeriodicHold": "false"})],
+                                owner=ordinary_owner(), queue="default", max_attempts=3)
+        acted = js.police()
+        assert [o.job_id for o in acted] == [bomb_ids[0]]  # its siblings were held with it
+        assert asked == [0, 0]  # and never evaluated: the bomb's proc 0, then the plain job
+        for job_id in bomb_ids:
+            job = js.get_job(job_id)
+            assert (job.status, job.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED)
+            assert "periodic policy took more than 1.5 s" in (job.reason or "")
+        assert js.get_job(plain).status == "idle"
+    finally:
+        js.engine.dispose()

@@ -159,7 +159,7 @@ def test_idle_connections_start_no_thread_each(tmp_path: Path) -> None:
     idle = []
     try:
         base = threading.active_count()
-        for _ in range(200):
+        for _ in range(100):
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             idle.append(s)
         time.sleep(0.5)

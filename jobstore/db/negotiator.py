@@ -219,8 +219,8 @@ class Negotiator(Transitions):
             verdict = judge(head)
             if verdict.hold_reason:
                 with self._tx() as conn:
-                    self._hold_idle(conn, req, m.id, verdict.hold_reason, verdict.hold_code,
-                                    now)
+                    self._hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
+                                    slot=req.slot, host=req.host)
             else:
                 self.verdicts.put(req.shape, m.id, verdict)
 
@@ -245,8 +245,8 @@ class Negotiator(Transitions):
                     continue
                 verdict = judge(head)
                 if verdict.hold_reason:
-                    self._hold_idle(conn, req, m.id, verdict.hold_reason, verdict.hold_code,
-                                    now)
+                    self._hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
+                                    slot=req.slot, host=req.host)
                     continue
                 self.verdicts.put(req.shape, m.id, verdict)
             if verdict.take:
@@ -254,9 +254,11 @@ class Negotiator(Transitions):
         return out
 
     def _hold_idle(
-        self, conn: Connection, req: ClaimRequest, autocluster: int, reason: str, code: int,
-        now: float,
+        self, conn: Connection, autocluster: int, reason: str, code: int, now: float, *,
+        slot: str | None = None, host: str | None = None,
     ) -> None:
+        """Put the idle jobs of `autocluster` on hold (HOLD_BATCH at most; a locked one is
+        passed over)."""
         q = (
             select(jobs)
             .where(status_in([Status.IDLE]), jobs.c.autocluster_id == autocluster)
@@ -267,7 +269,7 @@ class Negotiator(Transitions):
         for row in conn.execute(q).all():
             self._apply(
                 conn, Job.from_row(row._mapping), Event.HOLD, decide_args={}, now=now,
-                reason=reason, slot=req.slot, host=req.host,
+                reason=reason, slot=slot, host=host,
                 hold=(code, 0),
             )
 

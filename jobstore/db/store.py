@@ -316,14 +316,19 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
                     # be finished and pruned meanwhile): under the lock
                     continue
                 try:
-                    return self._report(conn, job, event, token=token, attempt=attempt,
-                                        version=version, changes=changes, attrs=attrs,
-                                        lease=lease, slot=slot, host=host,
-                                        exit_policy=exit_policy, now=now, reason=reason)
+                    outcome = self._report(conn, job, event, token=token, attempt=attempt,
+                                           version=version, changes=changes, attrs=attrs,
+                                           lease=lease, slot=slot, host=host,
+                                           exit_policy=exit_policy, now=now, reason=reason)
+                    break
                 except RowChanged:
                     if locked:
                         raise
-        raise AssertionError("unreachable: the locked read is the last")
+            else:
+                raise AssertionError("unreachable: the locked read is the last")
+        if job.periodic and outcome.changed and outcome.after in ACTIVE:
+            self._police_job(job_id, now)
+        return outcome
 
     def _report(
         self,
@@ -404,9 +409,15 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             attempt_ended=True,
             version=version,
         )
-        if job.periodic and outcome.changed and outcome.after in ACTIVE:
-            self._police_one(conn, job.but(**all_changes, status=outcome.after), now)
+        if hold[0] == holds.JOB_POLICY_UNDEFINED and job.autocluster_id is not None:
+            self._hold_too_costly(conn, job.autocluster_id, reason or "", now)
         return outcome
+
+    def _hold_too_costly(self, conn: Connection, autocluster: int, reason: str,
+                         now: float) -> None:
+        """A job's expression took too long to evaluate (jobstore.node.bounded): the other idle
+        jobs of its autocluster share it, and are held before they cost a node as much."""
+        self._hold_idle(conn, autocluster, reason, holds.JOB_POLICY_UNDEFINED, now)
 
     def _renew(self, conn: Connection, job: Job, event: Event, lease: int | None,
                now: float, version: str | None) -> Outcome:
@@ -493,29 +504,59 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
     def police(self, *, now: float | None = None, limit: int | None = None) -> list[Outcome]:
         """Evaluate the periodic policy (periodic_hold, _release, _remove, allowed_*_duration)
         of the jobs that have one, in pages, and act on what fires; returns what changed.
-        `limit` bounds the jobs looked at (None: all)."""
+        `limit` bounds the jobs looked at (None: all). A page is read, its expressions are
+        evaluated in no transaction (a job's user wrote them: they may be slow), and what fired
+        is applied to the jobs still as they were read, in a transaction of its own."""
         now = time.time() if now is None else now
         out: list[Outcome] = []
         after, seen = 0, 0
         while limit is None or seen < limit:
             size = PAGE if limit is None else min(PAGE, limit - seen)
             with self._tx() as conn:
-                rows = conn.execute(
+                rows = [Job.from_row(r._mapping) for r in conn.execute(
                     select(jobs)
                     .where(jobs.c.periodic.is_(True), jobs.c.id > after,
                            status_in(POLICED))
                     .order_by(jobs.c.id)
                     .limit(size)
-                    .with_for_update(skip_locked=True)
-                ).all()
-                for row in rows:
-                    outcome = self._police_one(conn, Job.from_row(row._mapping), now)
-                    if outcome is not None:
-                        out.append(outcome)
+                ).all()]
+            out.extend(self._act_on(rows, now))
             if len(rows) < size:
                 break
             after = rows[-1].id
             seen += len(rows)
+        return out
+
+    def _police_job(self, job_id: int, now: float) -> None:
+        """`police` one job (after a report that left it handed out)."""
+        with self._tx() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        if row is not None:
+            self._act_on([Job.from_row(row._mapping)], now)
+
+    def _act_on(self, read: list[Job], now: float) -> list[Outcome]:
+        """The periodic policy of the jobs `read`, evaluated here, applied to those that are
+        still as they were read (the others are looked at by the next pass)."""
+        fired: list[tuple[Job, policy.Action]] = []
+        costly: set[int | None] = set()  # autoclusters whose expressions ran into the bound
+        for job in read:
+            if job.autocluster_id in costly:
+                continue  # held with the first of them (_hold_too_costly)
+            action = self.periodic_policy(views.policy_ad(job), now)
+            if action is not None:
+                fired.append((job, action))
+                if action.code == holds.JOB_POLICY_UNDEFINED:
+                    costly.add(job.autocluster_id)
+        out: list[Outcome] = []
+        if not fired:
+            return out
+        with self._tx() as conn:
+            for job, action in fired:
+                locked = self._lock(conn, job.id)
+                if locked is None or (locked.status, locked.claims, locked.updated_at) != (
+                        job.status, job.claims, job.updated_at):
+                    continue
+                out.append(self._police_one(conn, locked, action, now))
         return out
 
     def police_due(self, interval: float, *, now: float | None = None) -> list[Outcome] | None:
@@ -546,17 +587,18 @@ class JobStore(Negotiator, JobReads, Retention, Gauges):
             )
             return bool(done.rowcount)
 
-    def _police_one(self, conn: Connection, job: Job, now: float) -> Outcome | None:
-        """Act on the first periodic expression of `job` (locked) that fires."""
-        action = self.periodic_policy(views.policy_ad(job), now)
-        if action is None:
-            return None
+    def _police_one(self, conn: Connection, job: Job, action: policy.Action,
+                    now: float) -> Outcome:
+        """Act on `action`, what the periodic policy of `job` (locked) asked for."""
         event = {policy.HOLD: Event.HOLD, policy.RELEASE: Event.RELEASE,
                  policy.REMOVE: Event.REMOVE}[action.kind]
-        return self._apply(
+        outcome = self._apply(
             conn, job, event, decide_args={}, now=now, reason=action.reason,
             hold=(action.code, action.subcode), attrs={"PolicyAction": action.kind},
         )
+        if action.code == holds.JOB_POLICY_UNDEFINED and job.autocluster_id is not None:
+            self._hold_too_costly(conn, job.autocluster_id, action.reason, now)
+        return outcome
 
     def reap(self, *, now: float | None = None, limit: int = 500) -> list[Outcome]:
         """Send jobs whose lease ran out back to idle (or to failed, out of attempts); give up
