@@ -365,6 +365,11 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
                             "--may-impersonate", "x"], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 1 and "--super-user" in _one_line(r.stderr)
+        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
+                            "--super-user", "--may-impersonate", "(?P<name>a)"],
+                           capture_output=True, text=True, timeout=60)  # Python's, not PG's
+        assert r.returncode == 1
+        assert "not a regular expression PostgreSQL takes" in _one_line(r.stderr)
         r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "revoke-user", role],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import htcondor2
 import pytest
+from test_end_to_end import _give_node
 
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.api.submission import submit_path
@@ -27,7 +28,7 @@ from jobstore.node import config
 from jobstore.testing.support import a_job, ensure_account
 
 ET = htcondor2.JobEventType
-OWNER, SERVICE = "jsalice", "jscondor"
+OWNER = "jsalice"
 
 # proc 0 exits 0, 1 exits 3, 2 is killed by SIGKILL, 3 runs until it is evicted and then exits 0,
 # 4 is held and released before it runs, 5 is removed.
@@ -70,17 +71,6 @@ def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # ty
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _node_account(db_url: str, owner: pwd.struct_passwd | None) -> str | None:
-    """As root, who runs the hooks: the service account, or on SQLite (one user's store) the
-    jobs' owner, whose node it is (as `jobstore demo`'s), and who is given the store."""
-    if owner is None:
-        return None
-    if db_url.startswith("sqlite"):
-        os.chown(db_url.removeprefix("sqlite:///"), owner.pw_uid, owner.pw_gid)
-        return owner.pw_name
-    return _account(SERVICE).pw_name
-
-
 def _read(path: Path) -> list[htcondor2.JobEvent]:
     return list(htcondor2.JobEventLog(str(path)).events(0))
 
@@ -116,8 +106,9 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
         min_rearm=0.2,
         fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
         env={"PATH": "/usr/bin:/bin", "HOME": "/", "CONDOR_CONFIG": os.environ["CONDOR_CONFIG"]},
-        condor_user=_node_account(db_url, owner),
     )
+    if owner:  # as root: the service account runs the hooks, or on SQLite the jobs' owner
+        _give_node(cfg, store, base, owner.pw_name, personal=True)
     emulator = Emulator(cfg)
     vacated: list[str] = []
 

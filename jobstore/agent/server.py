@@ -213,7 +213,7 @@ class Agent:
         handlers.use_pool(self.settings.db_overflow)
         evaluator = bounded.Bounded(self.settings.expression_timeout,
                                     self.settings.expression_workers)
-        handlers.use_evaluator(evaluator, self.settings.expression_timeout)
+        handlers.use_evaluator(evaluator)
         listener = self._listen()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -302,7 +302,7 @@ class Agent:
             if self._metrics is not None:
                 self._metrics.close()
             handlers.drop_stores()
-            handlers.use_evaluator(bounded.Inline(), 0.0)
+            handlers.use_evaluator(bounded.Inline())
             evaluator.close()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()

@@ -78,7 +78,6 @@ def make_engine(
             raise DatabaseError(f"no job store at {database} (create it with `jobstore init`)")
         if database and database != ":memory:":
             _check_sqlite_owner(database)
-        if database and database != ":memory:":
             _make_parent(database)
         engine = create_engine(url, connect_args={"timeout": max(connect_timeout, 30)}, **kwargs)
         _sqlite_immediate(engine)

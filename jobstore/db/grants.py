@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from jobstore.core.jobs import CHANGE_COLUMNS
 from jobstore.db.sql import GRANT_TARGETS, QUERIES, SESSION_IDENTITY
@@ -135,17 +136,14 @@ def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[
                          "user's")
     if not ROLE_NAME.fullmatch(role):
         raise ValueError(f"{role!r} is not a role name jobstore grants")
-    if rights.may_impersonate is not None:
-        if not rights.super_user:
-            raise ValueError("--may-impersonate is for a queue super user (--super-user)")
-        try:
-            re.compile(rights.may_impersonate)
-        except re.error as exc:
-            raise ValueError(f"--may-impersonate is not a regular expression: {exc}") from None
+    if rights.may_impersonate is not None and not rights.super_user:
+        raise ValueError("--may-impersonate is for a queue super user (--super-user)")
     quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
         schema = conn.execute(GRANT_TARGETS).mappings().one()["schema"]
         found = conn.execute(QUERIES["user_sequences"].clause).mappings().one()
+        if rights.may_impersonate is not None:
+            _check_pattern(conn, rights.may_impersonate)
     if any(v is None for v in found.values()):
         raise ValueError("the job store's tables are missing: run `jobstore init` first")
     names = {
@@ -158,6 +156,17 @@ def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[
     if rights.admin:
         out.append(QUERIES["user_admin"].sql.format(**names))
     return out
+
+
+def _check_pattern(conn: Connection, pattern: str) -> None:
+    """ValueError unless the database takes `pattern` as jobstore_may_submit_as will use it
+    (PostgreSQL's regular expressions, not Python's)."""
+    try:
+        conn.execute(QUERIES["user_check_pattern"].clause, {"pattern": pattern})
+    except DBAPIError as exc:
+        first = str(exc.orig).strip().splitlines()[0]
+        raise ValueError(f"--may-impersonate is not a regular expression PostgreSQL takes: "
+                         f"{first}") from None
 
 
 def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:

@@ -314,6 +314,11 @@ GRANT USAGE ON SEQUENCE {sequences} TO {role};
 -- condor_userprio's changes (-setfactor, -resetusage): the queue's administrators only.
 GRANT UPDATE ON submitters TO {role};
 
+-- name: user_check_pattern
+-- Whether the database takes a --may-impersonate pattern, anchored as jobstore_may_submit_as
+-- anchors it (an invalid one raises).
+SELECT '' ~ ('^(?:' || :pattern || ')$') AS matched;
+
 -- name: user_register
 -- Record the role's rights (read by the database's functions: jobstore_account, ...).
 INSERT INTO queue_roles (role, account, super_user, may_impersonate, admin)

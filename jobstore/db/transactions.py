@@ -121,9 +121,7 @@ class Transactions:
                 self._release(conn)
         except LOST as exc:
             _after_commit(after, False)
-            if _refused(exc):
-                raise Refused(_refusal(exc)) from None
-            raise DatabaseError(_db_message(exc, self.engine.url)) from None
+            raise _database_error(exc, self.engine.url) from None
         except BaseException:
             _after_commit(after, False)
             raise
@@ -179,9 +177,7 @@ class Transactions:
         try:
             yield outer
         except LOST as exc:
-            if _refused(exc):
-                raise Refused(_refusal(exc)) from None
-            raise DatabaseError(_db_message(exc, self.engine.url)) from None
+            raise _database_error(exc, self.engine.url) from None
         finally:
             if not outer.invalidated:
                 if before is None:
@@ -233,17 +229,15 @@ def _after_commit(after: list[AfterCommit], committed: bool) -> None:
             _log.warning("jobstore: commit listener failed: %s: %s", type(exc).__name__, exc)
 
 
-def _refused(exc: Exception) -> bool:
-    """Whether the database refused a statement for this session's rights (SQLSTATE 42501:
-    a privilege or a row-level security policy)."""
+def _database_error(exc: Exception, url: Any) -> DatabaseError:
+    """What a failed transaction raises: Refused when the database refused a statement for this
+    session's rights (SQLSTATE 42501: a privilege or a row-level security policy), else
+    DatabaseError; one line either way."""
     orig = getattr(exc, "orig", None) or exc
-    return isinstance(orig, psycopg.errors.InsufficientPrivilege)
-
-
-def _refusal(exc: Exception) -> str:
-    orig = getattr(exc, "orig", None) or exc
-    first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
-    return f"the job store's database refused it: {first}"
+    if isinstance(orig, psycopg.errors.InsufficientPrivilege):
+        first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
+        return Refused(f"the job store's database refused it: {first}")
+    return DatabaseError(_db_message(exc, url))
 
 
 def _db_message(exc: Exception, url: Any) -> str:

@@ -36,7 +36,21 @@ _START = ("import sys; sys.path.insert(0, {root}); "
 
 
 class TooCostly(Exception):
-    """An expression took longer than the bound to evaluate."""
+    """An expression took longer than the bound (`seconds`) to evaluate."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+    def reason(self, what: str) -> str:
+        """The hold reason of a job whose `what` took too long to evaluate."""
+        return (f"{what} took more than {self.seconds:g} s to evaluate (the job store's bound "
+                "on a job's expressions): the job is held so that it costs the node nothing "
+                "more")
+
+    def hold(self, what: str) -> policy.Action:
+        """The policy's answer for such a job: hold it (HoldReasonCode 5, JobPolicyUndefined)."""
+        return policy.Action(policy.HOLD, self.reason(what), holds.JOB_POLICY_UNDEFINED)
 
 
 class Evaluator(Protocol):
@@ -64,12 +78,6 @@ class Inline:
         return policy.exit_verdict(terms, exit_attrs, ad)
 
 
-def too_costly(what: str, timeout: float) -> str:
-    """The hold reason of a job whose `what` took longer than `timeout` to evaluate."""
-    return (f"{what} took more than {timeout:g} s to evaluate (the job store's bound on a "
-            "job's expressions): the job is held so that it costs the node nothing more")
-
-
 class Bounded:
     """In worker processes, each answer within `timeout` seconds or the worker is killed (and
     TooCostly, or a hold for the policy). At most `workers` at once; started when first needed."""
@@ -86,11 +94,10 @@ class Bounded:
     def periodic_action(self, ad: ClassAd, now: float) -> policy.Action | None:
         try:
             return _action(self._ask({"op": "periodic", "ad": str(ad), "now": now}))
-        except TooCostly:
+        except TooCostly as exc:
             if ad.get("JobStatus") == policy.HELD:
                 return None  # held already: nothing more to do
-            return policy.Action(policy.HOLD, too_costly("Its periodic policy", self.timeout),
-                                 holds.JOB_POLICY_UNDEFINED)
+            return exc.hold("Its periodic policy")
 
     def exit_verdict(self, terms: policy.HasExitTerms, exit_attrs: Mapping[str, Any],
                      ad: ClassAd | None) -> policy.ExitVerdict:
@@ -102,10 +109,8 @@ class Bounded:
                              "retry_until": terms.retry_until}}
         try:
             succeeded, retry, hold = self._ask(request)
-        except TooCostly:
-            return policy.ExitVerdict(False, False, policy.Action(
-                policy.HOLD, too_costly("Its exit policy", self.timeout),
-                holds.JOB_POLICY_UNDEFINED))
+        except TooCostly as exc:
+            return policy.ExitVerdict(False, False, exc.hold("Its exit policy"))
         return policy.ExitVerdict(bool(succeeded), bool(retry), _action(hold))
 
     def close(self) -> None:
@@ -123,6 +128,9 @@ class Bounded:
                 worker = _Worker()
             try:
                 answer = worker.ask(request, self.timeout)
+            except TooCostly:
+                worker.kill()
+                raise TooCostly(self.timeout) from None
             except BaseException:
                 worker.kill()
                 raise

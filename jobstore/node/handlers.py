@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from classad2 import ClassAd
 
-from jobstore.core import holds, policy
+from jobstore.core import policy
 from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
@@ -104,13 +104,12 @@ _pool_overflow: int | None = None
 # How this process evaluates the expressions of a job's user (node.bounded): inline in a hook,
 # in bounded worker processes in the agent (`use_evaluator`).
 _evaluator: bounded.Evaluator = bounded.Inline()
-_evaluator_timeout = 0.0
 
 
-def use_evaluator(evaluator: bounded.Evaluator, timeout: float) -> None:
+def use_evaluator(evaluator: bounded.Evaluator) -> None:
     """Evaluate the jobs' expressions with `evaluator` from now on (the agent's bound)."""
-    global _evaluator, _evaluator_timeout
-    _evaluator, _evaluator_timeout = evaluator, timeout
+    global _evaluator
+    _evaluator = evaluator
     with _stores_lock:
         for store in _stores.values():
             store.periodic_policy = evaluator.periodic_action
@@ -211,10 +210,9 @@ def fetch_job(request: HookRequest) -> HookResponse:
             return Verdict()
         try:
             return Verdict(take=_evaluator.matches(job_classad(job, **ad_kw), slot))
-        except bounded.TooCostly:
-            return Verdict(hold_reason=bounded.too_costly(
-                "Its Requirements (or the slot's START against it)", _evaluator_timeout),
-                hold_code=holds.JOB_POLICY_UNDEFINED)
+        except bounded.TooCostly as exc:
+            costly = exc.hold("Its Requirements (or the slot's START against it)")
+            return Verdict(hold_reason=costly.reason, hold_code=costly.code)
 
     request_ = ClaimRequest(
         queue=settings.queue,

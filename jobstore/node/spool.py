@@ -321,20 +321,20 @@ def replay(
     ensure_dir(directory)
     sent = left = bad = 0
     away: set[object] = set()
-    # quarantined records are not counted: a flood of unusable or foreign ones is cleared in
-    # one replay, and never keeps the genuine ones behind it from being looked at
-    looked, most = 0, max(limit, 1) * 4
+    # at most `most` records sent or left; quarantined ones are not counted: a flood of
+    # unusable or foreign ones is cleared in one replay, and never keeps the genuine ones
+    # behind it from being looked at
+    most = max(limit, 1) * 4
     for item in pending(directory, limit=MAX_LOOKED_AT):
         if item.error is not None:
             quarantine(item.path, item.error, logged=bad < LOGGED_QUARANTINES)
             bad += 1
             continue
-        if looked >= most or sent >= limit or (
+        if sent + left >= most or sent >= limit or (
                 deadline is not None and time.monotonic() > deadline):
             _put_back(item)
             left += 1
             break
-        looked += 1
         try:
             key = group(item.record)
         except Exception:
@@ -358,7 +358,6 @@ def replay(
             quarantine(item.path, f"{type(exc).__name__}: {exc}",
                        logged=bad < LOGGED_QUARANTINES)
             bad += 1
-            looked -= 1
             continue
         done(item.path)
         sent += 1
