@@ -14,6 +14,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, jobs
 from jobstore.db.store import JobStore
 from jobstore.submit import SubmitError, parse_submit_file
+from jobstore.testing.support import ordinary_owner
 
 HEAD = "executable = /bin/echo\ntransfer_executable = false\n"
 TEMPLATED = {
@@ -119,7 +120,7 @@ def test_the_widest_proc_of_a_template_is_checked(pg_url: str, tmp_path: Path) -
     import jobstore
 
     upgrade(pg_url)
-    schedd = jobstore.Schedd(url=pg_url, owner="alice")
+    schedd = jobstore.Schedd(url=pg_url, owner=ordinary_owner())
     sub = htcondor2.Submit({"executable": "/bin/echo", "arguments": "$(x)",
                             "transfer_executable": "false"})
     items = [{"x": "short"}, {"x": "a" * 12_000}, {"x": "short"}]

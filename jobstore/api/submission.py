@@ -35,22 +35,20 @@ def choose_owner(requested: str | None, settings: config.Settings, identity: Ide
     is a queue super user allowed to impersonate it. A trusted session (the store's owner role,
     or a SQLite store: one user's) submits as the invoking user, or (root only) as `requested`.
     Never root, a system account or an account the keyword does not allow."""
-    if identity.trusted:
-        me = invoking_user()
-        owner = requested or me
-        if requested and requested != me and os.getuid() != 0:
-            raise SubmitError(f"only root may submit jobs for another user ({requested})")
-        if owner == "root" and not requested:
-            raise SubmitError(
-                "jobs may not run as root: submit as a user, or as root with --owner USER"
-            )
-    else:
-        owner = requested or identity.account
+    me = invoking_user() if identity.trusted else identity.account
+    owner = requested or me
+    if identity.trusted and owner == "root" and not requested:
+        raise SubmitError(
+            "jobs may not run as root: submit as a user, or as root with --owner USER"
+        )
+    # what is wrong with the name itself first: a line break in it never reaches a message
     if not ACCOUNT_NAME.fullmatch(owner):
         raise SubmitError(f"{owner!r} is not a valid account name")
     refused = owner_refusal(owner, settings)
     if refused:
         raise SubmitError(refused)
+    if identity.trusted and owner != me and os.getuid() != 0:
+        raise SubmitError(f"only root may submit jobs for another user ({owner})")
     return owner
 
 
