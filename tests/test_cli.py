@@ -125,8 +125,8 @@ def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
         ("release", "idle"),
         ("remove", "removed"),
     ]
-    again = cli(db, "release", "1.0")
-    assert again.returncode == 1 and "cannot release" in again.stderr
+    again = cli(db, "release", "1.0")  # removed: no longer in the queue
+    assert again.returncode == 1 and "no unfinished job 1.0" in again.stderr
 
 
 @pytest.mark.parametrize(

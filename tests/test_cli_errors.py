@@ -42,7 +42,8 @@ BAD = [
     (["events", "1.2.3"], "bad job id"),
     (["events", "99"], "99"),
     (["hold"], "JOB"),
-    (["hold", "abc"], "bad job id"),
+    (["hold", "abc"], "no unfinished jobs of abc"),  # a user, as condor_hold reads it
+    (["hold", "a/b"], "bad job id or user name"),
     (["hold", "99.0"], "99.0"),
     (["release", "1.0"], "cannot release"),
     (["rm", "-1"], "-1"),

@@ -106,7 +106,8 @@ def test_act_returns_htcondor2_totals(schedd: Any) -> None:
     missing = schedd.act(htcondor2.JobAction.Remove, [f"{cluster}.0", f"{cluster + 99}.0"])
     assert (missing["TotalSuccess"], missing["TotalNotFound"]) == (1, 1)
     gone = schedd.act(jobstore.JobAction.Remove, cluster)  # an int: the whole cluster
-    assert (gone["TotalJobAds"], gone["TotalSuccess"], gone["TotalAlreadyDone"]) == (3, 2, 1)
+    # its removed member has left the queue: condor_rm of the cluster does not count it
+    assert (gone["TotalJobAds"], gone["TotalSuccess"], gone["TotalAlreadyDone"]) == (2, 2, 0)
     with pytest.raises(ValueError, match="Suspend is not supported"):
         schedd.act(htcondor2.JobAction.Suspend, cluster)
 

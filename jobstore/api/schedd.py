@@ -11,6 +11,7 @@ own database transaction, an idempotency key, and the event feed (subscribe, wat
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -20,12 +21,14 @@ from classad2 import ClassAd, ExprTree
 from sqlalchemy import Connection
 
 from jobstore.api import query
+from jobstore.api.htcerrors import htcondor_errors
 from jobstore.api.submission import choose_owner, render_check
+from jobstore.core import holds
 from jobstore.core.jobs import Job, parse_job_id
-from jobstore.core.states import FINAL, Event
+from jobstore.core.states import Event
 from jobstore.db.constraint import matches
-from jobstore.db.store import JobStore, Outcome
-from jobstore.errors import UnknownJob
+from jobstore.db.store import JobStore
+from jobstore.formats.jobads import submitted_ad
 from jobstore.node import config
 from jobstore.submit.description import parse_submit_object
 from jobstore.submit.errors import SubmitError
@@ -77,6 +80,9 @@ class SubmitResult:
     def clusterad(self) -> ClassAd:
         return self._clusterad
 
+    def __int__(self) -> int:
+        return self._cluster
+
     def __str__(self) -> str:
         return f"{self._num_procs} job(s) submitted to cluster {self._cluster}."
 
@@ -89,8 +95,9 @@ class Schedd:
     (root on a trusted session, as `jobstore submit --owner`; a queue super user's own role on
     PostgreSQL, for the accounts its QUEUE_SUPER_USER_MAY_IMPERSONATE rule allows). Errors are
     the package's (SubmitError, DatabaseError and its Refused, UnknownJob, NotOwner,
-    ValueError), each with a one-line message."""
+    ValueError), each with a one-line message, and each also an htcondor2.HTCondorException."""
 
+    @htcondor_errors
     def __init__(self, url: str | None = None, keyword: str | None = None,
                  owner: str | None = None, *, store: JobStore | None = None) -> None:
         self.settings = config.load_settings(keyword, url)
@@ -98,7 +105,8 @@ class Schedd:
             if self.settings.credentials_error:
                 raise config.ConfigError(self.settings.credentials_error)
             store = JobStore.from_url(self.settings.database_url,
-                                      statement_timeout_ms=ADMIN_STATEMENT_TIMEOUT_MS)
+                                      statement_timeout_ms=ADMIN_STATEMENT_TIMEOUT_MS,
+                                      pool=True, max_overflow=2)
         self.store = store
         self.owner = owner
         self.shown = query.Shown(self.settings.keyword, self.settings.uid_domain)
@@ -114,6 +122,7 @@ class Schedd:
 
     # ---- submit ---------------------------------------------------------------------------
 
+    @htcondor_errors
     def submit(
         self,
         description: Any,
@@ -135,32 +144,39 @@ class Schedd:
         result. `job_queue`: the job store queue (default the keyword's JOBSTORE_QUEUE)."""
         if spool:
             raise ValueError("spool=True is not supported: the job store has no file transfer")
+        if count and queue is not None:
+            raise ValueError("submit() takes count or queue, not both")
         if count < 0:
             raise SubmitError(f"count {count} is negative")
         specs = parse_submit_object(description, base_dir=os.getcwd(), count=count,
                                     itemdata=itemdata, queue=queue)
         owner = choose_owner(self.owner, self.settings, self.store.identity())
+        now = time.time()
+        target = job_queue or self.settings.queue
         cluster, ids = self.store.submit(
-            specs, owner=owner, queue=job_queue or self.settings.queue,
-            max_attempts=self.settings.max_attempts, connection=connection,
-            idempotency_key=idempotency_key, check=render_check(self.settings),
+            specs, owner=owner, queue=target, max_attempts=self.settings.max_attempts,
+            connection=connection, idempotency_key=idempotency_key,
+            check=render_check(self.settings), now=now,
         )
-        return self._result(cluster, ids, owner, connection)
+        # made from what was inserted, not read back: nothing after the commit can fail
+        first = Job.queued(specs[0], id=ids[0] if ids else 0, cluster_id=cluster, owner=owner,
+                           queue=target, ad=submitted_ad(specs[0]),
+                           max_attempts=self.settings.max_attempts, now=now)
+        return self._result(cluster, ids, owner, first)
 
-    def _result(self, cluster: int, ids: list[int], owner: str,
-                connection: Connection | None) -> SubmitResult:
+    def _result(self, cluster: int, ids: list[int], owner: str, first: Job) -> SubmitResult:
         ad = ClassAd()
         ad["ClusterId"], ad["Owner"], ad["NumProcs"] = cluster, owner, len(ids)
-        if ids and connection is None:  # (inside the caller's transaction: not visible here)
-            first = self.shown.ad(self.store.get_job(ids[0]))
-            for name in ("Cmd", "Iwd", "QDate", "JobPrio", "RequestCpus", "RequestMemory",
-                         "RequestDisk", "Requirements", "User", "AccountingGroup"):
-                if name in first:
-                    ad[name] = first.lookup(name) if name == "Requirements" else first[name]
+        shown = self.shown.ad(first)
+        for name in ("Cmd", "Iwd", "QDate", "JobPrio", "RequestCpus", "RequestMemory",
+                     "RequestDisk", "Requirements", "User", "AccountingGroup", "JobBatchName"):
+            if name in shown:
+                ad[name] = shown.lookup(name) if name == "Requirements" else shown[name]
         return SubmitResult(cluster, 0, len(ids), ad, tuple(ids))
 
     # ---- queries --------------------------------------------------------------------------
 
+    @htcondor_errors
     def query(
         self,
         constraint: str | ExprTree = "true",
@@ -171,10 +187,22 @@ class Schedd:
     ) -> list[Any]:
         """The ads of the jobs in the queue (not finished) that match `constraint`, with only
         the `projection` attributes when given (as condor_q -af), each passed through
-        `callback` when given; at most `limit` (-1: all)."""
-        jobs = query.query_jobs(self.store, self.shown, constraint=_text(constraint))
-        return _shape(self._ads(jobs), projection, callback, limit)
+        `callback` when given (an ad it returns None for is left out); at most `limit` (-1:
+        all), read from the database a page at a time and no further than needed."""
+        jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
+                                limit=limit if limit is not None and limit >= 0 else None)
+        now = int(time.time())
+        out = []
+        for job in jobs:
+            ad = _project(self._ad(job, now), projection)
+            if callback is not None:
+                ad = callback(ad)
+                if ad is None:
+                    continue
+            out.append(ad)
+        return out
 
+    @htcondor_errors
     def history(
         self,
         constraint: str | ExprTree | None = None,
@@ -184,67 +212,89 @@ class Schedd:
     ) -> list[ClassAd]:
         """The ads of finished jobs (completed, removed, failed), the most recently finished
         first, as condor_history: at most `match` (-1: all), and only those finished after the
-        job `since` names (a cluster id, "C.P", or an expression that stops the search)."""
-        jobs = query.history_jobs(self.store, self.shown, constraint=_text(constraint))
+        job `since` names (a cluster id, "C.P", or an expression that stops the search); the
+        reading stops as soon as it has them."""
+        jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
+                                history=True)
         stop = _since(since)
-        ads = []
-        for job, ad in zip(jobs, self._ads(jobs), strict=True):
+        now = int(time.time())
+        ads: list[ClassAd] = []
+        for job in jobs:
+            if match is not None and 0 <= match <= len(ads):
+                break
+            ad = self._ad(job, now)
             if stop is not None and stop(job, ad):
                 break
-            ads.append(ad)
-        return _shape(ads, projection, None, match)
+            ads.append(_project(ad, projection))
+        return ads
 
-    def _ads(self, jobs: Iterable[Job]) -> list[ClassAd]:
-        return [self.shown.ad(j) for j in jobs]
+    @htcondor_errors
+    def jobEpochHistory(  # noqa: N802 - htcondor2's name
+        self,
+        constraint: str | ExprTree | None = None,
+        projection: Sequence[str] = (),
+        match: int = -1,
+        since: int | str | ExprTree | None = None,
+    ) -> list[ClassAd]:
+        """One ad per attempt of the jobs `constraint` matches (finished or not), from the
+        store's events, as htcondor2.Schedd.jobEpochHistory: each job's ad with the attempt's
+        EpochNumber (JobstoreAttempt), RemoteHost, EnteredCurrentStatus and how it ended; the
+        newest first, at most `match`."""
+        from jobstore.api.epochs import epoch_ads
+
+        ads = epoch_ads(self.store, self.shown, _text(constraint), since=_since(since),
+                        match=match if match is not None and match >= 0 else None)
+        return [_project(ad, projection) for ad in ads]
+
+    def reschedule(self) -> None:
+        """A no-op, as there is no negotiator to wake: nodes pull their work (each slot's next
+        FETCH_WORK, or the agent's waiting fetch, sees new jobs at once)."""
+
+    def _ad(self, job: Job, now: int) -> ClassAd:
+        ad = self.shown.ad(job)
+        ad["ServerTime"] = now
+        return ad
 
     # ---- actions --------------------------------------------------------------------------
 
-    def act(self, action: Any, job_spec: Any, reason: str | None = None) -> ClassAd:
+    @htcondor_errors
+    def act(self, action: Any, job_spec: Any,
+            reason: str | tuple[str, int] | None = None) -> ClassAd:
         """Hold, release or remove the jobs of `job_spec` ("C.P", "C", a list of them, a cluster
-        id, or a constraint); returns htcondor2's ClassAd of totals (TotalSuccess,
-        TotalNotFound, TotalBadStatus, TotalAlreadyDone, TotalJobAds, ...)."""
+        id, or a constraint), set-based a page at a time; `reason` is text, or (text, code)
+        for a hold (HoldReasonSubCode). Returns htcondor2's ClassAd of totals (TotalSuccess,
+        TotalNotFound, TotalBadStatus, TotalAlreadyDone, TotalPermissionDenied, ...)."""
         kind = _action(action)
         event = _EVENTS.get(kind)
         if event is None:
             raise ValueError(f"JobAction.{kind.name} is not supported by the job store "
                              "(Hold, Release, Remove)")
-        totals = dict.fromkeys(TOTALS, 0)
-        jobs, totals["TotalNotFound"] = self._spec_jobs(job_spec)
-        totals["TotalJobAds"] = len(jobs)
-        for job in jobs:
-            outcome = self.store.admin(job.id, event, reason or _DEFAULT_REASON)
-            totals[_total(outcome, event)] += 1
-        totals["TotalChangedAds"] = 1 if totals["TotalSuccess"] else 0
+        text, code = (reason if isinstance(reason, tuple) else (reason, 0))
+        ids, constraint = _spec_parts(job_spec)
+        totals, missing = query.act(
+            self.store, self.shown, event, text or _DEFAULT_REASON, ids=ids,
+            constraint=constraint, everyone=constraint is None and not ids,
+            hold=(holds.USER_REQUEST, int(code or 0)))
+        counts = dict.fromkeys(TOTALS, 0)
+        counts.update(TotalSuccess=totals.success, TotalNotFound=len(missing),
+                      TotalBadStatus=totals.bad_status, TotalAlreadyDone=totals.already_done,
+                      TotalPermissionDenied=totals.denied,
+                      TotalJobAds=totals.acted_on + totals.denied,
+                      TotalChangedAds=1 if totals.success else 0)
         ad = ClassAd()
-        for name, value in totals.items():
+        for name, value in counts.items():
             ad[name] = value
         return ad
 
+    @htcondor_errors
     def edit(self, job_spec: Any, attr: str, value: str | ExprTree, flags: Any = None) -> int:
         """Set attribute `attr` of the waiting (idle or held) jobs of `job_spec` to `value`
         (an expression, as condor_qedit takes it); the number of jobs edited. ValueError for
         an attribute that may not change (Owner, the job store's own) or a bad value."""
-        jobs, _ = self._spec_jobs(job_spec)
+        ids, constraint = _spec_parts(job_spec)
         text = str(value)
-        return sum(1 for job in jobs if self.store.edit(job.id, attr, text))
-
-    def _spec_jobs(self, job_spec: Any) -> tuple[list[Job], int]:
-        """The jobs a job_spec names, and how many of its ids named none."""
-        if isinstance(job_spec, int) and not isinstance(job_spec, bool):
-            job_spec = str(job_spec)
-        if isinstance(job_spec, ExprTree):
-            return query.query_jobs(self.store, self.shown, constraint=str(job_spec)), 0
-        ids = [job_spec] if isinstance(job_spec, str) else [str(x) for x in job_spec]
-        if len(ids) == 1 and not _is_job_id(ids[0]):  # a constraint
-            return query.query_jobs(self.store, self.shown, constraint=ids[0]), 0
-        jobs: list[Job] = []
-        missing = 0
-        for text in ids:
-            try:
-                jobs.extend(query.select_jobs(self.store, [text]))
-            except UnknownJob:
-                missing += 1
-        return jobs, missing
+        jobs = query.iter_query(self.store, self.shown, ids, constraint)
+        return sum(1 for job in list(jobs) if self.store.edit(job.id, attr, text))
 
     # ---- what a schedd cannot do ----------------------------------------------------------
 
@@ -285,16 +335,29 @@ def _is_job_id(text: str) -> bool:
     return True
 
 
-def _shape(ads: list[ClassAd], projection: Sequence[str], callback: Callable[[ClassAd], Any]
-           | None, limit: int) -> list[Any]:
-    if limit is not None and limit >= 0:
-        ads = ads[:limit]
+def _project(ad: ClassAd, projection: Sequence[str]) -> ClassAd:
+    """The ad with only the `projection` attributes (all when empty)."""
     if projection:
         wanted = {p.lower() for p in projection}
-        for ad in ads:
-            for name in [k for k in list(ad) if k.lower() not in wanted]:
-                del ad[name]
-    return [callback(ad) for ad in ads] if callback is not None else ads
+        for name in [k for k in list(ad) if k.lower() not in wanted]:
+            del ad[name]
+    return ad
+
+
+def _spec_parts(job_spec: Any) -> tuple[list[str], str | None]:
+    """A job_spec as job ids or a constraint."""
+    if isinstance(job_spec, int) and not isinstance(job_spec, bool):
+        return [str(job_spec)], None
+    if isinstance(job_spec, ExprTree):
+        return [], _text(str(job_spec))
+    ids = [job_spec] if isinstance(job_spec, str) else [str(x) for x in job_spec]
+    if not ids:
+        raise ValueError("job_spec names no jobs")
+    if len(ids) == 1 and not _is_job_id(ids[0]):
+        return [], _text(ids[0])
+    for text in ids:
+        parse_job_id(text)  # ValueError for a malformed one
+    return ids, None
 
 
 def _since(since: int | str | ExprTree | None) -> Callable[[Job, ClassAd], bool] | None:
@@ -306,14 +369,3 @@ def _since(since: int | str | ExprTree | None) -> Callable[[Job, ClassAd], bool]
         return lambda job, _ad: job.cluster_id == cluster and proc in (None, job.proc_id)
     expr = ExprTree(text)
     return lambda _job, ad: matches(expr, ad)
-
-
-def _total(outcome: Outcome, event: Event) -> str:
-    if outcome.changed or outcome.pending:
-        return "TotalSuccess"
-    done = {Event.HOLD: "held", Event.REMOVE: "removed"}.get(event)  # a release: not held
-    if outcome.before == done:
-        return "TotalAlreadyDone"
-    if outcome.before in {s.value for s in FINAL}:
-        return "TotalAlreadyDone" if event == Event.REMOVE else "TotalBadStatus"
-    return "TotalBadStatus"

@@ -17,6 +17,8 @@ from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
 from jobstore.formats import views
 
+_JOB_ID = re.compile(r"\d+(\.\d+)?")
+
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
@@ -38,7 +40,8 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
 
 
 def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool, *,
-                run: bool = False, finished: bool = False, totals: bool = True) -> None:
+                run: bool = False, finished: bool = False, totals: bool = True,
+                wide: bool = False) -> None:
     if as_json:
         click.echo(json.dumps([views.job_json(j) for j in jobs], indent=1))
     elif long:
@@ -49,7 +52,8 @@ def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool, *,
                 )
             )
     else:
-        click.echo(views.format_table(*views.job_rows(jobs, run=run, finished=finished)))
+        click.echo(views.format_table(*views.job_rows(jobs, run=run, finished=finished,
+                                                      wide=wide)))
         if totals:
             click.echo("\n" + views.totals_line(jobs))
 
@@ -115,15 +119,20 @@ def _query_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _filters(fn)
 
 
-def _split_args(args: tuple[str, ...], autoformat: bool) -> tuple[tuple[str, ...], list[str]]:
-    """Job ids and, with -af, the attributes to print (anything that is not a job id)."""
+def _split_args(args: tuple[str, ...], autoformat: bool,
+                ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
+    """Job ids, users and, with -af, the attributes to print: with -af whatever is not a job id
+    is an attribute (users then go with --owner), else a user name, as condor_q reads them."""
+    ids = tuple(a for a in args if _JOB_ID.fullmatch(a))
+    rest = [a for a in args if a not in ids]
     if not autoformat:
-        return args, []
-    ids = tuple(a for a in args if re.fullmatch(r"\d+(\.\d+)?", a))
-    attrs = [a for a in args if a not in ids]
-    if not attrs:
+        for a in rest:
+            if re.fullmatch(r"[\d.]+", a) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.@-]*", a):
+                raise ValueError(f"bad job id or user name {a!r}")
+        return ids, tuple(rest), []
+    if not rest:
         raise ValueError("-af needs at least one attribute name")
-    return ids, attrs
+    return ids, (), rest
 
 
 def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
@@ -177,6 +186,8 @@ def _print_autoclusters(
     is_flag=True,
     help="Count jobs by autocluster (what the claim matches as one) and status.",
 )
+@click.option("-wide", "--wide", "wide", is_flag=True,
+              help="Do not shorten the CMD and HOLD_REASON columns (condor_q -wide).")
 @click.option(
     "-hold",
     "--hold",
@@ -195,6 +206,7 @@ def q(
     totals_only: bool,
     running: bool,
     autocluster: bool,
+    wide: bool,
     held: bool,
     constraint: str | None,
     autoformat: bool,
@@ -212,27 +224,41 @@ def q(
     C X) and its closing line. With -af, the arguments that are not job ids are the attributes
     to print.
     """
-    ids, attrs = _split_args(ids, autoformat)
+    ids, users, attrs = _split_args(ids, autoformat)
     if held:
         statuses = (Status.HELD.value,)
     if running:
         statuses = (Status.RUNNING.value,)
-    filters = dict(statuses=statuses, owners=owners, queues=queues, include_final=include_final)
+    filters: dict[str, Any] = dict(statuses=statuses, owners=owners, queues=queues,
+                                   include_final=include_final, users=users)
     if autocluster:
         _print_autoclusters(ctx, ids, constraint, as_json, **filters)
         return
-    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
     if totals_only:
-        click.echo(views.totals_line(jobs))
-    elif attrs:
+        click.echo(views.totals_line_of(query.status_counts(ctx.store, ctx.shown, ids,
+                                                             constraint, **filters)))
+        return
+    if ids and not include_final and not statuses:
+        _check_found(ctx, ids)
+    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
+    if attrs:
         _print_autoformat(ctx, jobs, attrs)
     elif formats:
         _print_formats(ctx, jobs, formats)
     elif held and not (as_json or long):
-        click.echo(views.format_table(*views.hold_rows(jobs)))
+        click.echo(views.format_table(*views.hold_rows(jobs, wide=wide)))
         click.echo("\n" + views.totals_line(jobs))
     else:
-        _print_jobs(ctx, jobs, as_json, long, run=running)
+        _print_jobs(ctx, jobs, as_json, long, run=running, wide=wide)
+
+
+def _check_found(ctx: Context, ids: tuple[str, ...]) -> None:
+    """condor_q of a job id that names no job at all: say so (UnknownJob)."""
+    from jobstore.errors import UnknownJob
+
+    for text in ids:
+        if not query.status_counts(ctx.store, ctx.shown, (text,), include_final=True):
+            raise UnknownJob(text)
 
 
 @click.command()
@@ -259,13 +285,9 @@ def history(
     """List finished jobs (completed, failed, removed), the most recently finished first, like
     condor_history (JOB is CLUSTER or CLUSTER.PROC; with -af the other arguments are
     attributes)."""
-    ids, attrs = _split_args(args, autoformat)
-    if ids and not autoformat:
-        bad = [a for a in ids if not re.fullmatch(r"\d+(\.\d+)?", a)]
-        if bad:
-            raise ValueError(f"bad job id {bad[0]!r} (attribute names need -af)")
+    ids, users, attrs = _split_args(args, autoformat)
     jobs = query.history_jobs(ctx.store, ctx.shown, ids, constraint, limit=match or limit,
-                              statuses=statuses, owners=owners, queues=queues)
+                              statuses=statuses, owners=owners, queues=queues, users=users)
     if attrs:
         _print_autoformat(ctx, jobs, attrs)
     elif formats:
@@ -416,60 +438,120 @@ def watch(
         sys.exit(1)
 
 
-def _admin(ctx: Context, ids: tuple[str, ...], event: Event, reason: str | None) -> None:
-    failed = False
-    for job, outcome in query.act(ctx.store, ids, event, reason):
+_DONE = {Event.HOLD: "held", Event.RELEASE: "released", Event.REMOVE: "removed"}
+
+
+def _ids_and_users(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """condor_rm's arguments: job ids (CLUSTER, CLUSTER.PROC) and user names."""
+    ids = tuple(a for a in args if _JOB_ID.fullmatch(a))
+    users = tuple(a for a in args if a not in ids)
+    for user in users:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.@-]*", user):
+            raise ValueError(f"bad job id or user name {user!r}")
+    return ids, users
+
+
+def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None,
+           constraint: str | None = None, everyone: bool = False) -> None:
+    """condor_rm's way: act on every job named that can be acted on, report the rest, and
+    exit 1 if there was any."""
+    from jobstore.errors import NotOwner
+
+    ids, users = _ids_and_users(args)
+    totals, missing = query.act(ctx.store, ctx.shown, event, reason, ids=ids, users=users,
+                                constraint=constraint, everyone=everyone)
+    failed = bool(missing or totals.denied or totals.bad_status or totals.already_done)
+    for outcome in totals.outcomes:
         if outcome.changed:
-            click.echo(f"Job {views.job_id(job)}: {outcome.before} -> {outcome.after}")
+            if totals.acted_on <= len(totals.outcomes):
+                click.echo(f"Job {outcome.name}: {outcome.before} -> {outcome.after}")
         elif outcome.pending:
-            click.echo(f"Job {views.job_id(job)}: {outcome.before} -> idle when its attempt on "
-                       f"{job.slot} has ended (release pending)")
+            click.echo(f"Job {outcome.name}: {outcome.before} -> idle when its attempt has "
+                       "ended (release pending)")
         else:
-            failed = True
-            click.echo(
-                f"jobstore: job {views.job_id(job)} is {outcome.before}; cannot {event}", err=True
-            )
+            click.echo(f"jobstore: job {outcome.name} is {outcome.before}; cannot {event}",
+                       err=True)
+    if totals.acted_on and (totals.acted_on > len(totals.outcomes)
+                            or users or constraint or everyone):
+        click.echo(f"{totals.success} job(s) {_DONE[event]}"
+                   + (f", {totals.acted_on - totals.success} left as they were"
+                      if totals.acted_on > totals.success else ""))
+    who = ctx.store.identity().account
+    for name in totals.denied_names:
+        click.echo(f"jobstore: {NotOwner(name, who, str(event))}", err=True)  # type: ignore[arg-type]
+    if totals.denied > len(totals.denied_names):
+        click.echo(f"jobstore: and {totals.denied - len(totals.denied_names)} more jobs "
+                   f"{who} may not {event}", err=True)
+    for text in missing:
+        click.echo(f"jobstore: no unfinished job {text}", err=True)
+    if not (ids or missing) and users and not totals.acted_on and not totals.denied:
+        click.echo(f"jobstore: no unfinished jobs of {', '.join(users)}", err=True)
+        failed = True
     if failed:
         sys.exit(1)
 
 
+_ACTION = [
+    click.argument("args", nargs=-1, metavar="[JOB|USER]..."),
+    click.option("-constraint", "--constraint", "constraint", metavar="EXPR",
+                 help="The jobs for which the ClassAd expression EXPR is true."),
+    click.option("-all", "--all", "-a", "everyone", is_flag=True,
+                 help="Every job you may act on (a queue super user: every job)."),
+]
+
+
+def _action_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(_ACTION):
+        fn = opt(fn)
+    return fn
+
+
 @click.command()
-@click.argument("ids", nargs=-1, required=True, metavar="JOB...")
-@click.option("-reason", "--reason", "-r", "reason", default="held by the administrator",
+@_action_options
+@click.option("-reason", "--reason", "-r", "reason", default=None,
               help="Hold reason (HoldReason; HoldReasonCode is 1, UserRequest).")
 @pass_ctx
 @guard
-def hold(ctx: Context, ids: tuple[str, ...], reason: str) -> None:
-    """Put jobs on hold (HoldReasonCode 1): they are not handed out until released.
+def hold(ctx: Context, args: tuple[str, ...], constraint: str | None, everyone: bool,
+         reason: str | None) -> None:
+    """Put jobs on hold (HoldReasonCode 1), like condor_hold: JOB is CLUSTER or CLUSTER.PROC,
+    USER all of that user's jobs; they are not handed out until released.
 
     A job running on a node is ended there: within JOBSTORE_AGENT_WATCH_INTERVAL by the
     node's agent, which vacates its slot; without an agent by its next UPDATE_JOB_INFO (every
     STARTER_UPDATE_INTERVAL), which runs as the job's user. One not yet started is refused by
     PREPARE_JOB.
     """
-    _admin(ctx, ids, Event.HOLD, reason)
+    _admin(ctx, args, Event.HOLD, reason or _by(ctx, "held"), constraint, everyone)
 
 
 @click.command()
-@click.argument("ids", nargs=-1, required=True, metavar="JOB...")
+@_action_options
 @pass_ctx
 @guard
-def release(ctx: Context, ids: tuple[str, ...]) -> None:
-    """Release held jobs back to idle.
+def release(ctx: Context, args: tuple[str, ...], constraint: str | None,
+            everyone: bool) -> None:
+    """Release held jobs back to idle, like condor_release (JOB or USER, as hold).
 
     A job whose stopped attempt is still ending on its slot becomes idle when that attempt's
     JOB_EXIT comes (or its lease would have run out), so that it never runs twice at once.
     """
-    _admin(ctx, ids, Event.RELEASE, "released by the administrator")
+    _admin(ctx, args, Event.RELEASE, _by(ctx, "released"), constraint, everyone)
 
 
 @click.command()
-@click.argument("ids", nargs=-1, required=True, metavar="JOB...")
+@_action_options
 @pass_ctx
 @guard
-def rm(ctx: Context, ids: tuple[str, ...]) -> None:
-    """Remove jobs (like condor_rm). A running job ends as with `hold`."""
-    _admin(ctx, ids, Event.REMOVE, "removed by the administrator")
+def rm(ctx: Context, args: tuple[str, ...], constraint: str | None, everyone: bool) -> None:
+    """Remove jobs, like condor_rm (JOB or USER, as hold). A running job ends as with hold;
+    a finished one is left in the history."""
+    _admin(ctx, args, Event.REMOVE, _by(ctx, "removed"), constraint, everyone)
+
+
+def _by(ctx: Context, done: str) -> str:
+    """The reason an action records: by whom, as condor_rm's "via condor_rm (by user X)"."""
+    return f"{done} by {ctx.store.identity().account}"
 
 
 @click.command()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, case, func, or_, select
+from sqlalchemy import ColumnElement, case, func, or_, select, tuple_
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
@@ -119,6 +119,62 @@ class JobReads(Transactions):
             q = q.limit(limit)
         with self._tx() as conn:
             return [Job.from_row(r._mapping) for r in conn.execute(q)]
+
+    def iter_jobs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        where: ColumnElement[bool] | None = None,
+        newest_finished_first: bool = False,
+        page: int = 500,
+    ) -> Iterator[Job]:
+        """The jobs list_jobs selects, read `page` at a time (each page its own short
+        transaction, after the last row of the one before), so that a reader that stops early
+        reads little and memory stays bounded: in (cluster, proc) order, or the most recently
+        finished first (condor_history's order, by ix_jobs_finished)."""
+        terms = _job_filter(statuses, owners, queues, include_final, final_only, where)
+        if newest_finished_first:
+            key: tuple[Any, ...] = (jobs.c.finished_at, jobs.c.id)
+            order: list[Any] = [jobs.c.finished_at.desc(), jobs.c.id.desc()]
+        else:
+            key = (jobs.c.cluster_id, jobs.c.proc_id)
+            order = [jobs.c.cluster_id, jobs.c.proc_id]
+        after: tuple[Any, ...] | None = None
+        while True:
+            q = select(jobs).where(*terms)
+            if after is not None:
+                q = q.where(tuple_(*key) < tuple_(*after) if newest_finished_first
+                            else tuple_(*key) > tuple_(*after))
+            with self._tx() as conn:
+                rows = [Job.from_row(r._mapping)
+                        for r in conn.execute(q.order_by(*order).limit(page))]
+            yield from rows
+            if len(rows) < page:
+                return
+            last = rows[-1]
+            after = ((last.finished_at, last.id) if newest_finished_first
+                     else (last.cluster_id, last.proc_id))
+
+    def count_by_status(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        owners: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        include_final: bool = False,
+        final_only: bool = False,
+        where: ColumnElement[bool] | None = None,
+    ) -> dict[str, int]:
+        """How many jobs list_jobs would select, by status: one aggregate (condor_q -totals)."""
+        q = (select(jobs.c.status, func.count())
+             .where(*_job_filter(statuses, owners, queues, include_final, final_only, where))
+             .group_by(jobs.c.status))
+        with self._tx() as conn:
+            return {status: int(n) for status, n in conn.execute(q)}
 
     def autoclusters(
         self,

@@ -23,6 +23,7 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec, ProcTemplate, Templated
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
+from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.bulk import insert_procs
 from jobstore.db.copy import copy_rows
 from jobstore.db.gauges import Gauges
@@ -42,6 +43,7 @@ from jobstore.formats.edits import edit_changes, edit_target
 from jobstore.formats.jobads import submitted_ad
 
 __all__ = [
+    "ActTotals",
     "AUTOCLUSTER_KEY",
     "AfterCommit",
     "CommitListener",
@@ -117,7 +119,7 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, JobReads, Retention, Gauges):
+class JobStore(Negotiator, PagedActions, JobReads, Retention, Gauges):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
     (`identity`)."""

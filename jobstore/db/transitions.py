@@ -170,39 +170,13 @@ class Transitions(Transactions):
                     attrs=attrs,
                 )
             return Outcome(job.id, event, before, before, False, reason=why, name=views.job_id(job))
-        values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
-        renewed = values.get("lease_renewed_until", job.lease_renewed_until)
-        if (PHASES[d.to_status] != PHASES[before] and renewed is not None
-                and renewed > (job.lease_expires_at or 0)):
-            # the row's index entries are new anyway: the reaper's index learns the renewal
-            values["lease_expires_at"] = renewed
-        if d.counts_attempt:
-            values["attempts"] = job.attempts + 1
-        if d.ends_attempt:
-            values.update(token=None, lease_expires_at=None, lease_renewed_until=None)
-            if before in HANDED_OUT and event in STOPS_ATTEMPT and not attempt_ended:
-                values["winding_down_until"] = max(job.lease_ends_at or now, now)
-                if self._pg:  # the node's agent vacates the slot (jobstore.agent)
-                    notify(conn, str(job.id), STOPS)
-        if d.to_status in FINAL:
-            values["finished_at"] = now
-        if d.to_status in (Status.HELD, Status.FAILED) or (
-            why and d.to_status in (Status.IDLE, Status.REMOVED)
-        ):
-            values["reason"] = why
-        if d.to_status == Status.RUNNING and before != Status.RUNNING:
-            values.setdefault("started_at", now)
-            values["num_starts"] = (job.num_starts or 0) + 1
-            if job.first_started_at is None:
-                values["first_started_at"] = values["started_at"]
-        elif before == Status.RUNNING != d.to_status and job.started_at is not None:
-            values["wall_clock"] = (job.wall_clock or 0.0) + max(0.0, now - job.started_at)
-        if d.to_status == Status.HELD:
-            values.update(hold_code=hold[0], hold_subcode=hold[1],
-                          num_holds=(job.num_holds or 0) + 1)
-            attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
-        elif before == Status.HELD:
-            values.update(hold_code=None, hold_subcode=None)
+        values, attrs = transition_values(job, d, now, why, changes=changes, attrs=attrs,
+                                          hold=hold)
+        stops = event in STOPS_ATTEMPT and not attempt_ended
+        if d.ends_attempt and before in HANDED_OUT and stops:
+            values["winding_down_until"] = max(job.lease_ends_at or now, now)
+            if self._pg:  # the node's agent vacates the slot (jobstore.agent)
+                notify(conn, str(job.id), STOPS)
         change = RowChange(job.id, before.value, job.claims, values, version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
@@ -273,6 +247,47 @@ class Transitions(Transactions):
         a write that checks nothing changed since (`as_read`), instead of a lock."""
         found = driver.first_of(cursor, opening(READ_JOB))
         return (None, None) if found is None else (found.job(), found["row_version"])
+
+
+def transition_values(
+    job: Job, d: Decision, now: float, why: str | None, *,
+    changes: Mapping[str, Any] | None = None, attrs: Mapping[str, Any] | None = None,
+    hold: tuple[int, int] = (holds.UNSPECIFIED, 0),
+) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """The columns a transition of `job` to `d.to_status` sets (`changes` first), and its
+    event's attrs, but the stop of a handed-out attempt (Transitions._apply adds that)."""
+    assert d.to_status is not None
+    before = STATUS_OF[job.status]
+    values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}
+    renewed = values.get("lease_renewed_until", job.lease_renewed_until)
+    if (PHASES[d.to_status] != PHASES[before] and renewed is not None
+            and renewed > (job.lease_expires_at or 0)):
+        # the row's index entries are new anyway: the reaper's index learns the renewal
+        values["lease_expires_at"] = renewed
+    if d.counts_attempt:
+        values["attempts"] = job.attempts + 1
+    if d.ends_attempt:
+        values.update(token=None, lease_expires_at=None, lease_renewed_until=None)
+    if d.to_status in FINAL:
+        values["finished_at"] = now
+    if d.to_status in (Status.HELD, Status.FAILED) or (
+        why and d.to_status in (Status.IDLE, Status.REMOVED)
+    ):
+        values["reason"] = why
+    if d.to_status == Status.RUNNING and before != Status.RUNNING:
+        values.setdefault("started_at", now)
+        values["num_starts"] = (job.num_starts or 0) + 1
+        if job.first_started_at is None:
+            values["first_started_at"] = values["started_at"]
+    elif before == Status.RUNNING != d.to_status and job.started_at is not None:
+        values["wall_clock"] = (job.wall_clock or 0.0) + max(0.0, now - job.started_at)
+    if d.to_status == Status.HELD:
+        values.update(hold_code=hold[0], hold_subcode=hold[1],
+                      num_holds=(job.num_holds or 0) + 1)
+        attrs = {**(attrs or {}), "HoldReasonCode": hold[0], "HoldReasonSubCode": hold[1]}
+    elif before == Status.HELD:
+        values.update(hold_code=None, hold_subcode=None)
+    return values, attrs
 
 
 def event_row(

@@ -256,11 +256,11 @@ def _when(epoch: float | None) -> str:
     return "" if epoch is None else time.strftime("%m/%d %H:%M", time.localtime(epoch))
 
 
-def job_rows(jobs: Iterable[Job], *, run: bool = False,
-             finished: bool = False) -> tuple[list[str], list[list[str]]]:
+def job_rows(jobs: Iterable[Job], *, run: bool = False, finished: bool = False,
+             wide: bool = False) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of `jobstore q` as condor_q -nobatch shows them (ID OWNER SUBMITTED
     RUN_TIME ST PRI SIZE CMD); with `run` (condor_q -run) the slot instead of ST PRI SIZE
-    CMD; with `finished` (condor_history) COMPLETED instead of PRI SIZE."""
+    CMD; with `finished` (condor_history) COMPLETED instead of PRI SIZE; `wide`: CMD whole."""
     now = time.time()
     if run:
         header = ["ID", "OWNER", "SUBMITTED", "RUN_TIME", "HOST(S)"]
@@ -275,31 +275,40 @@ def job_rows(jobs: Iterable[Job], *, run: bool = False,
         if run:
             rows.append([*head, job.slot or ""])
         elif finished:
-            rows.append([*head, letter, _when(job.finished_at), _command(job)])
+            rows.append([*head, letter, _when(job.finished_at), _command(job, wide)])
         else:
             size = (job.image_size or 0) / 1024
-            rows.append([*head, letter, str(job.priority), f"{size:.1f}", _command(job)])
+            rows.append([*head, letter, str(job.priority), f"{size:.1f}",
+                         _command(job, wide)])
     return header, rows
 
 
 def totals_line(jobs: Iterable[Job]) -> str:
     """condor_q's closing line: Total for query: N jobs; N completed, N removed, ..."""
-    by = dict.fromkeys((4, 3, 1, 2, 5, 7), 0)
-    n = 0
+    counts: dict[str, int] = {}
     for job in jobs:
-        n += 1
-        by[JOB_STATUS[job.status]] = by.get(JOB_STATUS[job.status], 0) + 1
-    return (f"Total for query: {n} jobs; {by[4]} completed, {by[3]} removed, {by[1]} idle, "
-            f"{by[2]} running, {by[5]} held, {by[7]} suspended")
+        counts[job.status] = counts.get(job.status, 0) + 1
+    return totals_line_of(counts)
 
 
-def _command(job: Job) -> str:
-    """condor_q's CMD: the executable and its arguments."""
-    args = (job.ad or {}).get("Arguments")
-    return _short(f"{job.cmd} {args}" if isinstance(args, str) and args else job.cmd)
+def totals_line_of(counts: Mapping[str, int]) -> str:
+    """condor_q's closing line from the number of jobs in each of the store's statuses."""
+    by = dict.fromkeys((4, 3, 1, 2, 5, 7), 0)
+    for status, n in counts.items():
+        by[JOB_STATUS[status]] = by.get(JOB_STATUS[status], 0) + n
+    return (f"Total for query: {sum(counts.values())} jobs; {by[4]} completed, {by[3]} removed,"
+            f" {by[1]} idle, {by[2]} running, {by[5]} held, {by[7]} suspended")
 
 
-def hold_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
+def _command(job: Job, wide: bool = False) -> str:
+    """condor_q's CMD: the executable and its arguments (old syntax Args or new Arguments)."""
+    ad = job.ad or {}
+    args = ad.get("Arguments", ad.get("Args"))
+    text = f"{job.cmd} {args}" if isinstance(args, str) and args else job.cmd
+    return text if wide else _short(text)
+
+
+def hold_rows(jobs: Iterable[Job], *, wide: bool = False) -> tuple[list[str], list[list[str]]]:
     """`q -hold`: the held jobs with why, like condor_q -hold (plus HoldReasonCode/SubCode)."""
     header = ["ID", "OWNER", "HELD_SINCE", "CODE", "SUB", "HOLD_REASON"]
     rows = [
