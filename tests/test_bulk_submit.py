@@ -107,7 +107,7 @@ def test_a_big_templated_submit_numbers_its_procs_in_order(
                             .where(jobs.c.cluster_id == cluster).order_by(jobs.c.id)).all()
     assert [r.id for r in rows] == ids
     assert [r.proc_id for r in rows] == list(range(2100))
-    assert [rows[p].ad["Arguments"] for p in (0, 499, 500, 699, 700, 1000, 1399, 1400, 2099)] == [
+    assert [rows[p].ad["Args"] for p in (0, 499, 500, 699, 700, 1000, 1399, 1400, 2099)] == [
         "0 a", "499 a", "500 a", "699 a", "700 b", "1000 b", "1399 b", "1400 c", "2099 c"]
     assert len(pg_store.events(ids[-1])) == 1
 

@@ -65,13 +65,13 @@ def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> N
     assert text_job.num_procs() == 2
     items = schedd.submit(sleep_job(arguments="$(secs) $(tag)"),
                           itemdata=iter([{"secs": "1", "tag": "a"}, {"secs": "2", "tag": "b"}]))
-    args = [a["Arguments"] for a in schedd.query(f"ClusterId == {items.cluster()}")]
+    args = [a["Args"] for a in schedd.query(f"ClusterId == {items.cluster()}")]  # old syntax
     assert args == ["1 a", "2 b"]
     lines = schedd.submit(
         htcondor2.Submit("executable = /bin/echo\narguments = $(x)-$(y)\n"
                          "transfer_executable = false\nqueue x, y from (\n  p q\n)\n"),
         itemdata=["1 one", "2 two"])
-    assert [a["Arguments"] for a in schedd.query(f"ClusterId == {lines.cluster()}")] == [
+    assert [a["Args"] for a in schedd.query(f"ClusterId == {lines.cluster()}")] == [
         "1-one", "2-two"]
     inline = schedd.submit(htcondor2.Submit(
         "executable = /bin/echo\narguments = $(x)\ntransfer_executable = false\n"

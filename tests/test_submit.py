@@ -346,9 +346,12 @@ def test_bad_custom_attributes(tmp_path: Path, body: str, words: str) -> None:
     assert words in submit_error(tmp_path, f"executable = /bin/true\n{body}\nqueue\n")
 
 
-def test_unknown_commands_ignored(tmp_path: Path) -> None:
-    job = one(tmp_path, "notification = never\nshould_transfer_files = YES\nfoo = bar")
+def test_macros_and_commands_that_ask_for_nothing_are_accepted(tmp_path: Path) -> None:
+    job = one(tmp_path, "notification = never\nshould_transfer_files = IF_NEEDED\nfoo = bar")
     assert job.cmd == "/bin/true"
+    message = submit_error(tmp_path, "executable = /bin/true\nshould_transfer_files = YES\n"
+                           "queue\n")
+    assert "should_transfer_files: is not supported" in message
 
 
 def test_universe(tmp_path: Path) -> None:

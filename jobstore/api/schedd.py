@@ -214,9 +214,10 @@ class Schedd:
         first, as condor_history: at most `match` (-1: all), and only those finished after the
         job `since` names (a cluster id, "C.P", or an expression that stops the search); the
         reading stops as soon as it has them."""
-        jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
-                                history=True)
         stop = _since(since)
+        wanted = match if match is not None and match >= 0 and stop is None else None
+        jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
+                                history=True, limit=wanted)
         now = int(time.time())
         ads: list[ClassAd] = []
         for job in jobs:

@@ -10,6 +10,7 @@ JOB_POLICY_UNDEFINED = 5  # a policy expression could not be evaluated (too cost
 FAILED_TO_CREATE_PROCESS = 6  # the executable cannot be run (subcode: errno)
 UNABLE_TO_OPEN_INPUT = 8  # the job's `input` cannot be read (subcode: errno)
 IWD_ERROR = 14  # the job's initial directory cannot be entered (subcode: errno)
+SUBMITTED_ON_HOLD = 15  # the submit command `hold = true`
 STARTD_HELD_JOB = 21  # the startd or starter put the job on hold (JOB_EXIT hold)
 FAILED_TO_ACCESS_USER_ACCOUNT = 23  # the job's owner may not run jobs on the node
 JOB_DURATION_EXCEEDED = 46  # allowed_job_duration

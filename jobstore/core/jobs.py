@@ -34,7 +34,8 @@ class JobSpec:
     spec type from submit to insert (the store renders its stored ad from it)."""
 
     cmd: str  # absolute path
-    args: str = ""  # HTCondor's new argument syntax, as the job ad's Arguments
+    args: str = ""  # HTCondor's new argument syntax (the job ad's Arguments)
+    args_v1: str | None = None  # given in the old syntax: that text, the job ad's Args
     env: str = ""  # HTCondor's new environment syntax, as the job ad's Environment
     iwd: str = ""
     input: str | None = None
@@ -54,11 +55,12 @@ class JobSpec:
     concurrency_limits: str | None = None  # HTCondor's `NAME[:n], ...`
     custom: dict[str, str] = field(default_factory=dict)  # +Attr: name -> expression text
     proc_id: int = 0
+    hold: bool = False  # submitted on hold (HoldReasonCode 15)
 
 
 # The JobSpec fields where a templated submit may put a per-proc macro: text the job ad carries
 # as it is, and that no autocluster looks at.
-TEMPLATED_FIELDS = ("args", "env", "iwd", "input", "output", "error")
+TEMPLATED_FIELDS = ("args", "args_v1", "env", "iwd", "input", "output", "error")
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,15 @@ jobs = Table(
         postgresql_where=text(FINISHED),
         sqlite_where=text(FINISHED),
     ),
+    # condor_q's order over the unfinished jobs (`q -limit`, Schedd.query(limit=)): the
+    # schedd's queue, without the history the table also holds (migration 0013).
+    Index(
+        "ix_jobs_queue_order",
+        "cluster_id",
+        "proc_id",
+        postgresql_where=text(UNFINISHED),
+        sqlite_where=text(UNFINISHED),
+    ),
     # condor_q and the store's gauges: the unfinished jobs only, by phase (the status within
     # one is read from the row), so that a phase change is one entry here (none for the job
     # that finishes). History by owner goes through ix_jobs_finished.

@@ -23,6 +23,7 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec, ProcTemplate, Templated
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
+from jobstore.db.actions import PAGE as ACT_PAGE
 from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.bulk import insert_procs
 from jobstore.db.copy import copy_rows
@@ -66,6 +67,7 @@ POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Stat
                                   Status.RUNNING))
 PAGE = 500
 SUBMIT_BATCH = 1000  # jobs per multi-row INSERT at submit
+HELD_AT_SUBMIT = "submitted on hold at user's request"  # condor_submit's HoldReason
 LEASE_KEPT = 0.9  # a report keeps a lease with more than this share of its length left
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
@@ -194,11 +196,13 @@ class JobStore(Negotiator, PagedActions, JobReads, Retention, Gauges):
                         .order_by(jobs.c.proc_id)).scalars())
             template = self._template(specs)
             ids: list[int] = []
+            held: list[int] = []  # submitted on hold
             pending: Iterator[JobSpec] = iter(specs if template is None else ())
             if template is not None:
                 ids = self._insert_template(conn, template, cluster_id=cluster_id, owner=owner,
                                             queue=queue, max_attempts=max_attempts, now=now,
                                             check=check, callers=connection is not None)
+                held = ids if template.spec.hold else []
             while batch := list(islice(pending, SUBMIT_BATCH)):
                 queued = [
                     Job.queued(
@@ -211,14 +215,27 @@ class JobStore(Negotiator, PagedActions, JobReads, Retention, Gauges):
                     for job in queued:
                         check(job)
                 groups = self._register(conn, queued, now)
-                ids.extend(self._insert_jobs(conn, [
+                new_ids = self._insert_jobs(conn, [
                     job.but(autocluster_id=autocluster,
                             periodic=policy.has_periodic(job.ad) or None)
                     for job, autocluster in zip(queued, groups, strict=True)], now,
-                    connection is not None))
+                    connection is not None)
+                ids.extend(new_ids)
+                held.extend(i for i, spec in zip(new_ids, batch, strict=True) if spec.hold)
+            self._hold_at_submit(conn, held, now)
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
+
+    def _hold_at_submit(self, conn: Connection, held: list[int], now: float) -> None:
+        """condor_submit's `hold = true`: the new jobs held (HoldReasonCode 15), a page at a
+        time, each with its hold event after its submit event."""
+        for start in range(0, len(held), ACT_PAGE):
+            chunk = held[start:start + ACT_PAGE]
+            rows = conn.execute(select(jobs).where(jobs.c.id.in_(chunk)))
+            self._act_page(conn, [Job.from_row(r._mapping) for r in rows], Event.HOLD,
+                           HELD_AT_SUBMIT, (holds.SUBMITTED_ON_HOLD, 0), None, now,
+                           ActTotals())
 
     def _template(self, specs: Sequence[JobSpec]) -> ProcTemplate | None:
         """The specs as one ProcTemplate when the server can make their rows (PostgreSQL; no

@@ -72,7 +72,9 @@ def submitted_ad(spec: JobSpec) -> dict[str, Any]:
     """The attributes stored with a job at submit (the `ad` column), as JSON values; raises
     AdError for a +Attr the job store sets itself."""
     attrs: dict[str, Value] = {"Cmd": spec.cmd}
-    if spec.args:
+    if spec.args_v1:  # condor_submit keeps the old syntax as Args
+        attrs["Args"] = spec.args_v1
+    elif spec.args:
         attrs["Arguments"] = spec.args
     if spec.env:
         attrs["Environment"] = spec.env

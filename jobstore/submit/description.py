@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import os
 import re
 import secrets
@@ -26,9 +27,10 @@ from jobstore.core.jobs import (
     ProcTemplate,
 )
 from jobstore.core.policy import POLICY_COMMANDS
+from jobstore.submit import commands
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
-from jobstore.submit.syntax import args_to_v2, env_to_v2
+from jobstore.submit.syntax import args_to_v2, env_to_v2, env_words_to_v2, split_args_v2
 from jobstore.submit.values import (
     CONTROL,
     IDENT,
@@ -64,10 +66,10 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "executable": ("executable",),
     "arguments": ("arguments",),
     "environment": ("environment", "env"),
-    "input": ("input",),
-    "output": ("output",),
-    "error": ("error",),
-    "initialdir": ("initialdir", "initial_dir"),
+    "input": ("input", "stdin"),
+    "output": ("output", "stdout"),
+    "error": ("error", "stderr"),
+    "initialdir": ("initialdir", "initial_dir", "job_iwd"),
     "request_cpus": ("request_cpus", "requestcpus"),
     "request_memory": ("request_memory", "requestmemory"),
     "request_disk": ("request_disk", "requestdisk"),
@@ -86,7 +88,13 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "universe": ("universe",),
     "transfer_executable": ("transfer_executable",),
     "transfer_input_files": ("transfer_input_files",),
+    "hold": ("hold",),
+    "getenv": ("getenv", "get_env"),
+    "skip_filechecks": ("skip_filechecks",),
 }
+# request_<tag> commands with an attribute and a column of their own
+_OWN_REQUESTS = frozenset({"request_cpus", "requestcpus", "request_memory", "requestmemory",
+                           "request_disk", "requestdisk"})
 
 
 def kill_signal(value: str) -> str:
@@ -369,6 +377,76 @@ def _check_count(source: str, count: int, text: str) -> int:
     return count
 
 
+def _submit_bool(text: str) -> bool:
+    """A submit file's boolean, strictly: true/false, yes/no, t/f, y/n, 1/0."""
+    low = text.strip().lower()
+    if low in ("true", "yes", "t", "y", "1"):
+        return True
+    if low in ("false", "no", "f", "n", "0"):
+        return False
+    raise ValueError(f"{text.strip()!r} is not true or false")
+
+
+def _getenv(value: str) -> dict[str, str]:
+    """condor_submit's getenv: true (the whole environment of the submitting process) or a
+    list of variable names and patterns (* and ?; a leading ! leaves names out)."""
+    low = value.strip().lower()
+    if low in ("false", "no", "f", "n", "0"):
+        return {}
+    if low in ("true", "yes", "t", "y", "1"):
+        patterns = ["*"]
+    else:
+        patterns = [p for p in re.split(r"[\s,]+", value.strip()) if p]
+    wanted = [p for p in patterns if not p.startswith("!")]
+    unwanted = [p[1:] for p in patterns if p.startswith("!")]
+    return {name: text for name, text in os.environ.items()
+            if any(fnmatch.fnmatchcase(name, p) for p in wanted)
+            and not any(fnmatch.fnmatchcase(name, p) for p in unwanted)
+            and not CONTROL.search(text) and "=" not in name}
+
+
+def _with_getenv(inherited: dict[str, str], env: str) -> str:
+    """The job's environment: what getenv took, then the environment command's (which wins)."""
+    if not inherited:
+        return env
+    own = {word.partition("=")[0]: word for word in split_args_v2(env)}
+    merged = [f"{k}={v}" for k, v in inherited.items() if k not in own] + list(own.values())
+    return env_words_to_v2(merged)
+
+
+def _args_v1(value: str) -> str | None:
+    """The arguments as the job ad's Args when given in the old syntax (not in quotes)."""
+    return None if value.startswith('"') else " ".join(split_args_v2(args_to_v2(value)))
+
+
+def _is_resource(key: str) -> bool:
+    """request_<tag> of a custom resource (GPUs too), not of cpus, memory or disk."""
+    low = key.lower()
+    command = commands.lookup(low)
+    return (low.startswith("request_") and low not in _OWN_REQUESTS and command is not None
+            and command.kind == "handled")
+
+
+def _resource_name(tag: str) -> str:
+    """The resource a request_<tag> command asks for, as its attribute names it (GPUs)."""
+    return "GPUs" if tag.lower() == "gpus" else tag
+
+
+def _attribute_text(form: str, value: str) -> str:
+    """A stored command's value as ClassAd expression text: a string, an expression, a
+    boolean or an integer (ValueError for a value that is not one)."""
+    if form == "string":
+        text = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+        ad = classad2.ClassAd()
+        ad["v"] = text
+        return str(ad.lookup("v"))  # a ClassAd string literal
+    if form == "bool":
+        return "true" if _submit_bool(value) else "false"
+    if form == "int":
+        return str(parse_int(value))
+    return old_expr(value)
+
+
 def _is_true(text: str) -> bool:
     """A submit file's boolean, as condor_submit reads one (true/false, yes/no, 1/0)."""
     return text.strip().lower() not in ("false", "no", "0", "f", "n")
@@ -429,6 +507,11 @@ class _SubmitExpander:
         self.submit = submit
         self.commands = self._command_keys(keys)
         self.custom_keys = {k[3:]: k for low, k in keys.items() if low.startswith("my.")}
+        self.stored = {k: c for k in keys.values()
+                       if (c := commands.lookup(k)) is not None and c.kind == "stored"}
+        self.resources = {k: _resource_name(k[len("request_"):]) for k in keys.values()
+                          if _is_resource(k)}
+        self._refuse(keys)
         self.dynamic = any("$" in submit[k] for k in self._used_keys())
         submit["Cluster"] = submit["ClusterId"] = _CLUSTER_SENTINEL
 
@@ -444,7 +527,19 @@ class _SubmitExpander:
         return found
 
     def _used_keys(self) -> list[str]:
-        return [*self.commands.values(), *self.custom_keys.values()]
+        return [*self.commands.values(), *self.custom_keys.values(), *self.stored,
+                *self.resources]
+
+    def _refuse(self, keys: dict[str, str]) -> None:
+        """A refused command (jobstore.submit.commands) fails the submit, naming it, unless
+        its value asks for nothing."""
+        for key in keys.values():
+            command = commands.lookup(key)
+            if command is None or command.kind != "refused":
+                continue
+            value = self._expand(key, key, 0).strip().strip('"').lower()
+            if value and value not in command.harmless:
+                raise SubmitError(f"{self.source}: {key}: {command.why}")
 
     def specs(self, items: list[dict[str, str]], count: int) -> SubmitSpecs:
         """One JobSpec per (item, step), each made when it is read."""
@@ -540,7 +635,47 @@ class _SubmitExpander:
             value = self._expand(key, f"+{name}", proc)
             if value != "":
                 custom[name] = value
-        return self._build(values, custom, proc)
+        spec = self._build(values, custom, proc)
+        extra = self._stored_attrs(proc)
+        extra.update(self._resources(spec, proc))
+        for name, text in extra.items():
+            if name.lower() not in {n.lower() for n in spec.custom}:  # +Attr wins
+                spec.custom[name] = text
+        return spec
+
+    def _stored_attrs(self, proc: int) -> dict[str, str]:
+        """The stored commands' attributes (ClassAd expression text)."""
+        out: dict[str, str] = {}
+        for key, command in self.stored.items():
+            value = self._expand(key, key, proc)
+            if value == "":
+                continue
+            try:
+                out[command.attribute or key] = _attribute_text(command.form, value)
+            except ValueError as exc:
+                raise self._error(key, str(exc), proc) from None
+        return out
+
+    def _resources(self, spec: JobSpec, proc: int) -> dict[str, str]:
+        """request_<tag>: Request<Tag>, and the clause condor_submit adds to Requirements,
+        TARGET.<Tag> >= Request<Tag> (unless Requirements names <Tag>)."""
+        out: dict[str, str] = {}
+        clauses = []
+        for key, tag in self.resources.items():
+            value = self._expand(key, key, proc)
+            if value == "":
+                continue
+            try:
+                text = old_expr(value)
+            except ValueError as exc:
+                raise self._error(key, str(exc), proc) from None
+            out[f"Request{tag}"] = text
+            if not re.search(rf"(?i)\b{re.escape(tag)}\b", spec.requirements or ""):
+                clauses.append(f"(TARGET.{tag} >= Request{tag})")
+        if clauses:
+            spec.requirements = " && ".join(
+                ([f"({spec.requirements})"] if spec.requirements else []) + clauses)
+        return out
 
     def _build(self, values: dict[str, str], custom: dict[str, str], proc: int) -> JobSpec:
         """Convert expanded command values, naming the command in any error."""
@@ -557,7 +692,8 @@ class _SubmitExpander:
             cmd = conv("executable", lambda v: abspath(iwd, v))
             if cmd is None:
                 raise ValueError("missing: every job needs an executable")
-            if not os.path.exists(cmd) and _is_true(values.get("transfer_executable", "true")):
+            if (not os.path.exists(cmd) and _is_true(values.get("transfer_executable", "true"))
+                    and not _is_true(values.get("skip_filechecks", "false"))):
                 raise ValueError(
                     f"{cmd} does not exist here (when it exists only on the execute nodes, "
                     "say transfer_executable = false)"
@@ -565,7 +701,10 @@ class _SubmitExpander:
             spec = JobSpec(
                 cmd=cmd,
                 args=conv("arguments", args_to_v2, ""),
-                env=conv("environment", env_to_v2, ""),
+                args_v1=conv("arguments", _args_v1),
+                env=_with_getenv(conv("getenv", _getenv, {}),
+                                 conv("environment", env_to_v2, "")),
+                hold=conv("hold", _submit_bool, False),
                 iwd=iwd,
                 input=conv("input", str),
                 output=conv("output", str),
