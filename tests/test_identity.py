@@ -25,7 +25,7 @@ from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.grants import UserRights, grant_hook_role, grant_user_role
 from jobstore.db.schema import clusters, job_events, jobs
-from jobstore.db.store import JobStore
+from jobstore.db.store import JobStore, SlotRow
 from jobstore.errors import NotOwner, Refused
 from jobstore.testing.support import ensure_account
 
@@ -388,7 +388,8 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
 
 
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
-    """Migration 0012 gives the roles that held the agent's grants their policies."""
+    """Migrations 0012 and 0014 give the roles that held the agent's grants their policies and
+    the slots table."""
     from jobstore.db.grants import hook_role_statements
 
     upgrade(db_url, "0011")
@@ -398,7 +399,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
         owner = JobStore.from_url(db_url)
-        old = [s for s in hook_role_statements(owner.engine, role) if "POLICY" not in s]
+        old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
+               if "POLICY" not in s and "ON slots" not in s]  # as granted before 0012
         with owner.engine.begin() as conn:
             from sqlalchemy import text
 
@@ -415,6 +417,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
                             lease=120).after == "accepted"
         with agent.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
+        agent.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])
+        assert [r.name for r in agent.live_slots(now=1.5)] == ["slot1@n"]
         agent.engine.dispose()
         owner.engine.dispose()
     finally:

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
@@ -42,6 +42,7 @@ from jobstore.agent.protocol import (
     encode,
 )
 from jobstore.agent.pruner import Pruner
+from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.node import bounded, config, handlers, spool
@@ -158,6 +159,7 @@ class Agent:
         self._policing = threading.Event()
         self._attempts = Attempts()
         self._pruner = Pruner()
+        self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
         self._hook_log_lock = threading.Lock()
@@ -509,6 +511,8 @@ class Agent:
                                     peer.uid, peer.pid, refused)
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
+            if hook == "fetch_job" and conn.service:
+                self._slots.seen(item.stdin)  # the startd's slot ad (jobstore status)
             response = handlers.handle(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services),
@@ -654,8 +658,24 @@ class Agent:
             self._pruner.tick(node)
         except Exception as exc:
             log.error("history prune failed: %s: %s", type(exc).__name__, exc)
+        try:
+            if self._slots.due():
+                self._slots.publish(self._node_stores(node))
+        except Exception as exc:
+            log.error("slot ads not published: %s: %s", type(exc).__name__, exc)
         finally:
             self._policing.clear()
+
+    @staticmethod
+    def _node_stores(node: list[config.Settings]) -> list[Any]:
+        """One store per database of this node's keywords."""
+        stores: dict[str, Any] = {}
+        for settings in node:
+            try:
+                stores.setdefault(settings.database_url, handlers.store_for(settings))
+            except config.ConfigError:
+                continue
+        return list(stores.values())
 
     def _replay(self) -> None:
         try:

@@ -186,6 +186,9 @@ def _print_autoclusters(
     is_flag=True,
     help="Count jobs by autocluster (what the claim matches as one) and status.",
 )
+@click.option("-better-analyze", "-better-analyse", "-analyze", "--better-analyze", "analyze",
+              is_flag=True, help="For each job named: how many known slots (jobstore status) "
+              "match it, and which clause of its Requirements rules the others out.")
 @click.option("-wide", "--wide", "wide", is_flag=True,
               help="Do not shorten the CMD and HOLD_REASON columns (condor_q -wide).")
 @click.option(
@@ -206,6 +209,7 @@ def q(
     totals_only: bool,
     running: bool,
     autocluster: bool,
+    analyze: bool,
     wide: bool,
     held: bool,
     constraint: str | None,
@@ -240,6 +244,10 @@ def q(
         return
     if ids and not include_final and not statuses:
         _check_found(ctx, ids)
+    if analyze:
+        _print_analysis(ctx, query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit,
+                                              **filters))
+        return
     jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
     if attrs:
         _print_autoformat(ctx, jobs, attrs)
@@ -250,6 +258,27 @@ def q(
         click.echo("\n" + views.totals_line(jobs))
     else:
         _print_jobs(ctx, jobs, as_json, long, run=running, wide=wide)
+
+
+def _print_analysis(ctx: Context, jobs: list[Job]) -> None:
+    """condor_q -better-analyze, against the slots the nodes' agents published."""
+    from jobstore.api.pool import analyze, slot_ads
+
+    slots = list(slot_ads(ctx.store))
+    for job in jobs:
+        ad = ctx.shown.ad(job)
+        name = views.job_id(job)
+        a = analyze(ad, slots)
+        click.echo(f"-- Job {name} ({job.status})\nThe Requirements expression for job {name} is"
+                   f"\n    {ad.lookup('Requirements') if 'Requirements' in ad else 'true'}\n")
+        if a.clauses:
+            rows = [[f"[{i}]", str(n), clause] for i, (clause, n) in enumerate(a.clauses)]
+            click.echo(views.format_table(["Step", "Slots Matched", "Condition"], rows) + "\n")
+        click.echo(f"{name}: Of {a.slots} known slots, {a.rejected_by_job} are rejected by "
+                   f"your job's requirements,\n    {a.rejected_by_slot} reject your job because"
+                   f" of their own requirements (START),\n    {a.too_small} have less than the"
+                   f" job requests (RequestCpus, RequestMemory, RequestDisk),\n    {a.matched}"
+                   " match and can run it.\n")
 
 
 def _check_found(ctx: Context, ids: tuple[str, ...]) -> None:

@@ -218,7 +218,7 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes FROM {role};
+    submitters, passes, slots FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -227,7 +227,7 @@ GRANT USAGE ON SCHEMA {schema} TO {role};
 -- name: grant_read
 -- Read the queue, the clusters and the events (user logs, watch), and the negotiator's tables.
 GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes TO {role};
+    submitters, passes, slots TO {role};
 
 -- name: grant_update
 -- Change only the columns a claim, a transition or a report changes (also FOR UPDATE locks).
@@ -245,6 +245,10 @@ GRANT UPDATE (priority, usage, in_use, updated_at, first_usage, last_usage) ON s
 -- name: grant_passes
 -- Take the turn of a pool-wide periodic pass (the jobs' policy pass: JobStore.police_due).
 GRANT INSERT, UPDATE ON passes TO {role};
+
+-- name: grant_slots
+-- Publish this node's slot ads and expire stale ones (jobstore status).
+GRANT INSERT, UPDATE, DELETE ON slots TO {role};
 
 -- name: grant_events
 -- Append the transition and report events.
@@ -285,12 +289,12 @@ SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
 -- name: user_revoke
 -- Start the submitter's role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, queue_roles FROM {role};
+    submitters, passes, queue_roles, slots FROM {role};
 
 -- name: user_read
 -- Read the queue and the history, as condor_q and condor_history may.
 GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, queue_roles TO {role};
+    submitters, passes, queue_roles, slots TO {role};
 
 -- name: user_submit
 -- Queue clusters of jobs, their autoclusters, limits and submit events.

@@ -117,6 +117,20 @@ queue_roles = Table(
     Column("admin", Boolean, nullable=False, server_default=false()),
 )
 
+# The slots of the pool as their nodes' agents last published them (`jobstore status`, `q
+# -better-analyze`; migration 0014): the slot ad as the startd gave it to FETCH_WORK (old
+# ClassAd syntax), upserted every UPDATE_INTERVAL, gone from view after its lifetime.
+slots = Table(
+    "slots",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("machine", String(255), nullable=False),
+    Column("ad", Text, nullable=False),
+    Column("updated_at", Epoch(), nullable=False),
+    Column("expires_at", Epoch(), nullable=False),
+    Index("ix_slots_expires_at", "expires_at"),
+)
+
 # When a pool-wide periodic pass (the policy pass) last ran: one runner per interval.
 passes = Table(
     "passes",
@@ -327,6 +341,7 @@ __all__ = [
     "concurrency_limits",
     "submitters",
     "passes",
+    "slots",
     "jobs",
     "job_events",
     "Epoch",

@@ -35,6 +35,7 @@ from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
 from jobstore.db.schema import clusters, job_events, jobs, passes
+from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.sql import NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
@@ -45,6 +46,7 @@ from jobstore.formats.jobads import submitted_ad
 
 __all__ = [
     "ActTotals",
+    "SlotRow",
     "AUTOCLUSTER_KEY",
     "AfterCommit",
     "CommitListener",
@@ -121,7 +123,7 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, PagedActions, JobReads, Retention, Gauges):
+class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
     (`identity`)."""

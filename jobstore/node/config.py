@@ -302,6 +302,8 @@ class AgentSettings:
     # JOBSTORE_AGENT_EXPRESSION_TIMEOUT: the longest a job's expression may take (node.bounded)
     expression_timeout: float = 2.0
     expression_workers: int = 3  # JOBSTORE_AGENT_EXPRESSION_WORKERS: its worker processes
+    update_interval: int = 300  # UPDATE_INTERVAL: how often the startd's slot ads are published
+    classad_lifetime: int = 900  # CLASSAD_LIFETIME: how long a published slot ad is shown
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -392,6 +394,8 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         metrics_store=_flag("JOBSTORE_AGENT_METRICS_STORE", False),
         expression_timeout=_seconds("JOBSTORE_AGENT_EXPRESSION_TIMEOUT", 2.0),
         expression_workers=number("EXPRESSION_WORKERS", 3),
+        update_interval=_checked_int("UPDATE_INTERVAL", _param("UPDATE_INTERVAL"), 300, 1),
+        classad_lifetime=_checked_int("CLASSAD_LIFETIME", _param("CLASSAD_LIFETIME"), 900, 1),
     )
 
 
