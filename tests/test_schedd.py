@@ -5,6 +5,7 @@ caller's transaction; an idempotency key."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,44 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
     assert views.job_rows([job], finished=True)[1][0][3] == "0+00:02:10"
     (hit,) = schedd.history("NumJobStarts == 2")  # the constraint in SQL agrees
     assert hit["ProcId"] == 0
+
+
+def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:
+    """Issue 29, item 5: htcondor2's exception types, ServerTime, a callback's None, int() of a
+    result, count with queue, a hold's (reason, code), jobEpochHistory, reschedule; and one
+    kept connection between calls."""
+    result = schedd.submit(sleep_job(), count=2)
+    cluster = int(result)
+    assert cluster == result.cluster()
+    with pytest.raises(htcondor2.HTCondorException) as caught:
+        schedd.submit({"executable": "/nonexistent/x"})
+    assert isinstance(caught.value, SubmitError)  # still the package's own type
+    with pytest.raises(htcondor2.HTCondorException):
+        schedd.query("ClusterId ==")
+    with pytest.raises(ValueError, match="count or queue"):
+        schedd.submit(sleep_job(), count=2, queue="queue 3")
+    (ad, _) = schedd.query(f"ClusterId == {cluster}")
+    assert abs(ad["ServerTime"] - time.time()) < 60
+    odd = schedd.query(f"ClusterId == {cluster}",
+                       callback=lambda a: a["ProcId"] if a["ProcId"] else None)
+    assert odd == [1]
+    held = schedd.act(htcondor2.JobAction.Hold, f"{cluster}.0", reason=("disk full", 42))
+    assert held["TotalSuccess"] == 1
+    (ad,) = schedd.query(f"ClusterId == {cluster} && ProcId == 0",
+                         ["HoldReason", "HoldReasonCode", "HoldReasonSubCode"])
+    assert (ad["HoldReason"], ad["HoldReasonCode"], ad["HoldReasonSubCode"]) == (
+        "disk full", 1, 42)
+    assert schedd.reschedule() is None
+    job = schedd.store.claim(REQ, lambda j: Verdict(take=True))
+    assert job is not None and job.cluster_id == cluster
+    schedd.store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
+    (epoch,) = schedd.jobEpochHistory(f"ClusterId == {cluster} && ProcId == 1")
+    assert (epoch["ProcId"], epoch["NumShadowStarts"], epoch["RemoteHost"]) == (
+        1, 1, "slot1@n")
+    if schedd.store._pg:  # one kept connection: the same server process answers every call
+        pids = set()
+        for _ in range(3):
+            with schedd.store.engine.connect() as conn:
+                pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
+            schedd.query(f"ClusterId == {cluster}")
+        assert len(pids) == 1

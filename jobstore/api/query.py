@@ -168,7 +168,7 @@ def act(
     `everyone` all the jobs this session may act on: set-based, a page per transaction
     (JobStore.act_where). Returns the totals and the ids that named no unfinished job."""
     if not (ids or users or constraint or everyone):
-        raise ValueError("name jobs: job ids, users, -constraint or -all")
+        raise ValueError("name the jobs: JOB, USER, -constraint EXPR or -all")
     sel = Selection.of(ids, users, constraint)
     missing = [text for text in ids if not store.count_by_status(where=_id_term(text))]
     where = sel.where if sel.where is not None else true()

@@ -97,6 +97,9 @@ def _usage_line(exc: click.UsageError) -> _UsageLine:
 class Group(click.Group):
     """The `jobstore` group: usage errors of the group and its commands in one line."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _af_flags(args))
+
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)
@@ -110,3 +113,13 @@ class Group(click.Group):
             raise _usage_line(exc) from None
 
 
+def _af_flags(args: list[str]) -> list[str]:
+    """condor_q's `-af:jh` (and `-autoformat:jh`) as `-af --af-options jh`."""
+    out: list[str] = []
+    for arg in args:
+        head, colon, flags = arg.partition(":")
+        if colon and head in ("-af", "-autoformat", "--autoformat"):
+            out += ["-af", "--af-options", flags]
+        else:
+            out.append(arg)
+    return out

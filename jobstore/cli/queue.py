@@ -110,6 +110,8 @@ _QUERY = [
     ),
     click.option("-limit", "--limit", "limit", type=click.IntRange(min=1), metavar="N",
                  help="At most N jobs."),
+    # -af:FLAGS (condor_q's -af:jh, ...) arrives here as -af --af-options FLAGS (context.Group)
+    click.option("--af-options", "af_flags", default="", hidden=True),
 ]
 
 
@@ -135,15 +137,16 @@ def _split_args(args: tuple[str, ...], autoformat: bool,
     return ids, (), rest
 
 
-def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str]) -> None:
+def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str], flags: str = "") -> None:
     exprs = []
     for a in attrs:
         try:
             exprs.append(ExprTree(a))
         except Exception:  # classad2 raises ClassAdException
             raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
-    for job in jobs:
-        click.echo(views.autoformat(ctx.shown.ad(job), exprs))
+    for line in views.autoformat_lines((ctx.shown.ad(job) for job in jobs), attrs, exprs,
+                                       flags):
+        click.echo(line)
 
 
 def _print_formats(ctx: Context, jobs: list[Job], formats: tuple[tuple[str, str], ...]) -> None:
@@ -216,6 +219,7 @@ def q(
     autoformat: bool,
     formats: tuple[tuple[str, str], ...],
     limit: int | None,
+    af_flags: str,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
@@ -250,7 +254,7 @@ def q(
         return
     jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
     if attrs:
-        _print_autoformat(ctx, jobs, attrs)
+        _print_autoformat(ctx, jobs, attrs, af_flags)
     elif formats:
         _print_formats(ctx, jobs, formats)
     elif held and not (as_json or long):
@@ -305,6 +309,7 @@ def history(
     autoformat: bool,
     formats: tuple[tuple[str, str], ...],
     limit: int | None,
+    af_flags: str,
     statuses: tuple[str, ...],
     owners: tuple[str, ...],
     queues: tuple[str, ...],
@@ -318,7 +323,7 @@ def history(
     jobs = query.history_jobs(ctx.store, ctx.shown, ids, constraint, limit=match or limit,
                               statuses=statuses, owners=owners, queues=queues, users=users)
     if attrs:
-        _print_autoformat(ctx, jobs, attrs)
+        _print_autoformat(ctx, jobs, attrs, af_flags)
     elif formats:
         _print_formats(ctx, jobs, formats)
     else:

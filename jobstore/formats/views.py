@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from classad2 import ClassAd, ExprTree, Value
@@ -161,6 +161,30 @@ def job_long(job: Job, *, keyword: str, uid_domain: str) -> str:
 def autoformat(ad: ClassAd, exprs: Sequence[ExprTree]) -> str:
     """One `-af` line: each expression evaluated in the ad, strings bare, undefined as such."""
     return " ".join(_af_value(e.eval(ad)) for e in exprs)
+
+
+AF_FLAGS = "jhltnr,"
+
+
+def autoformat_lines(ads: Iterable[ClassAd], attrs: Sequence[str], exprs: Sequence[ExprTree],
+                     flags: str = "") -> Iterator[str]:
+    """condor_q -af:FLAGS: j the job id first, h a header of the names, l each value labelled
+    Name=value, t tabs and `,` commas between values, n a line per value, r the expressions
+    unevaluated (ValueError for a flag it does not know)."""
+    unknown = sorted(set(flags) - set(AF_FLAGS))
+    if unknown:
+        raise ValueError(f"-af:{flags}: unknown option {unknown[0]!r} (known: {AF_FLAGS})")
+    sep = "\n" if "n" in flags else "\t" if "t" in flags else ", " if "," in flags else " "
+    names = (["ID"] if "j" in flags else []) + list(attrs)
+    if "h" in flags:
+        yield sep.join(names)
+    for ad in ads:
+        values = [str(e) if "r" in flags else _af_value(e.eval(ad)) for e in exprs]
+        if "j" in flags:
+            values.insert(0, f"{ad.get('ClusterId')}.{ad.get('ProcId')}")
+        if "l" in flags:
+            values = [f"{n} = {v}" for n, v in zip(names, values, strict=True)]
+        yield sep.join(values)
 
 
 def printf(fmt: str, expr: ExprTree, ad: ClassAd) -> str:
