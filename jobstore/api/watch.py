@@ -37,6 +37,7 @@ from jobstore.db.engine import make_engine
 from jobstore.db.notify import Listener
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, UnknownJob
+from jobstore.formats import views
 
 __all__ = [
     "JobEvent",
@@ -208,12 +209,14 @@ class Subscription:
         interval: float = 0.25,
         catch_up: float = 5.0,
         on_retry: Callable[[str], None] | None = None,
+        repeats: bool = False,
     ) -> None:
         url = db.engine.url if isinstance(db, JobStore) else db
         # A private engine with a pool: one connection kept open between reads.
         self.store = JobStore(make_engine(url, pool=True))  # type: ignore[arg-type]
         self.owners, self.queues = _names(owner), _names(queue)
         self.statuses = frozenset(Status(s).value for s in (statuses or ()))
+        self.repeats = repeats
         self.until_done = until_done
         self.interval, self.catch_up, self.on_retry = interval, catch_up, on_retry
         self.poll = poll
@@ -368,7 +371,8 @@ class Subscription:
         e = feed.event
         if not self._matches(e.job_id, feed.owner, feed.queue):
             return
-        if not self.statuses or e.to_status in self.statuses:
+        wanted = self.repeats or not views.is_repeat(e.to_status, e.reason)
+        if wanted and (not self.statuses or e.to_status in self.statuses):
             yield e
         if e.to_status in FINAL and e.job_id not in self.outcomes:
             rec = JobFinished.from_feed(feed)
@@ -423,7 +427,9 @@ def subscribe(db: str | JobStore, **options: Any) -> Subscription:
     until_done: stop when the named jobs (or those matching owner/queue at start that are not
     finished) have all finished; poll: True to poll, False to insist on LISTEN, None to choose;
     interval: seconds between polls; catch_up: seconds between safety reads while listening;
-    on_retry: called with a one-line message when the database goes away or comes back.
+    on_retry: called with a one-line message when the database goes away or comes back;
+    repeats: True to also get the harmless repeats (a late or second report of an attempt that
+    had ended, which changed nothing: `jobstore events --all` shows them).
     Raises UnknownJob, ValueError or DatabaseError at once when it cannot start.
     """
     return Subscription(db, **options)

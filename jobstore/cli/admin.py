@@ -215,6 +215,8 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
         fail(str(exc))
     click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
                f"{directory}")
+    for reason, n in done.why_left:
+        click.echo(f"  {n} left: {reason}")
     if done.left:
         sys.exit(1)
 

@@ -453,6 +453,7 @@ def watch(
         interval=interval,
         catch_up=catch_up,
         on_retry=note,
+        repeats=True,  # --json shows them; the lines leave them out below
     )
     try:
         for record in sub:

@@ -72,6 +72,7 @@ SUBMIT_BATCH = 1000  # jobs per multi-row INSERT at submit
 HELD_AT_SUBMIT = "submitted on hold at user's request"  # condor_submit's HoldReason
 LEASE_KEPT = 0.9  # a report keeps a lease with more than this share of its length left
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
+NOT_STARTED = (Status.FETCHED.value, Status.ACCEPTED.value)  # handed out, no start reported
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
                           Event.REJECT, Event.CLAIM_EVICTED})
@@ -406,6 +407,12 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
             hold = _hook_hold(attrs or {})
             reason = reason or _text(attrs or {}, "HoldReason")
         all_changes = dict(changes or {})
+        if event == Event.EXIT and job.status in NOT_STARTED:
+            # the attempt ran (it exited) although its start report has not come (it comes
+            # late, or never): NumJobStarts counts it, as the starter's own count would
+            all_changes.setdefault("num_starts", (job.num_starts or 0) + 1)
+            if job.first_started_at is None:
+                all_changes.setdefault("first_started_at", job.fetched_at or now)
         if event == Event.EXIT and exit_policy is not None:
             verdict = exit_policy(job.but(**all_changes))
             if verdict.hold is not None:  # on_exit_hold: the exit puts the job on hold

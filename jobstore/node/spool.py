@@ -80,6 +80,7 @@ class Replayed(NamedTuple):
     sent: int
     left: int
     bad: int = 0  # quarantined (or removed: not a regular file)
+    why_left: tuple[tuple[str, int], ...] = ()  # why the left ones were left, and how many
 
 
 # ---- the directory --------------------------------------------------------------------------
@@ -321,6 +322,14 @@ def replay(
     ensure_dir(directory)
     sent = left = bad = 0
     away: set[object] = set()
+    why: dict[str, int] = {}
+
+    def leave(item: Spooled, reason: str) -> None:
+        nonlocal left
+        _put_back(item)
+        left += 1
+        why[reason] = why.get(reason, 0) + 1
+
     # at most `most` records sent or left; quarantined ones are not counted: a flood of
     # unusable or foreign ones is cleared in one replay, and never keeps the genuine ones
     # behind it from being looked at
@@ -332,26 +341,22 @@ def replay(
             continue
         if sent + left >= most or sent >= limit or (
                 deadline is not None and time.monotonic() > deadline):
-            _put_back(item)
-            left += 1
+            leave(item, "this replay's limit reached (the next replay sends them)")
             break
         try:
             key = group(item.record)
         except Exception:
             key = None
         if key in away:
-            _put_back(item)
-            left += 1
+            leave(item, "an earlier report of the same job could not be sent (kept in order)")
             continue
         try:
             send(item.record, item.uid)
         except NotMine:
-            _put_back(item)
-            left += 1
+            leave(item, "about a job of another job store (its keyword's replay sends it)")
             continue
-        except Later:
-            _put_back(item)
-            left += 1
+        except Later as exc:
+            leave(item, f"its database is away: {exc}" if str(exc) else "its database is away")
             away.add(key)
             continue
         except Exception as exc:
@@ -363,7 +368,7 @@ def replay(
         sent += 1
     if bad > LOGGED_QUARANTINES:
         _log.warning("spool: %d more reports quarantined", bad - LOGGED_QUARANTINES)
-    return Replayed(sent, left, bad)
+    return Replayed(sent, left, bad, tuple(sorted(why.items(), key=lambda kv: -kv[1])))
 
 
 def quarantine(path: Path, why: str, *, logged: bool = True) -> None:

@@ -1,0 +1,70 @@
+"""What a newcomer hit (issue 29, item 6): NumJobStarts of an attempt whose exit report came
+before its start report, subscribe() without the harmless repeats unless asked."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from jobstore.api.watch import JobFinished, watch
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobEvent, JobSpec
+from jobstore.core.states import Event
+from jobstore.db.engine import upgrade
+from jobstore.db.store import JobStore
+from jobstore.formats import views
+from jobstore.testing.support import ordinary_owner
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+
+
+@pytest.fixture
+def store(db_url: str):
+    upgrade(db_url)
+    s = JobStore.from_url(db_url)
+    yield s
+    s.engine.dispose()
+
+
+def _ran_without_a_start_report(store: JobStore) -> int:
+    """A job whose attempt exited before its start report came; then the late start report."""
+    _, (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=ordinary_owner(),
+                                queue="default", max_attempts=3)
+    job = store.claim(REQ, lambda j: Verdict(take=True))
+    assert job is not None
+    store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
+    done = store.report(job_id, Event.EXIT, token=job.token, attempt=job.claims,
+                        changes={"exit_code": 0})
+    assert done.after == "completed"
+    late = store.report(job_id, Event.START, token=job.token, attempt=job.claims)
+    assert late.stale
+    return job_id
+
+
+def test_an_attempt_that_exited_counts_as_started(store: JobStore) -> None:
+    job_id = _ran_without_a_start_report(store)
+    ad = views.job_ad(store.get_job(job_id), keyword="JOBSTORE", uid_domain="x")
+    assert ad["NumJobStarts"] == 1 and ad["JobStartDate"] > 0
+
+
+@pytest.mark.parametrize("repeats", [False, True])
+def test_subscribe_leaves_out_the_harmless_repeats_unless_asked(store: JobStore,
+                                                                repeats: bool) -> None:
+    job_id = _ran_without_a_start_report(store)
+    job = store.get_job(job_id)
+    records: list[object] = []
+    sub = watch(store, records.append, jobs=[f"{job.cluster_id}.{job.proc_id}"], since=0,
+                poll=True, interval=0.05, repeats=repeats)
+    try:
+        end = time.monotonic() + 10
+        while not any(isinstance(r, JobFinished) for r in records):
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        time.sleep(1.0)  # the stale report's event comes after the job's end
+    finally:
+        sub.close()
+    events = [r.event for r in records if isinstance(r, JobEvent)]
+    expected = ["submit", "fetch", "accept", "exit"] + (["start"] if repeats else [])
+    assert events == expected
