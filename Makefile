@@ -10,6 +10,11 @@ PYTHON_FOR_VENV := $(shell if [ -x /usr/bin/python3 ]; then echo /usr/bin/python
 
 VENV := .venv
 PY := $(VENV)/bin/python
+# The clone's own .venv links to this clone (an editable install); a venv elsewhere
+# (`make demo VENV=/opt/jobstore-venv`, for a clone in a private home) gets a copy of the
+# package, which the hooks' accounts can read wherever the clone is.
+INSTALL := $(if $(filter .venv,$(VENV)),-e ,)
+SOURCES := $(if $(INSTALL),,$(shell find jobstore -type f \( -name '*.py' -o -name '*.sql' -o -name '*.mako' \)))
 PYTEST_ARGS ?=
 # `make test` runs its tests in this many processes (pytest-xdist; `auto`: one per CPU, at most 4).
 TEST_WORKERS ?= auto
@@ -19,10 +24,10 @@ TEST_WORKERS ?= auto
 venv: $(VENV)/.installed
 
 # Re-runs only when pyproject.toml changes (or the venv is missing).
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(SOURCES)
 	$(PYTHON_FOR_VENV) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q $(INSTALL)'.[test]'
 	touch $@
 
 demo: venv

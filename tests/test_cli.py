@@ -361,3 +361,50 @@ def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: 
     assert "finished  completed  exit 0  ok" in watched.stdout
     waiting = cli(db, "watch", "1.0", "--until-done")
     assert "waiting for the transitions of 1.0" in waiting.stderr
+
+
+def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
+    """Interrupted, `jobstore emulate` evicts what runs, as a startd shut down: no attempt is
+    left running in the store (issue 29, item 6). As root the node is the jobs' owner's own
+    (a SQLite store is one user's), in a directory open to her."""
+    import pwd
+    import shutil
+    import signal
+    import tempfile
+
+    from jobstore.db.store import JobStore
+
+    base = Path(tempfile.mkdtemp(prefix="jobstore-ctrlc-"))
+    os.chmod(base, 0o777)
+    db = f"sqlite:///{base / 'jobstore.db'}"
+    env = {**{k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"},
+           "CONDOR_CONFIG": str(condor_config)}
+    assert cli(db, "init", env=env).returncode == 0
+    condor_user: list[str] = []
+    if os.geteuid() == 0:
+        user = pwd.getpwnam(_owner())
+        os.chown(base / "jobstore.db", user.pw_uid, user.pw_gid)
+        condor_user = ["--condor-user", _owner()]
+    sub = _write(base, "s.sub", "executable = /bin/sleep\narguments = 120\n"
+                 "initialdir = /tmp\ntransfer_executable = false\nqueue 2\n")
+    assert submit(db, sub).returncode == 0
+    proc = subprocess.Popen([*JOBSTORE, "--db", db, "emulate", "--slots", "2", "--timeout",
+                             "600", *condor_user], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    store = JobStore.from_url(db)
+    try:
+        end = time.monotonic() + 60
+        while {j.status for j in store.list_jobs()} != {"running"}:
+            assert time.monotonic() < end and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, out + err
+        assert "interrupted" in err and "Traceback" not in err
+        assert {j.status for j in store.list_jobs()} == {"idle"}
+        assert all(j.num_starts == 1 for j in store.list_jobs())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        store.engine.dispose()
+        shutil.rmtree(base, ignore_errors=True)

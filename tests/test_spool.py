@@ -116,3 +116,24 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
     assert not (attrs["accept"] or {}).get("ReportedAt")
     assert attrs["prepare"]["ReportedAt"] == made
     store.engine.dispose()
+
+
+def test_one_replay_of_a_spool_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 7: while one replayer (the agent) sends a spool's reports, another (a
+    hook) sends none of them, so one job's reports are never applied out of order."""
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    for n in range(3):
+        spool.put(d, {"n": n})
+    monkeypatch.setattr(spool, "REPLAY_LOCK_WAIT", 0.2)
+    held = spool._lock_replays(d)
+    assert held is not None and held >= 0
+    sent: list[dict] = []
+    try:
+        busy = spool.replay(d, lambda r, uid: sent.append(r))
+        assert sent == [] and busy.sent == 0
+        assert "another replay of this spool is under way" in busy.why_left[0][0]
+    finally:
+        os.close(held)
+    assert spool.replay(d, lambda r, uid: sent.append(r))[:3] == (3, 0, 0)
+    assert [r["n"] for r in sent] == [0, 1, 2]

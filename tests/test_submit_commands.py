@@ -9,16 +9,14 @@ from typing import Any
 import classad2
 import htcondor2
 import pytest
+from test_schedd import schedd  # noqa: F401 - the fixture
 
-import jobstore
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.db.engine import upgrade
 from jobstore.formats.jobads import submitted_ad
 from jobstore.formats.matching import matches
 from jobstore.submit import SubmitError
 from jobstore.submit.commands import COMMANDS, PREFIXES, lookup
 from jobstore.submit.description import parse_submit_text
-from jobstore.testing.support import ordinary_owner
 
 # The submit keywords of HTCondor 25's condor_submit (SUBMIT_KEY_* and SUBMIT_CMD_*).
 HTCONDOR_25 = """
@@ -161,20 +159,12 @@ def test_getenv_takes_the_submitters_environment(tmp_path: Path,
     assert "JOBSTORE_T_ONE=own" in spec.env and "JOBSTORE_T_TWO=2" in spec.env
 
 
-@pytest.fixture
-def schedd(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    upgrade(db_url)
-    monkeypatch.chdir(tmp_path)
-    with jobstore.Schedd(url=db_url, owner=ordinary_owner()) as s:
-        yield s
-
-
 def _job(**commands: str) -> htcondor2.Submit:
     return htcondor2.Submit({"executable": "/bin/sleep", "arguments": "60",
                              "transfer_executable": "false", **commands})
 
 
-def test_hold_true_queues_the_jobs_held_with_code_15(schedd: Any) -> None:
+def test_hold_true_queues_the_jobs_held_with_code_15(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(_job(hold="True", batch_name="nightly"), count=3).cluster()
     ads = schedd.query(f"ClusterId == {cluster}")
     assert [(a["JobStatus"], a["HoldReasonCode"], a["HoldReason"], a["JobBatchName"])
@@ -186,7 +176,7 @@ def test_hold_true_queues_the_jobs_held_with_code_15(schedd: Any) -> None:
     assert schedd.store.claim(REQ, lambda j: Verdict(take=True)) is not None
 
 
-def test_request_gpus_is_matched_against_the_slots_gpus(schedd: Any) -> None:
+def test_request_gpus_is_matched_against_the_slots_gpus(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(_job(request_gpus="2")).cluster()
     (ad,) = schedd.query(f"ClusterId == {cluster}")
     assert ad["RequestGPUs"] == 2
@@ -198,7 +188,7 @@ def test_request_gpus_is_matched_against_the_slots_gpus(schedd: Any) -> None:
         assert matches(ad, slot) is fits, gpus
 
 
-def test_a_refused_command_queues_nothing(schedd: Any) -> None:
+def test_a_refused_command_queues_nothing(schedd: Any) -> None:  # noqa: F811
     with pytest.raises(htcondor2.HTCondorException, match="container_image: is not supported"):
         schedd.submit(_job(container_image="docker://alpine"))
     with pytest.raises(SubmitError, match="rank: is not supported"):

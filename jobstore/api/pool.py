@@ -122,24 +122,23 @@ def _true(clause: str, job: ClassAd, slot: ClassAd) -> bool:
 
 
 def _side(job: ClassAd, slot: ClassAd) -> bool:
-    if "Requirements" not in job:
-        return True
-    try:
-        value = job.lookup("Requirements")
-        return (value.eval(scope=job, target=slot) if isinstance(value, ExprTree)
-                else value) is True
-    except Exception:
-        return False
+    """The job's Requirements for the slot (none: any slot)."""
+    return _true_in(job, "Requirements", slot)
 
 
 def _starts(slot: ClassAd, job: ClassAd) -> bool:
     """The slot's START for the job (its Requirements, where the startd published one, say the
     same; a slot ad without START takes any job)."""
-    if "Start" not in slot:
+    return _true_in(slot, "Start", job)
+
+
+def _true_in(ad: ClassAd, name: str, target: ClassAd) -> bool:
+    """Attribute `name` of `ad` is true against `target` (true when `ad` has none)."""
+    if name not in ad:
         return True
     try:
-        value = slot.lookup("Start")
-        return (value.eval(scope=slot, target=job) if isinstance(value, ExprTree)
+        value = ad.lookup(name)
+        return (value.eval(scope=ad, target=target) if isinstance(value, ExprTree)
                 else value) is True
     except Exception:
         return False

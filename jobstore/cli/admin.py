@@ -216,7 +216,7 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
                f"{directory}")
     for reason, n in done.why_left:
-        click.echo(f"  {n} left: {reason}")
+        click.echo(f"  {n} left: {reason}" if n else f"  {reason}")
     if done.left:
         sys.exit(1)
 

@@ -186,16 +186,24 @@ def command_name() -> str:
 
 
 def _check_interpreter(who: str) -> None:
-    """As root the hooks run as `who` with this Python (their #! line): it must be able to run
-    it, which a virtualenv under a mode-700 home (/root) does not allow."""
+    """As root the hooks run as `who` with this Python (their #! line) and this package: it
+    must be able to run and read them, which a virtualenv, or an editable install, under a
+    mode-700 home (/root) does not allow."""
+    import jobstore
+
     python = Path(sys.executable)
-    for parent in python.parents:
-        if not parent.stat().st_mode & 0o001:
-            raise click.ClickException(
-                f"the hooks run as {who} with {python}, but {parent} is not searchable by other "
-                "accounts: make the virtualenv where they can reach it (`make demo "
-                "VENV=/opt/jobstore-venv`) or clone under /tmp"
-            )
+    package = Path(jobstore.__file__).resolve().parent
+    for what, path, fix in (
+            (f"with {python}", python, "make the virtualenv where they can reach it"),
+            (f"with the package in {package}", package,
+             "install the package where they can read it")):
+        for parent in path.parents:
+            if not parent.stat().st_mode & 0o001:
+                raise click.ClickException(
+                    f"the hooks run as {who} {what}, but {parent} is not searchable by other "
+                    f"accounts: {fix} (`make demo VENV=/opt/jobstore-venv` copies the package "
+                    "into that venv) or clone under /tmp"
+                )
 
 
 def _check_traversable(path: Path, who: str) -> None:
@@ -254,7 +262,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     click.echo(f"Submitted {len(ids)} jobs (cluster {cluster}) as {who} to {db_url}")
     click.echo(
         f"Running an emulated execute node with {slots} static slots and the real hooks "
-        f"from {hook_dir} ..."
+        f"from {hook_dir}; the jobs run as {who} ..."
     )
     started = time.monotonic()
     report, store = _run_emulator(
@@ -320,19 +328,24 @@ def emulate(
     try:
         hooks = install_hooks(work / "hooks", sys.executable)
         condor_config = write_node_config(work, db_url)
-        report, store = _run_emulator(
-            hooks,
-            work / "node",
-            db_url,
-            condor_config,
-            slots=slots,
-            partitionable=partitionable,
-            cpus=cpus,
-            memory=memory,
-            timeout=timeout,
-            condor_user=condor_user,
-            until_done=True,
-        )
+        try:
+            report, store = _run_emulator(
+                hooks,
+                work / "node",
+                db_url,
+                condor_config,
+                slots=slots,
+                partitionable=partitionable,
+                cpus=cpus,
+                memory=memory,
+                timeout=timeout,
+                condor_user=condor_user,
+                until_done=True,
+            )
+        except KeyboardInterrupt:
+            click.echo("jobstore emulate: interrupted; the jobs that were running were evicted"
+                       " (back to idle, as a startd shut down)", err=True)
+            sys.exit(130)
         click.echo(f"{len(report.jobs)} job runs, {len(report.hook_calls)} hook calls")
         lines = left_over(store, command_name())
         if lines:

@@ -99,10 +99,22 @@ class Emulator:
         """Run until `until()` is true, `timeout` passes, or no job ran for `idle_exit_after` s.
 
         Then shut down like `condor_off`: running jobs are evicted ("Startd was shutdown",
-        1013), or with `wait_for_jobs` allowed to finish first (within `timeout`).
+        1013), or with `wait_for_jobs` allowed to finish first (within `timeout`). Interrupted
+        (Ctrl-C), it evicts them at once, then lets the KeyboardInterrupt go on: no attempt is
+        left running.
         """
         deadline = time.monotonic() + timeout
         self._last_activity = time.monotonic()
+        try:
+            self._loop(until, deadline, idle_exit_after)
+        except KeyboardInterrupt:
+            self._shutdown(False, time.monotonic())
+            raise
+        self._shutdown(wait_for_jobs, deadline)
+        return self.report
+
+    def _loop(self, until: Callable[[], bool] | None, deadline: float,
+              idle_exit_after: float | None) -> None:
         while time.monotonic() < deadline:
             if until is not None and until():
                 break
@@ -117,8 +129,6 @@ class Emulator:
             ):
                 break
             time.sleep(POLL)
-        self._shutdown(wait_for_jobs, deadline)
-        return self.report
 
     def vacate(
         self,

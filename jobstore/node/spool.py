@@ -25,6 +25,7 @@ Replaying twice is harmless: a report of a finished attempt is only recorded as 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -308,6 +309,9 @@ MAX_LOOKED_AT = 1_000_000
 LOGGED_QUARANTINES = 20
 
 
+REPLAY_LOCK_WAIT = 5.0  # seconds a replay waits for another one of the same spool to end
+
+
 def replay(
     directory: Path,
     send: Callable[[Any, int], object],
@@ -318,8 +322,50 @@ def replay(
 ) -> Replayed:
     """Send spooled reports with `send(record, writer_uid)`, which raises Later (keep it, and
     the rest of its `group`, for the next replay), NotMine (leave it), or anything else (the
-    record cannot be applied: quarantined). Returns what was sent, left and quarantined."""
+    record cannot be applied: quarantined). Returns what was sent, left and quarantined.
+
+    One replay of a spool at a time (an flock of the directory, which only the accounts that
+    may list it can take), so that two replayers (a hook and the agent) never send one job's
+    reports out of order; one that waited REPLAY_LOCK_WAIT for another sends nothing."""
     ensure_dir(directory)
+    lock = _lock_replays(directory)
+    if lock is None:
+        return Replayed(0, 0, 0, (("another replay of this spool is under way (it sends "
+                                   "them, in order)", 0),))
+    try:
+        return _replay(directory, send, limit=limit, deadline=deadline, group=group)
+    finally:
+        if lock >= 0:
+            os.close(lock)
+
+
+def _lock_replays(directory: Path) -> int | None:
+    """The directory's descriptor, flocked for this replay; -1 when it cannot be opened (this
+    account cannot list it either); None when another replay holds it past the wait."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    end = time.monotonic() + REPLAY_LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
+def _replay(
+    directory: Path,
+    send: Callable[[Any, int], object],
+    *,
+    limit: int,
+    deadline: float | None,
+    group: Callable[[Any], object],
+) -> Replayed:
     sent = left = bad = 0
     away: set[object] = set()
     why: dict[str, int] = {}
