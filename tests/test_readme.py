@@ -1,0 +1,54 @@
+"""The README as a newcomer runs it (issue 29, item 6): every command line of its Day to day
+block is one the `jobstore` command takes, and runs or fails with one line (a job it names may
+not exist here); the htcondor2 example is run by tests/test_schedd.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+LONG_RUNNING = {"watch", "agent", "demo", "emulate"}  # checked with --help
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.S)
+
+
+def _command_lines(block: str) -> list[str]:
+    out = []
+    for line in block.splitlines():
+        text = re.sub(r"\s+#.*$", "", line).strip()
+        out += [c.strip() for c in text.split(" ; ") if c.strip().startswith("jobstore ")]
+    return out
+
+
+def test_every_day_to_day_command_runs(tmp_path: Path, condor_config: Path) -> None:
+    (block,) = [b for b in _blocks("sh") if "jobstore submit job.sub" in b]
+    commands = _command_lines(block)
+    assert len(commands) > 30
+    (tmp_path / "job.sub").write_text("executable = /bin/true\nqueue 2\n")
+    db = f"sqlite:///{tmp_path / 'jobstore.db'}"
+    env = {**{k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"},
+           "CONDOR_CONFIG": str(condor_config), "JOBSTORE_SPOOL": str(tmp_path / "spool")}
+    base = [sys.executable, "-m", "jobstore.cli", "--db", db]
+    assert subprocess.run([*base, "init"], env=env, capture_output=True).returncode == 0
+    owner = ["--owner", "nobody"] if os.geteuid() == 0 else []
+    subprocess.run([*base, "submit", "job.sub", *owner], cwd=tmp_path, env=env,
+                   capture_output=True)
+    failures = []
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        if argv[0] in LONG_RUNNING:
+            argv = [argv[0], "--help"]
+        r = subprocess.run([*base, *argv], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        err = r.stderr.strip()
+        if (r.returncode not in (0, 1) or "Traceback" in err or "Usage:" in err
+                or "No such option" in err or len(err.splitlines()) > 1):
+            failures.append((command, r.returncode, err[-300:]))
+    assert not failures, "\n".join(map(repr, failures))
