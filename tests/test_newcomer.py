@@ -11,21 +11,12 @@ from jobstore.api.watch import JobFinished, watch
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import JobEvent, JobSpec
 from jobstore.core.states import Event
-from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.formats import views
 from jobstore.testing.support import ordinary_owner
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
                    slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
-
-
-@pytest.fixture
-def store(db_url: str):
-    upgrade(db_url)
-    s = JobStore.from_url(db_url)
-    yield s
-    s.engine.dispose()
 
 
 def _ran_without_a_start_report(store: JobStore) -> int:
