@@ -388,9 +388,12 @@ def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
     sub = _write(base, "s.sub", "executable = /bin/sleep\narguments = 120\n"
                  "initialdir = /tmp\ntransfer_executable = false\nqueue 2\n")
     assert submit(db, sub).returncode == 0
+    # as from a terminal: SIGINT not ignored (a shell's background job ignores it, and a
+    # Python started so raises no KeyboardInterrupt)
     proc = subprocess.Popen([*JOBSTORE, "--db", db, "emulate", "--slots", "2", "--timeout",
                              "600", *condor_user], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     store = JobStore.from_url(db)
     try:
         end = time.monotonic() + 60
