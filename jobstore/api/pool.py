@@ -12,7 +12,7 @@ from classad2 import ClassAd, ExprTree
 from jobstore.db.constraint import matches as constraint_matches
 from jobstore.db.store import JobStore
 from jobstore.formats.classads import AdError, parse_ad
-from jobstore.formats.matching import matches, slot_offer
+from jobstore.formats.matching import attribute_true, slot_offer
 
 __all__ = ["slot_ads", "Analysis", "analyze", "requirement_clauses"]
 
@@ -35,33 +35,22 @@ def requirement_clauses(job: ClassAd) -> list[str]:
     if "Requirements" not in job:
         return []
     text = str(job.lookup("Requirements")).strip()
-    while text.startswith("(") and _closing(text, 0) == len(text) - 1:
+    while text.startswith("(") and next(
+            (i for i, c, depth in _unquoted(text) if c == ")" and depth == 0), -1) == len(text) - 1:
         text = text[1:-1].strip()
-    out, depth, start, quoted, i = [], 0, 0, False, 0
-    while i < len(text):
-        c = text[i]
-        if quoted:
-            if c == "\\":
-                i += 1
-            elif c == '"':
-                quoted = False
-        elif c == '"':
-            quoted = True
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0 and text.startswith("&&", i):
+    out, start = [], 0
+    for i, c, depth in _unquoted(text):
+        if c == "&" and depth == 0 and text.startswith("&&", i) and i >= start:
             out.append(text[start:i].strip())
             start = i + 2
-            i += 1
-        i += 1
     out.append(text[start:].strip())
     return [c for c in out if c]
 
 
-def _closing(text: str, open_at: int) -> int:
-    depth, quoted, i = 0, False, open_at
+def _unquoted(text: str) -> Iterator[tuple[int, str, int]]:
+    """Each character of `text` outside string literals: its index, itself and the bracket
+    depth after it."""
+    depth, quoted, i = 0, False, 0
     while i < len(text):
         c = text[i]
         if quoted:
@@ -71,14 +60,10 @@ def _closing(text: str, open_at: int) -> int:
                 quoted = False
         elif c == '"':
             quoted = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
+        else:
+            depth += (c in "([{") - (c in ")]}")
+            yield i, c, depth
         i += 1
-    return -1
 
 
 @dataclass
@@ -102,9 +87,10 @@ def analyze(job: ClassAd, slots: list[ClassAd]) -> Analysis:
         for i, clause in enumerate(clauses):
             if _true(clause, job, slot):
                 counts[i] += 1
-        if not _side(job, slot):
+        if not attribute_true(job, "Requirements", slot):
             out.rejected_by_job += 1
-        elif not matches(job, slot) or not _starts(slot, job):
+        elif not (attribute_true(slot, "Requirements", job)
+                  and attribute_true(slot, "Start", job)):  # a slot without them takes any
             out.rejected_by_slot += 1
         elif not _fits(job, slot):
             out.too_small += 1
@@ -117,29 +103,6 @@ def analyze(job: ClassAd, slots: list[ClassAd]) -> Analysis:
 def _true(clause: str, job: ClassAd, slot: ClassAd) -> bool:
     try:
         return ExprTree(clause).eval(scope=job, target=slot) is True
-    except Exception:
-        return False
-
-
-def _side(job: ClassAd, slot: ClassAd) -> bool:
-    """The job's Requirements for the slot (none: any slot)."""
-    return _true_in(job, "Requirements", slot)
-
-
-def _starts(slot: ClassAd, job: ClassAd) -> bool:
-    """The slot's START for the job (its Requirements, where the startd published one, say the
-    same; a slot ad without START takes any job)."""
-    return _true_in(slot, "Start", job)
-
-
-def _true_in(ad: ClassAd, name: str, target: ClassAd) -> bool:
-    """Attribute `name` of `ad` is true against `target` (true when `ad` has none)."""
-    if name not in ad:
-        return True
-    try:
-        value = ad.lookup(name)
-        return (value.eval(scope=ad, target=target) if isinstance(value, ExprTree)
-                else value) is True
     except Exception:
         return False
 

@@ -85,14 +85,16 @@ def slot_weight(slot: ClassAd) -> float:
 def matches(job: ClassAd, slot: ClassAd) -> bool:
     """Both sides willing, as the negotiator would say: the job's Requirements against the slot,
     and the slot's Requirements (START && WithinResourceLimits) against the job."""
-    return _requirements_true(job, slot) and _requirements_true(slot, job)
+    return attribute_true(job, "Requirements", slot) and attribute_true(slot, "Requirements", job)
 
 
-def _requirements_true(my: ClassAd, target: ClassAd) -> bool:
-    if "Requirements" not in my:
+def attribute_true(my: ClassAd, name: str, target: ClassAd) -> bool:
+    """Attribute `name` of `my` is true against `target` (true when `my` has none; an error is
+    false)."""
+    if name not in my:
         return True
     try:
-        value = my.lookup("Requirements")
+        value = my.lookup(name)
         if not isinstance(value, ExprTree):
             return value is True
         return value.eval(scope=my, target=target) is True
