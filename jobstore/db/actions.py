@@ -28,6 +28,7 @@ from jobstore.db.transitions import (
     Outcome,
     RowChanged,
     Transitions,
+    event_reason,
     event_row,
     transition_values,
     winding_down,
@@ -89,14 +90,12 @@ class PagedActions(Transitions):
         *,
         keep: Callable[[Job], bool] | None = None,
         hold: tuple[int, int] = (holds.USER_REQUEST, 0),
-        now: Callable[[], float] | None = None,
         page: int = PAGE,
         connection: Connection | None = None,
     ) -> ActTotals:
         """Apply `event` to the unfinished jobs `where` selects (and `keep` keeps: the part of
         a constraint SQL cannot say) that this session may act on; those it may not are
         counted in `denied`. With `connection`, all in the caller's transaction."""
-        clock = now or time.time
         totals = ActTotals()
         selected = [where, status_not_in(FINAL)]
         last, skipped = 0, list[int]()
@@ -110,22 +109,19 @@ class PagedActions(Transitions):
                 locked = self._lock_page(conn, ids, skip_locked=True)
                 skipped.extend(i for i in ids if i not in locked)
                 self._act_page(conn, _unfinished(locked), event, reason, hold, keep,
-                               clock(), totals)
+                               time.time(), totals)
         for start in range(0, len(skipped), page):  # taken by someone else: wait for them
             chunk = skipped[start:start + page]
             with self._tx(connection) as conn:
                 locked = self._lock_page(conn, chunk, skip_locked=False)
-                seen = set(conn.execute(select(jobs.c.id).where(
-                    jobs.c.id.in_(chunk), *selected)).scalars())
-                hidden = [i for i in chunk if i in seen and i not in locked]
-                if hidden:
-                    rows = [Job.from_row(r._mapping) for r in conn.execute(
-                        select(jobs).where(jobs.c.id.in_(hidden)).order_by(jobs.c.id))]
-                    names = [views.job_id(j) for j in rows if keep is None or keep(j)]
-                    totals.denied += len(names)
-                    totals.denied_names += names[:SHOWN - len(totals.denied_names)]
-                self._act_page(conn, _unfinished(locked), event, reason, hold, keep, clock(),
-                               totals)
+                rest = [i for i in chunk if i not in locked]  # hidden by the policies
+                hidden = [Job.from_row(r._mapping) for r in conn.execute(
+                    select(jobs).where(jobs.c.id.in_(rest), *selected).order_by(jobs.c.id))]
+                names = [views.job_id(j) for j in hidden if keep is None or keep(j)]
+                totals.denied += len(names)
+                totals.denied_names += names[:SHOWN - len(totals.denied_names)]
+                self._act_page(conn, _unfinished(locked), event, reason, hold, keep,
+                               time.time(), totals)
         return totals
 
     def _lock_page(self, conn: Connection, ids: Sequence[int], *, skip_locked: bool,
@@ -150,8 +146,7 @@ class PagedActions(Transitions):
                                        reason=reason, record_ignored=False, hold=hold), event)
                 continue
             d = decide(event, before, attempts=job.attempts, max_attempts=job.max_attempts)
-            why = reason if d.reason is None else (f"{reason}; {d.reason}" if reason
-                                                   else d.reason)
+            why = event_reason(reason, d)
             if d.to_status is None:
                 totals.add(Outcome(job.id, event, before, before, False, reason=why,
                                    name=views.job_id(job)), event)

@@ -153,7 +153,7 @@ class Transitions(Transactions):
             **decide_args,
         )
         attempt = job.claims if attempt is None else attempt
-        why = reason if d.reason is None else (f"{reason}; {d.reason}" if reason else d.reason)
+        why = event_reason(reason, d)
         if d.to_status is None:
             if record_ignored:
                 self._event(
@@ -247,6 +247,13 @@ class Transitions(Transactions):
         a write that checks nothing changed since (`as_read`), instead of a lock."""
         found = driver.first_of(cursor, opening(READ_JOB))
         return (None, None) if found is None else (found.job(), found["row_version"])
+
+
+def event_reason(reason: str | None, d: Decision) -> str | None:
+    """Why an event did what it did: the caller's reason, then the decision's own."""
+    if d.reason is None:
+        return reason
+    return f"{reason}; {d.reason}" if reason else d.reason
 
 
 def transition_values(
