@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Command", "COMMANDS", "lookup", "PREFIXES"]
+from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
-_FALSE = frozenset({"false", "no", "0", "f", "n"})
+__all__ = ["Command", "COMMANDS", "lookup", "PREFIXES"]
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,9 @@ _refused("is not supported: a job is claimable as soon as it is idle (no deferra
          "cron_minute", "cron_hour", "cron_day_of_month", "cron_month", "cron_day_of_week",
          "cron_window", "cron_prep_time")
 _refused("is not supported: use accounting_group for a job that should get less of the pool",
-         "nice_user", harmless=_FALSE)
+         "nice_user", harmless=FALSE_WORDS)
 _refused("is not supported: the account a fetched job runs as is decided by the node's hook "
-         "configuration", "run_as_owner", harmless={"true", "yes", "1", "t", "y"})
+         "configuration", "run_as_owner", harmless=TRUE_WORDS)
 _refused("is not supported: a fetched job is stopped with kill_sig (the starter is not told "
          "whether it was held or removed)", "remove_kill_sig", "hold_kill_sig")
 _refused("is not supported: the starter would write it as the condor account",
@@ -200,7 +200,7 @@ _refused("is not supported: the job store's periodic pass holds, releases or rem
          "(periodic_hold, periodic_release, periodic_remove), it does not vacate one",
          "periodic_vacate")
 _refused("is not supported: the job store writes its user log as text, not XML", "log_xml",
-         harmless=_FALSE)
+         harmless=FALSE_WORDS)
 _refused("is not supported: DAGMan's own log is not written by the job store", "dagman_log")
 _refused("is not supported: write the arguments in the arguments command (in quotes for the "
          "new syntax)", "arguments2", "environment2")

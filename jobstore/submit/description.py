@@ -33,9 +33,11 @@ from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
 from jobstore.submit.syntax import args_to_v2, env_to_v2, env_words_to_v2, split_args_v2
 from jobstore.submit.values import (
     CONTROL,
+    FALSE_WORDS,
     IDENT,
     INT,
     SUBMIT_NAMES,
+    TRUE_WORDS,
     abspath,
     check_custom_name,
     check_spec,
@@ -380,9 +382,9 @@ def _check_count(source: str, count: int, text: str) -> int:
 def _submit_bool(text: str) -> bool:
     """A submit file's boolean, strictly: true/false, yes/no, t/f, y/n, 1/0."""
     low = text.strip().lower()
-    if low in ("true", "yes", "t", "y", "1"):
+    if low in TRUE_WORDS:
         return True
-    if low in ("false", "no", "f", "n", "0"):
+    if low in FALSE_WORDS:
         return False
     raise ValueError(f"{text.strip()!r} is not true or false")
 
@@ -391,12 +393,10 @@ def _getenv(value: str) -> dict[str, str]:
     """condor_submit's getenv: true (the whole environment of the submitting process) or a
     list of variable names and patterns (* and ?; a leading ! leaves names out)."""
     low = value.strip().lower()
-    if low in ("false", "no", "f", "n", "0"):
+    if low in FALSE_WORDS:
         return {}
-    if low in ("true", "yes", "t", "y", "1"):
-        patterns = ["*"]
-    else:
-        patterns = [p for p in re.split(r"[\s,]+", value.strip()) if p]
+    patterns = (["*"] if low in TRUE_WORDS
+                else [p for p in re.split(r"[\s,]+", value.strip()) if p])
     wanted = [p for p in patterns if not p.startswith("!")]
     unwanted = [p[1:] for p in patterns if p.startswith("!")]
     return {name: text for name, text in os.environ.items()
@@ -414,9 +414,10 @@ def _with_getenv(inherited: dict[str, str], env: str) -> str:
     return env_words_to_v2(merged)
 
 
-def _args_v1(value: str) -> str | None:
-    """The arguments as the job ad's Args when given in the old syntax (not in quotes)."""
-    return None if value.startswith('"') else " ".join(split_args_v2(args_to_v2(value)))
+def _args_v1(value: str, args: str) -> str | None:
+    """The arguments (`value` as given, `args` in the new syntax) as the job ad's Args when
+    given in the old syntax (not in quotes)."""
+    return None if value.startswith('"') else " ".join(split_args_v2(args))
 
 
 def _is_resource(key: str) -> bool:
@@ -449,7 +450,7 @@ def _attribute_text(form: str, value: str) -> str:
 
 def _is_true(text: str) -> bool:
     """A submit file's boolean, as condor_submit reads one (true/false, yes/no, 1/0)."""
-    return text.strip().lower() not in ("false", "no", "0", "f", "n")
+    return text.strip().lower() not in FALSE_WORDS
 
 
 class SubmitSpecs(Sequence[JobSpec]):
@@ -638,9 +639,8 @@ class _SubmitExpander:
         spec = self._build(values, custom, proc)
         extra = self._stored_attrs(proc)
         extra.update(self._resources(spec, proc))
-        for name, text in extra.items():
-            if name.lower() not in {n.lower() for n in spec.custom}:  # +Attr wins
-                spec.custom[name] = text
+        given = {n.lower() for n in spec.custom}  # +Attr wins
+        spec.custom.update((n, t) for n, t in extra.items() if n.lower() not in given)
         return spec
 
     def _stored_attrs(self, proc: int) -> dict[str, str]:
@@ -698,10 +698,11 @@ class _SubmitExpander:
                     f"{cmd} does not exist here (when it exists only on the execute nodes, "
                     "say transfer_executable = false)"
                 )
+            args = conv("arguments", args_to_v2, "")
             spec = JobSpec(
                 cmd=cmd,
-                args=conv("arguments", args_to_v2, ""),
-                args_v1=conv("arguments", _args_v1),
+                args=args,
+                args_v1=conv("arguments", lambda v: _args_v1(v, args)),
                 env=_with_getenv(conv("getenv", _getenv, {}),
                                  conv("environment", env_to_v2, "")),
                 hold=conv("hold", _submit_bool, False),

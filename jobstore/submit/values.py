@@ -18,6 +18,9 @@ RESERVED_ATTRS = frozenset({"hookkeyword", "jobleaseduration"})
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 INT = re.compile(r"[+-]?\d+")
+# A submit file's booleans, as condor_submit reads them.
+TRUE_WORDS = frozenset({"true", "yes", "t", "y", "1"})
+FALSE_WORDS = frozenset({"false", "no", "f", "n", "0"})
 _SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)")
 _UNITS = {
     "": None,
