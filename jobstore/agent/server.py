@@ -685,8 +685,7 @@ class Agent:
                 if done.sent or done.left or done.bad:
                     log.info("spool %s: %d report(s) replayed, %d left, %d quarantined%s",
                              directory, done.sent, done.left, done.bad,
-                             "".join(f"; {n} left: {why}" if n else f"; {why}"
-                                     for why, n in done.why_left))
+                             "".join(f"; {n} left: {why}" for why, n in done.why_left))
         except Exception as exc:
             log.error("spool replay failed: %s: %s", type(exc).__name__, exc)
         finally:

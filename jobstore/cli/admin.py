@@ -216,7 +216,9 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     click.echo(f"{done.sent} report(s) sent, {done.left} left, {done.bad} quarantined in "
                f"{directory}")
     for reason, n in done.why_left:
-        click.echo(f"  {n} left: {reason}" if n else f"  {reason}")
+        click.echo(f"  {n} left: {reason}")
+    if done.busy:
+        click.echo("  another replay of this spool is under way (it sends them, in order)")
     if done.left:
         sys.exit(1)
 

@@ -125,27 +125,18 @@ def _split_args(args: tuple[str, ...], autoformat: bool,
                 ) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
     """Job ids, users and, with -af, the attributes to print: with -af whatever is not a job id
     is an attribute (users then go with --owner), else a user name, as condor_q reads them."""
+    if not autoformat:
+        return (*_ids_and_users(args), [])
     ids = tuple(a for a in args if _JOB_ID.fullmatch(a))
     rest = [a for a in args if a not in ids]
-    if not autoformat:
-        for a in rest:
-            if re.fullmatch(r"[\d.]+", a) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.@-]*", a):
-                raise ValueError(f"bad job id or user name {a!r}")
-        return ids, tuple(rest), []
     if not rest:
         raise ValueError("-af needs at least one attribute name")
     return ids, (), rest
 
 
 def _print_autoformat(ctx: Context, jobs: list[Job], attrs: list[str], flags: str = "") -> None:
-    exprs = []
-    for a in attrs:
-        try:
-            exprs.append(ExprTree(a))
-        except Exception:  # classad2 raises ClassAdException
-            raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
-    for line in views.autoformat_lines((ctx.shown.ad(job) for job in jobs), attrs, exprs,
-                                       flags):
+    for line in views.autoformat_lines((ctx.shown.ad(job) for job in jobs), attrs,
+                                       views.af_exprs(attrs), flags):
         click.echo(line)
 
 
@@ -193,7 +184,7 @@ def _print_autoclusters(
               is_flag=True, help="For each job named: how many known slots (jobstore status) "
               "match it, and which clause of its Requirements rules the others out.")
 @click.option("-wide", "--wide", "wide", is_flag=True,
-              help="Do not shorten the CMD and HOLD_REASON columns (condor_q -wide).")
+              help="Do not shorten the CMD column (condor_q -wide).")
 @click.option(
     "-hold",
     "--hold",
@@ -258,7 +249,7 @@ def q(
     elif formats:
         _print_formats(ctx, jobs, formats)
     elif held and not (as_json or long):
-        click.echo(views.format_table(*views.hold_rows(jobs, wide=wide)))
+        click.echo(views.format_table(*views.hold_rows(jobs)))
         click.echo("\n" + views.totals_line(jobs))
     else:
         _print_jobs(ctx, jobs, as_json, long, run=running, wide=wide)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import click
-from classad2 import ClassAd, ExprTree
+from classad2 import ClassAd
 
 from jobstore.api.pool import slot_ads
 from jobstore.cli.context import Context, guard, pass_ctx
@@ -36,14 +36,7 @@ def status(ctx: Context, attrs: tuple[str, ...], constraint: str | None, autofor
     except Exception as exc:  # classad2's parse errors
         raise ValueError(f"-constraint: not a ClassAd expression: {constraint}") from exc
     if autoformat or attrs:
-        if not attrs:
-            raise ValueError("-af needs at least one attribute name")
-        exprs = []
-        for a in attrs:
-            try:
-                exprs.append(ExprTree(a))
-            except Exception:
-                raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
+        exprs = views.af_exprs(attrs)
         for ad in slots:
             click.echo(views.autoformat(ad, exprs))
     elif long:

@@ -166,6 +166,19 @@ def autoformat(ad: ClassAd, exprs: Sequence[ExprTree]) -> str:
 AF_FLAGS = "jhltnr,"
 
 
+def af_exprs(attrs: Sequence[str]) -> list[ExprTree]:
+    """`-af`'s arguments as expressions (ValueError naming one that is not)."""
+    if not attrs:
+        raise ValueError("-af needs at least one attribute name")
+    exprs = []
+    for a in attrs:
+        try:
+            exprs.append(ExprTree(a))
+        except Exception:  # classad2 raises ClassAdException
+            raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
+    return exprs
+
+
 def autoformat_lines(ads: Iterable[ClassAd], attrs: Sequence[str], exprs: Sequence[ExprTree],
                      flags: str = "") -> Iterator[str]:
     """condor_q -af:FLAGS: j the job id first, h a header of the names, l each value labelled
@@ -332,7 +345,7 @@ def _command(job: Job, wide: bool = False) -> str:
     return text if wide else _short(text)
 
 
-def hold_rows(jobs: Iterable[Job], *, wide: bool = False) -> tuple[list[str], list[list[str]]]:
+def hold_rows(jobs: Iterable[Job]) -> tuple[list[str], list[list[str]]]:
     """`q -hold`: the held jobs with why, like condor_q -hold (plus HoldReasonCode/SubCode)."""
     header = ["ID", "OWNER", "HELD_SINCE", "CODE", "SUB", "HOLD_REASON"]
     rows = [

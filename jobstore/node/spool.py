@@ -82,6 +82,7 @@ class Replayed(NamedTuple):
     left: int
     bad: int = 0  # quarantined (or removed: not a regular file)
     why_left: tuple[tuple[str, int], ...] = ()  # why the left ones were left, and how many
+    busy: bool = False  # another replay of the spool was under way: this one sent nothing
 
 
 # ---- the directory --------------------------------------------------------------------------
@@ -330,8 +331,7 @@ def replay(
     ensure_dir(directory)
     lock = _lock_replays(directory)
     if lock is None:
-        return Replayed(0, 0, 0, (("another replay of this spool is under way (it sends "
-                                   "them, in order)", 0),))
+        return Replayed(0, 0, busy=True)
     try:
         return _replay(directory, send, limit=limit, deadline=deadline, group=group)
     finally:
