@@ -239,8 +239,9 @@ class Schedd:
     ) -> list[ClassAd]:
         """One ad per attempt of the jobs `constraint` matches (finished or not), from the
         store's events, as htcondor2.Schedd.jobEpochHistory: each job's ad with the attempt's
-        EpochNumber (JobstoreAttempt), RemoteHost, EnteredCurrentStatus and how it ended; the
-        newest first, at most `match`."""
+        number (EpochAttempt, NumShadowStarts), RemoteHost, JobCurrentStartDate and how it
+        ended (EpochEndEvent, EpochEndReason, ExitCode, ...); job by job, each job's newest
+        attempt first; at most `match`."""
         from jobstore.api.epochs import epoch_ads
 
         ads = epoch_ads(self.store, self.shown, _text(constraint), since=_since(since),
