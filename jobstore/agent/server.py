@@ -512,7 +512,10 @@ class Agent:
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
             if hook == "fetch_job" and conn.service:
-                self._slots.seen(item.stdin)  # the startd's slot ad (jobstore status)
+                try:  # the startd's slot ad, for jobstore status: never at the fetch's cost
+                    self._slots.seen(item.stdin)
+                except Exception as exc:
+                    log.warning("slot ad not kept: %s: %s", type(exc).__name__, exc)
             response = handlers.handle(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services),
