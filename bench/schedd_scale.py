@@ -9,14 +9,19 @@ generate_series (finished over the last 30 days), the idle cluster by JobStore.s
   `Schedd.history(match=10)`, `Schedd.query(limit=10)`) runs as its own process: its wall time
   and peak memory (ru_maxrss), against the same command on the empty store (the baseline: what
   starting Python and connecting cost), and against the issue's bars (1 s, 200 MiB);
+* Schedd.query of every idle job projected to three column attributes (the stored ads left
+  unread: projection in SQL) against three attributes one of which is in the stored ad;
 * `jobstore rm CLUSTER` of the 100,000 idle jobs, against one bare UPDATE of the same rows and
   one INSERT ... SELECT of their events (the least any removal that records its events costs);
-* while the rm runs, the claim path (JobStore.claim, what an agent's FETCH_WORK runs) on
-  another queue: its p99 against the same loop without the rm;
+* while the rm runs, FETCH_WORK in agent mode (the installed hook process, fed the recorded
+  slot ad, through a running `jobstore agent`) on another queue: its p99 against the same loop
+  without the rm; then the same for JobStore.claim alone, in this process, during an rm of a
+  second cluster as big (the claim's share, with no hook process around it);
 * one-job `Schedd.submit`s at 50/s through one Schedd: the PostgreSQL server's CPU per submit
   (all its processes, from /proc) against bare INSERTs of the same rows at the same rate.
 
 Usage: .venv/bin/python bench/schedd_scale.py [--finished N] [--idle N] [--db-url ADMIN_URL]
+       [--only listings|rm|submits]
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.submit.description import parse_submit_text
 from jobstore.testing.support import libpq_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common, hookcost
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 REPO = Path(__file__).resolve().parent.parent
@@ -132,8 +139,27 @@ def measure_listings(url: str, empty_url: str, env: dict[str, str], repeat: int)
     return ok
 
 
+def measure_projection(url: str, env: dict[str, str], repeat: int) -> None:
+    """Schedd.query of every idle job: whole ads (the baseline); three attributes one of which
+    is in the stored ad (only those built); three column attributes (the stored ads not even
+    read: projection in SQL)."""
+    call = ("import jobstore; s = jobstore.Schedd(url={url!r});"
+            " print(len(s.query('true', {proj!r})))")
+    print(f"\nSchedd.query of every idle job (median of {repeat}; each its own process;"
+          " baseline: whole ads)")
+    base = None
+    for label, proj in (("whole ads", []), ("ClusterId ProcId Cmd", ["ClusterId", "ProcId", "Cmd"]),
+                        ("ClusterId ProcId JobStatus", ["ClusterId", "ProcId", "JobStatus"])):
+        runs = [run_measured([PY, "-c", call.format(url=url, proj=proj)], env)
+                for _ in range(repeat)]
+        t, mib = statistics.median(r[0] for r in runs), max(r[1] for r in runs)
+        base = base or t
+        print(f"{label:<28} {runs[0][2].strip()} ads {t:>6.2f} s {mib:>5.0f} MiB"
+              f"  ratio {t / base:.2f}")
+
+
 def claim_latencies(store: JobStore, stop: threading.Event, seconds: float) -> list[float]:
-    """Claims (and their exits, back to idle) on queue `other` for `seconds` or until stop."""
+    """JobStore.claim on queue `other` (in this process) for `seconds` or until stop."""
     req = ClaimRequest(queue="other", offer=Offer(cpus=1, memory=1024, disk=10**6),
                        slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600,
                        shape="bench")
@@ -148,17 +174,82 @@ def claim_latencies(store: JobStore, stop: threading.Event, seconds: float) -> l
     return out
 
 
-def measure_rm(url: str, store: JobStore, cluster: int, env: dict[str, str]) -> bool:
-    print("\nrm of the idle cluster, and the claim path on another queue meanwhile")
-    quiet = claim_latencies(store, threading.Event(), 5.0)
+class Node:
+    """A node in agent mode: `jobstore agent` and the installed FETCH_WORK hook, fed the slot ad
+    a real startd gave it (the recorded transcript), taking jobs of queue `other`."""
+
+    def __init__(self, url: str) -> None:
+        from common import make_env
+        from hookcost import start_agent
+
+        self.env = make_env(DEFAULT_ADMIN_URL)
+        with self.env.condor_config.open("a") as cfg:
+            cfg.write("TEST_JOBSTORE_QUEUE = other\n")
+        self.url = url
+        self.agent = start_agent(self.env, url)
+        from common import DEFAULT_TRANSCRIPT
+
+        self.stdin = (DEFAULT_TRANSCRIPT / "01-FETCH_WORK.stdin").read_bytes()
+
+    def fetch(self) -> tuple[float, bool]:
+        """One FETCH_WORK as the startd runs it: wall seconds, and whether it printed a job."""
+        from common import node_env
+        from hookcost import spawn
+
+        wall, _, proc = spawn([str(self.env.hooks / "fetch_job")], self.stdin,
+                              node_env(self.env, self.url, {}), False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"fetch_job failed: {proc.stderr[-300:]!r}")
+        return wall, b"JobstoreJobId" in proc.stdout
+
+    def fetches(self, stop: threading.Event, seconds: float) -> list[float]:
+        """FETCH_WORK after FETCH_WORK for `seconds` or until stop; each must hand out a job."""
+        out: list[float] = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not stop.is_set():
+            wall, got = self.fetch()
+            if not got:
+                raise RuntimeError("FETCH_WORK found no job of queue other")
+            out.append(wall)
+        return out
+
+    def close(self) -> None:
+        from common import cleanup
+
+        cleanup(self.env)
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98] if len(values) > 100 else max(values)
+
+
+def during_rm(url: str, cluster: int, env: dict[str, str],
+              loop: Callable[[threading.Event, float], list[float]],
+              ) -> tuple[float, float, str, list[float], list[float]]:
+    """`loop` for 20 s alone, then while `jobstore rm CLUSTER` runs: rm seconds, MiB, its last
+    line, the latencies without and during."""
+    quiet = loop(threading.Event(), 20.0)
     box: dict[str, Any] = {}
     stop = threading.Event()
-    thread = threading.Thread(target=lambda: box.update(l=claim_latencies(store, stop, 300)))
+    thread = threading.Thread(target=lambda: box.update(l=loop(stop, 600)))
     thread.start()
-    t, mib, out = run_measured([PY, "-m", "jobstore.cli", "--db", url, "rm", str(cluster)], env)
-    stop.set()
-    thread.join()
-    busy: list[float] = box["l"]
+    try:
+        t, mib, out = run_measured([PY, "-m", "jobstore.cli", "--db", url, "rm", str(cluster)],
+                                   env)
+    finally:
+        stop.set()
+        thread.join()
+    return t, mib, out.strip().splitlines()[-1], quiet, box["l"]
+
+
+def measure_rm(url: str, store: JobStore, cluster: int, env: dict[str, str]) -> bool:
+    print("\nrm of the idle cluster, and the fetch path on another queue meanwhile")
+    node = Node(url)
+    try:
+        node.fetch()  # the agent connected
+        t, mib, last, quiet, busy = during_rm(url, cluster, env, node.fetches)
+    finally:
+        node.close()
     with psycopg.connect(libpq_url(url)) as conn:
         count = conn.execute("SELECT count(*) FROM jobs WHERE cluster_id = %s AND status ="
                              " 'removed'", (cluster,)).fetchone()
@@ -180,11 +271,22 @@ def measure_rm(url: str, store: JobStore, cluster: int, env: dict[str, str]) -> 
     print(f"jobstore rm: {n:,} jobs removed, {events[0] if events else 0:,} remove events,"
           f" {t:.1f} s, {mib:.0f} MiB; bare UPDATE + INSERT of the same: {bare:.1f} s;"
           f" ratio {t / bare:.2f}; {'PASS' if t <= BAR_RM else 'MISS'} (<= {BAR_RM:.0f} s)")
-    print(f"  {out.strip().splitlines()[-1]}")
-    p99 = statistics.quantiles(busy, n=100)[98] if len(busy) > 100 else max(busy)
-    q99 = statistics.quantiles(quiet, n=100)[98] if len(quiet) > 100 else max(quiet)
-    print(f"claim p99 during the rm: {p99 * 1000:.1f} ms ({len(busy)} claims); without:"
-          f" {q99 * 1000:.1f} ms ({len(quiet)}); ratio {p99 / q99:.2f}")
+    print(f"  {last}")
+    print(f"agent-mode FETCH_WORK (the hook process, through the agent) p99 during the rm:"
+          f" {p99(busy) * 1000:.1f} ms ({len(busy)} fetches, p50"
+          f" {statistics.median(busy) * 1000:.1f}); without: {p99(quiet) * 1000:.1f} ms"
+          f" ({len(quiet)}, p50 {statistics.median(quiet) * 1000:.1f}); ratio"
+          f" {p99(busy) / p99(quiet):.2f}")
+    # the same with the claim alone, in this process: no hook process to hide its share
+    second = submit_idle(store, n)
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobs")
+    _, _, _, quiet, busy = during_rm(url, second, env,
+                                     lambda stop, s: claim_latencies(store, stop, s))
+    print(f"JobStore.claim alone p99 during an rm of as many: {p99(busy) * 1000:.1f} ms"
+          f" ({len(busy)} claims, p50 {statistics.median(busy) * 1000:.1f}); without:"
+          f" {p99(quiet) * 1000:.1f} ms ({len(quiet)}, p50"
+          f" {statistics.median(quiet) * 1000:.1f}); ratio {p99(busy) / p99(quiet):.2f}")
     return t <= BAR_RM
 
 
@@ -271,6 +373,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--submits", type=int, default=500)
     ap.add_argument("--db-url", default=DEFAULT_ADMIN_URL)
+    ap.add_argument("--only", choices=("listings", "rm", "submits"),
+                    help="Measure one part only.")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     names: list[str] = []
@@ -283,14 +387,19 @@ def main() -> int:
         populate_finished(url, args.finished)
         store = JobStore.from_url(url, statement_timeout_ms=None, pool=True, max_overflow=2)
         cluster = submit_idle(store, args.idle)
-        submit_idle(store, 20_000, queue="other")
+        submit_idle(store, 60_000, queue="other")
         with psycopg.connect(libpq_url(url), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
         print(f"{args.finished:,} finished jobs and a cluster of {args.idle:,} idle ones loaded"
               f" in {time.perf_counter() - t:.0f} s")
-        ok = measure_listings(url, empty_url, env, args.repeat)
-        ok &= measure_rm(url, store, cluster, env)
-        measure_submits(url, args.submits)
+        ok = True
+        if args.only in (None, "listings"):
+            ok &= measure_listings(url, empty_url, env, args.repeat)
+            measure_projection(url, env, args.repeat)
+        if args.only in (None, "rm"):
+            ok &= measure_rm(url, store, cluster, env)
+        if args.only in (None, "submits"):
+            measure_submits(url, args.submits)
         return 0 if ok else 1
     finally:
         if store is not None:

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select
 from test_cli import cli, db, submit  # noqa: F401 - the db fixture
 
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.states import Event
 from jobstore.db import actions
 from jobstore.db.engine import upgrade
@@ -18,6 +19,10 @@ from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.submit.description import parse_submit_text
 from jobstore.testing.support import ordinary_owner
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@node", host="node", keyword="JOBSTORE", claim_lease=600,
+                   shape="node")
 
 
 def _sub(tmp_path: Path, text: str) -> Path:
@@ -68,20 +73,28 @@ def test_users_all_and_constraints(db: str, tmp_path: Path) -> None:  # noqa: F8
     assert nothing.returncode == 1 and "name the jobs: JOB, USER" in nothing.stderr
 
 
-def test_a_big_cluster_is_acted_on_in_pages(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _page_times(store: JobStore, event: str, ids: list[int]) -> int:
+    """How many transactions wrote `event` for `ids` (a page's events share its time)."""
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count(job_events.c.time.distinct())).where(
+            job_events.c.event == event, job_events.c.job_id.in_(ids))).scalar_one())
+
+
+def test_a_big_cluster_is_acted_on_in_pages(db_url: str) -> None:
     """Pages of 100 here: every job removed, one event each, in as many transactions."""
     upgrade(db_url)
     store = JobStore.from_url(db_url)
-    monkeypatch.setattr(actions, "PAGE", 100)
     try:
         specs = parse_submit_text("executable = /bin/true\nqueue 1050\n", base_dir="/tmp")
         cluster, ids = store.submit(specs, owner=ordinary_owner(), queue="default",
                                     max_attempts=3)
         store.admin(ids[7], Event.HOLD, "held first")
         store.admin(ids[8], Event.REMOVE, "gone first")
-        totals = store.act_where(jobs.c.cluster_id == cluster, Event.REMOVE, "all of it")
+        totals = store.act_where(jobs.c.cluster_id == cluster, Event.REMOVE, "all of it",
+                                 page=100)
         assert (totals.success, totals.already_done, totals.bad_status, totals.denied) == (
             1049, 0, 0, 0)
+        assert _page_times(store, "remove", ids[9:]) == 11  # 1,050 jobs, 100 a page
         assert len(totals.outcomes) == actions.SHOWN
         with store.engine.connect() as conn:
             statuses = dict(conn.execute(select(jobs.c.status, func.count()).where(
@@ -95,3 +108,36 @@ def test_a_big_cluster_is_acted_on_in_pages(db_url: str, monkeypatch: pytest.Mon
         assert store.act_where(jobs.c.cluster_id == cluster, Event.HOLD, "x").acted_on == 0
     finally:
         store.engine.dispose()
+
+
+def test_a_big_cluster_is_edited_in_pages(db: str) -> None:  # noqa: F811
+    """condor_qedit of a cluster: the waiting jobs edited a page per transaction, one event
+    each, moved to their new autocluster together; a running member left as it is."""
+    store = JobStore.from_url(db)
+    try:
+        specs = parse_submit_text("executable = /bin/true\nqueue 1050\n", base_dir="/tmp")
+        cluster, ids = store.submit(specs, owner=ordinary_owner(), queue="default",
+                                    max_attempts=3)
+        store.admin(ids[3], Event.HOLD, "held first")
+        running = store.claim(REQ, lambda _j: Verdict(take=True))
+        assert running is not None and running.id == ids[0]
+        before = store.get_job(ids[5]).autocluster_id
+        totals = store.edit_where(jobs.c.cluster_id == cluster, "RequestMemory", "2048",
+                                  page=100)
+        assert (totals.success, totals.bad_status, totals.denied) == (1049, 1, 0)
+        edited = store.find_jobs(cluster)
+        assert {j.request_memory for j in edited[1:]} == {2048}
+        assert edited[0].request_memory != 2048 and edited[0].status == "fetched"
+        assert len({j.autocluster_id for j in edited[1:]}) == 1
+        assert edited[5].autocluster_id != before and edited[3].status == "held"
+        assert _page_times(store, "edit", ids) == 11
+        assert [e.reason for e in store.events(ids[9]) if e.event == "edit"] == [
+            "RequestMemory = 2048"]
+        with pytest.raises(ValueError, match="cannot be edited"):
+            store.edit_where(jobs.c.cluster_id == cluster, "Owner", '"root"')
+    finally:
+        store.engine.dispose()
+    r = cli(db, "qedit", str(cluster), "MyTag", '"blue"')
+    assert r.returncode == 0 and "for 1049 job(s)" in r.stdout, r.stderr
+    tags = cli(db, "q", str(cluster), "-af", "MyTag").stdout.split()
+    assert tags.count("blue") == 1049 and tags.count("undefined") == 1

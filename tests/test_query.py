@@ -252,3 +252,49 @@ def test_cli_af_constraint_autocluster(
     assert "IDLE" in table and "Total: 5 jobs in 5 autoclusters" in table
     hist = cli(db_url, "history", "-af", "Owner", "ExitCode", "-constraint", "ExitCode == 3")
     assert hist.stdout.splitlines() == ["bob 3"], hist.stderr
+
+
+def test_a_projection_of_columns_reads_no_stored_ad(
+        filled: tuple[JobStore, list[dict]]) -> None:
+    """Projection in SQL: the attributes of views.COLUMN_ATTRIBUTES are the same whether the
+    stored ad is read or not (so a projection of them leaves the `ad` column unread), and
+    Schedd.query and history leave it unread exactly then."""
+    from sqlalchemy import event
+
+    from jobstore.api import query
+    from jobstore.api.schedd import Schedd
+
+    store, _ = filled
+    job = store.list_jobs(include_final=True)[0]
+    # a stored ad that names column attributes too: the columns win either way
+    shadowing = job.but(ad={**(job.ad or {}), "ExitCode": 7, "NumHolds": 3, "Project": "x"})
+    full = views.job_ad(shadowing, **KW)
+    bare = views.job_ad(job.but(ad=None), **KW)
+    for name in views.COLUMN_ATTRIBUTES:
+        assert full.get(name) == bare.get(name), name
+    statements: list[str] = []
+
+    def seen(_c: object, _cur: object, statement: str, *_rest: object) -> None:
+        statements.append(statement)
+
+    event.listen(store.engine, "before_cursor_execute", seen)
+    schedd = Schedd(store=store)
+    try:
+        narrow = schedd.query("JobPrio >= 0", ["ClusterId", "ProcId", "JobStatus", "ServerTime"])
+        assert narrow and all(set(ad.keys()) == {"ClusterId", "ProcId", "JobStatus",
+                                                 "ServerTime"} for ad in narrow)
+        assert statements and not any("jobs.ad" in s for s in statements)
+        statements.clear()
+        wide = schedd.query("JobPrio >= 0", ["ClusterId", "Project"])
+        assert {ad.get("Project") for ad in wide} >= {"x"}
+        assert any("jobs.ad" in s for s in statements)
+        statements.clear()
+        assert len(schedd.history(projection=["ClusterId", "ExitCode"], match=2)) == 2
+        assert not any("jobs.ad" in s for s in statements)
+        statements.clear()
+        # a constraint evaluated on the ads needs them, whatever the projection
+        residual = list(query.iter_query(store, schedd.shown, constraint='Project == "x"',
+                                         projection=["ClusterId"], include_final=True))
+        assert {views.job_ad(j, **KW)["Project"] for j in residual} == {"x"}
+    finally:
+        event.remove(store.engine, "before_cursor_execute", seen)

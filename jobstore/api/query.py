@@ -21,11 +21,11 @@ from jobstore.core.states import FINAL, Event
 from jobstore.db.constraint import matches, plan
 from jobstore.db.schema import jobs as jobs_table
 from jobstore.db.store import AUTOCLUSTER_KEY, ActTotals, JobStore
-from jobstore.errors import UnknownJob
+from jobstore.errors import NotOwner, UnknownJob
 from jobstore.formats import views
 
 __all__ = ["select_jobs", "query_jobs", "history_jobs", "autoclusters", "act", "Shown",
-           "Selection", "status_counts"]
+           "Selection", "status_counts", "edit"]
 
 FINAL_VALUES = frozenset(s.value for s in FINAL)
 
@@ -37,9 +37,10 @@ class Shown:
         self.keyword = keyword
         self.uid_domain = uid_domain
 
-    def ad(self, job: Job) -> ClassAd:
-        """The job's ad as condor_q shows it (constraints, -af, -l)."""
-        return views.job_ad(job, keyword=self.keyword, uid_domain=self.uid_domain)
+    def ad(self, job: Job, only: frozenset[str] | None = None) -> ClassAd:
+        """The job's ad as condor_q shows it (constraints, -af, -l); with `only` (lower-case
+        names), just those attributes."""
+        return views.job_ad(job, keyword=self.keyword, uid_domain=self.uid_domain, only=only)
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,20 @@ def select_jobs(store: JobStore, ids: Sequence[str]) -> list[Job]:
 def iter_query(
     store: JobStore, shown: Shown, ids: Sequence[str] = (), constraint: str | None = None,
     *, users: Sequence[str] = (), limit: int | None = None, history: bool = False,
-    **filters: Any,
+    projection: Sequence[str] = (), **filters: Any,
 ) -> Iterator[Job]:
     """The jobs of a query, streamed from the database: condor_q's (cluster, proc) order, or
     with `history` condor_history's (the most recently finished first, finished jobs only);
-    at most `limit`."""
+    at most `limit`. With a `projection` of attributes that come from columns only
+    (views.COLUMN_ATTRIBUTES) and a constraint SQL says whole, the stored ads are not read
+    (the jobs' `ad` is None)."""
     sel = Selection.of(ids, users, constraint)
     keep = sel.keep(shown)
     if history:
         filters["final_only"] = True
+    if keep is None and projection and all(
+            name.lower() in views.COLUMN_ATTRIBUTES for name in projection):
+        filters["without_ad"] = True
     if keep is None and limit and not history:
         found: Iterator[Job] = iter(store.list_jobs(where=sel.where, limit=limit, **filters))
     else:
@@ -173,3 +179,19 @@ def act(
     missing = [text for text in ids if not store.count_by_status(where=_id_term(text))]
     where = sel.where if sel.where is not None else true()
     return store.act_where(where, event, reason, keep=sel.keep(shown), hold=hold), missing
+
+
+def edit(
+    store: JobStore, shown: Shown, attr: str, value: str, *, ids: Sequence[str] = (),
+    constraint: str | None = None,
+) -> int:
+    """condor_qedit of the waiting jobs of job ids or a constraint, set-based in pages
+    (JobStore.edit_where): how many were edited; NotOwner when the jobs named are all
+    another's (those of a constraint that are not this session's are left out)."""
+    sel = Selection.of(ids, (), constraint)
+    where = sel.where if sel.where is not None else true()
+    totals = store.edit_where(where, attr, value, keep=sel.keep(shown))
+    if totals.denied and not totals.acted_on:
+        raise NotOwner(totals.denied_names[0], store.identity().account,  # type: ignore[arg-type]
+                       "edit")
+    return totals.success

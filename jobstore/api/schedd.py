@@ -190,11 +190,12 @@ class Schedd:
         `callback` when given (an ad it returns None for is left out); at most `limit` (-1:
         all), read from the database a page at a time and no further than needed."""
         jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
-                                limit=limit if limit is not None and limit >= 0 else None)
+                                limit=limit if limit is not None and limit >= 0 else None,
+                                projection=_sql_projection(projection))
         now = int(time.time())
         out = []
         for job in jobs:
-            ad = _project(self._ad(job, now), projection)
+            ad = _project(self._ad(job, now, projection), projection)
             if callback is not None:
                 ad = callback(ad)
                 if ad is None:
@@ -217,13 +218,14 @@ class Schedd:
         stop = _since(since)
         wanted = match if match is not None and match >= 0 and stop is None else None
         jobs = query.iter_query(self.store, self.shown, constraint=_text(constraint),
-                                history=True, limit=wanted)
+                                history=True, limit=wanted,
+                                projection=() if stop else _sql_projection(projection))
         now = int(time.time())
         ads: list[ClassAd] = []
         for job in jobs:
             if match is not None and 0 <= match <= len(ads):
                 break
-            ad = self._ad(job, now)
+            ad = self._ad(job, now, () if stop else projection)
             if stop is not None and stop(job, ad):
                 break
             ads.append(_project(ad, projection))
@@ -252,8 +254,8 @@ class Schedd:
         """A no-op, as there is no negotiator to wake: nodes pull their work (each slot's next
         FETCH_WORK, or the agent's waiting fetch, sees new jobs at once)."""
 
-    def _ad(self, job: Job, now: int) -> ClassAd:
-        ad = self.shown.ad(job)
+    def _ad(self, job: Job, now: int, projection: Sequence[str] = ()) -> ClassAd:
+        ad = self.shown.ad(job, frozenset(p.lower() for p in projection) or None)
         ad["ServerTime"] = now
         return ad
 
@@ -291,12 +293,12 @@ class Schedd:
     @htcondor_errors
     def edit(self, job_spec: Any, attr: str, value: str | ExprTree, flags: Any = None) -> int:
         """Set attribute `attr` of the waiting (idle or held) jobs of `job_spec` to `value`
-        (an expression, as condor_qedit takes it); the number of jobs edited. ValueError for
-        an attribute that may not change (Owner, the job store's own) or a bad value."""
+        (an expression, as condor_qedit takes it), a page of jobs per transaction; the number
+        of jobs edited. ValueError for an attribute that may not change (Owner, the job
+        store's own) or a bad value; NotOwner when the jobs named are all another's."""
         ids, constraint = _spec_parts(job_spec)
-        text = str(value)
-        jobs = query.iter_query(self.store, self.shown, ids, constraint)
-        return sum(1 for job in list(jobs) if self.store.edit(job.id, attr, text))
+        return query.edit(self.store, self.shown, attr, str(value), ids=ids,
+                          constraint=constraint)
 
     # ---- what a schedd cannot do ----------------------------------------------------------
 
@@ -335,6 +337,11 @@ def _is_job_id(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _sql_projection(projection: Sequence[str]) -> Sequence[str]:
+    """What of a projection the database is asked for (ServerTime is this process's)."""
+    return [name for name in projection if name.lower() != "servertime"] or ()
 
 
 def _project(ad: ClassAd, projection: Sequence[str]) -> ClassAd:

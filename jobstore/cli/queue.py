@@ -243,7 +243,8 @@ def q(
         _print_analysis(ctx, query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit,
                                               **filters))
         return
-    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit, **filters)
+    jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit,
+                            projection=attrs, **filters)
     if attrs:
         _print_autoformat(ctx, jobs, attrs, af_flags)
     elif formats:
@@ -312,7 +313,8 @@ def history(
     attributes)."""
     ids, users, attrs = _split_args(args, autoformat)
     jobs = query.history_jobs(ctx.store, ctx.shown, ids, constraint, limit=match or limit,
-                              statuses=statuses, owners=owners, queues=queues, users=users)
+                              statuses=statuses, owners=owners, queues=queues, users=users,
+                              projection=attrs)
     if attrs:
         _print_autoformat(ctx, jobs, attrs, af_flags)
     elif formats:

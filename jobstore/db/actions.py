@@ -15,14 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, insert, select, update
+from sqlalchemy import ARRAY, BigInteger, ColumnElement, Connection, any_, bindparam, select, update
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, STATUS_OF, Event, Status, decide
-from jobstore.db.notify import notify
 from jobstore.db.phases import status_not_in
-from jobstore.db.schema import job_events, jobs
+from jobstore.db.schema import jobs
 from jobstore.db.transactions import note_event
 from jobstore.db.transitions import (
     Outcome,
@@ -97,6 +96,27 @@ class PagedActions(Transitions):
         a constraint SQL cannot say) that this session may act on; those it may not are
         counted in `denied`. With `connection`, all in the caller's transaction."""
         totals = ActTotals()
+
+        def act(conn: Connection, locked: list[Job], now: float) -> None:
+            self._act_page(conn, locked, event, reason, hold, keep, now, totals)
+
+        self._in_pages(where, keep, act, totals, page=page, connection=connection)
+        return totals
+
+    def _in_pages(
+        self,
+        where: ColumnElement[bool],
+        keep: Callable[[Job], bool] | None,
+        work: Callable[[Connection, list[Job], float], None],
+        totals: ActTotals,
+        *,
+        page: int = PAGE,
+        connection: Connection | None = None,
+    ) -> None:
+        """Call `work` with each page of the unfinished jobs `where` selects that this session
+        may change, locked, in a transaction of its own: first the pages of the jobs nobody
+        else holds (SKIP LOCKED), then the skipped ones, waiting for them. The jobs the
+        policies hide (and `keep` keeps) are counted in `totals.denied`."""
         selected = [where, status_not_in(FINAL)]
         last, skipped = 0, list[int]()
         while True:
@@ -108,27 +128,30 @@ class PagedActions(Transitions):
                 last = ids[-1]
                 locked = self._lock_page(conn, ids, skip_locked=True)
                 skipped.extend(i for i in ids if i not in locked)
-                self._act_page(conn, _unfinished(locked), event, reason, hold, keep,
-                               time.time(), totals)
+                work(conn, _unfinished(locked), time.time())
         for start in range(0, len(skipped), page):  # taken by someone else: wait for them
             chunk = skipped[start:start + page]
             with self._tx(connection) as conn:
                 locked = self._lock_page(conn, chunk, skip_locked=False)
                 rest = [i for i in chunk if i not in locked]  # hidden by the policies
                 hidden = [Job.from_row(r._mapping) for r in conn.execute(
-                    select(jobs).where(jobs.c.id.in_(rest), *selected).order_by(jobs.c.id))]
+                    select(jobs).where(self._id_in(rest), *selected).order_by(jobs.c.id))]
                 names = [views.job_id(j) for j in hidden if keep is None or keep(j)]
                 totals.denied += len(names)
                 totals.denied_names += names[:SHOWN - len(totals.denied_names)]
-                self._act_page(conn, _unfinished(locked), event, reason, hold, keep,
-                               time.time(), totals)
-        return totals
+                work(conn, _unfinished(locked), time.time())
+
+    def _id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
+        """`jobs.id IN ids`: on PostgreSQL one array parameter (`= ANY`), not one a job."""
+        if self._pg:
+            return jobs.c.id == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
+        return jobs.c.id.in_(list(ids))
 
     def _lock_page(self, conn: Connection, ids: Sequence[int], *, skip_locked: bool,
                    ) -> dict[int, Job]:
         """The jobs of `ids` this session may change, locked (those another transaction holds
         are left out with `skip_locked`; the database's policies hide the others)."""
-        q = select(jobs).where(jobs.c.id.in_(list(ids))).order_by(jobs.c.id)
+        q = select(jobs).where(self._id_in(ids)).order_by(jobs.c.id)
         q = q.with_for_update(skip_locked=skip_locked) if self._pg else q
         return {r.id: Job.from_row(r._mapping) for r in conn.execute(q)}
 
@@ -162,14 +185,11 @@ class PagedActions(Transitions):
                                name=views.job_id(job)), event)
         for (status, columns), group in groups.items():
             ids = [j.id for j in group]
-            change = (update(jobs).where(jobs.c.id.in_(ids), jobs.c.status == status)
+            change = (update(jobs).where(self._id_in(ids), jobs.c.status == status)
                       .values(dict(columns)))
             if conn.execute(change).rowcount != len(ids):
                 raise RowChanged(f"{len(ids)} jobs changed under their {event}")
-        if events:
-            conn.execute(insert(job_events), events)
-            if self._pg:
-                notify(conn, "page")
+        self._insert_events(conn, events)
 
 
 def _unfinished(locked: dict[int, Job]) -> list[Job]:

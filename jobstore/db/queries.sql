@@ -151,6 +151,15 @@ WITH appended AS (
 )
 SELECT pg_notify(%(channel)s, %(payload)s) FROM appended;
 
+-- name: insert_events
+-- The events of a page of a set-based action (rm, hold, release, qedit of many jobs) in one
+-- statement, a column an array (PostgreSQL): one execution on the server, not one per event.
+INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host,
+    reason, attrs)
+SELECT * FROM unnest(%(job_id)s::bigint[], %(time)s::float8[], %(event)s::text[],
+    %(from_status)s::text[], %(to_status)s::text[], %(attempt)s::int[], %(slot)s::text[],
+    %(host)s::text[], %(reason)s::text[], %(attrs)s::json[]);
+
 -- name: notify_event
 -- Wake the followers of job_events (jobstore watch) when this transaction commits; never sent
 -- for one that rolls back.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, case, func, or_, select, tuple_
+from sqlalchemy import ColumnElement, Select, case, func, null, or_, select, tuple_
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
@@ -109,9 +109,11 @@ class JobReads(Transactions):
         final_only: bool = False,
         limit: int | None = None,
         where: ColumnElement[bool] | None = None,
+        without_ad: bool = False,
     ) -> list[Job]:
-        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.db.constraint)."""
-        q = select(jobs).where(
+        """Jobs in (cluster, proc) order; `where` is an extra filter (jobstore.db.constraint);
+        `without_ad` leaves the stored ad out (Job.ad None: a projection of columns only)."""
+        q = _select_jobs(without_ad).where(
             *_job_filter(statuses, owners, queues, include_final, final_only, where)
         )
         q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
@@ -131,11 +133,13 @@ class JobReads(Transactions):
         where: ColumnElement[bool] | None = None,
         newest_finished_first: bool = False,
         page: int = 500,
+        without_ad: bool = False,
     ) -> Iterator[Job]:
         """The jobs list_jobs selects, read `page` at a time (each page its own short
         transaction, after the last row of the one before), so that a reader that stops early
         reads little and memory stays bounded: in (cluster, proc) order, or the most recently
-        finished first (condor_history's order, by ix_jobs_finished)."""
+        finished first (condor_history's order, by ix_jobs_finished); `without_ad` as in
+        list_jobs."""
         terms = _job_filter(statuses, owners, queues, include_final, final_only, where)
         if newest_finished_first:
             key: tuple[Any, ...] = (jobs.c.finished_at, jobs.c.id)
@@ -145,7 +149,7 @@ class JobReads(Transactions):
             order = [jobs.c.cluster_id, jobs.c.proc_id]
         after: tuple[Any, ...] | None = None
         while True:
-            q = select(jobs).where(*terms)
+            q = _select_jobs(without_ad).where(*terms)
             if after is not None:
                 q = q.where(tuple_(*key) < tuple_(*after) if newest_finished_first
                             else tuple_(*key) > tuple_(*after))
@@ -293,6 +297,13 @@ class JobReads(Transactions):
         )
         with self._tx() as conn:
             return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
+
+
+def _select_jobs(without_ad: bool) -> Select[Any]:
+    """A select of whole job rows, or of all their columns but the stored ad (read as NULL)."""
+    if not without_ad:
+        return select(jobs)
+    return select(*(c for c in jobs.c if c.name != "ad"), null().label("ad"))
 
 
 def _job_filter(

@@ -58,6 +58,7 @@ READ_JOB = QUERIES["read_job"].sql
 LOCK_JOB = QUERIES["lock_job"].sql
 RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=...)
 RECORD_EVENT = QUERIES["record_event"].sql
+INSERT_EVENTS = QUERIES["insert_events"].sql
 # run with SQLAlchemy
 IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
 SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")

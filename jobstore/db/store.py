@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Any
 
 from classad2 import ClassAd
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, insert, select, update
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
@@ -511,21 +511,55 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
         expression `value`; whether the job was edited (False when it is not waiting). Owner,
         the job store's own attributes and those it computes cannot change (ValueError); a
         change of what matching sees moves the job to its new autocluster."""
+        totals = self.edit_where(jobs.c.id == job_id, attr, value, now=now)
+        if totals.denied:
+            raise NotOwner(job_id, self.identity().account, "edit")
+        if not totals.success:
+            self.get_job(job_id)  # UnknownJob when there is none
+        return bool(totals.success)
+
+    def edit_where(self, where: ColumnElement[bool], attr: str, value: str, *,
+                   keep: Callable[[Job], bool] | None = None, page: int = ACT_PAGE,
+                   now: float | None = None) -> ActTotals:
+        """condor_qedit of the jobs `where` selects (and `keep` keeps), in pages of `page`
+        jobs, each one transaction (JobStore.act_where's paging): the waiting ones that this
+        session may change are edited (`success`), the others counted (`bad_status`: not
+        waiting; `denied`: not this session's). One UPDATE and one INSERT of the events per
+        page; ValueError as `edit`."""
         name, text = edit_target(attr, value)
-        now = now or time.time()
-        with self._tx() as conn:
-            job = self._acted_on(conn, job_id, "edit")
-            if job.status not in EDITABLE:
-                return False
-            changes = edit_changes(job, name, text)
-            edited = job.but(**changes)
-            (autocluster,) = self._register(conn, [edited], now)
-            changes.update(autocluster_id=autocluster, updated_at=now,
-                           periodic=policy.has_periodic(edited.ad) or None)
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**changes))
-            self._event(conn, job_id, "edit", job.status, None, now, attempt=job.claims,
-                        reason=f"{name} = {text}", attrs={name: text})
-            return True
+        totals = ActTotals()
+
+        def edit(conn: Connection, locked: list[Job], at: float) -> None:
+            self._edit_page(conn, locked, name, text, keep, now or at, totals)
+
+        self._in_pages(where, keep, edit, totals, page=page)
+        return totals
+
+    def _edit_page(self, conn: Connection, page: list[Job], name: str, text: str,
+                   keep: Callable[[Job], bool] | None, now: float, totals: ActTotals) -> None:
+        chosen = [job for job in page if keep is None or keep(job)]
+        waiting = [job for job in chosen if job.status in EDITABLE]
+        totals.bad_status += len(chosen) - len(waiting)
+        if not waiting:
+            return
+        changes = [edit_changes(job, name, text) for job in waiting]
+        edited = [job.but(**c) for job, c in zip(waiting, changes, strict=True)]
+        rows, events = [], []
+        for job, change, new, ac in zip(waiting, changes, edited,
+                                        self._register(conn, edited, now), strict=True):
+            change.update(autocluster_id=ac, updated_at=now,
+                          periodic=policy.has_periodic(new.ad) or None)
+            rows.append({"edited_id": job.id, **{f"new_{k}": v for k, v in change.items()}})
+            row = event_row(job.id, "edit", job.status, None, now, attempt=job.claims,
+                            reason=f"{name} = {text}", attrs={name: text})
+            events.append(row)
+            if job.user_log or self.listens_to_every_job():
+                note_event(conn, row, job)
+        columns = {k: bindparam(f"new_{k}", type_=jobs.c[k].type) for k in changes[0]}
+        conn.execute(update(jobs).where(jobs.c.id == bindparam("edited_id"))
+                     .values(columns), rows)
+        self._insert_events(conn, events)
+        totals.success += len(waiting)
 
     # ---- the job's own policy: the periodic pass ---------------------------------------
 

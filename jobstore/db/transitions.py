@@ -35,7 +35,14 @@ from jobstore.db import driver
 from jobstore.db.engine import json_text
 from jobstore.db.notify import CHANNEL, STOPS, notify
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.sql import LOCK_JOB, READ_JOB, RECORD_EVENT, RECORD_TRANSITION, opening
+from jobstore.db.sql import (
+    INSERT_EVENTS,
+    LOCK_JOB,
+    READ_JOB,
+    RECORD_EVENT,
+    RECORD_TRANSITION,
+    opening,
+)
 from jobstore.db.transactions import Transactions, note_event
 from jobstore.errors import DatabaseError
 from jobstore.formats import views
@@ -222,6 +229,19 @@ class Transitions(Transactions):
                 if driver.execute(conn, sql, {**params, **change.params()}).rowcount != 1:
                     raise RowChanged(f"job {values['job_id']} changed under its transition")
         note_event(conn, values, job)
+
+    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Append many events (`event_row`s) in one statement, and notify the followers once
+        (on commit): a page of a set-based action."""
+        if not rows:
+            return
+        if not self._pg:
+            conn.execute(insert(job_events), rows)
+            return
+        columns = {name: [row[name] for row in rows] for name in rows[0]}
+        columns["attrs"] = [_json(value) for value in columns["attrs"]]
+        driver.execute(conn, INSERT_EVENTS, columns)
+        notify(conn, "page")
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran

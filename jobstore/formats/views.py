@@ -97,8 +97,24 @@ def job_json(job: Job) -> dict[str, Any]:
     }
 
 
-def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
-    """The job as condor_q shows it (`-l`, `-af`, constraints), without secrets.
+# The attributes of job_ad that come from the job's columns alone, never from its stored ad:
+# a projection of these needs no `ad` column (projection in SQL, jobstore.api.query).
+COLUMN_ATTRIBUTES = frozenset(n.lower() for n in (
+    "Owner", "User", "JobUniverse", "ClusterId", "ProcId", "QDate", "JobPrio", "RequestCpus",
+    "RequestMemory", "RequestDisk", "HookKeyword", "JobstoreJobId", "JobstoreQueue",
+    "JobStatus", "JobstoreStatus", "JobstoreClaims", "EnteredCurrentStatus", "ExitCode",
+    "ExitSignal", "ExitBySignal", "RemoteHost", "JobPid", "RemoteUserCpu", "RemoteSysCpu",
+    "ImageSize", "MemoryUsage", "ResidentSetSize", "NumJobStarts", "JobStartDate",
+    "JobCurrentStartDate", "CompletionDate", "RemoteWallClockTime",
+    "JobCurrentStartExecutingDate", "ShadowBday", "HoldReason", "LastReason", "HoldReasonCode",
+    "HoldReasonSubCode", "NumHolds",
+))
+
+
+def job_ad(job: Job, *, keyword: str, uid_domain: str,
+           only: frozenset[str] | None = None) -> ClassAd:
+    """The job as condor_q shows it (`-l`, `-af`, constraints), without secrets; with `only`
+    (lower-case names), just those attributes (a projection).
 
     Attributes that come from columns always reflect the column (absent when it is NULL), so a
     constraint evaluated in SQL (jobstore.db.constraint) and on this ad give the same answer.
@@ -134,8 +150,11 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str) -> ClassAd:
     }
     ad = ClassAd()
     for name, value in attrs.items():
-        ad[name] = ExprTree(str(value)) if isinstance(value, Expr) else value
+        if only is None or name.lower() in only:
+            ad[name] = ExprTree(str(value)) if isinstance(value, Expr) else value
     for name, column in extra.items():
+        if only is not None and name.lower() not in only:
+            continue
         if column is not None:
             ad[name] = column
         elif name in ad:
