@@ -388,8 +388,8 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
 
 
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
-    """Migrations 0012 and 0014 give the roles that held the agent's grants their policies and
-    the slots table."""
+    """Migrations 0012, 0014 and 0015 give the roles that held the agent's grants their
+    policies, the slots table and the sandbox files."""
     from jobstore.db.grants import hook_role_statements
 
     upgrade(db_url, "0011")
@@ -399,8 +399,9 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
         owner = JobStore.from_url(db_url)
+        new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None")
         old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
-               if "POLICY" not in s and "ON slots" not in s]  # as granted before 0012
+               if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.engine.begin() as conn:
             from sqlalchemy import text
 
@@ -418,6 +419,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         with agent.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
         agent.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])
+        assert agent.job_files_of(job) == [] and list(agent.file_content(ALICE, "0" * 64)) == []
         assert [r.name for r in agent.live_slots(now=1.5)] == ["slot1@n"]
         agent.engine.dispose()
         owner.engine.dispose()

@@ -84,8 +84,8 @@ def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> N
     assert plain.num_procs() == 1
     with pytest.raises(SubmitError, match="control character"):
         schedd.submit(sleep_job(), itemdata=[{"x": "a\nb"}])
-    with pytest.raises(ValueError, match="spool"):
-        schedd.submit(sleep_job(), spool=True)
+    spooled = schedd.submit(sleep_job(), spool=True)  # the inputs are in the store anyway
+    assert schedd.spool(spooled) is None and spooled.num_procs() == 1
 
 
 def test_act_returns_htcondor2_totals(schedd: Any) -> None:

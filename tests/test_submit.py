@@ -348,10 +348,7 @@ def test_bad_custom_attributes(tmp_path: Path, body: str, words: str) -> None:
 
 def test_macros_and_commands_that_ask_for_nothing_are_accepted(tmp_path: Path) -> None:
     job = one(tmp_path, "notification = never\nshould_transfer_files = IF_NEEDED\nfoo = bar")
-    assert job.cmd == "/bin/true"
-    message = submit_error(tmp_path, "executable = /bin/true\nshould_transfer_files = YES\n"
-                           "queue\n")
-    assert "should_transfer_files: is not supported" in message
+    assert job.cmd == "/bin/true" and job.inputs == ()  # IF_NEEDED: the shared file system
 
 
 def test_universe(tmp_path: Path) -> None:
@@ -360,10 +357,28 @@ def test_universe(tmp_path: Path) -> None:
     assert "universe" in message and "'docker' is not supported" in message
 
 
-def test_transfer_input_files_rejected(tmp_path: Path) -> None:
+def test_file_transfer_fills_the_sandbox(tmp_path: Path) -> None:
+    """Issue 30: the inputs (files, a directory's files, the executable, the standard input)
+    are what the sandbox starts with; condor_submit's attributes say what travels."""
     message = submit_error(tmp_path, "executable = /bin/true\ntransfer_input_files = a\nqueue\n")
-    assert "transfer_input_files" in message and "no file transfer" in message
-    assert one(tmp_path, "transfer_input_files =").cmd == "/bin/true"
+    assert "transfer_input_files: a: no such file or directory" in message
+    assert one(tmp_path, "transfer_input_files =").inputs == ()
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.csv").write_text("x")
+    (tmp_path / "in.dat").write_text("stdin")
+    job = one(tmp_path, "should_transfer_files = YES\ntransfer_input_files = a.txt, d, d/\n"
+                        "input = in.dat\ntransfer_output_files = out.txt")
+    assert [(f.name, f.source) for f in job.inputs] == [
+        ("a.txt", f"{tmp_path}/a.txt"), ("d/x.csv", f"{tmp_path}/d/x.csv"),
+        ("x.csv", f"{tmp_path}/d/x.csv"), ("true", "/bin/true"), ("in.dat", f"{tmp_path}/in.dat")]
+    assert job.inputs[3].mode & 0o100
+    assert job.custom["ShouldTransferFiles"] == '"YES"'
+    assert job.custom["TransferInput"] == '"a.txt, d, d/"'
+    assert job.custom["TransferOutput"] == '"out.txt"'
+    message = submit_error(tmp_path, "executable = /bin/true\nshould_transfer_files = YES\n"
+                           "when_to_transfer_output = ON_EXIT_OR_EVICT\nqueue\n")
+    assert "when_to_transfer_output: ON_EXIT_OR_EVICT is not supported yet" in message
 
 
 def test_extra_vars(tmp_path: Path) -> None:

@@ -90,6 +90,9 @@ HANDLED_SAMPLES = {
     "get_env": "false", "transfer_executable": "true", "transfer_input_files": "",
     "skip_filechecks": "false", "allow_arguments_v1": "true", "allow_environment_v1": "true",
     "Cluster": "", "Process": "", "periodic_hold_reason": '"x"', "on_exit_hold_reason": '"x"',
+    "should_transfer_files": "IF_NEEDED", "when_to_transfer_output": "ON_EXIT",
+    "transfer_output_files": "", "TransferOutputFiles": "", "TransferInputFiles": "",
+    "transfer_output_remaps": "",
 }
 SAMPLES = {"string": ('a "quoted" word', '"a \\"quoted\\" word"'), "bool": ("yes", "true"),
            "int": ("7", "7"), "expr": ("1 + 2", "1 + 2")}

@@ -44,10 +44,24 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 from jobstore.node.launchcheck import annotate
+from jobstore.node.sandbox import (
+    Files,
+    SandboxError,
+    attempt_of,
+    failed,
+    remove_sandbox,
+    stage_in,
+    stage_out,
+)
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
     from typing import NoReturn
+
+# How long one call of a sandbox's transfer may take, and all of JOB_EXIT's sending (inside
+# the starter's 30 s JOB_EXIT timeout, with time left for its report).
+SANDBOX_CALL_SECONDS = 60.0
+OUTPUT_SECONDS = 15.0
 
 # Accounts whose socket the hooks trust when the installed hook names none (root only).
 DEFAULT_AGENT_UIDS = (0,)
@@ -135,6 +149,68 @@ def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoRet
     direct_main(hook, stdin=stdin, started=started)
 
 
+class _AgentFiles(Files):
+    """A sandbox's files through the agent (jobstore.node.sandboxcalls serves the calls)."""
+
+    def __init__(self, path: str, agent_uids: tuple[int, ...], ad: bytes) -> None:
+        super().__init__(ad)
+        self.path, self.agent_uids = path, agent_uids
+        self.stop_at: float | None = None  # a bound on all the calls (JOB_EXIT's sending)
+
+    def call(self, name: str, argv: list[str], data: bytes = b"") -> bytes:
+        deadline = time.monotonic() + SANDBOX_CALL_SECONDS
+        if self.stop_at is not None:
+            if time.monotonic() >= self.stop_at:
+                raise SandboxError(f"not sent within {OUTPUT_SECONDS:.0f} s")
+            deadline = min(deadline, self.stop_at)
+        request = encode([name.encode(), b"", data,
+                          *[a.encode("utf-8", "surrogateescape") for a in [*self.who, *argv]]])
+        try:
+            answer = ask(self.path, request, deadline, self.agent_uids)
+        except (_NoAnswer, _NotTheAgent, ProtocolError, OSError) as exc:
+            raise SandboxError(f"the jobstore agent did not answer ({exc})") from None
+        if answer is None or not answer or answer[0] != OK:
+            raise _NoAgentForFiles()
+        error = answer[3] if len(answer) > 3 else b""
+        if error:
+            raise SandboxError(error.decode("utf-8", "replace"))
+        return answer[2]
+
+
+class _NoAgentForFiles(Exception):
+    """No agent served the call: the hook does the transfer itself (direct mode)."""
+
+
+def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
+                  agent_uids: tuple[int, ...], mode: str) -> bytes:
+    """PREPARE_JOB and JOB_EXIT of a job with file transfer: fill its sandbox, or send its
+    outputs back and remove it, through the agent or (direct mode, no agent) the database.
+    Returns the ad the hook goes on with (with what went wrong in it, for the handler)."""
+    if hook == "job_exit" and argv != ["exit"]:
+        found = attempt_of(stdin)
+        if found:
+            remove_sandbox(found[3])  # evicted, held or removed: nothing comes back
+        return stdin
+    if mode != "direct":
+        files = _AgentFiles(path, agent_uids, stdin)
+        if hook == "job_exit":
+            files.stop_at = time.monotonic() + OUTPUT_SECONDS
+        try:
+            if hook == "prepare_job":
+                return stage_in(stdin, files.manifest, files.read)
+            return stage_out(stdin, files.manifest, files.send)
+        except _NoAgentForFiles:
+            if mode == "agent":
+                raise SandboxError("the jobstore agent is not available") from None
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+    from jobstore.node.sandboxdirect import transfer
+
+    return transfer(hook, stdin)
+
+
 def main(
     hook: str, socket_path: str | None = None, agent_uids: tuple[int, ...] = DEFAULT_AGENT_UIDS
 ) -> None:
@@ -143,9 +219,16 @@ def main(
     started = time.monotonic()
     stderr_open = prologue()
     stdin = read_stdin()
+    mode = os.environ.get("JOBSTORE_HOOK_MODE", "")
+    path = os.environ.get("JOBSTORE_AGENT_SOCKET") or socket_path or DEFAULT_SOCKET
+    if hook in ("prepare_job", "job_exit") and len(stdin) <= MAX_STDIN and attempt_of(stdin):
+        try:  # as the job's user: the sandbox of a job with file transfer
+            stdin = _with_sandbox(hook, stdin, sys.argv[1:], path, agent_uids, mode)
+        except BaseException as exc:  # noqa: BLE001 - one line, never a traceback
+            _say(hook, stderr_open, f"{hook}: sandbox: {exc}")
+            stdin = failed(hook, stdin, str(exc))
     if hook == "prepare_job" and len(stdin) <= MAX_STDIN:  # as the job's user, before the exec
         stdin = annotate(stdin)
-    mode = os.environ.get("JOBSTORE_HOOK_MODE", "")
     if mode == "direct":
         _direct(hook, stdin, started, stderr_open)
     if len(stdin) > MAX_STDIN:
@@ -155,7 +238,6 @@ def main(
     deadline = started + seconds
     _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
     _signal.alarm(int(seconds) + 2)  # backstop, should the process itself get stuck
-    path = os.environ.get("JOBSTORE_AGENT_SOCKET") or socket_path or DEFAULT_SOCKET
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     argv = [os.fsencode(a) for a in sys.argv[1:]]
     request = encode([hook.encode(), encode_env(env), stdin, *argv])

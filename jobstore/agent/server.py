@@ -45,10 +45,11 @@ from jobstore.agent.pruner import Pruner
 from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.node import bounded, config, handlers, spool
+from jobstore.node import bounded, config, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import NAMES
+from jobstore.node.sandboxroot import ensure_root
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
@@ -238,6 +239,7 @@ class Agent:
             t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
+        self._sandbox_roots()
         self._start_metrics()
         watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
@@ -453,7 +455,7 @@ class Agent:
             if len(items) < 3:
                 raise ProtocolError("request without hook, environment and stdin")
             hook = items[0].decode("ascii")
-            if hook not in NAMES:  # checked before anything logs it
+            if hook not in NAMES and hook not in sandboxcalls.CALLS:  # before anything logs it
                 raise ProtocolError("unknown hook")
         except (ProtocolError, UnicodeDecodeError) as exc:
             self._throttle.warn("bad", conn.peer.uid, "uid %d pid %d: bad request refused: %s",
@@ -516,7 +518,8 @@ class Agent:
                     self._slots.seen(item.stdin)
                 except Exception as exc:
                     log.warning("slot ad not kept: %s: %s", type(exc).__name__, exc)
-            response = handlers.handle(HookRequest(
+            serve = sandboxcalls.handle if hook in sandboxcalls.CALLS else handlers.handle
+            response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services),
             ))
@@ -693,6 +696,15 @@ class Agent:
             log.error("spool replay failed: %s: %s", type(exc).__name__, exc)
         finally:
             self._replaying.clear()
+
+    def _sandbox_roots(self) -> None:
+        """Make the sandbox roots of the keywords this node uses (file transfer)."""
+        for root in sorted({s.sandbox_root for s in config.node_settings().values()}):
+            try:
+                for note in ensure_root(root):
+                    log.warning("%s", note)
+            except OSError as exc:
+                log.error("sandbox root %s cannot be made: %s", root, exc)
 
     def _spool_dirs(self) -> list[Path]:
         """The spool directories of the keywords this node uses, made safe (created, or

@@ -141,9 +141,9 @@ class Schedd:
         `connection`: a SQLAlchemy connection of the caller's, inside its transaction on this
         database; the jobs commit or roll back with the caller's own rows. `idempotency_key`:
         a submit retried with a key used before queues nothing and returns the first one's
-        result. `job_queue`: the job store queue (default the keyword's JOBSTORE_QUEUE)."""
-        if spool:
-            raise ValueError("spool=True is not supported: the job store has no file transfer")
+        result. `job_queue`: the job store queue (default the keyword's JOBSTORE_QUEUE).
+        `spool` changes nothing: the input files of a description with file transfer are
+        always stored in the job store at submit, as a spool would hold them."""
         if count and queue is not None:
             raise ValueError("submit() takes count or queue, not both")
         if count < 0:
@@ -249,6 +249,18 @@ class Schedd:
         ads = epoch_ads(self.store, self.shown, _text(constraint), since=_since(since),
                         match=match if match is not None and match >= 0 else None)
         return [_project(ad, projection) for ad in ads]
+
+    def spool(self, result: Any) -> None:
+        """htcondor2's spool(): nothing left to do, the submit stored the jobs' input files."""
+
+    @htcondor_errors
+    def retrieve(self, job_spec: Any) -> None:
+        """condor_transfer_data: write the outputs of the jobs of `job_spec` (ids or a
+        constraint) where their submit description sends them (jobstore.api.retrieve)."""
+        from jobstore.api.retrieve import retrieve
+
+        ids, constraint = _spec_parts(job_spec)
+        retrieve(self.store, self.shown, ids, constraint)
 
     def reschedule(self) -> None:
         """A no-op, as there is no negotiator to wake: nodes pull their work (each slot's next

@@ -13,7 +13,7 @@ from classad2 import ExprTree
 
 from jobstore.api import query
 from jobstore.cli.context import Context, guard, pass_ctx
-from jobstore.core.jobs import Job
+from jobstore.core.jobs import Job, parse_job_id
 from jobstore.core.states import Event, Status
 from jobstore.formats import views
 
@@ -600,3 +600,29 @@ def stats(ctx: Context, as_json: bool) -> None:
         )
 
 
+
+
+@click.command("transfer-data")
+@click.argument("ids", nargs=-1, metavar="[JOB]...")
+@click.option("-constraint", "--constraint", "constraint", metavar="EXPR",
+              help="The jobs for which the ClassAd expression EXPR is true.")
+@pass_ctx
+@guard
+def transfer_data(ctx: Context, ids: tuple[str, ...], constraint: str | None) -> None:
+    """Write the outputs of jobs with file transfer on this side, like condor_transfer_data
+    (JOB is CLUSTER or CLUSTER.PROC): each output where transfer_output_remaps, output or
+    error sends it, else into the job's initialdir."""
+    from jobstore.api.retrieve import retrieve
+
+    if not (ids or constraint):
+        raise ValueError("name the jobs: JOB or -constraint EXPR")
+    for text in ids:
+        parse_job_id(text)  # ValueError for a malformed one
+    done = retrieve(ctx.store, ctx.shown, ids, constraint)
+    for got in done:
+        click.echo(f"Job {views.job_id(got.job)}: {len(got.written)} output file(s)")
+        for name, dest in got.written:
+            click.echo(f"  {name} -> {dest}")
+    if not done:
+        click.echo("jobstore: none of these jobs has outputs in the job store", err=True)
+        sys.exit(1)

@@ -9,6 +9,8 @@ JOB_POLICY = 3  # periodic_hold, on_exit_hold
 JOB_POLICY_UNDEFINED = 5  # a policy expression could not be evaluated (too costly)
 FAILED_TO_CREATE_PROCESS = 6  # the executable cannot be run (subcode: errno)
 UNABLE_TO_OPEN_INPUT = 8  # the job's `input` cannot be read (subcode: errno)
+TRANSFER_OUTPUT_ERROR = 12  # the job's outputs could not be sent back (file transfer)
+TRANSFER_INPUT_ERROR = 13  # the job's inputs could not be put in its sandbox (file transfer)
 IWD_ERROR = 14  # the job's initial directory cannot be entered (subcode: errno)
 SUBMITTED_ON_HOLD = 15  # the submit command `hold = true`
 STARTD_HELD_JOB = 21  # the startd or starter put the job on hold (JOB_EXIT hold)

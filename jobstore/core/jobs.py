@@ -28,6 +28,16 @@ DEFAULT_REQUEST_MEMORY = 128
 DEFAULT_REQUEST_DISK = 1024
 
 
+@dataclass(frozen=True)
+class InputFile:
+    """A file a job takes into its sandbox (file transfer): its path there, the file it is
+    read from at submit, and its mode."""
+
+    name: str
+    source: str
+    mode: int = 0o644
+
+
 @dataclass
 class JobSpec:
     """One job to queue, from a submit description, a ClassAd file or a caller's code: the one
@@ -56,6 +66,7 @@ class JobSpec:
     custom: dict[str, str] = field(default_factory=dict)  # +Attr: name -> expression text
     proc_id: int = 0
     hold: bool = False  # submitted on hold (HoldReasonCode 15)
+    inputs: tuple[InputFile, ...] = ()  # file transfer: what its sandbox starts with
 
 
 # The JobSpec fields where a templated submit may put a per-proc macro: text the job ad carries

@@ -26,6 +26,14 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cu
     return _run(conn, raw, raw.cursor(), sql, params)
 
 
+def execute_binary(conn: Connection, sql: str, params: Mapping[str, Any],
+                   ) -> psycopg.Cursor[Any]:
+    """`execute`, the results in PostgreSQL's binary format (bytea as stored: no hex text to
+    decode, a third of the time for a file's chunks)."""
+    raw = _driver_connection(conn)
+    return _run(conn, raw, raw.cursor(binary=True), sql, params)
+
+
 def begin(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
     """Open the transaction of `conn` with `sql`, BEGIN and the statements that go with it (the
     transaction's first may be one), in one round trip: one simple query, its parameters bound

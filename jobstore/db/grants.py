@@ -55,8 +55,12 @@ HOOK_UPDATE_COLUMNS = (
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
           "grant_accountant", "grant_passes", "grant_slots", "grant_events", "grant_sequence",
+          "grant_files", "grant_files_sequence",
           "grant_agent_drop_update_policy", "grant_agent_update_policy",
-          "grant_agent_drop_event_policy", "grant_agent_event_policy")
+          "grant_agent_drop_event_policy", "grant_agent_event_policy",
+          "grant_agent_drop_files_policy", "grant_agent_files_policy",
+          "grant_agent_drop_chunks_policy", "grant_agent_chunks_policy",
+          "grant_agent_drop_job_files_policy", "grant_agent_job_files_policy")
 
 # Columns of `jobs` a submitter may change on the jobs she may act on: what hold, release, rm
 # and condor_qedit write (a hold or rm ends an attempt: its token, lease and wall clock). Never
@@ -70,8 +74,8 @@ USER_UPDATE_COLUMNS = (
     "winding_down_until", "attempts", "token", "finished_at", "wall_clock",
     "lease_expires_at", "updated_at", "status", "lease_renewed_until",
 )
-USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_submitters",
-               "user_act", "user_sequences_grant")
+USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_files",
+               "user_submitters", "user_act", "user_sequences_grant")
 # A role name as PostgreSQL takes it unquoted or quoted; nothing that needs escaping in a message.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 
@@ -114,6 +118,7 @@ def hook_role_statements(engine: Engine, role: str) -> list[str]:
         "role": quote(role),
         "schema": quote(found["schema"]),
         "sequence": found["sequence"],  # already quoted by pg_get_serial_sequence
+        "files_sequence": found["files_sequence"],
         "columns": ", ".join(quote(c) for c in HOOK_UPDATE_COLUMNS),
         "policy": "jobstore_agent_" + hashlib.sha1(role.encode()).hexdigest()[:16],
     }

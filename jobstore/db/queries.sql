@@ -219,7 +219,9 @@ TRUNCATE {staging};
 
 -- name: grant_targets
 -- The sequence behind job_events.id and the schema of the tables (jobstore grant).
-SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() AS schema;
+SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() AS schema,
+       (SELECT pg_get_serial_sequence(c.oid::regclass::text, 'id') FROM pg_class c
+        WHERE c.oid = to_regclass('job_files')) AS files_sequence;
 
 -- The grants of `jobstore grant ROLE`, run in this order; `{role}`, `{schema}`, `{sequence}` and
 -- `{columns}` are identifiers the caller quotes (no bind parameters in DDL).
@@ -227,7 +229,7 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, slots FROM {role};
+    submitters, passes, slots, sandbox_files, sandbox_chunks, job_files FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -267,6 +269,38 @@ GRANT INSERT ON job_events TO {role};
 -- Take the ids of new events.
 GRANT USAGE ON SEQUENCE {sequence} TO {role};
 
+-- name: grant_files
+-- Read a job's input files for its sandbox, store its outputs, and prune them with the job.
+GRANT SELECT, INSERT, DELETE ON sandbox_files, sandbox_chunks, job_files TO {role};
+
+-- name: grant_files_sequence
+-- Take the ids of new job_files rows.
+GRANT USAGE ON SEQUENCE {files_sequence} TO {role};
+
+-- name: grant_agent_drop_files_policy
+-- Make the agent's row-level security policy on sandbox_files again.
+DROP POLICY IF EXISTS {policy} ON sandbox_files;
+
+-- name: grant_agent_files_policy
+-- The agent's role reads and stores every owner's files (migration 0015).
+CREATE POLICY {policy} ON sandbox_files TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_chunks_policy
+-- Make the agent's row-level security policy on sandbox_chunks again.
+DROP POLICY IF EXISTS {policy} ON sandbox_chunks;
+
+-- name: grant_agent_chunks_policy
+-- The agent's role reads and stores every owner's file contents (migration 0015).
+CREATE POLICY {policy} ON sandbox_chunks TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_job_files_policy
+-- Make the agent's row-level security policy on job_files again.
+DROP POLICY IF EXISTS {policy} ON job_files;
+
+-- name: grant_agent_job_files_policy
+-- The agent's role reads every job's file lists and records its outputs (migration 0015).
+CREATE POLICY {policy} ON job_files TO {role} USING (true) WITH CHECK (true);
+
 -- name: grant_agent_drop_update_policy
 -- Make the agent's row-level security policy on jobs again (`{policy}`: its name).
 DROP POLICY IF EXISTS {policy} ON jobs;
@@ -289,7 +323,8 @@ CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
 SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
        pg_get_serial_sequence('jobs', 'id') AS jobs,
        pg_get_serial_sequence('job_events', 'id') AS job_events,
-       pg_get_serial_sequence('autoclusters', 'id') AS autoclusters;
+       pg_get_serial_sequence('autoclusters', 'id') AS autoclusters,
+       pg_get_serial_sequence('job_files', 'id') AS job_files;
 
 -- The grants of `jobstore grant-user ROLE`, in this order (after grant_schema); the row-level
 -- security policies of migration 0012 decide which rows: only jobs the session may submit as
@@ -298,7 +333,7 @@ SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
 -- name: user_revoke
 -- Start the submitter's role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, queue_roles, slots FROM {role};
+    submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files FROM {role};
 
 -- name: user_read
 -- Read the queue and the history, as condor_q and condor_history may.
@@ -309,6 +344,11 @@ GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, co
 -- Queue clusters of jobs, their autoclusters, limits and submit events.
 GRANT INSERT ON clusters, jobs, job_events, autoclusters, autocluster_limits,
     concurrency_limits TO {role};
+
+-- name: user_files
+-- Store the input files of the jobs the role submits and read back her own jobs' files (the
+-- policies of migration 0015 show each owner only hers).
+GRANT SELECT, INSERT ON sandbox_files, sandbox_chunks, job_files TO {role};
 
 -- name: user_submitters
 -- A submitter's accounting row where it is missing: its name only (never a factor or usage).
@@ -348,3 +388,9 @@ DELETE FROM queue_roles WHERE role = :role;
 -- owns the store and whether it is a queue super user.
 SELECT jobstore_account() AS account, jobstore_trusted() AS trusted,
        jobstore_super_user() AS super_user;
+
+-- name: file_chunks
+-- A range of one owner's sandbox file, its chunks in order (PostgreSQL, read in binary).
+SELECT data FROM sandbox_chunks
+WHERE owner = %(owner)s AND sha256 = %(sha256)s AND seq BETWEEN %(first)s AND %(last)s
+ORDER BY seq;

@@ -1,5 +1,6 @@
-"""Retention: finished jobs, their events and their emptied clusters are removed once they are
-older than the history's retention, in small batches (one short transaction each), oldest first.
+"""Retention: finished jobs, their events, their sandbox files and their emptied clusters are
+removed once they are older than the history's retention, in small batches (one short
+transaction each), oldest first.
 
 A batch locks its jobs (SKIP LOCKED: an admin command on one of them is never waited for) and
 deletes their events by job id, the jobs, then the clusters left without a job. Events of one
@@ -12,11 +13,18 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from sqlalchemy import delete, exists, func, select
+from sqlalchemy import Connection, delete, exists, func, or_, select, tuple_
 
 from jobstore.core.states import FINAL
 from jobstore.db.phases import status_in
-from jobstore.db.schema import clusters, job_events, jobs
+from jobstore.db.schema import (
+    clusters,
+    job_events,
+    job_files,
+    jobs,
+    sandbox_chunks,
+    sandbox_files,
+)
 from jobstore.db.transactions import Transactions
 
 FINAL_VALUES = tuple(s.value for s in FINAL)
@@ -72,7 +80,7 @@ class Retention(Transactions):
     def _prune_batch(self, before: float, batch: int) -> Pruned:
         with self._tx() as conn:
             rows = conn.execute(
-                select(jobs.c.id, jobs.c.cluster_id)
+                select(jobs.c.id, jobs.c.cluster_id, jobs.c.proc_id)
                 .where(*_prunable(before))
                 .order_by(jobs.c.finished_at)
                 .limit(batch)
@@ -84,13 +92,14 @@ class Retention(Transactions):
             cluster_ids = sorted({r.cluster_id for r in rows})
             events = conn.execute(delete(job_events).where(job_events.c.job_id.in_(ids))).rowcount
             conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
-            emptied = conn.execute(
+            emptied = list(conn.execute(
                 delete(clusters).where(
                     clusters.c.id.in_(cluster_ids),
                     ~exists().where(jobs.c.cluster_id == clusters.c.id),
-                )
-            ).rowcount
-            return Pruned(len(ids), events, emptied, more=len(ids) == batch)
+                ).returning(clusters.c.id)
+            ).scalars())
+            _prune_files(conn, [(r.cluster_id, r.proc_id) for r in rows], emptied)
+            return Pruned(len(ids), events, len(emptied), more=len(ids) == batch)
 
     def _count(self, before: float) -> Pruned:
         with self._tx() as conn:
@@ -101,3 +110,20 @@ class Retention(Transactions):
                 .where(job_events.c.job_id.in_(select(old.c.id)))
             ).scalar_one()
         return Pruned(int(found), int(events), 0)
+
+
+def _prune_files(conn: Connection, pruned: list[tuple[int, int]], emptied: list[int]) -> None:
+    """The sandbox files of pruned jobs: their outputs, the inputs of their emptied clusters,
+    and the contents no job lists any more."""
+    gone = conn.execute(delete(job_files).where(
+        or_(tuple_(job_files.c.cluster_id, job_files.c.proc_id).in_(pruned)
+            & (job_files.c.direction == "out"),
+            job_files.c.cluster_id.in_(emptied)),
+    ).returning(job_files.c.owner, job_files.c.sha256)).all()
+    for owner, sha in sorted({(r.owner, r.sha256) for r in gone}):
+        listed = exists().where(job_files.c.owner == owner, job_files.c.sha256 == sha)
+        if not conn.execute(select(listed)).scalar():
+            conn.execute(delete(sandbox_chunks).where(sandbox_chunks.c.owner == owner,
+                                                      sandbox_chunks.c.sha256 == sha))
+            conn.execute(delete(sandbox_files).where(sandbox_files.c.owner == owner,
+                                                     sandbox_files.c.sha256 == sha))

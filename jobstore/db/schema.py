@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -129,6 +130,49 @@ slots = Table(
     Column("updated_at", Epoch(), nullable=False),
     Column("expires_at", Epoch(), nullable=False),
     Index("ix_slots_expires_at", "expires_at"),
+)
+
+# A job's files (issue 30; migration 0015): content-addressed per owner, so that a cluster of
+# 10,000 jobs that share a 100 MB input stores it once, and no owner can name another's file by
+# its hash (the owner is part of every key; row-level security shows each owner only hers).
+# A file's bytes are `sandbox_chunks` of CHUNK bytes in order.
+sandbox_files = Table(
+    "sandbox_files",
+    metadata,
+    Column("owner", String(255), primary_key=True),
+    Column("sha256", String(64), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+    Column("created_at", Epoch(), nullable=False),
+)
+
+sandbox_chunks = Table(
+    "sandbox_chunks",
+    metadata,
+    Column("owner", String(255), primary_key=True),
+    Column("sha256", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# Which files a job takes into its sandbox (direction 'in': the cluster's, proc_id NULL, or one
+# proc's) and brings back ('out': one job's, from the attempt that sent them), by their path in
+# the sandbox and their mode.
+job_files = Table(
+    "job_files",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("cluster_id", BigInteger, nullable=False),
+    Column("proc_id", Integer),
+    Column("direction", String(3), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("owner", String(255), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("mode", Integer, nullable=False),
+    Column("attempt", Integer),
+    Column("created_at", Epoch(), nullable=False),
+    Index("ix_job_files_cluster_id", "cluster_id", "proc_id"),
+    Index("ix_job_files_owner", "owner", "sha256"),
 )
 
 # When a pool-wide periodic pass (the policy pass) last ran: one runner per interval.
@@ -342,6 +386,9 @@ __all__ = [
     "submitters",
     "passes",
     "slots",
+    "sandbox_files",
+    "sandbox_chunks",
+    "job_files",
     "jobs",
     "job_events",
     "Epoch",

@@ -59,6 +59,7 @@ LOCK_JOB = QUERIES["lock_job"].sql
 RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=...)
 RECORD_EVENT = QUERIES["record_event"].sql
 INSERT_EVENTS = QUERIES["insert_events"].sql
+FILE_CHUNKS = QUERIES["file_chunks"].sql
 # run with SQLAlchemy
 IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
 SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")

@@ -20,7 +20,15 @@ from sqlalchemy import ColumnElement, Connection, bindparam, insert, select, upd
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import CHANGE_COLUMNS, JOB_COLUMNS, Job, JobSpec, ProcTemplate, Templated
+from jobstore.core.jobs import (
+    CHANGE_COLUMNS,
+    JOB_COLUMNS,
+    InputFile,
+    Job,
+    JobSpec,
+    ProcTemplate,
+    Templated,
+)
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event, Status
 from jobstore.db.actions import PAGE as ACT_PAGE
@@ -34,6 +42,7 @@ from jobstore.db.notify import notify
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
+from jobstore.db.sandbox import IN, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.sql import NEXT_JOB_IDS, READ_JOB
@@ -124,7 +133,7 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
+class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retention, Gauges):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
     (`identity`)."""
@@ -198,6 +207,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
                         .order_by(jobs.c.proc_id)).scalars())
             template = self._template(specs)
+            shared: tuple[InputFile, ...] | None = None  # proc 0's inputs, stored for all
             ids: list[int] = []
             held: list[int] = []  # submitted on hold
             pending: Iterator[JobSpec] = iter(specs if template is None else ())
@@ -225,6 +235,20 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
                     connection is not None)
                 ids.extend(new_ids)
                 held.extend(i for i, spec in zip(new_ids, batch, strict=True) if spec.hold)
+                for spec in batch:
+                    if shared is None:
+                        shared = spec.inputs
+                    if spec.inputs and (spec.proc_id == 0 or spec.inputs != shared):
+                        self._store_files(
+                            conn, cluster_id=cluster_id,
+                            proc_id=None if spec.inputs == shared else spec.proc_id,
+                            owner=owner, direction=IN,
+                            sources=[FileSource(f.name, f.source, f.mode) for f in spec.inputs])
+                    elif bool(spec.inputs) != bool(shared):
+                        raise ValueError(f"proc {spec.proc_id} has {'no ' if shared else ''}"
+                                         "input files where proc 0 has "
+                                         f"{'some' if shared else 'none'}: give every proc of a"
+                                         " cluster its own or none")
             self._hold_at_submit(conn, held, now)
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
@@ -246,7 +270,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, Retention, Gauges):
         if not self._pg or not isinstance(specs, Templated) or self.listens_to_every_job():
             return None
         template = specs.template()
-        return None if template is None or template.spec.user_log else template
+        if template is None or template.spec.user_log or template.spec.inputs:
+            return None
+        return template
 
     def _insert_template(self, conn: Connection, template: ProcTemplate, *, cluster_id: int,
                          owner: str, queue: str, max_attempts: int, now: float,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from classad2 import ClassAd, ExprTree
@@ -14,6 +15,7 @@ ATTR_JOB_ID = "JobstoreJobId"
 ATTR_ATTEMPT = "JobstoreAttempt"
 ATTR_TOKEN = "JobstoreToken"
 ATTR_QUEUE = "JobstoreQueue"
+ATTR_SANDBOX = "JobstoreSandbox"  # true: the job's Iwd is its sandbox (file transfer)
 
 # Attributes a submitter may not set: the job store decides them, or HTCondor gives them powers
 # (JobKeyword fills the ad from configuration; HookKeyword picks other hooks; OsUser/User/Owner
@@ -133,9 +135,35 @@ def job_attrs(
     return attrs
 
 
-def render_job(job: Job, **kw: Any) -> str:
-    """The FETCH_WORK output for a claimed job; raises classads.AdError if it cannot be sent."""
-    return render_ad(job_attrs(job, **kw))
+def transfers_files(job: Job) -> bool:
+    """Does the job have condor_submit's file transfer (ShouldTransferFiles = "YES")?"""
+    value = (job.ad or {}).get("ShouldTransferFiles")
+    return isinstance(value, dict) and value.get("expr", "").strip().upper() == '"YES"'
+
+
+def in_sandbox(attrs: dict[str, Value], sandbox: str) -> None:
+    """Move a job with file transfer into its sandbox on the node: `sandbox` becomes its Iwd
+    (PREPARE_JOB makes it and puts the inputs there), the executable that travels with it is
+    the one there, and its standard input, output and error are files there, by their last
+    component (JOB_EXIT brings them back with the outputs)."""
+    attrs[ATTR_SANDBOX] = True
+    attrs["JobstoreSubmitIwd"] = attrs.get("Iwd", "")
+    attrs["Iwd"] = sandbox
+    if attrs.get("TransferExecutable") != Expr("false"):
+        attrs["Cmd"] = f"{sandbox}/{os.path.basename(str(attrs.get('Cmd', '')))}"
+    for name in ("In", "Out", "Err"):
+        value = attrs.get(name)
+        if isinstance(value, str) and value and value != "/dev/null":
+            attrs[name] = os.path.basename(value)
+
+
+def render_job(job: Job, *, sandbox: str | None = None, **kw: Any) -> str:
+    """The FETCH_WORK output for a claimed job (in `sandbox`, for a job with file transfer);
+    raises classads.AdError if it cannot be sent."""
+    attrs = job_attrs(job, **kw)
+    if sandbox is not None:
+        in_sandbox(attrs, sandbox)
+    return render_ad(attrs)
 
 
 def job_classad(job: Job, **kw: Any) -> ClassAd:

@@ -80,6 +80,10 @@ class Settings:
     hook_log: str | None = None
     job_lease_duration: int = 2400
     spool: str = "/var/lib/jobstore/spool"
+    # JOBSTORE_SANDBOX_ROOT: where fetched jobs with file transfer get their sandboxes (a
+    # root-owned directory, mode 1777, that the agent or `jobstore install-hooks` makes)
+    sandbox_root: str = "/var/lib/jobstore/sandboxes"
+    max_output_mb: int = 1024  # JOBSTORE_MAX_OUTPUT_FILE_MB: the largest output a job sends back
     fair_share: bool = True  # JOBSTORE_FAIR_SHARE
     concurrency_limits: bool = True  # JOBSTORE_CONCURRENCY_LIMITS: enforce them
     priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
@@ -255,6 +259,9 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         hook_log=_setting(kw, "HOOK_LOG"),
         job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
         spool=_setting(kw, "SPOOL") or os.environ.get("JOBSTORE_SPOOL") or Settings.spool,
+        sandbox_root=(_setting(kw, "SANDBOX_ROOT") or os.environ.get("JOBSTORE_SANDBOX_ROOT")
+                      or Settings.sandbox_root),
+        max_output_mb=_int(kw, "MAX_OUTPUT_FILE_MB", Settings.max_output_mb),
         fair_share=_bool(kw, "FAIR_SHARE", True),
         concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
         priority_halflife=_halflife(kw),

@@ -11,6 +11,7 @@ import math
 import os
 import pwd
 import random
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from classad2 import ClassAd
 
-from jobstore.core import policy
+from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
@@ -34,6 +35,7 @@ from jobstore.formats.jobads import (
     ad_job_id,
     job_classad,
     render_job,
+    transfers_files,
 )
 from jobstore.formats.matching import (
     slot_offer,
@@ -231,7 +233,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if job is None:
         return HookResponse(log=notes)
     try:
-        text = render_job(job, **ad_kw)
+        text = render_job(job, sandbox=_sandbox(job, settings), **ad_kw)
     except AdError as exc:
         store.report(
             job.id,
@@ -246,6 +248,15 @@ def fetch_job(request: HookRequest) -> HookResponse:
         stdout=text.encode("utf-8", "surrogateescape"),
         log=[*notes, f"{name}: fetched job {views.job_id(job)} attempt {job.claims}"],
     )
+
+
+def _sandbox(job: Job, settings: config.Settings) -> str | None:
+    """Where a job with file transfer runs on this node: a directory of its own per attempt
+    under the sandbox root, named so that nobody can make it first (PREPARE_JOB makes it)."""
+    if not transfers_files(job):
+        return None
+    name = f"{job.cluster_id}.{job.proc_id}.{job.claims}-{secrets.token_hex(8)}"
+    return os.path.join(settings.sandbox_root, name)
 
 
 def _maintain(store: JobStore, settings: config.Settings) -> list[str]:
@@ -296,10 +307,10 @@ def prepare_job(request: HookRequest) -> HookResponse:
         return HookResponse()
     slot = request.env.get("_CONDOR_SLOT")
     problem = get_str(job, "JobstoreLaunchError") if _ours(job) else None
-    if problem and config.load_settings(
+    code = get_int(job, "JobstoreLaunchErrorCode") or 0
+    if problem and (code == holds.TRANSFER_INPUT_ERROR or config.load_settings(
         config.starter_keyword(get_str(job, "HookKeyword"))
-    ).check_launch:  # found by jobstore.node.launchcheck, as the job's user: hold, never run
-        code = get_int(job, "JobstoreLaunchErrorCode") or 0
+    ).check_launch):  # found as the job's user (launchcheck, the sandbox): hold, never run
         job["HoldReason"] = f"Error from {slot or 'the execute node'}: {problem}"
         job["HoldReasonCode"] = code
         job["HoldReasonSubCode"] = get_int(job, "JobstoreLaunchErrorSubCode") or 0
@@ -359,6 +370,12 @@ def job_exit(request: HookRequest) -> HookResponse:
         "hold": Event.HOOK_HOLD,
         "remove": Event.HOOK_REMOVE,
     }[request.argv[0]]
+    problem = get_str(job, "JobstoreOutputError") if _ours(job) else None
+    if problem and event == Event.EXIT:  # its outputs could not be sent back: hold, as HTCondor
+        job["HoldReason"] = problem
+        job["HoldReasonCode"] = holds.TRANSFER_OUTPUT_ERROR
+        job["HoldReasonSubCode"] = 0
+        event = Event.HOOK_HOLD
     changes = _usage_changes(job)
     by_signal = get_bool(job, "ExitBySignal")
     changes.update(

@@ -24,8 +24,11 @@ IWD_ERROR = 14
 
 def annotate(stdin: bytes) -> bytes:
     """The PREPARE_JOB stdin with the first launch problem appended as attributes (unchanged
-    when there is none, or when the ad cannot be read well enough to tell)."""
-    attrs = _string_attrs(stdin, (b"cmd", b"iwd", b"in"))
+    when there is none, when one is there already, or when the ad cannot be read well enough
+    to tell)."""
+    attrs = string_attrs(stdin, (b"cmd", b"iwd", b"in", ATTR_ERROR.lower()))
+    if ATTR_ERROR.lower() in attrs:  # found already (the sandbox could not be filled)
+        return stdin
     cmd, iwd = attrs.get(b"cmd"), attrs.get(b"iwd")
     if not cmd or not iwd:
         return stdin
@@ -75,7 +78,7 @@ def _access(path: str, mode: int, *, directory: bool) -> int:
     return 0
 
 
-def _string_attrs(ad: bytes, wanted: tuple[bytes, ...]) -> dict[bytes, str]:
+def string_attrs(ad: bytes, wanted: tuple[bytes, ...]) -> dict[bytes, str]:
     """The string values of `wanted` (lower-case names) in an old-syntax ClassAd; an attribute
     whose value is not a plain string literal is left out."""
     found: dict[bytes, str] = {}

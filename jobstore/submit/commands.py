@@ -61,6 +61,8 @@ _handled(
     "log", "max_retries", "success_exit_code", "retry_until", "accounting_group",
     "accounting_group_user", "concurrency_limits", "kill_sig", "job_max_vacate_time", "hold",
     "getenv", "get_env", "transfer_executable", "transfer_input_files", "skip_filechecks",
+    "should_transfer_files", "when_to_transfer_output", "transfer_output_files",
+    "TransferOutputFiles", "TransferInputFiles", "transfer_output_remaps",
     "allow_arguments_v1", "allow_environment_v1",
     "periodic_hold", "periodic_hold_reason", "periodic_hold_subcode", "periodic_release",
     "periodic_remove", "on_exit_hold", "on_exit_hold_reason", "on_exit_hold_subcode",
@@ -106,10 +108,10 @@ for _attr, _form, *_names in (
     _stored(_attr, _form, *_names)
 
 # ---- refused, with why -------------------------------------------------------------------
-_FILES = ("is not supported: jobs fetched from the job store have no file transfer; they read "
-          "and write their files in place (a shared file system)")
-_refused(_FILES, "transfer_output_files", "TransferOutputFiles", "TransferInputFiles",
-         "transfer_output_remaps", "transfer_plugins", "transfer_checkpoint_files",
+_FILES = ("is not supported: a fetched job's sandbox takes local input files and brings its "
+          "outputs back into the job store (transfer_input_files, transfer_output_files, "
+          "transfer_output_remaps), nothing else yet")
+_refused(_FILES, "transfer_plugins", "transfer_checkpoint_files",
          "transfer_container", "transfer_common_input", "public_input_files",
          "max_transfer_input_mb", "max_transfer_output_mb", "output_destination",
          "output_directory", "preserve_relative_paths", "checkpoint_destination",
@@ -118,8 +120,6 @@ _refused(_FILES, "transfer_output_files", "TransferOutputFiles", "TransferInputF
          "checkpoint_exit_code", "aws_access_key_id_file", "aws_secret_access_key_file",
          "aws_region", "s3_access_key_id_file", "s3_secret_access_key_file",
          "gs_access_key_id_file", "gs_secret_access_key_file")
-_refused(_FILES, "should_transfer_files", harmless={"no", "if_needed"})
-_refused(_FILES, "when_to_transfer_output", harmless={"on_exit"})
 _CREDENTIALS = "is not supported: the job store passes no credentials to the jobs it hands out"
 _refused(_CREDENTIALS, "x509userproxy", "use_x509userproxy", "use_scitokens", "use_scitoken",
          "scitokens_file", "delegate_job_gsi_credentials_lifetime", "use_oauth_services",

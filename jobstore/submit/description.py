@@ -31,6 +31,7 @@ from jobstore.submit import commands
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
 from jobstore.submit.syntax import args_to_v2, env_to_v2, env_words_to_v2, split_args_v2
+from jobstore.submit.transfer import read_transfer, sandbox_inputs, transfer_attrs
 from jobstore.submit.values import (
     CONTROL,
     FALSE_WORDS,
@@ -89,7 +90,11 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "job_max_vacate_time": ("job_max_vacate_time",),
     "universe": ("universe",),
     "transfer_executable": ("transfer_executable",),
-    "transfer_input_files": ("transfer_input_files",),
+    "transfer_input_files": ("transfer_input_files", "transferinputfiles"),
+    "transfer_output_files": ("transfer_output_files", "transferoutputfiles"),
+    "transfer_output_remaps": ("transfer_output_remaps",),
+    "should_transfer_files": ("should_transfer_files",),
+    "when_to_transfer_output": ("when_to_transfer_output",),
     "hold": ("hold",),
     "getenv": ("getenv", "get_env"),
     "skip_filechecks": ("skip_filechecks",),
@@ -748,23 +753,35 @@ class _SubmitExpander:
             except ValueError as exc:
                 raise self._error("kill_sig", str(exc), proc) from None
         spec.custom = self._custom({**policy, **custom}, proc)
+        self._transfer(spec, values, proc)
         return spec
+
+    def _transfer(self, spec: JobSpec, values: dict[str, str], proc: int) -> None:
+        """condor_submit's file transfer: the files the sandbox starts with, and the
+        attributes it sets (jobstore.submit.transfer)."""
+        try:
+            transfer = read_transfer(values, spec.iwd)
+            if transfer is None:
+                return
+            if transfer.on_evict:
+                raise FieldError("when_to_transfer_output", "ON_EXIT_OR_EVICT is not supported"
+                                 " yet: a fetched job's outputs come back when it exits")
+            stdin = abspath(spec.iwd, spec.input) if spec.input else None
+            spec.inputs = sandbox_inputs(transfer, spec.cmd, stdin)
+            spec.custom.update(transfer_attrs(transfer, values, spec.inputs))
+        except ValueError as exc:
+            raise self._error(getattr(exc, "what", "transfer_input_files"), str(exc),
+                              proc) from None
 
     @staticmethod
     def _check_unsupported(values: dict[str, str]) -> None:
-        """Universe other than vanilla and file transfer cannot be honoured."""
+        """A universe other than vanilla cannot be honoured."""
         universe = values.get("universe", "vanilla")
         if universe.lower() != "vanilla":
             raise FieldError(
                 "universe",
                 f"{universe!r} is not supported; jobs fetched from the job store run in the "
                 "vanilla universe",
-            )
-        if values.get("transfer_input_files"):
-            raise FieldError(
-                "transfer_input_files",
-                "is not supported: jobs fetched from the job store have no file transfer "
-                "(use a shared file system)",
             )
 
     def _custom(self, custom: dict[str, str], proc: int) -> dict[str, str]:

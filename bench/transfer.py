@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""A fetched job's files (issue 30), on PostgreSQL, each against a baseline of the same run:
+
+* stage-in (PREPARE_JOB's filling of a sandbox, hashes checked) of a 1 MB and a 100 MB input,
+  through a running `jobstore agent` and in direct mode (the hook's own database session),
+  against `cp` of the same file on this machine;
+* stage-out (JOB_EXIT's sending) of a 10 MB output, the same ways, against `cp`;
+* a cluster of 1,000 jobs sharing one 10 MB input: what the store grew by against one copy of
+  the file, and the submit's time against the same submit without file transfer.
+
+Usage: .venv/bin/python bench/transfer.py [--db-url ADMIN_URL] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common, hookcost, schedd_scale
+
+from common import first  # noqa: E402
+from schedd_scale import DEFAULT_ADMIN_URL, make_db  # noqa: E402
+
+from jobstore.agent.client import _AgentFiles  # noqa: E402
+from jobstore.core.claims import ClaimRequest, Offer, Verdict  # noqa: E402
+from jobstore.db.store import JobStore  # noqa: E402
+from jobstore.node.sandbox import (  # noqa: E402
+    Files,
+    attempt_of,
+    remove_sandbox,
+    stage_in,
+    stage_out,
+)
+from jobstore.node.sandboxdirect import DirectFiles  # noqa: E402
+from jobstore.submit.description import parse_submit_text  # noqa: E402
+from jobstore.testing.support import libpq_url  # noqa: E402
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**9),
+                   slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600,
+                   shape="bench")
+TABLES = ("sandbox_files", "sandbox_chunks", "job_files")
+
+
+def median(fn: Callable[[], float], repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def attempt_ad(job, iwd: Path) -> bytes:  # type: ignore[no-untyped-def]
+    return (f"JobstoreJobId = {job.id}\nJobstoreAttempt = {job.claims}\n"
+            f'JobstoreToken = "{job.token}"\nJobstoreSandbox = true\nIwd = "{iwd}"\n'
+            f'HookKeyword = "JOBSTORE"\nRequestDisk = {10**9}\n').encode()
+
+
+def owner() -> str:
+    return "alice" if os.geteuid() == 0 else os.environ.get("USER", "root")
+
+
+def claimed_job(store: JobStore, tmp: Path, size_mb: int):  # type: ignore[no-untyped-def]
+    """A job with one input of `size_mb` MB, claimed: (job, its input file)."""
+    src = tmp / f"in{size_mb}.bin"
+    src.write_bytes(os.urandom(size_mb << 20))
+    specs = parse_submit_text(f"executable = /bin/true\ntransfer_executable = false\n"
+                              f"transfer_input_files = {src}\nqueue\n", base_dir=tmp)
+    store.submit(specs, owner=owner(), queue="default", max_attempts=3)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    return job, src
+
+
+def stage_in_once(ad: bytes, files: Files, size_mb: int) -> float:
+    iwd = Path(attempt_of(ad)[3])  # type: ignore[index]
+    t = timed(lambda: stage_in(ad, files.manifest, files.read))
+    assert next(iwd.iterdir()).stat().st_size == size_mb << 20
+    remove_sandbox(str(iwd))
+    return t
+
+
+def stage_out_once(job, out: Path, files: Files) -> float:  # type: ignore[no-untyped-def]
+    out.mkdir(exist_ok=True)
+    (out / "result.bin").write_bytes(os.urandom(10 << 20))
+    sent = attempt_ad(job, out) + b'TransferOutput = "result.bin"\n'
+    t = timed(lambda: stage_out(sent, files.manifest, files.send))
+    assert not out.exists()  # sent, and the sandbox removed
+    return t
+
+
+def cp(src: Path, dst: Path) -> float:
+    def run() -> None:
+        subprocess.run(["cp", str(src), str(dst)], check=True)
+        dst.unlink()
+
+    return timed(run)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db-url", default=DEFAULT_ADMIN_URL)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="jobstore-bench-transfer-"))
+    name, url = make_db(args.db_url, "jobstore_bench_transfer")
+    (tmp / "condor_config").write_text("")
+    os.environ.update(CONDOR_CONFIG=str(tmp / "condor_config"), JOBSTORE_DATABASE_URL=url)
+    store = JobStore.from_url(url, statement_timeout_ms=None)
+    agent = None
+    try:
+        from common import make_env
+        from hookcost import start_agent
+
+        env = make_env(args.db_url)
+        agent = start_agent(env, url)
+        sock = env.tmp / "agent.sock"
+        root = tmp / "sandboxes"
+        root.mkdir(mode=0o755)
+        print(f"stage-in and stage-out (median of {args.repeat}), against cp of the same file")
+        for size_mb in (1, 100):
+            job, src = claimed_job(store, tmp, size_mb)
+            ad = attempt_ad(job, root / f"job{size_mb}")
+            base = median(lambda: cp(src, tmp / "copy.bin"), args.repeat)  # noqa: B023
+            for label, files in (("agent", _AgentFiles(str(sock), (os.geteuid(),), ad)),
+                                 ("direct", DirectFiles(ad))):
+                got = median(lambda: stage_in_once(ad, files, size_mb), args.repeat)  # noqa: B023
+                print(f"  stage-in {size_mb:>3} MB, {label:<6}: {got * 1000:8.1f} ms; cp"
+                      f" {base * 1000:7.1f} ms; ratio {got / base:5.2f}; over cp"
+                      f" {(got - base) * 1000:7.1f} ms")
+        (tmp / "o.bin").write_bytes(os.urandom(10 << 20))
+        base = median(lambda: cp(tmp / "o.bin", tmp / "o2.bin"), args.repeat)
+        for label, files in (("agent", _AgentFiles(str(sock), (os.geteuid(),), ad)),
+                             ("direct", DirectFiles(ad))):
+            got = median(lambda: stage_out_once(job, root / "out", files), args.repeat)  # noqa: B023
+            print(f"  stage-out 10 MB, {label:<6}: {got * 1000:8.1f} ms; cp"
+                  f" {base * 1000:7.1f} ms; ratio {got / base:5.2f}")
+        shared = tmp / "shared10.bin"
+        shared.write_bytes(os.urandom(10 << 20))
+        with psycopg.connect(libpq_url(url)) as conn:
+            before = sum(first(conn.execute("SELECT pg_total_relation_size(%s)", (t,)))
+                         for t in TABLES)
+        with_files = timed(lambda: store.submit(parse_submit_text(
+            f"executable = /bin/true\ntransfer_executable = false\n"
+            f"transfer_input_files = {shared}\narguments = $(Process)\nqueue 1000\n",
+            base_dir=tmp), owner=owner(), queue="other", max_attempts=3))
+        without = timed(lambda: store.submit(parse_submit_text(
+            "executable = /bin/true\ntransfer_executable = false\narguments = $(Process)\n"
+            "queue 1000\n", base_dir=tmp), owner=owner(), queue="other", max_attempts=3))
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            after = sum(first(conn.execute("SELECT pg_total_relation_size(%s)", (t,)))
+                        for t in TABLES)
+        grown = after - before
+        print(f"\n1,000 jobs sharing one 10 MB input: the store grew {grown / 2**20:.1f} MB"
+              f" ({grown / (10 << 20):.2f} x one copy); submit {with_files:.2f} s against"
+              f" {without:.2f} s without file transfer (ratio {with_files / without:.2f})")
+        return 0
+    finally:
+        if agent is not None:
+            from common import cleanup
+
+            cleanup(env)
+        store.engine.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
+        with psycopg.connect(libpq_url(args.db_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    sys.exit(main())

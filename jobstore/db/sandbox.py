@@ -1,0 +1,157 @@
+"""A job's files in the store (issue 30): content-addressed per owner, their bytes in chunks,
+and which files each job takes into its sandbox (`in`) and brought back (`out`)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, NamedTuple
+
+from sqlalchemy import Connection, and_, insert, or_, select
+
+from jobstore.core.jobs import Job
+from jobstore.db import driver
+from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files
+from jobstore.db.sql import FILE_CHUNKS
+from jobstore.db.transactions import Transactions
+
+CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
+CHUNKS_READ = 16  # rows per transaction when a file is read back
+IN, OUT = "in", "out"
+
+
+class SandboxFile(NamedTuple):
+    """One file of a job's sandbox: its path there, content and mode."""
+
+    name: str
+    sha256: str
+    size: int
+    mode: int
+    owner: str
+
+
+class FileSource(NamedTuple):
+    """A file to store: its path in the sandbox, where to read it, its mode."""
+
+    name: str
+    path: str
+    mode: int
+
+
+class FileChanged(ValueError):
+    """A file changed while it was being stored (its bytes no longer have the hash read)."""
+
+
+class SandboxFiles(Transactions):
+    """Writes and reads of sandbox_files, sandbox_chunks and job_files."""
+
+    def _store_content(self, conn: Connection, owner: str, path: str) -> tuple[str, int]:
+        """Store the file at `path` as `owner`'s, once: (sha256, size). FileChanged when it
+        changes under the two reads (one to hash it, one to store it when it is new)."""
+        with open(path, "rb") as f:
+            sha, size = _digest(f)
+            if conn.execute(select(sandbox_files.c.size).where(
+                    sandbox_files.c.owner == owner, sandbox_files.c.sha256 == sha)).first():
+                return sha, size
+            if not self._insert_missing_file(conn, owner, sha, size):
+                return sha, size  # a concurrent submit stored it
+            f.seek(0)
+            digest = hashlib.sha256()
+            for seq, data in enumerate(iter(lambda: f.read(CHUNK), b"")):
+                digest.update(data)
+                conn.execute(insert(sandbox_chunks).values(owner=owner, sha256=sha, seq=seq,
+                                                           data=data))
+        if digest.hexdigest() != sha:
+            raise FileChanged(f"{path} changed while it was being stored")
+        return sha, size
+
+    def _insert_missing_file(self, conn: Connection, owner: str, sha: str, size: int) -> bool:
+        """Insert the file's row unless it is there (a concurrent submit's, once committed):
+        whether it was inserted."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        dialect: Any = postgresql if self._pg else sqlite
+        stmt = dialect.insert(sandbox_files).values(
+            owner=owner, sha256=sha, size=size, created_at=time.time()).on_conflict_do_nothing()
+        return conn.execute(stmt.returning(sandbox_files.c.sha256)).first() is not None
+
+    def _store_files(self, conn: Connection, *, cluster_id: int, proc_id: int | None,
+                     owner: str, direction: str, sources: Iterable[FileSource],
+                     attempt: int | None = None) -> list[SandboxFile]:
+        """Store `sources` as `owner`'s and list them as the files of a cluster (`proc_id`
+        None: every proc's) or of one proc, in `direction`."""
+        now = time.time()
+        out: list[SandboxFile] = []
+        for source in sources:
+            sha, size = self._store_content(conn, owner, source.path)
+            out.append(SandboxFile(source.name, sha, size, source.mode, owner))
+        if out:
+            conn.execute(insert(job_files), [
+                {"cluster_id": cluster_id, "proc_id": proc_id, "direction": direction,
+                 "name": f.name, "owner": owner, "sha256": f.sha256, "size": f.size,
+                 "mode": f.mode, "attempt": attempt, "created_at": now} for f in out])
+        return out
+
+    def job_files_of(self, job: Job, direction: str = IN) -> list[SandboxFile]:
+        """The files `job` takes into its sandbox (IN: its own when it has some, else its
+        cluster's) or brought back (OUT), in the order stored; only its owner's (and a super
+        user's or an agent's) session sees them on PostgreSQL."""
+        q = (select(job_files.c.proc_id, job_files.c.name, job_files.c.sha256,
+                    job_files.c.size, job_files.c.mode, job_files.c.owner)
+             .where(job_files.c.cluster_id == job.cluster_id,
+                    job_files.c.direction == direction,
+                    job_files.c.owner == job.owner,
+                    or_(job_files.c.proc_id.is_(None), job_files.c.proc_id == job.proc_id))
+             .order_by(job_files.c.id))
+        with self._tx() as conn:
+            rows = conn.execute(q).all()
+        own = [r for r in rows if r[0] is not None]
+        return [SandboxFile(*r[1:]) for r in (own or rows)]
+
+    def file_range(self, owner: str, sha256: str, offset: int, length: int) -> bytes:
+        """At most `length` bytes of `owner`'s file `sha256` from `offset` (fewer at its end;
+        none when the session may not see it)."""
+        first, last = _chunk_range(offset, length)
+        with self._tx() as conn:
+            rows: Sequence[Any]
+            if self._pg:
+                rows = driver.execute_binary(conn, FILE_CHUNKS, {
+                    "owner": owner, "sha256": sha256, "first": first, "last": last}).fetchall()
+            else:
+                rows = conn.execute(
+                    select(sandbox_chunks.c.data)
+                    .where(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
+                           sandbox_chunks.c.seq.between(first, last))
+                    .order_by(sandbox_chunks.c.seq)).all()
+            data = b"".join(bytes(r[0]) for r in rows)
+        start = offset - first * CHUNK
+        return data[start:start + length]
+
+    def file_content(self, owner: str, sha256: str) -> Iterator[bytes]:
+        """The bytes of `owner`'s file `sha256`, a chunk at a time (CHUNKS_READ chunks per
+        short transaction); nothing when the session may not see it."""
+        seq = 0
+        while True:
+            q = (select(sandbox_chunks.c.data)
+                 .where(and_(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
+                             sandbox_chunks.c.seq >= seq))
+                 .order_by(sandbox_chunks.c.seq).limit(CHUNKS_READ))
+            with self._tx() as conn:
+                rows = [bytes(r[0]) for r in conn.execute(q)]
+            yield from rows
+            if len(rows) < CHUNKS_READ:
+                return
+            seq += len(rows)
+
+
+def _chunk_range(offset: int, length: int) -> tuple[int, int]:
+    return offset // CHUNK, (offset + max(length, 1) - 1) // CHUNK
+
+
+def _digest(f: BinaryIO) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    for data in iter(lambda: f.read(CHUNK), b""):
+        digest.update(data)
+        size += len(data)
+    return digest.hexdigest(), size

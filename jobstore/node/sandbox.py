@@ -1,0 +1,334 @@
+"""A fetched job's sandbox on the execute node (issue 30), made and emptied by the hooks that
+run as the job's user: PREPARE_JOB makes the job's Iwd under the sandbox root and fills it with
+the inputs stored at submit (checked against their hashes and the job's RequestDisk); JOB_EXIT
+sends the outputs back into the store and removes the sandbox.
+
+Standard library only (it runs in the hook process, before the call reaches the agent). The
+bytes come from a `transport`: the agent's (jobstore.agent.client) or the database itself in
+direct mode (jobstore.node.sandboxdirect). Nothing here follows a symbolic link: the sandbox is
+made fresh (mkdir, mode 0700), files are created with O_EXCL | O_NOFOLLOW and outputs are read
+with O_NOFOLLOW, so neither another account nor the job itself can point a hook at a file
+outside the sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
+
+ATTR_SANDBOX = b"JobstoreSandbox"
+ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
+TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
+TRANSFER_OUTPUT_ERROR = 12  # ... and for an output that cannot be sent
+CHUNK = 1 << 20  # bytes per read or write through a transport
+MAX_NAME = 4096
+TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+Manifest = list  # of (name, sha256, size, mode)
+
+
+class SandboxError(Exception):
+    """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
+
+    def __init__(self, message: str, err: int = 0) -> None:
+        super().__init__(message)
+        self.errno = err
+
+
+class Files:
+    """A sandbox's files in the store, through `call` (a transport: the agent's socket, or
+    jobstore.node.sandboxcalls in this process): the inputs' list and bytes, and the outputs
+    sent back a piece at a time."""
+
+    def __init__(self, ad: bytes) -> None:
+        job_id, attempt, token, _iwd = attempt_of(ad) or ("", "", "", "")
+        keyword = string_attrs(ad, (b"hookkeyword",)).get(b"hookkeyword", "")
+        self.who = [keyword, job_id, attempt, token]  # the attempt every call names
+
+    def call(self, name: str, argv: list[str], data: bytes = b"") -> bytes:
+        raise NotImplementedError
+
+    def manifest(self) -> Manifest:
+        out = []
+        for line in self.call("sandbox_list", []).decode("utf-8", "surrogateescape").split("\n"):
+            if line:
+                sha, size, mode, name = line.split(" ", 3)
+                out.append((name, sha, int(size), int(mode, 8)))
+        return out
+
+    def read(self, sha: str, offset: int, length: int) -> bytes:
+        return self.call("sandbox_read", [sha, str(offset), str(length)])
+
+    def send(self, name: str, fd: int, mode: int) -> None:
+        offset, pending = 0, b""
+        for data in read_chunks(fd):
+            if pending:
+                self.call("sandbox_write", [name, f"{mode:o}", str(offset), "0"], pending)
+                offset += len(pending)
+            pending = data
+        self.call("sandbox_write", [name, f"{mode:o}", str(offset), "1"], pending)
+
+
+def failed(hook: str, ad: bytes, why: str) -> bytes:
+    """The ad of a PREPARE_JOB (hold, code 13) or JOB_EXIT (hold, code 12) whose transfer
+    failed before it could say how."""
+    if hook == "prepare_job":
+        return _annotate(ad, ATTR_ERROR, f"Failed to transfer the job's input files: {why}",
+                         (TRANSFER_INPUT_ERROR, 0))
+    return _annotate(ad, ATTR_OUTPUT_ERROR, f"Failed to transfer the job's output files: {why}")
+
+
+def attempt_of(ad: bytes) -> tuple[str, str, str, str] | None:
+    """(job id, attempt, token, Iwd) of a job ad whose job runs in a sandbox, else None."""
+    values = _plain_attrs(ad, (b"jobstorejobid", b"jobstoreattempt", b"jobstoresandbox"))
+    if values.get(b"jobstoresandbox") != b"true":
+        return None
+    texts = string_attrs(ad, (b"jobstoretoken", b"iwd"))
+    job_id, attempt = values.get(b"jobstorejobid"), values.get(b"jobstoreattempt")
+    token, iwd = texts.get(b"jobstoretoken"), texts.get(b"iwd")
+    if not (job_id and attempt and token and iwd and job_id.isdigit() and attempt.isdigit()):
+        return None
+    return job_id.decode(), attempt.decode(), token, iwd
+
+
+def stage_in(ad: bytes, manifest: Callable[[], Manifest],
+             read: Callable[[str, int, int], bytes]) -> bytes:
+    """PREPARE_JOB's part for a job with file transfer: make its Iwd and put its inputs there.
+    Returns the ad, with a launch error (HoldReasonCode 13, the handler holds the job) when
+    the sandbox cannot be made or filled; unchanged for a job without a sandbox."""
+    found = attempt_of(ad)
+    if found is None:
+        return ad
+    iwd = found[3]
+    try:
+        files = manifest()
+        _check_disk(ad, files)
+        _make_sandbox(iwd)
+        try:
+            for name, sha, size, mode in files:
+                _fetch(iwd, name, sha, size, mode, read)
+        except BaseException:
+            remove_sandbox(iwd)
+            raise
+    except (SandboxError, OSError) as exc:
+        why = f"Failed to transfer the job's input files into {iwd}: {_reason(exc)}"
+        return _annotate(ad, ATTR_ERROR, why, (TRANSFER_INPUT_ERROR, exc.errno or 0))
+    return ad
+
+
+def stage_out(ad: bytes, manifest: Callable[[], Manifest],
+              send: Callable[[str, int, int], None]) -> bytes:
+    """JOB_EXIT's part after the job exited: send its outputs back (`send(name, fd, mode)`)
+    and remove the sandbox. Returns the ad, with JobstoreOutputError (the handler holds the
+    job with HoldReasonCode 12) when an output cannot be sent; the sandbox is then kept."""
+    found = attempt_of(ad)
+    if found is None:
+        return ad
+    iwd = found[3]
+    try:
+        inputs = {name: sha for name, sha, _size, _mode in manifest()}
+        for name in outputs(ad, iwd, inputs):
+            fd = _open_in(iwd, name)
+            try:
+                send(name, fd, stat.S_IMODE(os.fstat(fd).st_mode))
+            finally:
+                os.close(fd)
+    except (SandboxError, OSError) as exc:
+        why = f"Failed to transfer the job's output files from {iwd}: {_reason(exc)}"
+        return _annotate(ad, ATTR_OUTPUT_ERROR, why)
+    remove_sandbox(iwd)
+    return ad
+
+
+def outputs(ad: bytes, iwd: str, inputs: dict[str, str]) -> list[str]:
+    """The outputs of a job, as condor_submit's transfer_output_files says (every one must
+    exist), else every regular file at the sandbox's top that is new or changed (not an input
+    as it came in); its standard output and error files always."""
+    texts = string_attrs(ad, (b"transferoutput", b"out", b"err"))
+    listed = texts.get(b"transferoutput")
+    names: list[str] = []
+    if listed is not None:
+        for name in (n.strip() for n in listed.split(",")):
+            if name:
+                check_name(name)
+                names.append(name)
+    else:
+        with os.scandir(iwd) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                sha = inputs.get(entry.name)
+                if sha is None or _sha256_of(os.path.join(iwd, entry.name)) != sha:
+                    names.append(entry.name)
+    for attr in (b"out", b"err"):
+        std = texts.get(attr)
+        if (std and "/" not in std and std not in names
+                and os.path.lexists(os.path.join(iwd, std))):
+            names.append(std)
+    return names
+
+
+def remove_sandbox(iwd: str) -> None:
+    """Remove a sandbox and everything in it (never through a symbolic link)."""
+    import shutil  # only when there is one
+
+    shutil.rmtree(iwd, ignore_errors=True)
+
+
+def check_root(root: str) -> None:
+    """A sandbox root the hooks may use: a real directory of root's (or of this account's),
+    which the others cannot rename things in (sticky when they may write to it)."""
+    try:
+        st = os.lstat(root)
+    except OSError as exc:
+        raise SandboxError(f"the sandbox root {root} is not there: {exc.strerror}",
+                           exc.errno or 0) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SandboxError(f"the sandbox root {root} is not a directory", errno.ENOTDIR)
+    if st.st_uid not in (0, os.geteuid()):
+        raise SandboxError(f"the sandbox root {root} belongs to uid {st.st_uid}, not root",
+                           errno.EPERM)
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise SandboxError(f"the sandbox root {root} may be written by others and is not "
+                           "sticky", errno.EPERM)
+
+
+def _make_sandbox(iwd: str) -> None:
+    check_root(os.path.dirname(iwd))
+    try:
+        os.mkdir(iwd, 0o700)
+    except FileExistsError:
+        raise SandboxError(f"{iwd} exists already: not made by this attempt",
+                           errno.EEXIST) from None
+
+
+def _check_disk(ad: bytes, files: Manifest) -> None:
+    need = sum(size for _name, _sha, size, _mode in files)
+    disk = _plain_attrs(ad, (b"requestdisk",)).get(b"requestdisk")
+    if disk and disk.isdigit() and need > int(disk) * 1024:
+        raise SandboxError(f"its inputs take {need // 1024} KiB, more than its RequestDisk of "
+                           f"{int(disk)} KiB", errno.ENOSPC)
+
+
+def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
+           read: Callable[[str, int, int], bytes]) -> None:
+    """Write one input into the sandbox, checked against its hash."""
+    import hashlib  # not for jobs without a sandbox
+
+    check_name(name)
+    parent = iwd
+    for part in name.split("/")[:-1]:
+        parent = os.path.join(parent, part)
+        if not os.path.isdir(parent):
+            os.mkdir(parent, 0o700)
+    path = os.path.join(iwd, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    digest, offset = hashlib.sha256(), 0
+    try:
+        while offset < size:
+            data = read(sha, offset, min(CHUNK * 8, size - offset))
+            if not data:
+                raise SandboxError(f"{name}: the store gave {offset} of its {size} bytes",
+                                   errno.EIO)
+            digest.update(data)
+            _write_all(fd, data)
+            offset += len(data)
+        os.fchmod(fd, mode & 0o755 | 0o600)
+    finally:
+        os.close(fd)
+    if digest.hexdigest() != sha:
+        raise SandboxError(f"{name}: its content is not what was stored (sha256 mismatch)",
+                           errno.EIO)
+
+
+def _open_in(iwd: str, name: str) -> int:
+    """An output of the sandbox, opened for reading without following a link."""
+    check_name(name)
+    dirfd = os.open(iwd, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in name.split("/")[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dirfd)
+            os.close(dirfd)
+            dirfd = nxt
+        try:
+            fd = os.open(name.split("/")[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK,
+                         dir_fd=dirfd)
+        except FileNotFoundError:
+            raise SandboxError(f"{name}: no such output file", errno.ENOENT) from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise SandboxError(f"{name}: a symbolic link is not sent back",
+                                   errno.ELOOP) from None
+            raise
+    finally:
+        os.close(dirfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SandboxError(f"{name}: not a regular file", errno.EINVAL)
+    return fd
+
+
+def read_chunks(fd: int) -> Iterator[bytes]:
+    """An open file's bytes, a chunk at a time."""
+    while data := os.read(fd, CHUNK):
+        yield data
+
+
+def check_name(name: str) -> None:
+    parts = name.split("/")
+    if (not name or len(name) > MAX_NAME or name.startswith("/") or ".." in parts
+            or "" in parts or "." in parts or any(ord(c) < 32 for c in name)):
+        raise SandboxError(f"{name!r} is not a path inside the sandbox", errno.EINVAL)
+
+
+def _sha256_of(path: str) -> str | None:
+    import hashlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        digest = hashlib.sha256()
+        for data in read_chunks(fd):
+            digest.update(data)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _plain_attrs(ad: bytes, wanted: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    """The literal values (lower-cased) of `wanted` attributes in an old-syntax ClassAd."""
+    found: dict[bytes, bytes] = {}
+    for line in ad.split(b"\n"):
+        name, sep, value = line.partition(b" = ")
+        key = name.strip().lower()
+        if sep and key in wanted:
+            found[key] = value.strip().lower()
+    return found
+
+
+def _annotate(ad: bytes, name: bytes, text: str, code: tuple[int, int] | None = None) -> bytes:
+    """The ad with the string attribute `name` = `text` (and a launch error's code and
+    subcode)."""
+    quoted = text.encode("utf-8", "surrogateescape").replace(b"\\", b"\\\\").replace(
+        b'"', b'\\"').replace(b"\n", b" ")
+    lines = [name + b' = "' + quoted + b'"']
+    if code is not None:
+        lines += [ATTR_CODE + b" = %d" % code[0], ATTR_SUBCODE + b" = %d" % code[1]]
+    return ad.rstrip(b"\n") + b"\n" + b"\n".join(lines) + b"\n"
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -1,0 +1,139 @@
+"""What the hooks of a job with file transfer ask of the store (issue 30), served by the agent
+for the hook processes (jobstore.agent.client), or in the hook process itself in direct mode
+(jobstore.node.sandboxdirect): the list of the attempt's input files, a range of an input's
+bytes, and an output's bytes, a piece at a time.
+
+Each call names the attempt by its keyword, job id, attempt number and token, and is served
+only while that attempt is the job's current one, handed out, and (from an ordinary account)
+only to the job's owner: a job's user reads her own job's inputs and sends its outputs, and
+nothing else."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import pwd
+import tempfile
+import threading
+from pathlib import Path
+
+from jobstore.core.jobs import Job
+from jobstore.core.states import HANDED_OUT
+from jobstore.db.sandbox import IN, OUT, FileSource
+from jobstore.db.store import JobStore
+from jobstore.errors import DatabaseError, UnknownJob
+from jobstore.node import config
+from jobstore.node.handlers import HookError, HookRequest, HookResponse, store_for
+from jobstore.node.sandbox import MAX_NAME, SandboxError, check_name
+
+CALLS = ("sandbox_list", "sandbox_read", "sandbox_write")
+MAX_READ = 8 << 20  # bytes one sandbox_read returns at most
+_HANDED_OUT = frozenset(s.value for s in HANDED_OUT)
+_uploads: str | None = None  # this process's own directory of outputs on their way in
+_uploads_lock = threading.Lock()
+
+
+def handle(request: HookRequest) -> HookResponse:
+    """Serve one call; never raises (failures come back as `error`)."""
+    try:
+        settings, store, job = _attempt(request)
+        if request.hook == "sandbox_list":
+            return _list(store, job)
+        if request.hook == "sandbox_read":
+            return _read(store, job, request.argv[4:])
+        if request.hook == "sandbox_write":
+            return _write(store, job, request.argv[4:], request.stdin, settings.max_output_mb)
+        return HookResponse(error=f"unknown call {request.hook!r}")
+    except DatabaseError as exc:
+        return HookResponse(error=f"{request.hook}: {exc}", database_error=True)
+    except (HookError, SandboxError, UnknownJob, config.ConfigError, ValueError,
+            OSError) as exc:
+        return HookResponse(error=f"{request.hook}: {exc}")
+    except Exception as exc:  # a bug: one line, never a traceback
+        return HookResponse(error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}")
+
+
+def _attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Job]:
+    """The settings, store and job whose current attempt the call names, checked."""
+    if len(request.argv) < 4 or not all(a.isdigit() for a in request.argv[1:3]):
+        raise HookError("needs the keyword, job id, attempt and token")
+    keyword, job_id, attempt, token = request.argv[:4]
+    settings = config.load_settings(config.starter_keyword(keyword))
+    store = store_for(settings)
+    job = store.get_job(int(job_id))
+    if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)
+            and job.status in _HANDED_OUT):
+        raise HookError(f"job {job.cluster_id}.{job.proc_id} attempt {attempt} is not the "
+                        "job's current attempt")
+    uid = request.caller.uid
+    if uid is not None and uid != _uid_of(job.owner):
+        raise HookError(f"uid {uid} is not the owner of job {job.cluster_id}.{job.proc_id}")
+    return settings, store, job
+
+
+def _uid_of(owner: str) -> int | None:
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        return None
+
+
+def _list(store: JobStore, job: Job) -> HookResponse:
+    lines = [f"{f.sha256} {f.size} {f.mode:o} {f.name}" for f in store.job_files_of(job, IN)]
+    return HookResponse(stdout="\n".join(lines).encode("utf-8", "surrogateescape"))
+
+
+def _read(store: JobStore, job: Job, argv: list[str]) -> HookResponse:
+    if len(argv) != 3 or not argv[1].isdigit() or not argv[2].isdigit():
+        raise HookError("sandbox_read needs a sha256, an offset and a length")
+    sha, offset, length = argv[0], int(argv[1]), min(int(argv[2]), MAX_READ)
+    if not any(f.sha256 == sha for f in store.job_files_of(job, IN)):
+        raise HookError(f"{sha} is not an input of this job")
+    return HookResponse(stdout=store.file_range(job.owner, sha, offset, length))
+
+
+def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int,
+           ) -> HookResponse:
+    """One piece of an output, at its offset; the last one (`final` 1) stores it."""
+    if len(argv) != 4 or not all(a.isdigit() for a in argv[1:]):
+        raise HookError("sandbox_write needs a name, a mode, an offset and final 0 or 1")
+    name, mode, offset, final = argv[0], int(argv[1], 8), int(argv[2]), argv[3] == "1"
+    if len(name) > MAX_NAME:
+        raise HookError("output name too long")
+    check_name(name)
+    if offset + len(data) > largest << 20:
+        raise HookError(f"{name}: larger than the {largest} MB an output may be "
+                        "(JOBSTORE_MAX_OUTPUT_FILE_MB)")
+    path = Path(_upload_dir()) / f"{job.id}.{job.claims}.{_safe(name)}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if offset == 0 else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if os.fstat(fd).st_size != offset:
+            raise HookError(f"{name}: piece at {offset} does not follow the ones received")
+        os.lseek(fd, offset, os.SEEK_SET)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    if not final:
+        return HookResponse()
+    try:
+        with store.engine.begin() as conn:
+            store._store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
+                               owner=job.owner, direction=OUT, attempt=job.claims,
+                               sources=[FileSource(name, str(path), mode & 0o755)])
+    finally:
+        path.unlink(missing_ok=True)
+    return HookResponse(log=[f"job {job.cluster_id}.{job.proc_id}: output {name} stored"])
+
+
+def _upload_dir() -> str:
+    """A directory of this process's own (mode 0700), made once."""
+    global _uploads
+    with _uploads_lock:
+        if _uploads is None:
+            _uploads = tempfile.mkdtemp(prefix="jobstore-outputs-")
+        return _uploads
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "%2F")

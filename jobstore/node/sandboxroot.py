@@ -1,0 +1,43 @@
+"""The sandbox root of a node (issue 30): the directory under which fetched jobs with file
+transfer get their sandboxes, made by the agent (as root: root's, mode 1777 like /tmp, so that
+each job's user can make her sandbox there and nobody can rename another's), checked by the
+hooks (jobstore.node.sandbox.check_root)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+ROOT_MODE = 0o1777  # as root: every job's user makes her sandbox here, sticky
+OWN_MODE = 0o755  # an ordinary account's node (everything runs as that account)
+
+
+def ensure_root(directory: str) -> list[str]:
+    """Make `directory` a sandbox root this process's hooks accept, creating or (as root)
+    repairing it; what was repaired, one line each. OSError when it cannot be made."""
+    path = Path(directory)
+    me = os.geteuid()
+    mode = ROOT_MODE if me == 0 else OWN_MODE
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    notes: list[str] = []
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.mkdir(path, 0o700)
+        os.chmod(path, mode)
+        return notes
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+        if me != 0:
+            raise OSError(f"the sandbox root {path} is not a directory of uid {me}")
+        aside = path.with_name(f"{path.name}.untrusted-{time.time_ns()}")
+        os.rename(path, aside)
+        os.mkdir(path, 0o700)
+        os.chmod(path, mode)
+        notes.append(f"sandbox root {path} was not root's directory: moved aside to "
+                     f"{aside.name}, a new one made")
+    elif stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+        notes.append(f"sandbox root {path} had mode {stat.S_IMODE(st.st_mode):o}: now {mode:o}")
+    return notes

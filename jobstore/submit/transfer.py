@@ -1,0 +1,325 @@
+"""condor_submit's file-transfer commands read into one value: what a job takes into its sandbox
+on the execute node and what it brings back (should_transfer_files, transfer_input_files,
+transfer_executable, transfer_output_files, when_to_transfer_output, transfer_output_remaps).
+
+Names follow condor_submit: inputs are separated by commas and taken against the job's
+initialdir; a directory is copied whole, or only its contents when it is named with a trailing
+`/`; an output is a path inside the sandbox (never absolute, never through `..`) and comes back
+under its last component, or where transfer_output_remaps sends it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from jobstore.core.jobs import InputFile
+from jobstore.submit.errors import FieldError
+from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
+
+__all__ = ["Input", "Transfer", "read_transfer", "sandbox_inputs", "transfer_attrs",
+           "URL_SCHEMES", "input_limits", "parse_remaps", "output_destination"]
+
+URL_SCHEMES = ("file", "http", "https")  # HTCondor's curl plugin's
+_MODES = {"yes": True, "no": False, "if_needed": None}
+# The largest input file and the most input per job a submit stores, in MB (the environment's
+# JOBSTORE_MAX_INPUT_FILE_MB and JOBSTORE_MAX_INPUT_MB change them).
+MAX_INPUT_FILE_MB = 1024
+MAX_INPUT_MB = 4096
+_WHEN = ("on_exit", "on_exit_or_evict")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One entry of transfer_input_files (or the executable)."""
+
+    source: str  # an absolute path on the submit machine, or a URL
+    name: str  # its name at the sandbox's top ("" for a directory's contents: `dir/`)
+    is_url: bool = False
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A job's file transfer: its sandbox's inputs and the outputs it brings back."""
+
+    inputs: tuple[Input, ...]
+    executable: bool  # the executable travels with the job (transfer_executable)
+    outputs: tuple[str, ...] | None  # None: every new or changed file at the sandbox's top
+    remaps: tuple[tuple[str, str], ...] = ()  # output -> where it goes (transfer_output_remaps)
+    on_evict: bool = False  # when_to_transfer_output = ON_EXIT_OR_EVICT
+
+    def destination(self, name: str, iwd: str) -> str:
+        """Where output `name` (a path in the sandbox) lands on the submit side: its remap, or
+        its last component in `iwd`."""
+        for source, target in self.remaps:
+            if source == name:
+                return os.path.normpath(os.path.join(iwd, target))
+        return os.path.join(iwd, os.path.basename(name))
+
+
+def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
+    """The file transfer the commands in `values` ask for (None: the job reads and writes its
+    files in place, on a shared file system). FieldError names the command at fault."""
+    mode = _mode(values.get("should_transfer_files"))
+    inputs_text = values.get("transfer_input_files", "").strip()
+    outputs_text = values.get("transfer_output_files")
+    if mode is False:
+        for command in ("transfer_input_files", "transfer_output_files",
+                        "transfer_output_remaps"):
+            if values.get(command, "").strip():
+                raise FieldError(command, "needs should_transfer_files = YES (it is NO)")
+        return None
+    if mode is None and not inputs_text and outputs_text is None:
+        return None  # IF_NEEDED, or unset, with nothing to transfer: the shared file system
+    when = values.get("when_to_transfer_output", "on_exit").strip().lower()
+    if when not in _WHEN:
+        raise FieldError("when_to_transfer_output", f"{when!r} is not ON_EXIT or ON_EXIT_OR_EVICT")
+    inputs = tuple(_input(entry, iwd) for entry in _entries(inputs_text))
+    _no_clash([i.name for i in inputs if i.name], "transfer_input_files")
+    outputs = None
+    if outputs_text is not None:
+        outputs = tuple(_output(entry) for entry in _entries(outputs_text))
+        _no_clash([os.path.basename(o) for o in outputs], "transfer_output_files")
+    return Transfer(
+        inputs=inputs,
+        executable=_bool("transfer_executable", values.get("transfer_executable", "true")),
+        outputs=outputs,
+        remaps=_remaps(values.get("transfer_output_remaps", "")),
+        on_evict=when == "on_exit_or_evict",
+    )
+
+
+def _mode(text: str | None) -> bool | None:
+    if text is None:
+        return None
+    word = text.strip().lower()
+    if word not in _MODES:
+        raise FieldError("should_transfer_files", f"{text!r} is not YES, NO or IF_NEEDED")
+    return _MODES[word]
+
+
+def _bool(command: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise FieldError(command, f"{text!r} is not true or false")
+
+
+def _entries(text: str) -> list[str]:
+    return [e.strip() for e in text.split(",") if e.strip()]
+
+
+def _input(entry: str, iwd: str) -> Input:
+    what = "transfer_input_files"
+    if "://" in entry:
+        scheme = entry.split("://", 1)[0].lower()
+        if scheme not in URL_SCHEMES:
+            raise FieldError(what, f"{entry}: the {scheme}:// scheme is not supported "
+                                   f"(only {', '.join(s + '://' for s in URL_SCHEMES)})")
+        name = os.path.basename(urlsplit(entry).path)
+        if not name or name in (".", ".."):
+            raise FieldError(what, f"{entry}: the URL names no file")
+        return Input(entry, name, is_url=True)
+    path = os.path.normpath(os.path.join(iwd, entry))
+    if not os.path.lexists(path):
+        raise FieldError(what, f"{entry}: no such file or directory ({path})")
+    if not os.access(path, os.R_OK):
+        raise FieldError(what, f"{entry}: cannot be read ({path})")
+    contents = entry.endswith("/") and os.path.isdir(path)
+    name = "" if contents else os.path.basename(path)
+    return Input(path, name)
+
+
+def _output(entry: str) -> str:
+    what = "transfer_output_files"
+    if "://" in entry:
+        raise FieldError(what, f"{entry}: an output is a file of the sandbox, not a URL "
+                               "(output_destination sends outputs to a URL)")
+    if os.path.isabs(entry):
+        raise FieldError(what, f"{entry}: an output must be a path inside the job's sandbox, "
+                               "not an absolute path")
+    parts = entry.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise FieldError(what, f"{entry}: an output may not leave the sandbox through '..'")
+    name = os.path.normpath(entry)
+    if name in (".", ""):
+        raise FieldError(what, f"{entry}: names no file")
+    return name
+
+
+def _no_clash(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise FieldError(what, f"{name} is named twice")
+        seen.add(name)
+
+
+def parse_remaps(text: str) -> tuple[tuple[str, str], ...]:
+    """transfer_output_remaps (or the job ad's TransferOutputRemaps) as (name, target) pairs;
+    FieldError for a pair that is not NAME = TARGET."""
+    return _remaps(text)
+
+
+def _escaped(text: str) -> str:
+    return text.replace("\\", "\\\\").replace(";", "\\;").replace("=", "\\=")
+
+
+def _remaps(text: str) -> tuple[tuple[str, str], ...]:
+    """`"name = target; other = target2"`, with `\\;` and `\\=` for those characters."""
+    what = "transfer_output_remaps"
+    body = text.strip()
+    if len(body) >= 2 and body[0] == body[-1] == '"':
+        body = body[1:-1]
+    out: list[tuple[str, str]] = []
+    for part in _split_escaped(body, ";"):
+        if not part.strip():
+            continue
+        pair = _split_escaped(part, "=")
+        if len(pair) != 2 or not pair[0].strip() or not pair[1].strip():
+            raise FieldError(what, f"{part.strip()!r} is not NAME = TARGET")
+        source, target = (_unescape(p.strip()) for p in pair)
+        if "://" in target:
+            raise FieldError(what, f"{target}: an output remapped to a URL is not supported")
+        out.append((os.path.normpath(source), target))
+    return tuple(out)
+
+
+def _split_escaped(text: str, sep: str) -> list[str]:
+    parts, current, i = [], [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            current.append(text[i:i + 2])
+            i += 2
+            continue
+        if text[i] == sep:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(text[i])
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\;", ";").replace("\\=", "=").replace("\\\\", "\\")
+
+
+def input_limits() -> tuple[int, int]:
+    """The largest input file and the most input per job, in bytes."""
+    def mb(name: str, default: int) -> int:
+        text = os.environ.get(name, "").strip()
+        return (int(text) if text.isdigit() else default) << 20
+
+    return mb("JOBSTORE_MAX_INPUT_FILE_MB", MAX_INPUT_FILE_MB), mb("JOBSTORE_MAX_INPUT_MB",
+                                                                   MAX_INPUT_MB)
+
+
+def sandbox_inputs(transfer: Transfer, cmd: str, stdin_path: str | None,
+                   ) -> tuple[InputFile, ...]:
+    """The files a job's sandbox starts with, as the submit stores them: each input file, the
+    files under each input directory (by their paths below it), the executable when it travels
+    with the job, and the file named by `input` (its standard input). FieldError for what
+    cannot be stored: a URL (not fetched on the execute node yet), a name given twice, a file
+    over the limits."""
+    what = "transfer_input_files"
+    found: list[InputFile] = []
+    for entry in transfer.inputs:
+        if entry.is_url:
+            raise FieldError(what, f"{entry.source}: inputs from URLs are not fetched on the "
+                                   "execute node yet; give a local file")
+        found.extend(_expand(entry))
+    if transfer.executable:
+        found.append(InputFile(os.path.basename(cmd), cmd, _file_mode(cmd) | 0o500))
+    if stdin_path and stdin_path != "/dev/null" and all(f.source != stdin_path for f in found):
+        found.append(InputFile(os.path.basename(stdin_path), stdin_path, _file_mode(stdin_path)))
+    names: set[str] = set()
+    largest, total = input_limits()
+    size = 0
+    for f in found:
+        if f.name in names:
+            raise FieldError(what, f"{f.name} would be in the sandbox twice")
+        names.add(f.name)
+        if any(ord(c) < 32 or c == "\x7f" for c in f.name):
+            raise FieldError(what, f"{f.name!r}: a name with control characters")
+        try:
+            n = os.path.getsize(f.source)
+        except OSError as exc:
+            raise FieldError(what, f"{f.source}: {exc.strerror}") from None
+        if n > largest:
+            raise FieldError(what, f"{f.source} is {n >> 20} MB, more than the "
+                                   f"{largest >> 20} MB a file may be (JOBSTORE_MAX_INPUT_FILE_MB)"
+                                   "; give it as a URL or on a shared file system")
+        size += n
+    if size > total:
+        raise FieldError(what, f"the job's inputs are {size >> 20} MB, more than the "
+                               f"{total >> 20} MB a job may store (JOBSTORE_MAX_INPUT_MB); give "
+                               "the big ones as URLs or on a shared file system")
+    return tuple(found)
+
+
+def _expand(entry: Input) -> list[InputFile]:
+    """A file, or the files under a directory (its name first, or only its contents)."""
+    if not os.path.isdir(entry.source):
+        return [InputFile(entry.name, entry.source, _file_mode(entry.source))]
+    out = []
+    for top, dirs, files in os.walk(entry.source):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, entry.source)
+            out.append(InputFile(os.path.join(entry.name, rel) if entry.name else rel, path,
+                                 _file_mode(path)))
+    return out
+
+
+def _file_mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode & 0o755
+    except OSError:
+        return 0o644
+
+
+def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
+                   inputs: tuple[InputFile, ...]) -> dict[str, str]:
+    """The job-ad attributes condor_submit sets for a file transfer (ClassAd expression text):
+    ShouldTransferFiles, WhenToTransferOutput, TransferExecutable, TransferInput,
+    TransferInputSizeMB, TransferOutput and TransferOutputRemaps."""
+    out = {
+        "ShouldTransferFiles": '"YES"',
+        "WhenToTransferOutput": '"ON_EXIT_OR_EVICT"' if transfer.on_evict else '"ON_EXIT"',
+        "TransferExecutable": "true" if transfer.executable else "false",
+    }
+    listed = values.get("transfer_input_files", "").strip()
+    if listed:
+        out["TransferInput"] = _quoted(listed)
+    size = sum(os.path.getsize(f.source) for f in inputs)
+    out["TransferInputSizeMB"] = str((size + (1 << 20) - 1) >> 20)
+    if transfer.outputs is not None:
+        out["TransferOutput"] = _quoted(",".join(transfer.outputs))
+    if transfer.remaps:
+        out["TransferOutputRemaps"] = _quoted(";".join(
+            f"{_escaped(a)}={_escaped(b)}" for a, b in transfer.remaps))
+    return out
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def output_destination(name: str, iwd: str, remaps: tuple[tuple[str, str], ...],
+                       out: str | None = None, err: str | None = None) -> str:
+    """Where output `name` (a path in the sandbox) lands on the submit side: its remap, the
+    job's `output` or `error` path for its standard output and error, else its last
+    component in `iwd`."""
+    for source, target in remaps:
+        if source == name:
+            return os.path.normpath(os.path.join(iwd, target))
+    for std in (out, err):
+        if std and name == os.path.basename(std):
+            return os.path.normpath(os.path.join(iwd, std))
+    return os.path.join(iwd, os.path.basename(name))

@@ -1,0 +1,139 @@
+"""A fetched job's files (issue 30), end to end: the emulated startd and starter run the real
+hook executables; the inputs exist only in the job store once submitted, the job runs in a
+sandbox of its own under the node's sandbox root, its outputs come back into the store, and
+`jobstore transfer-data` writes them on the submit side. Through the agent and in direct mode,
+on SQLite and PostgreSQL; as root, the job and its starter hooks run as an ordinary account."""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+from test_end_to_end import _agent, _give_node, _job_owner, _node, _submit, node_db  # noqa: F401
+
+from jobstore.api.query import Shown
+from jobstore.api.retrieve import retrieve
+from jobstore.core import holds
+from jobstore.db.schema import sandbox_chunks
+from jobstore.db.store import JobStore
+from jobstore.emulator import Emulator
+from jobstore.node.sandboxroot import ensure_root
+
+SCRIPT = """#!/bin/sh
+wc -w < in.txt > count.txt
+cat in.txt
+cat data/a.csv
+echo oops >&2
+mkdir -p sub && echo not-sent > sub/x.txt
+"""
+SUBMIT = """executable = count.sh
+should_transfer_files = YES
+transfer_input_files = in.txt, data
+output = job.out
+error = logs/job.err
+request_memory = 32
+{extra}
+queue
+"""
+
+
+def _files(tmp: Path, owner: str | None) -> Path:
+    sub = tmp / "submit"
+    sub.mkdir(exist_ok=True)
+    (sub / "in.txt").write_text("three little words\n")
+    (sub / "data").mkdir(exist_ok=True)
+    (sub / "data" / "a.csv").write_text("1,2\n")
+    (sub / "logs").mkdir(exist_ok=True)
+    (sub / "count.sh").write_text(SCRIPT)
+    (sub / "count.sh").chmod(0o755)
+    if owner:
+        import pwd
+
+        user = pwd.getpwnam(owner)
+        for path in (sub, sub / "logs"):
+            os.chown(path, user.pw_uid, user.pw_gid)
+    return sub
+
+
+def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str]
+         ) -> Emulator:
+    cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
+                               static_slots=1, cpus=1)
+    root = tmp / "sandboxes"
+    with open(condor_config, "a") as fh:
+        fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
+    if os.geteuid() == 0:
+        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
+    if mode == "direct":
+        ensure_root(str(root))  # what the agent, or the admin, makes
+    emulator = Emulator(cfg)
+    with ExitStack() as stack:
+        if mode == "agent":
+            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        emulator.run(until=lambda: all(j.status in until_status
+                                       for j in store.list_jobs(include_final=True)),
+                     timeout=120, wait_for_jobs=True)
+    return emulator
+
+
+@pytest.mark.parametrize("mode", ["agent", "direct"])
+def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    store, tmp = node_db
+    owner = _job_owner()
+    sub = _files(tmp, owner)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    for gone in ("in.txt", "count.sh", "data/a.csv"):  # from now on only the store has them
+        (sub / gone).unlink()
+    _run(store, tmp, owner, mode, {"completed", "held", "failed"})
+    job = store.get_job(job_id)
+    assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
+    assert list((tmp / "sandboxes").iterdir()) == []  # each sandbox removed after its attempt
+    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
+    assert (sub / "count.txt").read_text().strip() == "3"
+    assert (sub / "job.out").read_text() == "three little words\n1,2\n"
+    assert (sub / "logs" / "job.err").read_text() == "oops\n"  # where `error` said
+    assert not (sub / "sub").exists() and not (sub / "in.txt").exists()  # not new at the top
+    ad = store.get_job(job_id).ad
+    assert ad["TransferInput"] == {"expr": '"in.txt, data"'}
+    if owner:  # root wrote them with the owner's rights
+        import pwd
+
+        assert (sub / "count.txt").stat().st_uid == pwd.getpwnam(owner).pw_uid
+
+
+def test_an_input_that_cannot_be_had_holds_the_job(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """Stored bytes that no longer match their hash: PREPARE_JOB holds the job with
+    HoldReasonCode 13 and the reason; it never runs, and no sandbox is left."""
+    store, tmp = node_db
+    owner = _job_owner()
+    _files(tmp, owner)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    with store.engine.begin() as conn:
+        conn.execute(update(sandbox_chunks).where(sandbox_chunks.c.seq == 0)
+                     .values(data=b"three little wordz\n"))  # in.txt's length
+    _run(store, tmp, owner, "agent", {"held"})
+    job = store.get_job(job_id)
+    assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
+    assert "Failed to transfer the job's input files" in (job.reason or "")
+    assert "sha256 mismatch" in (job.reason or "")
+    assert not [e for e in store.events(job_id) if e.event == "start"]
+    assert list((tmp / "sandboxes").iterdir()) == []
+
+
+def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """transfer_output_files names a file the job did not write: JOB_EXIT holds the job with
+    HoldReasonCode 12 (as HTCondor's shadow would) and leaves the sandbox for a look."""
+    store, tmp = node_db
+    owner = _job_owner()
+    _files(tmp, owner)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(
+        extra="transfer_output_files = count.txt, never.txt"), owner)
+    _run(store, tmp, owner, "agent", {"held", "completed"})
+    job = store.get_job(job_id)
+    assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
+    assert "never.txt: no such output file" in (job.reason or "")
+    assert len(list((tmp / "sandboxes").iterdir())) == 1
