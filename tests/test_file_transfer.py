@@ -6,8 +6,12 @@ on SQLite and PostgreSQL; as root, the job and its starter hooks run as an ordin
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+import threading
 from contextlib import ExitStack
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -58,10 +62,11 @@ def _files(tmp: Path, owner: str | None) -> Path:
     return sub
 
 
-def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str]
-         ) -> Emulator:
+def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
+         env: dict[str, str] | None = None, slots: int = 1) -> Emulator:
     cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
-                               static_slots=1, cpus=1)
+                               static_slots=slots, cpus=slots)
+    cfg.env.update(env or {})
     root = tmp / "sandboxes"
     with open(condor_config, "a") as fh:
         fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
@@ -137,3 +142,55 @@ def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None: 
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "never.txt: no such output file" in (job.reason or "")
     assert len(list((tmp / "sandboxes").iterdir())) == 1
+
+
+class _Files(SimpleHTTPRequestHandler):
+    def log_message(self, *_args: object) -> None:  # quiet
+        pass
+
+
+@pytest.fixture
+def web(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real HTTP server on 127.0.0.1 serving a directory, and a socket that never answers."""
+    served = tmp_path / "www"
+    served.mkdir()
+    (served / "data.txt").write_text("from the web\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Files,
+                                                                     directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections wait in the backlog: nobody ever answers
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", \
+            f"http://127.0.0.1:{silent.getsockname()[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        silent.close()
+
+
+def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """An http:// input is fetched on the node into the sandbox; one that answers 404 and one
+    that never answers hold their jobs (HoldReasonCode 13), the latter within the timeout."""
+    store, tmp = node_db
+    base, silent = web
+    owner = _job_owner()
+    _files(tmp, owner)
+    jobs = {}
+    for label, url in (("ok", f"{base}/data.txt"), ("missing", f"{base}/nope.txt"),
+                       ("silent", f"{silent}/data.txt")):
+        text = ("executable = /bin/cat\narguments = data.txt\ntransfer_executable = false\n"
+                f"should_transfer_files = YES\ntransfer_input_files = {url}\n"
+                f"output = {label}.out\nrequest_memory = 32\nqueue\n")
+        (jobs[label],) = _submit(store, tmp, text, owner)
+    _run(store, tmp, owner, "agent", {"completed", "held"},
+         env={"JOBSTORE_URL_TIMEOUT": "1"}, slots=3)
+    ok, missing, silent_job = (store.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
+    assert ok.status == "completed", ok.reason
+    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(ok.cluster_id)])
+    assert (tmp / "submit" / "ok.out").read_text() == "from the web\n"
+    for job, why in ((missing, "HTTP 404"), (silent_job, "no answer within 1 s")):
+        assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
+        assert why in (job.reason or ""), job.reason

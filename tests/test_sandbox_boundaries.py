@@ -165,3 +165,26 @@ def _retrieve_as_owner(tmp_path: Path) -> None:
     assert list(guarded.iterdir()) == []
     _write_as("jsalice", str(mine / "job.out"), [b"ok"], 0o644)
     assert (mine / "job.out").stat().st_uid == owner.pw_uid
+
+
+def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
+    """Sandboxes of attempts that are not their job's current one, once old enough; never the
+    current attempt's, a young one, a link, or a name that is not a sandbox's."""
+    from jobstore.node.sandboxroot import ensure_root, sweep
+
+    root = tmp_path / "sandboxes"
+    ensure_root(str(root))
+    names = {"old": "3.0.1-" + "a" * 16, "current": "3.0.2-" + "b" * 16,
+             "young": "4.0.1-" + "c" * 16, "other": "not-a-sandbox"}
+    for name in names.values():
+        (root / name).mkdir()
+        (root / name / "f.txt").write_text("x")
+    (root / ("5.0.1-" + "d" * 16)).symlink_to(tmp_path)
+    for name in ("old", "current", "other"):
+        os.utime(root / names[name], (1, 1))
+    attempts = {(3, 0): 2, (4, 0): None}
+    removed = sweep(str(root), lambda c, p: attempts.get((c, p)), older_than=600)
+    assert removed == [names["old"]]
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [names["current"], names["young"], names["other"], "5.0.1-" + "d" * 16])
+    assert (tmp_path / "sandboxes").exists() and list(tmp_path.iterdir())  # the link's target

@@ -74,3 +74,22 @@ def test_outputs_and_remaps(iwd: str) -> None:
     assert t.destination("out.txt", "/home/a") == "/home/a/results/o;1.txt"
     assert t.destination("sub/o2.txt", "/home/a") == "/abs/o2"
     assert t.destination("other/x.dat", "/home/a") == "/home/a/x.dat"  # its last component
+
+
+def test_urls_are_fetched_on_the_node_not_stored(iwd: str) -> None:
+    from jobstore.submit.transfer import sandbox_inputs, transfer_attrs
+
+    values = {"should_transfer_files": "YES", "transfer_executable": "false",
+              "transfer_input_files": "in.txt, https://h.example/d/big.tar?x=1"}
+    t = read_transfer(values, iwd)
+    assert t is not None
+    files = sandbox_inputs(t, "/bin/true", None)
+    assert [f.name for f in files] == ["in.txt"]
+    attrs = transfer_attrs(t, values, files)
+    assert attrs["JobstoreInputUrls"] == '"https://h.example/d/big.tar?x=1"'
+    with pytest.raises(FieldError, match="may not hold spaces"):
+        read_transfer({"transfer_input_files": "http://h/a b"}, iwd)
+    (Path(iwd) / "big.tar").write_text("x")
+    with pytest.raises(FieldError, match="big.tar is named twice"):  # a URL's name counts
+        read_transfer({**values, "transfer_input_files": values["transfer_input_files"]
+                       + ", big.tar"}, iwd)

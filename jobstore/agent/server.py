@@ -23,6 +23,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,7 @@ from jobstore.node import bounded, config, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import NAMES
-from jobstore.node.sandboxroot import ensure_root
+from jobstore.node.sandboxroot import ensure_root, sweep
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
@@ -665,12 +666,28 @@ class Agent:
         except Exception as exc:
             log.error("history prune failed: %s: %s", type(exc).__name__, exc)
         try:
+            self._sweep_sandboxes(node)
+        except Exception as exc:
+            log.error("sandbox sweep failed: %s: %s", type(exc).__name__, exc)
+        try:
             if self._slots.due():
                 self._slots.publish(self._node_stores(node))
         except Exception as exc:
             log.error("slot ads not published: %s: %s", type(exc).__name__, exc)
         finally:
             self._policing.clear()
+
+    @staticmethod
+    def _sweep_sandboxes(node: list[config.Settings]) -> None:
+        """Remove the sandboxes of attempts that ended without their JOB_EXIT (a crash, a
+        killed starter), once no slot can still run them (LEASE_DURATION)."""
+        for settings in node:
+            root = settings.sandbox_root
+            if not os.path.isdir(root):
+                continue
+            current = _current_attempt(handlers.store_for(settings))
+            for name in sweep(root, current, settings.lease_duration):
+                log.info("sandbox %s of an ended attempt removed", name)
 
     @staticmethod
     def _node_stores(node: list[config.Settings]) -> list[Any]:
@@ -721,6 +738,15 @@ class Agent:
                 continue
             dirs.append(directory)
         return dirs
+
+
+def _current_attempt(store: Any) -> Callable[[int, int], int | None]:
+    """The attempt of job CLUSTER.PROC that is handed out now (it has a token), else None."""
+    def current(cluster: int, proc: int) -> int | None:
+        jobs = store.find_jobs(cluster, proc)
+        return jobs[0].claims if jobs and jobs[0].token else None
+
+    return current
 
 
 def run_agent(socket_override: str | None = None, *, foreground: bool = False) -> int:

@@ -107,11 +107,14 @@ def stage_in(ad: bytes, manifest: Callable[[], Manifest],
     iwd = found[3]
     try:
         files = manifest()
-        _check_disk(ad, files)
+        room = _check_disk(ad, files)
         _make_sandbox(iwd)
         try:
             for name, sha, size, mode in files:
                 _fetch(iwd, name, sha, size, mode, read)
+            urls = string_attrs(ad, (b"jobstoreinputurls",)).get(b"jobstoreinputurls", "")
+            for url in urls.split():
+                room -= _download(iwd, url, room)
         except BaseException:
             remove_sandbox(iwd)
             raise
@@ -207,12 +210,68 @@ def _make_sandbox(iwd: str) -> None:
                            errno.EEXIST) from None
 
 
-def _check_disk(ad: bytes, files: Manifest) -> None:
+def _check_disk(ad: bytes, files: Manifest) -> int:
+    """The room RequestDisk leaves after the stored inputs (bytes); SandboxError when they do
+    not fit."""
     need = sum(size for _name, _sha, size, _mode in files)
     disk = _plain_attrs(ad, (b"requestdisk",)).get(b"requestdisk")
-    if disk and disk.isdigit() and need > int(disk) * 1024:
+    room = int(disk) * 1024 if disk and disk.isdigit() else 1 << 62
+    if need > room:
         raise SandboxError(f"its inputs take {need // 1024} KiB, more than its RequestDisk of "
-                           f"{int(disk)} KiB", errno.ENOSPC)
+                           f"{room // 1024} KiB", errno.ENOSPC)
+    return room - need
+
+
+def url_timeout() -> float:
+    """Seconds a URL input may keep PREPARE_JOB waiting for its next bytes
+    (JOBSTORE_URL_TIMEOUT in the hook's environment, default 30)."""
+    text = os.environ.get("JOBSTORE_URL_TIMEOUT", "")
+    try:
+        return max(0.1, float(text)) if text else 30.0
+    except ValueError:
+        return 30.0
+
+
+def _download(iwd: str, url: str, room: int) -> int:
+    """Fetch a URL input (http, https, file) into the sandbox under its last path component,
+    with Python's own HTTP client, each wait bounded by url_timeout() and the whole by ten of
+    them; its size, which must fit in `room`."""
+    import time
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https", "file"):
+        raise SandboxError(f"{url}: the {parts.scheme}:// scheme is not supported",
+                           errno.EPROTONOSUPPORT)
+    name = os.path.basename(parts.path)
+    check_name(name)
+    limit = url_timeout()
+    deadline = time.monotonic() + 10 * limit
+    fd = os.open(os.path.join(iwd, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                 0o600)
+    got = 0
+    try:
+        with urllib.request.urlopen(url, timeout=limit) as response:  # noqa: S310 - listed
+            while data := response.read(CHUNK):
+                got += len(data)
+                if got > room:
+                    raise SandboxError(f"{url}: more than its RequestDisk leaves room for",
+                                       errno.ENOSPC)
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"{url}: not fetched within {10 * limit:g} s",
+                                       errno.ETIMEDOUT)
+                _write_all(fd, data)
+    except urllib.error.HTTPError as exc:
+        raise SandboxError(f"{url}: HTTP {exc.code} {exc.reason}", errno.EIO) from None
+    except urllib.error.URLError as exc:
+        raise SandboxError(f"{url}: {exc.reason}", errno.EIO) from None
+    except TimeoutError:
+        raise SandboxError(f"{url}: no answer within {limit:g} s", errno.ETIMEDOUT) from None
+    finally:
+        os.close(fd)
+    return got
 
 
 def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,

@@ -1,13 +1,16 @@
 """The sandbox root of a node (issue 30): the directory under which fetched jobs with file
 transfer get their sandboxes, made by the agent (as root: root's, mode 1777 like /tmp, so that
 each job's user can make her sandbox there and nobody can rename another's), checked by the
-hooks (jobstore.node.sandbox.check_root)."""
+hooks (jobstore.node.sandbox.check_root); and what a crash left there, swept."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT_MODE = 0o1777  # as root: every job's user makes her sandbox here, sticky
@@ -41,3 +44,29 @@ def ensure_root(directory: str) -> list[str]:
         os.chmod(path, mode)
         notes.append(f"sandbox root {path} had mode {stat.S_IMODE(st.st_mode):o}: now {mode:o}")
     return notes
+
+
+_ATTEMPT_DIR = re.compile(r"(\d+)\.(\d+)\.(\d+)-[0-9a-f]{16}")
+
+
+def sweep(directory: str, current: Callable[[int, int], int | None], older_than: float,
+          now: float | None = None) -> list[str]:
+    """Remove the sandboxes a crash left under the root `directory`: those of attempts that
+    are not their job's current one (`current(cluster, proc)`: the attempt handed out, else
+    None) and untouched for `older_than` seconds (by then no slot can still run them). The
+    names of those removed."""
+    now = time.time() if now is None else now
+    removed = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            found = _ATTEMPT_DIR.fullmatch(entry.name)
+            if not found or not entry.is_dir(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < older_than:
+                continue
+            cluster, proc, attempt = (int(g) for g in found.groups())
+            if current(cluster, proc) == attempt:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)  # never through a link (fd-based)
+            removed.append(entry.name)
+    return removed

@@ -122,6 +122,9 @@ def _input(entry: str, iwd: str) -> Input:
         name = os.path.basename(urlsplit(entry).path)
         if not name or name in (".", ".."):
             raise FieldError(what, f"{entry}: the URL names no file")
+        if any(c.isspace() or c in '"\\' or ord(c) < 32 for c in entry):
+            raise FieldError(what, f"{entry!r}: a URL may not hold spaces, quotes or "
+                                   "backslashes (encode them)")
         return Input(entry, name, is_url=True)
     path = os.path.normpath(os.path.join(iwd, entry))
     if not os.path.lexists(path):
@@ -223,21 +226,19 @@ def sandbox_inputs(transfer: Transfer, cmd: str, stdin_path: str | None,
                    ) -> tuple[InputFile, ...]:
     """The files a job's sandbox starts with, as the submit stores them: each input file, the
     files under each input directory (by their paths below it), the executable when it travels
-    with the job, and the file named by `input` (its standard input). FieldError for what
-    cannot be stored: a URL (not fetched on the execute node yet), a name given twice, a file
-    over the limits."""
+    with the job, and the file named by `input` (its standard input); not the URLs, which
+    PREPARE_JOB fetches on the execute node. FieldError for a name given twice (a URL's too)
+    or a file over the limits."""
     what = "transfer_input_files"
     found: list[InputFile] = []
     for entry in transfer.inputs:
-        if entry.is_url:
-            raise FieldError(what, f"{entry.source}: inputs from URLs are not fetched on the "
-                                   "execute node yet; give a local file")
-        found.extend(_expand(entry))
+        if not entry.is_url:
+            found.extend(_expand(entry))
     if transfer.executable:
         found.append(InputFile(os.path.basename(cmd), cmd, _file_mode(cmd) | 0o500))
     if stdin_path and stdin_path != "/dev/null" and all(f.source != stdin_path for f in found):
         found.append(InputFile(os.path.basename(stdin_path), stdin_path, _file_mode(stdin_path)))
-    names: set[str] = set()
+    names = {entry.name for entry in transfer.inputs if entry.is_url}
     largest, total = input_limits()
     size = 0
     for f in found:
@@ -288,7 +289,8 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
                    inputs: tuple[InputFile, ...]) -> dict[str, str]:
     """The job-ad attributes condor_submit sets for a file transfer (ClassAd expression text):
     ShouldTransferFiles, WhenToTransferOutput, TransferExecutable, TransferInput,
-    TransferInputSizeMB, TransferOutput and TransferOutputRemaps."""
+    TransferInputSizeMB, TransferOutput and TransferOutputRemaps; and the URLs PREPARE_JOB
+    fetches (JobstoreInputUrls)."""
     out = {
         "ShouldTransferFiles": '"YES"',
         "WhenToTransferOutput": '"ON_EXIT_OR_EVICT"' if transfer.on_evict else '"ON_EXIT"',
@@ -297,6 +299,9 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
     listed = values.get("transfer_input_files", "").strip()
     if listed:
         out["TransferInput"] = _quoted(listed)
+    urls = [entry.source for entry in transfer.inputs if entry.is_url]
+    if urls:  # fetched by PREPARE_JOB, in this order (jobstore.node.sandbox)
+        out["JobstoreInputUrls"] = _quoted(" ".join(urls))
     size = sum(os.path.getsize(f.source) for f in inputs)
     out["TransferInputSizeMB"] = str((size + (1 << 20) - 1) >> 20)
     if transfer.outputs is not None:
