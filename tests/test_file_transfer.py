@@ -13,6 +13,7 @@ import threading
 from contextlib import ExitStack
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -63,9 +64,9 @@ def _files(tmp: Path, owner: str | None) -> Path:
 
 
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
-         env: dict[str, str] | None = None, slots: int = 1) -> Emulator:
+         env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
     cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
-                               static_slots=slots, cpus=slots)
+                               static_slots=slots, cpus=slots, **node)
     cfg.env.update(env or {})
     root = tmp / "sandboxes"
     with open(condor_config, "a") as fh:
@@ -194,3 +195,65 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
     for job, why in ((missing, "HTTP 404"), (silent_job, "no answer within 1 s")):
         assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
         assert why in (job.reason or ""), job.reason
+
+
+CHECKPOINTING = """#!/bin/sh
+n=$(cat ckpt.txt 2>/dev/null || echo 0)
+if [ "$n" -ge 2 ]; then echo "done after $n checkpoints" > result.txt; exit 0; fi
+echo $((n + 1)) > ckpt.txt
+exit 85
+"""
+EVICTED = """#!/bin/sh
+if [ -f partial.txt ]; then cat partial.txt > result.txt; exit 0; fi
+echo "made by the first attempt" > partial.txt
+sleep 60
+"""
+
+
+def _script(tmp: Path, owner: str | None, text: str) -> None:
+    sub = _files(tmp, owner)
+    (sub / "count.sh").write_text(text)
+
+
+def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """checkpoint_exit_code: each exit with it stores transfer_checkpoint_files and requeues the
+    job, whose next attempt starts from them (HTCondor's self-checkpointing, which fetched jobs
+    had not); its last exit brings the outputs back."""
+    store, tmp = node_db
+    owner = _job_owner()
+    _script(tmp, owner, CHECKPOINTING)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(
+        extra="checkpoint_exit_code = 85\ntransfer_checkpoint_files = ckpt.txt\n"
+              "transfer_output_files = result.txt"), owner)
+    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    job = store.get_job(job_id)
+    assert (job.status, job.exit_code, job.claims) == ("completed", 0, 3), job.reason
+    evicts = [e for e in store.events(job_id) if e.event == "evict" and e.to_status]
+    assert len(evicts) == 2
+    assert "checkpointed (exit code 85)" in str(evicts[0].attrs)
+    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    assert (tmp / "submit" / "result.txt").read_text() == "done after 2 checkpoints\n"
+    assert not (tmp / "submit" / "ckpt.txt").exists()  # a checkpoint is not an output
+
+
+def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    store, tmp = node_db
+    owner = _job_owner()
+    _script(tmp, owner, EVICTED)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(
+        extra="when_to_transfer_output = ON_EXIT_OR_EVICT"), owner)  # every new file saved
+    evicted: list[int] = []
+
+    def first_attempt(_index: int, _ad: dict) -> float | None:  # type: ignore[type-arg]
+        if evicted:
+            return None
+        evicted.append(1)
+        return 1.5
+
+    _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
+         vacate_after=first_attempt)
+    job = store.get_job(job_id)
+    assert (job.status, job.claims) == ("completed", 2), job.reason
+    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    assert (tmp / "submit" / "result.txt").read_text() == "made by the first attempt\n"
+    assert "partial.txt" not in dict(got.written)  # it came in as it went out: not new

@@ -376,9 +376,16 @@ def test_file_transfer_fills_the_sandbox(tmp_path: Path) -> None:
     assert job.custom["ShouldTransferFiles"] == '"YES"'
     assert job.custom["TransferInput"] == '"a.txt, d, d/"'
     assert job.custom["TransferOutput"] == '"out.txt"'
+    job = one(tmp_path, "should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT_OR_EVICT\n"
+                        "checkpoint_exit_code = 85\ntransfer_checkpoint_files = ckpt/a.dat")
+    assert job.custom["WhenToTransferOutput"] == '"ON_EXIT_OR_EVICT"'
+    assert (job.custom["CheckpointExitCode"], job.custom["TransferCheckpoint"]) == (
+        "85", '"ckpt/a.dat"')
+    message = submit_error(tmp_path, "executable = /bin/true\ncheckpoint_exit_code = 85\nqueue\n")
+    assert "checkpoint_exit_code: needs file transfer" in message
     message = submit_error(tmp_path, "executable = /bin/true\nshould_transfer_files = YES\n"
-                           "when_to_transfer_output = ON_EXIT_OR_EVICT\nqueue\n")
-    assert "when_to_transfer_output: ON_EXIT_OR_EVICT is not supported yet" in message
+                           "transfer_checkpoint_files = ../x\nqueue\n")
+    assert "transfer_checkpoint_files: ../x: an output may not leave the sandbox" in message
 
 
 def test_extra_vars(tmp_path: Path) -> None:

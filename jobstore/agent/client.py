@@ -44,15 +44,7 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 from jobstore.node.launchcheck import annotate
-from jobstore.node.sandbox import (
-    Files,
-    SandboxError,
-    attempt_of,
-    failed,
-    remove_sandbox,
-    stage_in,
-    stage_out,
-)
+from jobstore.node.sandbox import Files, SandboxError, attempt_of, failed, transfer
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -186,19 +178,12 @@ def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
     """PREPARE_JOB and JOB_EXIT of a job with file transfer: fill its sandbox, or send its
     outputs back and remove it, through the agent or (direct mode, no agent) the database.
     Returns the ad the hook goes on with (with what went wrong in it, for the handler)."""
-    if hook == "job_exit" and argv != ["exit"]:
-        found = attempt_of(stdin)
-        if found:
-            remove_sandbox(found[3])  # evicted, held or removed: nothing comes back
-        return stdin
     if mode != "direct":
         files = _AgentFiles(path, agent_uids, stdin)
         if hook == "job_exit":
             files.stop_at = time.monotonic() + OUTPUT_SECONDS
         try:
-            if hook == "prepare_job":
-                return stage_in(stdin, files.manifest, files.read)
-            return stage_out(stdin, files.manifest, files.send)
+            return transfer(hook, stdin, argv, files)
         except _NoAgentForFiles:
             if mode == "agent":
                 raise SandboxError("the jobstore agent is not available") from None
@@ -206,9 +191,9 @@ def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
         import site
 
         site.main()
-    from jobstore.node.sandboxdirect import transfer
+    from jobstore.node.sandboxdirect import DirectFiles
 
-    return transfer(hook, stdin)
+    return transfer(hook, stdin, argv, DirectFiles(stdin))
 
 
 def main(

@@ -113,11 +113,11 @@ class Retention(Transactions):
 
 
 def _prune_files(conn: Connection, pruned: list[tuple[int, int]], emptied: list[int]) -> None:
-    """The sandbox files of pruned jobs: their outputs, the inputs of their emptied clusters,
-    and the contents no job lists any more."""
+    """The sandbox files of pruned jobs: their outputs and checkpoints, the inputs of their
+    emptied clusters, and the contents no job lists any more."""
     gone = conn.execute(delete(job_files).where(
         or_(tuple_(job_files.c.cluster_id, job_files.c.proc_id).in_(pruned)
-            & (job_files.c.direction == "out"),
+            & (job_files.c.direction != "in"),
             job_files.c.cluster_id.in_(emptied)),
     ).returning(job_files.c.owner, job_files.c.sha256)).all()
     for owner, sha in sorted({(r.owner, r.sha256) for r in gone}):

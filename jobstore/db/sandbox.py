@@ -18,7 +18,7 @@ from jobstore.db.transactions import Transactions
 
 CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
 CHUNKS_READ = 16  # rows per transaction when a file is read back
-IN, OUT = "in", "out"
+IN, OUT, CHECKPOINT = "in", "out", "ckpt"  # job_files.direction
 
 
 class SandboxFile(NamedTuple):
@@ -108,6 +108,23 @@ class SandboxFiles(Transactions):
             rows = conn.execute(q).all()
         own = [r for r in rows if r[0] is not None]
         return [SandboxFile(*r[1:]) for r in (own or rows)]
+
+    def sandbox_start(self, job: Job) -> list[SandboxFile]:
+        """What `job`'s next sandbox starts with: its inputs, and over them (by name) the files
+        its newest checkpoint sent (an eviction with ON_EXIT_OR_EVICT, or an exit with its
+        checkpoint_exit_code)."""
+        q = (select(job_files.c.attempt, job_files.c.name, job_files.c.sha256,
+                    job_files.c.size, job_files.c.mode, job_files.c.owner)
+             .where(job_files.c.cluster_id == job.cluster_id,
+                    job_files.c.proc_id == job.proc_id, job_files.c.owner == job.owner,
+                    job_files.c.direction == CHECKPOINT)
+             .order_by(job_files.c.id))
+        with self._tx() as conn:
+            rows = conn.execute(q).all()
+        newest = max((r[0] or 0 for r in rows), default=None)
+        saved = {r[1]: SandboxFile(*r[1:]) for r in rows if (r[0] or 0) == newest}
+        start = [f for f in self.job_files_of(job, IN) if f.name not in saved]
+        return start + list(saved.values())
 
     def file_range(self, owner: str, sha256: str, offset: int, length: int) -> bytes:
         """At most `length` bytes of `owner`'s file `sha256` from `offset` (fewer at its end;

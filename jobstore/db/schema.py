@@ -163,7 +163,7 @@ job_files = Table(
     Column("id", BigId, primary_key=True, autoincrement=True),
     Column("cluster_id", BigInteger, nullable=False),
     Column("proc_id", Integer),
-    Column("direction", String(3), nullable=False),
+    Column("direction", String(4), nullable=False),
     Column("name", Text, nullable=False),
     Column("owner", String(255), nullable=False),
     Column("sha256", String(64), nullable=False),

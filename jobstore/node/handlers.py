@@ -376,6 +376,11 @@ def job_exit(request: HookRequest) -> HookResponse:
         job["HoldReasonCode"] = holds.TRANSFER_OUTPUT_ERROR
         job["HoldReasonSubCode"] = 0
         event = Event.HOOK_HOLD
+    elif event == Event.EXIT and _ours(job) and get_bool(job, "JobstoreCheckpointed") is True:
+        # exited with its checkpoint_exit_code, checkpoint stored: requeued to go on from it
+        job["VacateReason"] = (f"checkpointed (exit code {get_int(job, 'ExitCode')}); "
+                               "the next attempt starts from its checkpoint")
+        event = Event.EVICT
     changes = _usage_changes(job)
     by_signal = get_bool(job, "ExitBySignal")
     changes.update(

@@ -21,6 +21,7 @@ from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, strin
 
 ATTR_SANDBOX = b"JobstoreSandbox"
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
+ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoint, go on later
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
 TRANSFER_OUTPUT_ERROR = 12  # ... and for an output that cannot be sent
 CHUNK = 1 << 20  # bytes per read or write through a transport
@@ -65,13 +66,46 @@ class Files:
         return self.call("sandbox_read", [sha, str(offset), str(length)])
 
     def send(self, name: str, fd: int, mode: int) -> None:
+        """An output, a piece at a time."""
+        self._send(name, fd, mode, [])
+
+    def send_checkpoint(self, name: str, fd: int, mode: int) -> None:
+        """A file of a checkpoint, which the job's next attempt starts from."""
+        self._send(name, fd, mode, ["ckpt"])
+
+    def _send(self, name: str, fd: int, mode: int, kind: list[str]) -> None:
         offset, pending = 0, b""
         for data in read_chunks(fd):
             if pending:
-                self.call("sandbox_write", [name, f"{mode:o}", str(offset), "0"], pending)
+                self.call("sandbox_write", [name, f"{mode:o}", str(offset), "0", *kind], pending)
                 offset += len(pending)
             pending = data
-        self.call("sandbox_write", [name, f"{mode:o}", str(offset), "1"], pending)
+        self.call("sandbox_write", [name, f"{mode:o}", str(offset), "1", *kind], pending)
+
+
+def transfer(hook: str, ad: bytes, argv: list[str], files: Files) -> bytes:
+    """A sandbox's part of PREPARE_JOB (fill it) or JOB_EXIT, as condor_submit's commands say:
+    an exit sends the outputs, or with its checkpoint_exit_code the checkpoint (the job is
+    requeued to go on from it: JobstoreCheckpointed); an eviction with ON_EXIT_OR_EVICT sends
+    the outputs as a checkpoint too; nothing comes back otherwise. The sandbox is removed after
+    each attempt (kept when its outputs could not be sent). Returns the ad the handler reads."""
+    if hook == "prepare_job":
+        return stage_in(ad, files.manifest, files.read)
+    found = attempt_of(ad)
+    if found is None:
+        return ad
+    plain = _plain_attrs(ad, (b"checkpointexitcode", b"exitcode"))
+    when = string_attrs(ad, (b"whentotransferoutput",)).get(b"whentotransferoutput", "")
+    if argv == ["exit"]:
+        code = plain.get(b"checkpointexitcode")
+        if code is None or code != plain.get(b"exitcode"):
+            return stage_out(ad, files.manifest, files.send)
+        sent = stage_out(ad, files.manifest, files.send_checkpoint, listed=b"transfercheckpoint")
+        return sent if ATTR_OUTPUT_ERROR in sent else sent + ATTR_CHECKPOINTED + b" = true\n"
+    if argv == ["evict"] and when.upper() == "ON_EXIT_OR_EVICT":
+        stage_out(ad, files.manifest, files.send_checkpoint, must_exist=False)
+    remove_sandbox(found[3])
+    return ad
 
 
 def failed(hook: str, ad: bytes, why: str) -> bytes:
@@ -125,17 +159,21 @@ def stage_in(ad: bytes, manifest: Callable[[], Manifest],
 
 
 def stage_out(ad: bytes, manifest: Callable[[], Manifest],
-              send: Callable[[str, int, int], None]) -> bytes:
+              send: Callable[[str, int, int], None], *, listed: bytes = b"transferoutput",
+              must_exist: bool = True) -> bytes:
     """JOB_EXIT's part after the job exited: send its outputs back (`send(name, fd, mode)`)
     and remove the sandbox. Returns the ad, with JobstoreOutputError (the handler holds the
-    job with HoldReasonCode 12) when an output cannot be sent; the sandbox is then kept."""
+    job with HoldReasonCode 12) when an output cannot be sent; the sandbox is then kept.
+    `listed`: the attribute that lists them (falls back to TransferOutput)."""
     found = attempt_of(ad)
     if found is None:
         return ad
     iwd = found[3]
     try:
         inputs = {name: sha for name, sha, _size, _mode in manifest()}
-        for name in outputs(ad, iwd, inputs):
+        for name in outputs(ad, iwd, inputs, listed):
+            if not must_exist and not os.path.lexists(os.path.join(iwd, name)):
+                continue
             fd = _open_in(iwd, name)
             try:
                 send(name, fd, stat.S_IMODE(os.fstat(fd).st_mode))
@@ -148,12 +186,14 @@ def stage_out(ad: bytes, manifest: Callable[[], Manifest],
     return ad
 
 
-def outputs(ad: bytes, iwd: str, inputs: dict[str, str]) -> list[str]:
-    """The outputs of a job, as condor_submit's transfer_output_files says (every one must
-    exist), else every regular file at the sandbox's top that is new or changed (not an input
-    as it came in); its standard output and error files always."""
-    texts = string_attrs(ad, (b"transferoutput", b"out", b"err"))
-    listed = texts.get(b"transferoutput")
+def outputs(ad: bytes, iwd: str, inputs: dict[str, str],
+            attr: bytes = b"transferoutput") -> list[str]:
+    """The outputs of a job, as condor_submit's transfer_output_files (or `attr`:
+    TransferCheckpoint) says (every one must exist), else every regular file at the sandbox's
+    top that is new or changed (not an input as it came in); its standard output and error
+    files always."""
+    texts = string_attrs(ad, (b"transferoutput", attr, b"out", b"err"))
+    listed = texts.get(attr, texts.get(b"transferoutput"))
     names: list[str] = []
     if listed is not None:
         for name in (n.strip() for n in listed.split(",")):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jobstore.core.jobs import Job
 from jobstore.core.states import HANDED_OUT
-from jobstore.db.sandbox import IN, OUT, FileSource
+from jobstore.db.sandbox import CHECKPOINT, OUT, FileSource
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, UnknownJob
 from jobstore.node import config
@@ -79,7 +79,7 @@ def _uid_of(owner: str) -> int | None:
 
 
 def _list(store: JobStore, job: Job) -> HookResponse:
-    lines = [f"{f.sha256} {f.size} {f.mode:o} {f.name}" for f in store.job_files_of(job, IN)]
+    lines = [f"{f.sha256} {f.size} {f.mode:o} {f.name}" for f in store.sandbox_start(job)]
     return HookResponse(stdout="\n".join(lines).encode("utf-8", "surrogateescape"))
 
 
@@ -87,24 +87,28 @@ def _read(store: JobStore, job: Job, argv: list[str]) -> HookResponse:
     if len(argv) != 3 or not argv[1].isdigit() or not argv[2].isdigit():
         raise HookError("sandbox_read needs a sha256, an offset and a length")
     sha, offset, length = argv[0], int(argv[1]), min(int(argv[2]), MAX_READ)
-    if not any(f.sha256 == sha for f in store.job_files_of(job, IN)):
+    if not any(f.sha256 == sha for f in store.sandbox_start(job)):
         raise HookError(f"{sha} is not an input of this job")
     return HookResponse(stdout=store.file_range(job.owner, sha, offset, length))
 
 
 def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int,
            ) -> HookResponse:
-    """One piece of an output, at its offset; the last one (`final` 1) stores it."""
-    if len(argv) != 4 or not all(a.isdigit() for a in argv[1:]):
-        raise HookError("sandbox_write needs a name, a mode, an offset and final 0 or 1")
+    """One piece of an output (or of a checkpoint: a fifth argument `ckpt`), at its offset;
+    the last one (`final` 1) stores it."""
+    if len(argv) not in (4, 5) or not all(a.isdigit() for a in argv[1:4]) or (
+            len(argv) == 5 and argv[4] != CHECKPOINT):
+        raise HookError("sandbox_write needs a name, a mode, an offset, final 0 or 1, and "
+                        "`ckpt` for a checkpoint")
     name, mode, offset, final = argv[0], int(argv[1], 8), int(argv[2]), argv[3] == "1"
+    direction = CHECKPOINT if len(argv) == 5 else OUT
     if len(name) > MAX_NAME:
         raise HookError("output name too long")
     check_name(name)
     if offset + len(data) > largest << 20:
         raise HookError(f"{name}: larger than the {largest} MB an output may be "
                         "(JOBSTORE_MAX_OUTPUT_FILE_MB)")
-    path = Path(_upload_dir()) / f"{job.id}.{job.claims}.{_safe(name)}"
+    path = Path(_upload_dir()) / f"{job.id}.{job.claims}.{direction}.{_safe(name)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if offset == 0 else 0)
     fd = os.open(path, flags, 0o600)
     try:
@@ -119,11 +123,11 @@ def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int
     try:
         with store.engine.begin() as conn:
             store._store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
-                               owner=job.owner, direction=OUT, attempt=job.claims,
+                               owner=job.owner, direction=direction, attempt=job.claims,
                                sources=[FileSource(name, str(path), mode & 0o755)])
     finally:
         path.unlink(missing_ok=True)
-    return HookResponse(log=[f"job {job.cluster_id}.{job.proc_id}: output {name} stored"])
+    return HookResponse(log=[f"job {job.cluster_id}.{job.proc_id}: {direction} {name} stored"])
 
 
 def _upload_dir() -> str:

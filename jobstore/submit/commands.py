@@ -63,6 +63,7 @@ _handled(
     "getenv", "get_env", "transfer_executable", "transfer_input_files", "skip_filechecks",
     "should_transfer_files", "when_to_transfer_output", "transfer_output_files",
     "TransferOutputFiles", "TransferInputFiles", "transfer_output_remaps",
+    "checkpoint_exit_code", "transfer_checkpoint_files",
     "allow_arguments_v1", "allow_environment_v1",
     "periodic_hold", "periodic_hold_reason", "periodic_hold_subcode", "periodic_release",
     "periodic_remove", "on_exit_hold", "on_exit_hold_reason", "on_exit_hold_subcode",
@@ -111,13 +112,13 @@ for _attr, _form, *_names in (
 _FILES = ("is not supported: a fetched job's sandbox takes local input files and brings its "
           "outputs back into the job store (transfer_input_files, transfer_output_files, "
           "transfer_output_remaps), nothing else yet")
-_refused(_FILES, "transfer_plugins", "transfer_checkpoint_files",
+_refused(_FILES, "transfer_plugins",
          "transfer_container", "transfer_common_input", "public_input_files",
          "max_transfer_input_mb", "max_transfer_output_mb", "output_destination",
          "output_directory", "preserve_relative_paths", "checkpoint_destination",
          "encrypt_input_files", "encrypt_output_files", "dont_encrypt_input_files",
          "dont_encrypt_output_files", "manifest", "manifest_dir", "container_is_common",
-         "checkpoint_exit_code", "aws_access_key_id_file", "aws_secret_access_key_file",
+         "aws_access_key_id_file", "aws_secret_access_key_file",
          "aws_region", "s3_access_key_id_file", "s3_secret_access_key_file",
          "gs_access_key_id_file", "gs_secret_access_key_file")
 _CREDENTIALS = "is not supported: the job store passes no credentials to the jobs it hands out"

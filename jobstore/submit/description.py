@@ -95,6 +95,8 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "transfer_output_remaps": ("transfer_output_remaps",),
     "should_transfer_files": ("should_transfer_files",),
     "when_to_transfer_output": ("when_to_transfer_output",),
+    "checkpoint_exit_code": ("checkpoint_exit_code",),
+    "transfer_checkpoint_files": ("transfer_checkpoint_files",),
     "hold": ("hold",),
     "getenv": ("getenv", "get_env"),
     "skip_filechecks": ("skip_filechecks",),
@@ -762,10 +764,11 @@ class _SubmitExpander:
         try:
             transfer = read_transfer(values, spec.iwd)
             if transfer is None:
+                for command in ("checkpoint_exit_code", "transfer_checkpoint_files"):
+                    if values.get(command, "").strip():
+                        raise FieldError(command, "needs file transfer (should_transfer_files"
+                                         " = YES): the checkpoint travels in the sandbox")
                 return
-            if transfer.on_evict:
-                raise FieldError("when_to_transfer_output", "ON_EXIT_OR_EVICT is not supported"
-                                 " yet: a fetched job's outputs come back when it exits")
             stdin = abspath(spec.iwd, spec.input) if spec.input else None
             spec.inputs = sandbox_inputs(transfer, spec.cmd, stdin)
             spec.custom.update(transfer_attrs(transfer, values, spec.inputs))

@@ -48,6 +48,8 @@ class Transfer:
     outputs: tuple[str, ...] | None  # None: every new or changed file at the sandbox's top
     remaps: tuple[tuple[str, str], ...] = ()  # output -> where it goes (transfer_output_remaps)
     on_evict: bool = False  # when_to_transfer_output = ON_EXIT_OR_EVICT
+    checkpoint_exit_code: int | None = None  # the job checkpointed and wants to go on
+    checkpoint_files: tuple[str, ...] | None = None  # transfer_checkpoint_files (None: outputs)
 
     def destination(self, name: str, iwd: str) -> str:
         """Where output `name` (a path in the sandbox) lands on the submit side: its remap, or
@@ -81,12 +83,19 @@ def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
     if outputs_text is not None:
         outputs = tuple(_output(entry) for entry in _entries(outputs_text))
         _no_clash([os.path.basename(o) for o in outputs], "transfer_output_files")
+    code = values.get("checkpoint_exit_code", "").strip()
+    if code and not code.lstrip("-").isdigit():
+        raise FieldError("checkpoint_exit_code", f"{code!r} is not an integer")
+    checkpoint = values.get("transfer_checkpoint_files", "").strip()
     return Transfer(
         inputs=inputs,
         executable=_bool("transfer_executable", values.get("transfer_executable", "true")),
         outputs=outputs,
         remaps=_remaps(values.get("transfer_output_remaps", "")),
         on_evict=when == "on_exit_or_evict",
+        checkpoint_exit_code=int(code) if code else None,
+        checkpoint_files=tuple(_output(e, "transfer_checkpoint_files")
+                               for e in _entries(checkpoint)) if checkpoint else None,
     )
 
 
@@ -136,8 +145,7 @@ def _input(entry: str, iwd: str) -> Input:
     return Input(path, name)
 
 
-def _output(entry: str) -> str:
-    what = "transfer_output_files"
+def _output(entry: str, what: str = "transfer_output_files") -> str:
     if "://" in entry:
         raise FieldError(what, f"{entry}: an output is a file of the sandbox, not a URL "
                                "(output_destination sends outputs to a URL)")
@@ -306,6 +314,10 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
     out["TransferInputSizeMB"] = str((size + (1 << 20) - 1) >> 20)
     if transfer.outputs is not None:
         out["TransferOutput"] = _quoted(",".join(transfer.outputs))
+    if transfer.checkpoint_exit_code is not None:
+        out["CheckpointExitCode"] = str(transfer.checkpoint_exit_code)
+    if transfer.checkpoint_files is not None:
+        out["TransferCheckpoint"] = _quoted(",".join(transfer.checkpoint_files))
     if transfer.remaps:
         out["TransferOutputRemaps"] = _quoted(";".join(
             f"{_escaped(a)}={_escaped(b)}" for a, b in transfer.remaps))

@@ -59,7 +59,7 @@ def upgrade() -> None:
                   autoincrement=True),
         sa.Column("cluster_id", sa.BigInteger, nullable=False),
         sa.Column("proc_id", sa.Integer),
-        sa.Column("direction", sa.String(3), nullable=False),
+        sa.Column("direction", sa.String(4), nullable=False),
         sa.Column("name", sa.Text, nullable=False),
         sa.Column("owner", sa.String(255), nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),
