@@ -6,7 +6,10 @@
   against `cp` of the same file on this machine;
 * stage-out (JOB_EXIT's sending) of a 10 MB output, the same ways, against `cp`;
 * a cluster of 1,000 jobs sharing one 10 MB input: what the store grew by against one copy of
-  the file, and the submit's time against the same submit without file transfer.
+  the file, and the submit's time against the same submit without file transfer;
+* the CPU of a job's whole life through the six hook processes in agent mode (fed the
+  recorded transcript's stdin, as the startd and starter run them), with a 512 KB input in a
+  sandbox against the same job without file transfer: the hooks' CPU and the agent's.
 
 Usage: .venv/bin/python bench/transfer.py [--db-url ADMIN_URL] [--repeat N]
 """
@@ -100,6 +103,51 @@ def stage_out_once(job, out: Path, files: Files) -> float:  # type: ignore[no-un
     return t
 
 
+def life_cpu(env, url: str, store: JobStore, calls, sandbox: bool,  # type: ignore[no-untyped-def]
+             agent_pid: int, src: Path) -> tuple[float, float]:
+    """One job's life through the six hook processes: (the hooks' CPU, the agent's CPU)."""
+    from common import IDENTITY, LIFE, OWNER, node_env, recorded_spec
+    from hookcost import proc_cpu, spawn
+
+    from jobstore.core.jobs import InputFile
+    from jobstore.testing.support import insert_identity
+
+    spec = recorded_spec()
+    if sandbox:
+        spec.inputs = (InputFile(src.name, str(src)),)
+        spec.custom = {"ShouldTransferFiles": '"YES"', "TransferExecutable": "false"}
+    _, (job_id,) = store.submit([spec], owner=OWNER, queue="default", max_attempts=5)
+    hooks = cpu = 0.0
+    agent0 = proc_cpu(agent_pid)
+    carried: list[bytes] = []
+    for _label, exe, stem, argv in LIFE:
+        stdin = calls[stem].stdin
+        if exe != "fetch_job":
+            stdin = insert_identity(stdin, [c for c in carried if c.split(b" = ")[0] in IDENTITY],
+                                    reply_fetch=exe == "reply_fetch")
+            for line in carried:
+                if line.startswith(b"Iwd = ") and exe != "reply_fetch":
+                    stdin = b"\n".join(line if old.startswith(b"Iwd = ") else old
+                                       for old in stdin.split(b"\n"))
+                elif line.startswith(b"JobstoreSandbox") and exe != "reply_fetch":
+                    stdin = stdin.rstrip(b"\n") + b"\n" + line + b"\n"
+        _, cpu, proc = spawn([str(env.hooks / exe), *argv], stdin,
+                             node_env(env, url, calls[stem].env), False)
+        if proc.returncode != 0 or (proc.stderr or b"").strip():
+            raise RuntimeError(f"{exe}: exit {proc.returncode}, stderr {proc.stderr!r}")
+        hooks += cpu
+        if sandbox and exe == "prepare_job":  # the sandbox was made and filled
+            iwd = next(ln for ln in carried if ln.startswith(b"Iwd = "))[7:-1].decode()
+            assert (Path(iwd) / src.name).stat().st_size == src.stat().st_size, iwd
+        if exe == "fetch_job":
+            carried = [ln for ln in proc.stdout.split(b"\n")
+                       if ln.split(b" = ")[0] in (*IDENTITY, b"Iwd", b"JobstoreSandbox")]
+    job = store.get_job(job_id)
+    if job.status != "completed":
+        raise RuntimeError(f"job {job_id} ended {job.status}: {job.reason}")
+    return hooks, proc_cpu(agent_pid) - agent0
+
+
 def cp(src: Path, dst: Path) -> float:
     def run() -> None:
         subprocess.run(["cp", str(src), str(dst)], check=True)
@@ -124,6 +172,8 @@ def main() -> int:
         from hookcost import start_agent
 
         env = make_env(args.db_url)
+        with env.condor_config.open("a") as cfg:
+            cfg.write(f"TEST_JOBSTORE_SANDBOX_ROOT = {tmp / 'node-sandboxes'}\n")
         agent = start_agent(env, url)
         sock = env.tmp / "agent.sock"
         root = tmp / "sandboxes"
@@ -166,6 +216,24 @@ def main() -> int:
         print(f"\n1,000 jobs sharing one 10 MB input: the store grew {grown / 2**20:.1f} MB"
               f" ({grown / (10 << 20):.2f} x one copy); submit {with_files:.2f} s against"
               f" {without:.2f} s without file transfer (ratio {with_files / without:.2f})")
+        from common import DEFAULT_TRANSCRIPT
+        from hookcost import load_calls
+
+        calls = load_calls(DEFAULT_TRANSCRIPT)
+        small = tmp / "in512k.bin"
+        small.write_bytes(os.urandom(512 << 10))
+        print(f"\na job's life through the six hook processes, agent mode (median of"
+              f" {args.repeat}; CPU ms)")
+        plain = (1.0, 1.0)
+        for sandbox in (False, True):
+            runs = [life_cpu(env, url, store, calls, sandbox, agent.pid, small)
+                    for _ in range(args.repeat)]
+            hooks = statistics.median(r[0] for r in runs)
+            agent_ms = statistics.median(r[1] for r in runs)
+            label = "with a 512 KB input in a sandbox" if sandbox else "without file transfer"
+            plain = plain if sandbox else (hooks, agent_ms)
+            print(f"  {label:<34}: hooks {hooks * 1000:6.1f}, agent {agent_ms * 1000:6.1f};"
+                  f" ratio {hooks / plain[0]:.2f} and {agent_ms / max(plain[1], 1e-9):.2f}")
         return 0
     finally:
         if agent is not None:
