@@ -257,3 +257,20 @@ def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(no
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert (tmp / "submit" / "result.txt").read_text() == "made by the first attempt\n"
     assert "partial.txt" not in dict(got.written)  # it came in as it went out: not new
+
+
+def test_the_readmes_file_transfer_example(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """README's wc.sub, as written there: submitted, its input removed, run, transfer-data."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("$ cat wc.sub\n", 1)[1]
+    text = block[:block.index("queue\n") + len("queue\n")]
+    assert "transfer_input_files = in.txt" in text and "output = count.out" in text
+    store, tmp = node_db
+    owner = _job_owner()
+    sub = _files(tmp, owner)
+    (job_id,) = _submit(store, tmp, text, owner)
+    (sub / "in.txt").unlink()  # the node needs no copy of it
+    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    assert store.get_job(job_id).status == "completed", store.get_job(job_id).reason
+    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.get_job(job_id).cluster_id)])
+    assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
