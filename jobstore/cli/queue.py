@@ -600,8 +600,6 @@ def stats(ctx: Context, as_json: bool) -> None:
         )
 
 
-
-
 @click.command("transfer-data")
 @click.argument("ids", nargs=-1, metavar="[JOB]...")
 @click.option("-constraint", "--constraint", "constraint", metavar="EXPR",

@@ -160,6 +160,7 @@ class PagedActions(Transitions):
                   totals: ActTotals) -> None:
         groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Job]] = {}
         events: list[dict[str, Any]] = []
+        every = self.listens_to_every_job()
         for job in page:
             if keep is not None and not keep(job):
                 continue
@@ -179,7 +180,7 @@ class PagedActions(Transitions):
             row = event_row(job.id, event, before, d.to_status, now, attempt=job.claims,
                             reason=why, attrs=attrs)
             events.append(row)
-            if job.user_log or self.listens_to_every_job():
+            if job.user_log or every:
                 note_event(conn, row, job)
             totals.add(Outcome(job.id, event, before, d.to_status, True, reason=why,
                                name=views.job_id(job)), event)

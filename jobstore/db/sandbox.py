@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
-from sqlalchemy import Connection, and_, insert, or_, select
+from sqlalchemy import Connection, insert, or_, select
 
 from jobstore.core.jobs import Job
 from jobstore.db import driver
@@ -146,20 +146,14 @@ class SandboxFiles(Transactions):
         return data[start:start + length]
 
     def file_content(self, owner: str, sha256: str) -> Iterator[bytes]:
-        """The bytes of `owner`'s file `sha256`, a chunk at a time (CHUNKS_READ chunks per
-        short transaction); nothing when the session may not see it."""
-        seq = 0
-        while True:
-            q = (select(sandbox_chunks.c.data)
-                 .where(and_(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
-                             sandbox_chunks.c.seq >= seq))
-                 .order_by(sandbox_chunks.c.seq).limit(CHUNKS_READ))
-            with self._tx() as conn:
-                rows = [bytes(r[0]) for r in conn.execute(q)]
-            yield from rows
-            if len(rows) < CHUNKS_READ:
+        """The bytes of `owner`'s file `sha256`, CHUNKS_READ chunks at a time (`file_range`, a
+        short transaction each); nothing when the session may not see it."""
+        offset, step = 0, CHUNKS_READ * CHUNK
+        while data := self.file_range(owner, sha256, offset, step):
+            yield data
+            if len(data) < step:
                 return
-            seq += len(rows)
+            offset += len(data)
 
 
 def _chunk_range(offset: int, length: int) -> tuple[int, int]:

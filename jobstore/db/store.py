@@ -259,7 +259,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         time, each with its hold event after its submit event."""
         for start in range(0, len(held), ACT_PAGE):
             chunk = held[start:start + ACT_PAGE]
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(chunk)))
+            rows = conn.execute(select(jobs).where(self._id_in(chunk)))
             self._act_page(conn, [Job.from_row(r._mapping) for r in rows], Event.HOLD,
                            HELD_AT_SUBMIT, (holds.SUBMITTED_ON_HOLD, 0), None, now,
                            ActTotals())
@@ -571,6 +571,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         changes = [edit_changes(job, name, text) for job in waiting]
         edited = [job.but(**c) for job, c in zip(waiting, changes, strict=True)]
         rows, events = [], []
+        every = self.listens_to_every_job()
         for job, change, new, ac in zip(waiting, changes, edited,
                                         self._register(conn, edited, now), strict=True):
             change.update(autocluster_id=ac, updated_at=now,
@@ -579,7 +580,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             row = event_row(job.id, "edit", job.status, None, now, attempt=job.claims,
                             reason=f"{name} = {text}", attrs={name: text})
             events.append(row)
-            if job.user_log or self.listens_to_every_job():
+            if job.user_log or every:
                 note_event(conn, row, job)
         columns = {k: bindparam(f"new_{k}", type_=jobs.c[k].type) for k in changes[0]}
         conn.execute(update(jobs).where(jobs.c.id == bindparam("edited_id"))

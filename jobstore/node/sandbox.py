@@ -19,11 +19,9 @@ import stat
 
 from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
 
-ATTR_SANDBOX = b"JobstoreSandbox"
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
 ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoint, go on later
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
-TRANSFER_OUTPUT_ERROR = 12  # ... and for an output that cannot be sent
 CHUNK = 1 << 20  # bytes per read or write through a transport
 MAX_NAME = 4096
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
