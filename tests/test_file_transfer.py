@@ -25,7 +25,7 @@ from jobstore.core import holds
 from jobstore.db.schema import sandbox_chunks
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator
-from jobstore.node.sandboxroot import ensure_root
+from jobstore.node.sandboxroot import OUTBOX, ensure_root
 
 SCRIPT = """#!/bin/sh
 wc -w < in.txt > count.txt
@@ -63,6 +63,11 @@ def _files(tmp: Path, owner: str | None) -> Path:
     return sub
 
 
+def _sandboxes(tmp: Path) -> list[Path]:
+    """The attempts' sandboxes under the node's sandbox root (not the agent's outbox)."""
+    return [p for p in (tmp / "sandboxes").iterdir() if p.name != OUTBOX]
+
+
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
          env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
     cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
@@ -96,7 +101,7 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     _run(store, tmp, owner, mode, {"completed", "held", "failed"})
     job = store.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
-    assert list((tmp / "sandboxes").iterdir()) == []  # each sandbox removed after its attempt
+    assert _sandboxes(tmp) == []  # each sandbox removed after its attempt
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"
@@ -127,7 +132,7 @@ def test_an_input_that_cannot_be_had_holds_the_job(node_db) -> None:  # type: ig
     assert "Failed to transfer the job's input files" in (job.reason or "")
     assert "sha256 mismatch" in (job.reason or "")
     assert not [e for e in store.events(job_id) if e.event == "start"]
-    assert list((tmp / "sandboxes").iterdir()) == []
+    assert _sandboxes(tmp) == []
 
 
 def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
@@ -142,7 +147,7 @@ def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None: 
     job = store.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "never.txt: no such output file" in (job.reason or "")
-    assert len(list((tmp / "sandboxes").iterdir())) == 1
+    assert len(_sandboxes(tmp)) == 1
 
 
 class _Files(SimpleHTTPRequestHandler):
@@ -274,3 +279,24 @@ def test_the_readmes_file_transfer_example(node_db) -> None:  # type: ignore[no-
     assert store.get_job(job_id).status == "completed", store.get_job(job_id).reason
     retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.get_job(job_id).cluster_id)])
     assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
+
+
+def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """JOB_EXIT's time for sending is up at once (JOBSTORE_OUTPUT_SECONDS = 0): the hook hands
+    the sandbox to the agent, which moves it into its outbox, sends the outputs, and records
+    the exit only then; nothing is lost and nothing is left."""
+    store, tmp = node_db
+    owner = _job_owner()
+    sub = _files(tmp, owner)
+    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
+         env={"JOBSTORE_OUTPUT_SECONDS": "0"})
+    job = store.get_job(job_id)
+    assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
+    assert "outputs not all sent in JOB_EXIT's time, handed to the agent" in \
+        (tmp / "agent.log").read_text()
+    assert _sandboxes(tmp) == []
+    assert list((tmp / "sandboxes" / OUTBOX).iterdir()) == []
+    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
+    assert (sub / "count.txt").read_text().strip() == "3"

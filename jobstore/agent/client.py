@@ -44,14 +44,15 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 from jobstore.node.launchcheck import annotate
-from jobstore.node.sandbox import Files, SandboxError, attempt_of, failed, transfer
+from jobstore.node.sandbox import Files, HandOff, SandboxError, attempt_of, failed, transfer
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
     from typing import NoReturn
 
 # How long one call of a sandbox's transfer may take, and all of JOB_EXIT's sending (inside
-# the starter's 30 s JOB_EXIT timeout, with time left for its report).
+# the starter's 30 s JOB_EXIT timeout, with time left for its report; JOBSTORE_OUTPUT_SECONDS
+# in the hook's environment sets it): what is not sent by then is handed to the agent.
 SANDBOX_CALL_SECONDS = 60.0
 OUTPUT_SECONDS = 15.0
 
@@ -153,12 +154,16 @@ class _AgentFiles(Files):
         deadline = time.monotonic() + SANDBOX_CALL_SECONDS
         if self.stop_at is not None:
             if time.monotonic() >= self.stop_at:
-                raise SandboxError(f"not sent within {OUTPUT_SECONDS:.0f} s")
+                raise HandOff()
             deadline = min(deadline, self.stop_at)
         request = encode([name.encode(), b"", data,
                           *[a.encode("utf-8", "surrogateescape") for a in [*self.who, *argv]]])
         try:
             answer = ask(self.path, request, deadline, self.agent_uids)
+        except TimeoutError:
+            if self.stop_at is not None and time.monotonic() >= self.stop_at:
+                raise HandOff() from None
+            raise SandboxError("the jobstore agent did not answer in time") from None
         except (_NoAnswer, _NotTheAgent, ProtocolError, OSError) as exc:
             raise SandboxError(f"the jobstore agent did not answer ({exc})") from None
         if answer is None or not answer or answer[0] != OK:
@@ -167,6 +172,13 @@ class _AgentFiles(Files):
         if error:
             raise SandboxError(error.decode("utf-8", "replace"))
         return answer[2]
+
+
+def _output_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get("JOBSTORE_OUTPUT_SECONDS") or OUTPUT_SECONDS))
+    except ValueError:
+        return OUTPUT_SECONDS
 
 
 class _NoAgentForFiles(Exception):
@@ -181,7 +193,7 @@ def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
     if mode != "direct":
         files = _AgentFiles(path, agent_uids, stdin)
         if hook == "job_exit":
-            files.stop_at = time.monotonic() + OUTPUT_SECONDS
+            files.stop_at = time.monotonic() + _output_seconds()
         try:
             return transfer(hook, stdin, argv, files)
         except _NoAgentForFiles:

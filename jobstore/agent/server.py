@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
+from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
     BUSY,
     HEADER,
@@ -161,6 +162,7 @@ class Agent:
         self._policing = threading.Event()
         self._attempts = Attempts()
         self._pruner = Pruner()
+        self._outbox = Outbox()
         self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
@@ -218,6 +220,7 @@ class Agent:
         evaluator = bounded.Bounded(self.settings.expression_timeout,
                                     self.settings.expression_workers)
         handlers.use_evaluator(evaluator)
+        handlers.use_outbox(self._outbox.hand_off)
         listener = self._listen()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -715,13 +718,17 @@ class Agent:
             self._replaying.clear()
 
     def _sandbox_roots(self) -> None:
-        """Make the sandbox roots of the keywords this node uses (file transfer)."""
+        """Make the sandbox roots of the keywords this node uses (file transfer), and go on
+        sending the outputs handed to the agent there before it stopped."""
+        roots = []
         for root in sorted({s.sandbox_root for s in config.node_settings().values()}):
             try:
                 for note in ensure_root(root):
                     log.warning("%s", note)
+                roots.append(root)
             except OSError as exc:
                 log.error("sandbox root %s cannot be made: %s", root, exc)
+        self._outbox.start(roots)
 
     def _spool_dirs(self) -> list[Path]:
         """The spool directories of the keywords this node uses, made safe (created, or

@@ -109,6 +109,16 @@ class SandboxFiles(Transactions):
         own = [r for r in rows if r[0] is not None]
         return [SandboxFile(*r[1:]) for r in (own or rows)]
 
+    def sent_names(self, job: Job, direction: str = OUT) -> set[str]:
+        """The names of the files `job`'s current attempt has stored in `direction` (OUT or
+        CHECKPOINT) so far."""
+        q = select(job_files.c.name).where(
+            job_files.c.cluster_id == job.cluster_id, job_files.c.proc_id == job.proc_id,
+            job_files.c.owner == job.owner, job_files.c.direction == direction,
+            job_files.c.attempt == job.claims)
+        with self._tx() as conn:
+            return set(conn.execute(q).scalars())
+
     def sandbox_start(self, job: Job) -> list[SandboxFile]:
         """What `job`'s next sandbox starts with: its inputs, and over them (by name) the files
         its newest checkpoint sent (an eviction with ON_EXIT_OR_EVICT, or an exit with its

@@ -11,7 +11,6 @@ import math
 import os
 import pwd
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -115,6 +114,18 @@ def use_evaluator(evaluator: bounded.Evaluator) -> None:
     with _stores_lock:
         for store in _stores.values():
             store.periodic_policy = evaluator.periodic_action
+
+
+# Who takes the outputs JOB_EXIT could not send in its time (the agent's outbox: `use_outbox`);
+# None in a hook process, where such outputs hold the job.
+_outbox: Callable[[HookRequest, ClassAd], HookResponse] | None = None
+
+
+def use_outbox(take: Callable[[HookRequest, ClassAd], HookResponse]) -> None:
+    """Hand the outputs of a JOB_EXIT that ran out of time (JobstoreHandOff) to `take`, which
+    sends them and then records the exit (the agent)."""
+    global _outbox
+    _outbox = take
 
 
 def use_pool(overflow: int) -> None:
@@ -233,7 +244,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if job is None:
         return HookResponse(log=notes)
     try:
-        text = render_job(job, sandbox=_sandbox(job, settings), **ad_kw)
+        text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
     except AdError as exc:
         store.report(
             job.id,
@@ -250,13 +261,15 @@ def fetch_job(request: HookRequest) -> HookResponse:
     )
 
 
-def _sandbox(job: Job, settings: config.Settings) -> str | None:
+def sandbox_dir(job: Job, settings: config.Settings) -> str | None:
     """Where a job with file transfer runs on this node: a directory of its own per attempt
-    under the sandbox root, named so that nobody can make it first (PREPARE_JOB makes it)."""
-    if not transfers_files(job):
+    under the sandbox root (PREPARE_JOB makes it), named after a hash of the attempt's secret
+    token, so that nobody can guess it before the fetch and the agent finds it again from the
+    job's row, never from what a hook says."""
+    if not transfers_files(job) or not job.token:
         return None
-    name = f"{job.cluster_id}.{job.proc_id}.{job.claims}-{secrets.token_hex(8)}"
-    return os.path.join(settings.sandbox_root, name)
+    tag = hashlib.sha256(b"sandbox:" + job.token.encode()).hexdigest()[:16]
+    return os.path.join(settings.sandbox_root, f"{job.cluster_id}.{job.proc_id}.{job.claims}-{tag}")
 
 
 def _maintain(store: JobStore, settings: config.Settings) -> list[str]:
@@ -370,6 +383,11 @@ def job_exit(request: HookRequest) -> HookResponse:
         "hold": Event.HOOK_HOLD,
         "remove": Event.HOOK_REMOVE,
     }[request.argv[0]]
+    if _ours(job) and get_bool(job, "JobstoreHandOff") is True:
+        if _outbox is not None:  # the rest is sent by the agent, which records the exit after
+            return _outbox(request, job)
+        job["JobstoreOutputError"] = ("Failed to transfer the job's output files: not sent in "
+                                      "JOB_EXIT's time, and no jobstore agent to hand them to")
     problem = get_str(job, "JobstoreOutputError") if _ours(job) else None
     if problem and event == Event.EXIT:  # its outputs could not be sent back: hold, as HTCondor
         job["HoldReason"] = problem

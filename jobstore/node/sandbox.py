@@ -21,6 +21,7 @@ from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, strin
 
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
 ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoint, go on later
+ATTR_HAND_OFF = b"JobstoreHandOff"  # true: outputs not all sent in JOB_EXIT's time, the agent
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
 CHUNK = 1 << 20  # bytes per read or write through a transport
 MAX_NAME = 4096
@@ -37,6 +38,10 @@ class SandboxError(Exception):
     def __init__(self, message: str, err: int = 0) -> None:
         super().__init__(message)
         self.errno = err
+
+
+class HandOff(Exception):  # noqa: N818 - not an error: a change of hands
+    """JOB_EXIT's time for sending is up: the agent sends the rest (agent mode only)."""
 
 
 class Files:
@@ -86,12 +91,22 @@ def transfer(hook: str, ad: bytes, argv: list[str], files: Files) -> bytes:
     an exit sends the outputs, or with its checkpoint_exit_code the checkpoint (the job is
     requeued to go on from it: JobstoreCheckpointed); an eviction with ON_EXIT_OR_EVICT sends
     the outputs as a checkpoint too; nothing comes back otherwise. The sandbox is removed after
-    each attempt (kept when its outputs could not be sent). Returns the ad the handler reads."""
+    each attempt (kept when its outputs could not be sent). Returns the ad the handler reads:
+    with JobstoreHandOff when the transport's time ran out (HandOff), the sandbox left as it
+    is for the agent, which sends the rest and then reports the exit."""
     if hook == "prepare_job":
         return stage_in(ad, files.manifest, files.read)
-    found = attempt_of(ad)
-    if found is None:
+    if attempt_of(ad) is None:
         return ad
+    try:
+        return _send_back(ad, argv, files)
+    except HandOff:
+        return ad.rstrip(b"\n") + b"\n" + ATTR_HAND_OFF + b" = true\n"
+
+
+def _send_back(ad: bytes, argv: list[str], files: Files) -> bytes:
+    found = attempt_of(ad)
+    assert found is not None
     plain = _plain_attrs(ad, (b"checkpointexitcode", b"exitcode"))
     when = string_attrs(ad, (b"whentotransferoutput",)).get(b"whentotransferoutput", "")
     if argv == ["exit"]:

@@ -36,7 +36,7 @@ _uploads_lock = threading.Lock()
 def handle(request: HookRequest) -> HookResponse:
     """Serve one call; never raises (failures come back as `error`)."""
     try:
-        settings, store, job = _attempt(request)
+        settings, store, job = current_attempt(request)
         if request.hook == "sandbox_list":
             return _list(store, job)
         if request.hook == "sandbox_read":
@@ -53,8 +53,9 @@ def handle(request: HookRequest) -> HookResponse:
         return HookResponse(error=f"{request.hook}: internal error: {type(exc).__name__}: {exc}")
 
 
-def _attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Job]:
-    """The settings, store and job whose current attempt the call names, checked."""
+def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Job]:
+    """The settings, store and job whose current attempt the call names (argv: keyword, job
+    id, attempt, token), checked: HookError when it is not current or not the caller's."""
     if len(request.argv) < 4 or not all(a.isdigit() for a in request.argv[1:3]):
         raise HookError("needs the keyword, job id, attempt and token")
     keyword, job_id, attempt, token = request.argv[:4]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT_MODE = 0o1777  # as root: every job's user makes her sandbox here, sticky
 OWN_MODE = 0o755  # an ordinary account's node (everything runs as that account)
+OUTBOX = ".jobstore-outbox"  # the agent's own: sandboxes whose outputs it sends (agent.outbox)
 
 
 def ensure_root(directory: str) -> list[str]:
@@ -44,6 +45,25 @@ def ensure_root(directory: str) -> list[str]:
         os.chmod(path, mode)
         notes.append(f"sandbox root {path} had mode {stat.S_IMODE(st.st_mode):o}: now {mode:o}")
     return notes
+
+
+def ensure_outbox(directory: str) -> Path:
+    """The agent's outbox under the sandbox root `directory`: its own, mode 0700, so that no
+    job's user can reach what is moved there; one made by another account is moved aside."""
+    path = Path(directory) / OUTBOX
+    try:
+        os.mkdir(path, 0o700)
+        return path
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(path, 0o700)
+        return path
+    os.rename(path, path.with_name(f"{OUTBOX}.untrusted-{time.time_ns()}"))
+    os.mkdir(path, 0o700)
+    return path
 
 
 _ATTEMPT_DIR = re.compile(r"(\d+)\.(\d+)\.(\d+)-[0-9a-f]{16}")

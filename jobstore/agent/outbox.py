@@ -1,0 +1,218 @@
+"""The outputs a JOB_EXIT could not send in its time (issue 30), sent by the agent after the
+hook has gone.
+
+The hook stops sending when its time is up and says so (JobstoreHandOff); the agent then moves
+the attempt's sandbox into its outbox under the sandbox root (a rename, never a copy, and out of
+the job's user's reach), sends what the hook had not sent, as the hook would have, and only then
+records the exit the hook reported. The report waits beside the sandbox, so an agent that
+restarts goes on where it stopped; both are removed once the exit is recorded. While it sends,
+the agent renews the attempt's lease, so that the job is not given to another slot meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import pwd
+import queue
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from classad2 import ClassAd
+
+from jobstore.db.sandbox import CHECKPOINT, OUT
+from jobstore.errors import DatabaseError, UnknownJob
+from jobstore.formats.classads import get_int, get_str
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN
+from jobstore.node import config, handlers, sandboxcalls
+from jobstore.node.handlers import HookError, HookRequest, HookResponse
+from jobstore.node.reports import SERVICE, Caller
+from jobstore.node.sandbox import ATTR_HAND_OFF, Files, SandboxError, failed, transfer
+from jobstore.node.sandboxroot import ensure_outbox
+
+log = logging.getLogger("jobstore.agent")
+RETRY_SECONDS = 30.0  # after the database was away
+EXIT_SUFFIX = ".exit"
+
+
+class _Later(Exception):  # noqa: N818 - not a failure of the job's: try again
+    """The database is away: the sending is tried again later."""
+
+
+class Outbox:
+    """Takes hand-offs (handlers.use_outbox) and sends them, one at a time, in a thread."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Path] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, roots: Iterable[str]) -> None:
+        """Go on with what a previous run left in the outboxes of `roots`, and serve."""
+        for root in roots:
+            try:
+                box = ensure_outbox(root)
+            except OSError as exc:
+                log.error("outbox under %s cannot be made: %s", root, exc)
+                continue
+            for record in sorted(box.glob("*" + EXIT_SUFFIX)):
+                self._queue.put(record)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="outbox", daemon=True)
+            self._thread.start()
+
+    def hand_off(self, request: HookRequest, ad: ClassAd) -> HookResponse:
+        """JOB_EXIT's hand-off: move the attempt's sandbox into the outbox and keep the report
+        for after the sending. What cannot be taken over is reported now, as outputs that could
+        not be sent (the job is held, code 12)."""
+        stdin = _without(request.stdin, (ATTR_HAND_OFF,))
+        try:
+            record = self._take(request, ad, stdin)
+        except (HookError, SandboxError, OSError, config.ConfigError, UnknownJob,
+                DatabaseError) as exc:
+            why = f"not sent in JOB_EXIT's time, and not handed to the agent: {exc}"
+            return handlers.handle(HookRequest(
+                hook="job_exit", argv=request.argv, stdin=failed("job_exit", stdin, why),
+                env=request.env, caller=request.caller))
+        self._queue.put(record)
+        return HookResponse(log=[f"job {get_int(ad, 'ClusterId')}.{get_int(ad, 'ProcId')}: "
+                                 "outputs not all sent in JOB_EXIT's time, handed to the agent"])
+
+    def _take(self, request: HookRequest, ad: ClassAd, stdin: bytes) -> Path:
+        keyword = config.starter_keyword(get_str(ad, "HookKeyword"))
+        who = [keyword or "", str(get_int(ad, ATTR_JOB_ID)), str(get_int(ad, ATTR_ATTEMPT)),
+               get_str(ad, ATTR_TOKEN) or ""]
+        settings, _store, job = sandboxcalls.current_attempt(HookRequest(
+            hook="sandbox_list", argv=who, stdin=b"", caller=request.caller))
+        sandbox = handlers.sandbox_dir(job, settings)
+        if sandbox is None:
+            raise HookError("the job has no sandbox")
+        target = ensure_outbox(settings.sandbox_root) / os.path.basename(sandbox)
+        try:
+            os.rename(sandbox, target)  # the name comes from the job's row, not from the hook
+        except FileNotFoundError:
+            raise HookError(f"its sandbox {sandbox} is not there") from None
+        st = os.lstat(target)
+        owner = _uid_of(job.owner)
+        if not stat.S_ISDIR(st.st_mode) or (os.geteuid() == 0 and st.st_uid != owner):
+            _remove(target)
+            raise HookError(f"{sandbox} is not a directory of {job.owner}'s")
+        record = target.with_name(target.name + EXIT_SUFFIX)
+        text = json.dumps({
+            "argv": request.argv, "stdin": base64.b64encode(stdin).decode(),
+            "slot": request.env.get("_CONDOR_SLOT"), "caller": request.caller.uid,
+            "owner": owner, "who": who, "renew": settings.lease_duration / 3})
+        temp = record.with_name(record.name + ".new")
+        temp.write_text(text)
+        os.replace(temp, record)
+        return record
+
+    def _run(self) -> None:
+        while True:
+            record = self._queue.get()
+            try:
+                self._send(record)
+            except _Later as exc:
+                log.warning("outbox %s: database away (%s); again in %g s", record.name, exc,
+                            RETRY_SECONDS)
+                threading.Timer(RETRY_SECONDS, self._queue.put, args=(record,)).start()
+            except Exception as exc:  # one bad record must not stop the others
+                log.error("outbox %s: %s: %s", record.name, type(exc).__name__, exc)
+
+    def _send(self, record: Path) -> None:
+        """Send one hand-off's outputs, record its exit, remove both."""
+        try:
+            kept = json.loads(record.read_text())
+        except FileNotFoundError:
+            return  # done already
+        sandbox = record.with_name(record.name[:-len(EXIT_SUFFIX)])
+        stdin = _without(base64.b64decode(kept["stdin"]), (b"Iwd",))
+        stdin += b'Iwd = "' + os.fsencode(sandbox) + b'"\n'
+        files = _OutboxFiles(stdin, kept["who"], kept["owner"], kept["renew"])
+        if sandbox.is_dir():
+            stdin = transfer("job_exit", stdin, kept["argv"], files)
+        else:
+            stdin = failed("job_exit", stdin, f"{sandbox} vanished from the agent's outbox")
+        caller = SERVICE if kept["caller"] is None else Caller(kept["caller"])
+        env = {"_CONDOR_SLOT": kept["slot"]} if kept["slot"] else {}
+        response = handlers.handle(HookRequest(hook="job_exit", argv=kept["argv"], stdin=stdin,
+                                               env=env, caller=caller))
+        if response.database_error and not response.spooled:
+            raise _Later(response.error)
+        for note in response.log:
+            log.info("job_exit (outbox) %s", note)
+        if response.error:
+            log.warning("job_exit (outbox) %s", response.error)
+        _remove(sandbox)
+        record.unlink(missing_ok=True)
+
+
+class _OutboxFiles(Files):
+    """A handed-off sandbox's transport: the calls served in the agent's own process, for the
+    attempt the hook named; only the job owner's own files are sent, none already stored."""
+
+    def __init__(self, ad: bytes, who: list[str], owner: int | None, renew: float) -> None:
+        super().__init__(ad)
+        self.who, self.ad, self.owner, self.renew = who, ad, owner, renew
+        self.renewed = time.monotonic()
+        self.stored: dict[str, set[str]] | None = None
+
+    def call(self, name: str, argv: list[str], data: bytes = b"") -> bytes:
+        if time.monotonic() - self.renewed > self.renew:
+            self._renew_lease()
+        response = sandboxcalls.handle(HookRequest(hook=name, argv=[*self.who, *argv],
+                                                   stdin=data, caller=SERVICE))
+        if response.database_error:
+            raise _Later(response.error)
+        if response.error:
+            raise SandboxError(response.error)
+        return response.stdout
+
+    def _send(self, name: str, fd: int, mode: int, kind: list[str]) -> None:
+        direction = CHECKPOINT if kind else OUT
+        if name in self._stored(direction):
+            return
+        if os.geteuid() == 0 and os.fstat(fd).st_uid != self.owner:
+            raise SandboxError(f"{name}: not a file of the job owner's")
+        super()._send(name, fd, mode, kind)
+
+    def _stored(self, direction: str) -> set[str]:
+        if self.stored is None:
+            try:
+                _settings, store, job = sandboxcalls.current_attempt(HookRequest(
+                    hook="sandbox_list", argv=self.who, stdin=b"", caller=SERVICE))
+                self.stored = {d: store.sent_names(job, d) for d in (OUT, CHECKPOINT)}
+            except DatabaseError as exc:
+                raise _Later(str(exc)) from None
+            except (HookError, UnknownJob, config.ConfigError) as exc:
+                raise SandboxError(str(exc)) from None
+        return self.stored[direction]
+
+    def _renew_lease(self) -> None:
+        self.renewed = time.monotonic()
+        handlers.handle(HookRequest(hook="update_job_info", argv=[],
+                                    stdin=_without(self.ad, (b"JobPid",)), caller=SERVICE))
+
+
+def _without(ad: bytes, names: tuple[bytes, ...]) -> bytes:
+    """An old-syntax ad without the attributes `names`."""
+    drop = {n.lower() for n in names}
+    lines = [line for line in ad.split(b"\n")
+             if line.strip() and line.partition(b"=")[0].strip().lower() not in drop]
+    return b"\n".join(lines) + b"\n"
+
+
+def _uid_of(owner: str) -> int | None:
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        return None
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

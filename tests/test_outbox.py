@@ -1,0 +1,120 @@
+"""The agent's outbox (issue 30): a JOB_EXIT that ran out of time hands its sandbox over; the
+agent moves it out of the job's user's reach, sends its outputs, and only then records the
+exit; what a stopped agent left is sent by the next one; a hand-off that cannot be taken holds
+the job (HoldReasonCode 12). In process, on real databases and directories."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobstore.agent.outbox import Outbox
+from jobstore.core import holds
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import Job
+from jobstore.db.store import JobStore
+from jobstore.formats import classads
+from jobstore.formats.jobads import render_job
+from jobstore.node import config, handlers
+from jobstore.node.handlers import HookRequest
+from jobstore.node.reports import SERVICE
+from jobstore.node.sandboxroot import OUTBOX, ensure_root
+from jobstore.submit.description import parse_submit_text
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+
+
+@pytest.fixture
+def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The store's settings as a node's (environment), with a sandbox root; the sandbox root."""
+    root = tmp_path / "sandboxes"
+    ensure_root(str(root))
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(root))
+    monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
+    handlers.drop_stores()
+    yield root
+    handlers.drop_stores()
+
+
+def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
+    """A job with file transfer, claimed, its sandbox made and written as a job leaves it; the
+    ad its JOB_EXIT hook hands off."""
+    (tmp / "in.txt").write_text("input")
+    specs = parse_submit_text("executable = /bin/cat\ntransfer_executable = false\n"
+                              "transfer_input_files = in.txt\noutput = job.out\nqueue\n",
+                              base_dir=tmp)
+    store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
+                 max_attempts=3)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    settings = config.load_settings("JOBSTORE")
+    sandbox = Path(handlers.sandbox_dir(job, settings) or "")
+    sandbox.mkdir(mode=0o700)
+    (sandbox / "job.out").write_text("out\n")
+    (sandbox / "made.txt").write_text("new\n")
+    ad = render_job(job, sandbox=str(sandbox), keyword="JOBSTORE", uid_domain="localdomain",
+                    job_lease_duration=2400)
+    return job, (ad + "ExitCode = 0\nExitBySignal = false\nJobstoreHandOff = true\n").encode()
+
+
+def _job_exit(ad: bytes) -> HookRequest:
+    return HookRequest(hook="job_exit", argv=["exit"], stdin=ad, caller=SERVICE)
+
+
+def _wait(store: JobStore, job: Job, status: str) -> Job:
+    deadline = time.monotonic() + 30
+    while (got := store.get_job(job.id)).status != status:
+        assert time.monotonic() < deadline, (got.status, got.reason)
+        time.sleep(0.05)
+    return got
+
+
+def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, node: Path,
+                                                             tmp_path: Path) -> None:
+    job, ad = _exited(store, tmp_path)
+    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    assert taken.error is None and "handed to the agent" in taken.log[0]
+    box = node / OUTBOX
+    assert [p.name for p in node.iterdir()] == [OUTBOX]  # moved, out of the user's reach
+    name = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").name
+    assert sorted(p.name for p in box.iterdir()) == [name, name + ".exit"]
+    assert sorted(p.name for p in (box / name).iterdir()) == ["job.out", "made.txt"]
+    assert store.get_job(job.id).status == job.status  # the exit waits for the outputs
+    Outbox().start([str(node)])  # a new agent finds it and goes on
+    done = _wait(store, job, "completed")
+    assert done.exit_code == 0
+    assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
+    assert list(box.iterdir()) == []
+
+
+def test_a_hand_off_without_its_sandbox_holds_the_job(store: JobStore, node: Path,
+                                                      tmp_path: Path) -> None:
+    job, ad = _exited(store, tmp_path)
+    sandbox = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
+    for child in sandbox.iterdir():
+        child.unlink()
+    sandbox.rmdir()
+    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    assert taken.error is None
+    held = store.get_job(job.id)
+    assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
+    assert "not handed to the agent" in (held.reason or "")
+    assert "is not there" in (held.reason or "")
+
+
+def test_a_hand_off_of_another_attempt_is_refused(store: JobStore, node: Path,
+                                                  tmp_path: Path) -> None:
+    job, ad = _exited(store, tmp_path)
+    forged = ad.replace(f'"{job.token}"'.encode(), b'"guess"')
+    taken = Outbox().hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
+    assert taken.stale  # recorded only, as any report with a wrong token; nothing moved
+    assert store.get_job(job.id).status == job.status
+    assert not (node / OUTBOX).exists() or not any((node / OUTBOX).iterdir())
+    assert Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").is_dir()
