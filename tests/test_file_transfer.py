@@ -300,3 +300,62 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"
+
+
+class _Uploads(SimpleHTTPRequestHandler):
+    """PUT stores the body under the served directory, as an upload endpoint would."""
+
+    def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+        length = int(self.headers["Content-Length"])
+        target = Path(self.directory) / self.path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(self.rfile.read(length))
+        self.send_response(201)
+        self.end_headers()
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """output_destination: the node sends the outputs (stdout and stderr too) to a file:// or
+    an http:// URL, under their remapped names, as the job's user; nothing goes into the store
+    and transfer-data has nothing to write."""
+    store, tmp = node_db
+    owner = _job_owner()
+    sub = _files(tmp, owner)
+    shared = tmp / "shared-out"
+    shared.mkdir()
+    if owner:
+        import pwd
+
+        user = pwd.getpwnam(owner)
+        os.chown(shared, user.pw_uid, user.pw_gid)
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                 functools.partial(_Uploads, directory=str(uploads)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ids = {}
+        for label, url in (("file", f"file://{shared}"),
+                           ("http", f"http://127.0.0.1:{server.server_address[1]}/jobs/")):
+            (ids[label],) = _submit(store, tmp, SUBMIT.format(extra=(
+                f"output_destination = {url}\n"
+                "transfer_output_remaps = \"count.txt = n/words.txt\"")), owner)
+        _run(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    for label, where in (("file", shared), ("http", uploads / "jobs")):
+        job = store.get_job(ids[label])
+        assert (job.status, job.exit_code) == ("completed", 0), (label, job.reason)
+        assert (where / "n" / "words.txt").read_text().strip() == "3", label
+        assert (where / "job.out").read_text() == "three little words\n1,2\n", label
+        assert (where / "job.err").read_text() == "oops\n", label
+        assert store.job_files_of(job, "out") == []
+    if owner:  # written with the job's user's rights
+        assert (shared / "job.out").stat().st_uid == pwd.getpwnam(owner).pw_uid
+    cluster = store.get_job(ids["file"]).cluster_id
+    got = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(cluster)])
+    assert all(not g.written for g in got) and not (sub / "count.txt").exists()

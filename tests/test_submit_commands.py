@@ -93,6 +93,7 @@ HANDLED_SAMPLES = {
     "should_transfer_files": "IF_NEEDED", "when_to_transfer_output": "ON_EXIT",
     "transfer_output_files": "", "TransferOutputFiles": "", "TransferInputFiles": "",
     "transfer_output_remaps": "", "checkpoint_exit_code": "", "transfer_checkpoint_files": "",
+    "output_destination": "file:///tmp/outputs",
 }
 SAMPLES = {"string": ('a "quoted" word', '"a \\"quoted\\" word"'), "bool": ("yes", "true"),
            "int": ("7", "7"), "expr": ("1 + 2", "1 + 2")}

@@ -56,6 +56,12 @@ def test_inputs_directories_and_their_contents(iwd: str) -> None:
     ({"transfer_output_files": "o", "transfer_output_remaps": "o = https://h/o"},
      "remapped to a URL"),
     ({"should_transfer_files": "yes", "transfer_executable": "maybe"}, "is not true or false"),
+    ({"output_destination": "s3://bucket/out"}, "the s3:// scheme is not supported"),
+    ({"output_destination": "/shared/out"}, "not a URL"),
+    ({"output_destination": "file://server/out"}, "names an absolute path on the execute"),
+    ({"output_destination": "http://h/a b"}, "must be %-encoded"),
+    ({"should_transfer_files": "NO", "output_destination": "file:///o"},
+     "needs should_transfer_files = YES"),
 ])
 def test_what_condor_submit_refuses(iwd: str, values: dict[str, str], message: str) -> None:
     with pytest.raises(FieldError, match=message):
@@ -93,3 +99,13 @@ def test_urls_are_fetched_on_the_node_not_stored(iwd: str) -> None:
     with pytest.raises(FieldError, match="big.tar is named twice"):  # a URL's name counts
         read_transfer({**values, "transfer_input_files": values["transfer_input_files"]
                        + ", big.tar"}, iwd)
+
+
+def test_output_destination_is_where_the_node_sends_the_outputs(iwd: str) -> None:
+    from jobstore.submit.transfer import sandbox_inputs, transfer_attrs
+
+    values = {"output_destination": "https://h.example/up/", "transfer_executable": "false"}
+    t = read_transfer(values, iwd)  # file transfer without should_transfer_files, as HTCondor
+    assert t is not None and t.output_url == "https://h.example/up/"
+    attrs = transfer_attrs(t, values, sandbox_inputs(t, "/bin/true", None))
+    assert attrs["OutputDestination"] == '"https://h.example/up/"'

@@ -44,7 +44,15 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
 from jobstore.node.launchcheck import annotate
-from jobstore.node.sandbox import Files, HandOff, SandboxError, attempt_of, failed, transfer
+from jobstore.node.sandbox import (
+    Files,
+    HandOff,
+    SandboxError,
+    attempt_of,
+    failed,
+    output_seconds,
+    transfer,
+)
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -174,13 +182,6 @@ class _AgentFiles(Files):
         return answer[2]
 
 
-def _output_seconds() -> float:
-    try:
-        return max(0.0, float(os.environ.get("JOBSTORE_OUTPUT_SECONDS") or OUTPUT_SECONDS))
-    except ValueError:
-        return OUTPUT_SECONDS
-
-
 class _NoAgentForFiles(Exception):
     """No agent served the call: the hook does the transfer itself (direct mode)."""
 
@@ -193,7 +194,7 @@ def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
     if mode != "direct":
         files = _AgentFiles(path, agent_uids, stdin)
         if hook == "job_exit":
-            files.stop_at = time.monotonic() + _output_seconds()
+            files.stop_at = time.monotonic() + output_seconds(OUTPUT_SECONDS)
         try:
             return transfer(hook, stdin, argv, files)
         except _NoAgentForFiles:

@@ -112,7 +112,9 @@ def _send_back(ad: bytes, argv: list[str], files: Files) -> bytes:
     if argv == ["exit"]:
         code = plain.get(b"checkpointexitcode")
         if code is None or code != plain.get(b"exitcode"):
-            return stage_out(ad, files.manifest, files.send)
+            url = string_attrs(ad, (b"outputdestination",)).get(b"outputdestination")
+            send = _Destination(ad, url).send if url else files.send
+            return stage_out(ad, files.manifest, send)
         sent = stage_out(ad, files.manifest, files.send_checkpoint, listed=b"transfercheckpoint")
         return sent if ATTR_OUTPUT_ERROR in sent else sent + ATTR_CHECKPOINTED + b" = true\n"
     if argv == ["evict"] and when.upper() == "ON_EXIT_OR_EVICT":
@@ -273,6 +275,82 @@ def _check_disk(ad: bytes, files: Manifest) -> int:
         raise SandboxError(f"its inputs take {need // 1024} KiB, more than its RequestDisk of "
                            f"{room // 1024} KiB", errno.ENOSPC)
     return room - need
+
+
+def output_seconds(default: float = 15.0) -> float:
+    """Seconds JOB_EXIT may spend sending outputs (JOBSTORE_OUTPUT_SECONDS in the hook's
+    environment): inside the starter's 30 s for the hook, with time left for its report."""
+    try:
+        return max(0.0, float(os.environ.get("JOBSTORE_OUTPUT_SECONDS") or default))
+    except ValueError:
+        return default
+
+
+class _Destination:
+    """output_destination: the outputs sent to a URL by this process, as the job's user
+    (file:// writes the file, http(s):// PUTs it, as HTCondor's curl plugin uploads), each
+    under its transfer_output_remaps name or its last component; all within output_seconds()."""
+
+    def __init__(self, ad: bytes, url: str) -> None:
+        import time
+
+        from jobstore.formats import remaps
+
+        text = string_attrs(ad, (b"transferoutputremaps",)).get(b"transferoutputremaps", "")
+        self.url, self.remaps = url.rstrip("/"), dict(remaps.parse(text))
+        self.stop_at = time.monotonic() + output_seconds()
+
+    def send(self, name: str, fd: int, mode: int) -> None:
+        import time
+        from urllib.parse import quote, unquote, urlsplit
+
+        target = self.remaps.get(name) or os.path.basename(name)
+        url = f"{self.url}/{quote(target)}"
+        left = self.stop_at - time.monotonic()
+        if left <= 0:
+            raise SandboxError(f"{name}: not sent to {self.url} within {output_seconds():g} s",
+                               errno.ETIMEDOUT)
+        if url.startswith("file:"):
+            _write_to(unquote(urlsplit(url).path), fd, mode)
+        else:
+            _put(url, fd, min(left, url_timeout()))
+
+
+def _write_to(path: str, fd: int, mode: int) -> None:
+    """Copy the open file `fd` to `path` (replaced, never through a link at its end)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode | 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(out, fd, offset, size - offset)
+            if not sent:
+                break
+            offset += sent
+    finally:
+        os.close(out)
+
+
+def _put(url: str, fd: int, timeout: float) -> None:
+    """PUT the open file `fd` to `url` with Python's own HTTP client."""
+    import urllib.error
+    import urllib.request
+
+    with os.fdopen(os.dup(fd), "rb") as body:
+        request = urllib.request.Request(url, data=body, method="PUT", headers={
+            "Content-Length": str(os.fstat(fd).st_size),
+            "Content-Type": "application/octet-stream"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - checked
+                pass
+        except urllib.error.HTTPError as exc:
+            raise SandboxError(f"{url}: HTTP {exc.code} {exc.reason}", errno.EIO) from None
+        except urllib.error.URLError as exc:
+            raise SandboxError(f"{url}: {exc.reason}", errno.EIO) from None
+        except TimeoutError:
+            raise SandboxError(f"{url}: no answer within {timeout:g} s",
+                               errno.ETIMEDOUT) from None
 
 
 def url_timeout() -> float:

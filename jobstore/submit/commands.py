@@ -63,7 +63,7 @@ _handled(
     "getenv", "get_env", "transfer_executable", "transfer_input_files", "skip_filechecks",
     "should_transfer_files", "when_to_transfer_output", "transfer_output_files",
     "TransferOutputFiles", "TransferInputFiles", "transfer_output_remaps",
-    "checkpoint_exit_code", "transfer_checkpoint_files",
+    "checkpoint_exit_code", "transfer_checkpoint_files", "output_destination",
     "allow_arguments_v1", "allow_environment_v1",
     "periodic_hold", "periodic_hold_reason", "periodic_hold_subcode", "periodic_release",
     "periodic_remove", "on_exit_hold", "on_exit_hold_reason", "on_exit_hold_subcode",
@@ -109,13 +109,14 @@ for _attr, _form, *_names in (
     _stored(_attr, _form, *_names)
 
 # ---- refused, with why -------------------------------------------------------------------
-_FILES = ("is not supported: a fetched job's sandbox takes local input files and brings its "
-          "outputs back into the job store (transfer_input_files, transfer_output_files, "
-          "transfer_output_remaps), nothing else yet")
+_FILES = ("is not supported: a fetched job's sandbox takes local files and file, http and "
+          "https URLs in, and sends its outputs back into the job store or to a URL "
+          "(transfer_input_files, transfer_output_files, transfer_output_remaps, "
+          "output_destination), nothing else yet")
 _refused(_FILES, "transfer_plugins",
          "transfer_container", "transfer_common_input", "public_input_files",
-         "max_transfer_input_mb", "max_transfer_output_mb", "output_destination",
-         "output_directory", "preserve_relative_paths", "checkpoint_destination",
+         "max_transfer_input_mb", "max_transfer_output_mb", "output_directory",
+         "preserve_relative_paths", "checkpoint_destination",
          "encrypt_input_files", "encrypt_output_files", "dont_encrypt_input_files",
          "dont_encrypt_output_files", "manifest", "manifest_dir", "container_is_common",
          "aws_access_key_id_file", "aws_secret_access_key_file",

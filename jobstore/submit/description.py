@@ -97,6 +97,7 @@ _COMMANDS: dict[str, tuple[str, ...]] = {
     "when_to_transfer_output": ("when_to_transfer_output",),
     "checkpoint_exit_code": ("checkpoint_exit_code",),
     "transfer_checkpoint_files": ("transfer_checkpoint_files",),
+    "output_destination": ("output_destination",),
     "hold": ("hold",),
     "getenv": ("getenv", "get_env"),
     "skip_filechecks": ("skip_filechecks",),

@@ -1,11 +1,13 @@
 """condor_submit's file-transfer commands read into one value: what a job takes into its sandbox
 on the execute node and what it brings back (should_transfer_files, transfer_input_files,
-transfer_executable, transfer_output_files, when_to_transfer_output, transfer_output_remaps).
+transfer_executable, transfer_output_files, when_to_transfer_output, transfer_output_remaps,
+output_destination).
 
 Names follow condor_submit: inputs are separated by commas and taken against the job's
 initialdir; a directory is copied whole, or only its contents when it is named with a trailing
 `/`; an output is a path inside the sandbox (never absolute, never through `..`) and comes back
-under its last component, or where transfer_output_remaps sends it."""
+under its last component, or where transfer_output_remaps sends it; with output_destination, a
+URL (file, http, https), the execute node sends them there instead of into the job store."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from jobstore.core.jobs import InputFile
+from jobstore.formats import remaps
 from jobstore.submit.errors import FieldError
 from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
@@ -50,6 +53,7 @@ class Transfer:
     on_evict: bool = False  # when_to_transfer_output = ON_EXIT_OR_EVICT
     checkpoint_exit_code: int | None = None  # the job checkpointed and wants to go on
     checkpoint_files: tuple[str, ...] | None = None  # transfer_checkpoint_files (None: outputs)
+    output_url: str | None = None  # output_destination: where the node sends the outputs
 
     def destination(self, name: str, iwd: str) -> str:
         """Where output `name` (a path in the sandbox) lands on the submit side: its remap, or
@@ -66,13 +70,14 @@ def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
     mode = _mode(values.get("should_transfer_files"))
     inputs_text = values.get("transfer_input_files", "").strip()
     outputs_text = values.get("transfer_output_files")
+    url = values.get("output_destination", "").strip() or None
     if mode is False:
         for command in ("transfer_input_files", "transfer_output_files",
-                        "transfer_output_remaps"):
+                        "transfer_output_remaps", "output_destination"):
             if values.get(command, "").strip():
                 raise FieldError(command, "needs should_transfer_files = YES (it is NO)")
         return None
-    if mode is None and not inputs_text and outputs_text is None:
+    if mode is None and not inputs_text and outputs_text is None and url is None:
         return None  # IF_NEEDED, or unset, with nothing to transfer: the shared file system
     when = values.get("when_to_transfer_output", "on_exit").strip().lower()
     if when not in _WHEN:
@@ -96,7 +101,25 @@ def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
         checkpoint_exit_code=int(code) if code else None,
         checkpoint_files=tuple(_output(e, "transfer_checkpoint_files")
                                for e in _entries(checkpoint)) if checkpoint else None,
+        output_url=_destination(url) if url else None,
     )
+
+
+def _destination(url: str) -> str:
+    """output_destination: a URL of a directory, by a scheme the node can send to."""
+    parts = urlsplit(url)
+    if parts.scheme not in URL_SCHEMES:
+        why = f"the {parts.scheme}:// scheme is not supported" if parts.scheme else "not a URL"
+        raise FieldError("output_destination", f"{url}: {why} (only "
+                         f"{', '.join(s + '://' for s in URL_SCHEMES)})")
+    if parts.scheme == "file" and (parts.netloc not in ("", "localhost")
+                                   or not parts.path.startswith("/")):
+        raise FieldError("output_destination", f"{url}: a file:// URL names an absolute path "
+                         "on the execute node")
+    if any(ord(c) < 33 or c in '"\\' for c in url):
+        raise FieldError("output_destination", f"{url!r}: spaces, quotes and control "
+                         "characters must be %-encoded")
+    return url
 
 
 def _mode(text: str | None) -> bool | None:
@@ -175,49 +198,17 @@ def parse_remaps(text: str) -> tuple[tuple[str, str], ...]:
     return _remaps(text)
 
 
-def _escaped(text: str) -> str:
-    return text.replace("\\", "\\\\").replace(";", "\\;").replace("=", "\\=")
-
-
 def _remaps(text: str) -> tuple[tuple[str, str], ...]:
-    """`"name = target; other = target2"`, with `\\;` and `\\=` for those characters."""
+    """transfer_output_remaps' pairs, each name normalised; FieldError names the command."""
     what = "transfer_output_remaps"
-    body = text.strip()
-    if len(body) >= 2 and body[0] == body[-1] == '"':
-        body = body[1:-1]
-    out: list[tuple[str, str]] = []
-    for part in _split_escaped(body, ";"):
-        if not part.strip():
-            continue
-        pair = _split_escaped(part, "=")
-        if len(pair) != 2 or not pair[0].strip() or not pair[1].strip():
-            raise FieldError(what, f"{part.strip()!r} is not NAME = TARGET")
-        source, target = (_unescape(p.strip()) for p in pair)
+    try:
+        pairs = remaps.parse(text)
+    except remaps.RemapError as exc:
+        raise FieldError(what, str(exc)) from None
+    for _source, target in pairs:
         if "://" in target:
             raise FieldError(what, f"{target}: an output remapped to a URL is not supported")
-        out.append((os.path.normpath(source), target))
-    return tuple(out)
-
-
-def _split_escaped(text: str, sep: str) -> list[str]:
-    parts, current, i = [], [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text):
-            current.append(text[i:i + 2])
-            i += 2
-            continue
-        if text[i] == sep:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(text[i])
-        i += 1
-    parts.append("".join(current))
-    return parts
-
-
-def _unescape(text: str) -> str:
-    return text.replace("\\;", ";").replace("\\=", "=").replace("\\\\", "\\")
+    return tuple((os.path.normpath(source), target) for source, target in pairs)
 
 
 def input_limits() -> tuple[int, int]:
@@ -318,9 +309,10 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
         out["CheckpointExitCode"] = str(transfer.checkpoint_exit_code)
     if transfer.checkpoint_files is not None:
         out["TransferCheckpoint"] = _quoted(",".join(transfer.checkpoint_files))
+    if transfer.output_url:
+        out["OutputDestination"] = _quoted(transfer.output_url)
     if transfer.remaps:
-        out["TransferOutputRemaps"] = _quoted(";".join(
-            f"{_escaped(a)}={_escaped(b)}" for a, b in transfer.remaps))
+        out["TransferOutputRemaps"] = _quoted(remaps.render(transfer.remaps))
     return out
 
 
