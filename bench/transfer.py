@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A fetched job's files (issue 30), on PostgreSQL, each against a baseline of the same run:
 
-* stage-in (PREPARE_JOB's filling of a sandbox, hashes checked) of a 1 MB and a 100 MB input,
-  through a running `jobstore agent` and in direct mode (the hook's own database session),
-  against `cp` of the same file on this machine;
+* stage-in (PREPARE_JOB's filling of a sandbox) of a 1 MB and a 100 MB input, through a
+  running `jobstore agent` (cold: its node copy made from the database first, checked against
+  the hash; warm: copied from the node copy) and in direct mode (the hook's own database
+  session, hashes checked), against `cp` of the same file on this machine;
 * stage-out (JOB_EXIT's sending) of a 10 MB output, the same ways, against `cp`;
 * a cluster of 1,000 jobs sharing one 10 MB input: what the store grew by against one copy of
   the file, and the submit's time against the same submit without file transfer;
@@ -45,6 +46,7 @@ from jobstore.node.sandbox import (  # noqa: E402
     stage_out,
 )
 from jobstore.node.sandboxdirect import DirectFiles  # noqa: E402
+from jobstore.node.sandboxroot import CACHE  # noqa: E402
 from jobstore.submit.description import parse_submit_text  # noqa: E402
 from jobstore.testing.support import libpq_url  # noqa: E402
 
@@ -86,9 +88,14 @@ def claimed_job(store: JobStore, tmp: Path, size_mb: int):  # type: ignore[no-un
     return job, src
 
 
-def stage_in_once(ad: bytes, files: Files, size_mb: int) -> float:
+def stage_in_once(ad: bytes, files: Files, size_mb: int, cache: Path | None = None) -> float:
+    """One stage-in; `cache`: the agent's node copies, emptied first (a cold node)."""
     iwd = Path(attempt_of(ad)[3])  # type: ignore[index]
-    t = timed(lambda: stage_in(ad, files.manifest, files.read))
+    if cache is not None and cache.exists():
+        for copy in cache.iterdir():
+            copy.unlink()
+    t = timed(lambda: stage_in(ad, files.manifest, files.read, files.open_input))
+    assert cache is None or len(list(cache.iterdir())) == 1, "the agent made no node copy"
     assert next(iwd.iterdir()).stat().st_size == size_mb << 20
     remove_sandbox(str(iwd))
     return t
@@ -173,20 +180,24 @@ def main() -> int:
 
         env = make_env(args.db_url)
         with env.condor_config.open("a") as cfg:
-            cfg.write(f"TEST_JOBSTORE_SANDBOX_ROOT = {tmp / 'node-sandboxes'}\n")
+            cfg.write(f"TEST_JOBSTORE_SANDBOX_ROOT = {tmp / 'node-sandboxes'}\n"
+                      f"JOBSTORE_SANDBOX_ROOT = {tmp / 'node-sandboxes'}\n")
         agent = start_agent(env, url)
         sock = env.tmp / "agent.sock"
         root = tmp / "sandboxes"
         root.mkdir(mode=0o755)
+        cache = tmp / "node-sandboxes" / CACHE  # the agent's node copies of inputs
         print(f"stage-in and stage-out (median of {args.repeat}), against cp of the same file")
         for size_mb in (1, 100):
             job, src = claimed_job(store, tmp, size_mb)
             ad = attempt_ad(job, root / f"job{size_mb}")
             base = median(lambda: cp(src, tmp / "copy.bin"), args.repeat)  # noqa: B023
-            for label, files in (("agent", _AgentFiles(str(sock), (os.geteuid(),), ad)),
-                                 ("direct", DirectFiles(ad))):
-                got = median(lambda: stage_in_once(ad, files, size_mb), args.repeat)  # noqa: B023
-                print(f"  stage-in {size_mb:>3} MB, {label:<6}: {got * 1000:8.1f} ms; cp"
+            agent_files = _AgentFiles(str(sock), (os.geteuid(),), ad)
+            for label, files, cold in (("agent, cold", agent_files, cache),
+                                       ("agent, warm", agent_files, None),
+                                       ("direct", DirectFiles(ad), None)):
+                got = median(lambda: stage_in_once(ad, files, size_mb, cold), args.repeat)  # noqa: B023
+                print(f"  stage-in {size_mb:>3} MB, {label:<11}: {got * 1000:8.1f} ms; cp"
                       f" {base * 1000:7.1f} ms; ratio {got / base:5.2f}; over cp"
                       f" {(got - base) * 1000:7.1f} ms")
         (tmp / "o.bin").write_bytes(os.urandom(10 << 20))
@@ -194,7 +205,7 @@ def main() -> int:
         for label, files in (("agent", _AgentFiles(str(sock), (os.geteuid(),), ad)),
                              ("direct", DirectFiles(ad))):
             got = median(lambda: stage_out_once(job, root / "out", files), args.repeat)  # noqa: B023
-            print(f"  stage-out 10 MB, {label:<6}: {got * 1000:8.1f} ms; cp"
+            print(f"  stage-out 10 MB, {label:<11}: {got * 1000:8.1f} ms; cp"
                   f" {base * 1000:7.1f} ms; ratio {got / base:5.2f}")
         shared = tmp / "shared10.bin"
         shared.write_bytes(os.urandom(10 << 20))

@@ -25,7 +25,7 @@ from jobstore.core import holds
 from jobstore.db.schema import sandbox_chunks
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator
-from jobstore.node.sandboxroot import OUTBOX, ensure_root
+from jobstore.node.sandboxroot import CACHE, OUTBOX, ensure_root
 
 SCRIPT = """#!/bin/sh
 wc -w < in.txt > count.txt
@@ -64,8 +64,8 @@ def _files(tmp: Path, owner: str | None) -> Path:
 
 
 def _sandboxes(tmp: Path) -> list[Path]:
-    """The attempts' sandboxes under the node's sandbox root (not the agent's outbox)."""
-    return [p for p in (tmp / "sandboxes").iterdir() if p.name != OUTBOX]
+    """The attempts' sandboxes under the node's sandbox root (not the agent's outbox, cache)."""
+    return [p for p in (tmp / "sandboxes").iterdir() if p.name not in (OUTBOX, CACHE)]
 
 
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
@@ -102,6 +102,8 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     job = store.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
     assert _sandboxes(tmp) == []  # each sandbox removed after its attempt
+    if mode == "agent":  # the inputs were copied from the agent's node copies
+        assert len(list((tmp / "sandboxes" / CACHE).iterdir())) == 3
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"

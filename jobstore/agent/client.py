@@ -108,11 +108,13 @@ def server_uid(sock: _socket.socket) -> int:
 
 
 def ask(
-    path: str, request: bytes, deadline: float, trusted: tuple[int, ...] = DEFAULT_AGENT_UIDS
+    path: str, request: bytes, deadline: float, trusted: tuple[int, ...] = DEFAULT_AGENT_UIDS,
+    fds: list[int] | None = None,
 ) -> list[bytes] | None:
-    """Send `request` to the agent at `path`; its answer items. None: not connected (nothing
-    was sent). Raises _NotTheAgent (nothing sent) when another account than `trusted` serves
-    the socket, _NoAnswer (or TimeoutError) once the request may have been delivered."""
+    """Send `request` to the agent at `path`; its answer items (and in `fds` the open file the
+    answer carries, if any). None: not connected (nothing was sent). Raises _NotTheAgent
+    (nothing sent) when another account than `trusted` serves the socket, _NoAnswer (or
+    TimeoutError) once the request may have been delivered."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -129,7 +131,19 @@ def ask(
             raise
         except OSError:
             return None  # closed before it had the whole request: it did nothing
-        header = _recv_exact(sock, HEADER, deadline)
+        if fds is None:
+            header = _recv_exact(sock, HEADER, deadline)
+        else:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            first, ancillary, _flags, _addr = sock.recvmsg(
+                HEADER, _socket.CMSG_SPACE(4), _socket.MSG_CMSG_CLOEXEC)
+            for level, kind, data in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds.extend(int.from_bytes(data[i:i + 4], sys.byteorder)
+                               for i in range(0, len(data) - 3, 4))
+            if not first:
+                raise _NoAnswer("the agent closed the connection")
+            header = first + _recv_exact(sock, HEADER - len(first), deadline)
         body = _recv_exact(sock, body_length(header, MAX_RESPONSE), deadline)
         return decode_body(body, big_item=2)
     finally:
@@ -158,7 +172,21 @@ class _AgentFiles(Files):
         self.path, self.agent_uids = path, agent_uids
         self.stop_at: float | None = None  # a bound on all the calls (JOB_EXIT's sending)
 
-    def call(self, name: str, argv: list[str], data: bytes = b"") -> bytes:
+    def open_input(self, sha: str) -> int | None:
+        """The agent's open descriptor of its node copy of input `sha`."""
+        fds: list[int] = []
+        try:
+            self.call("sandbox_open", [sha], fds=fds)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        for extra in fds[1:]:
+            os.close(extra)
+        return fds[0] if fds else None
+
+    def call(self, name: str, argv: list[str], data: bytes = b"",
+             fds: list[int] | None = None) -> bytes:
         deadline = time.monotonic() + SANDBOX_CALL_SECONDS
         if self.stop_at is not None:
             if time.monotonic() >= self.stop_at:
@@ -167,7 +195,7 @@ class _AgentFiles(Files):
         request = encode([name.encode(), b"", data,
                           *[a.encode("utf-8", "surrogateescape") for a in [*self.who, *argv]]])
         try:
-            answer = ask(self.path, request, deadline, self.agent_uids)
+            answer = ask(self.path, request, deadline, self.agent_uids, fds)
         except TimeoutError:
             if self.stop_at is not None and time.monotonic() >= self.stop_at:
                 raise HandOff() from None

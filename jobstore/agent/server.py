@@ -478,14 +478,19 @@ class Agent:
         item = _Work(conn, hook, decode_env(items[1]), items[2], argv)
         work.put(item, None if conn.service else conn.peer.uid)
 
-    def _answer(self, sock: socket.socket, items: list[bytes], *, wait: bool = True) -> bool:
-        """Send a response; the selector thread (`wait=False`) never blocks on a client that
-        does not read: what does not fit in the socket buffer at once is dropped."""
+    def _answer(self, sock: socket.socket, items: list[bytes], *, wait: bool = True,
+                fd: int | None = None) -> bool:
+        """Send a response (with the open file `fd` attached to its first bytes); the selector
+        thread (`wait=False`) never blocks on a client that does not read: what does not fit in
+        the socket buffer at once is dropped."""
         try:
             if wait:
                 sock.setblocking(True)
                 sock.settimeout(SEND_TIMEOUT)
-                sock.sendall(encode(items))
+                data = encode(items)
+                if fd is not None:
+                    data = data[socket.send_fds(sock, [data], [fd]):]
+                sock.sendall(data)
             else:
                 sock.setblocking(False)
                 sock.send(encode(items))
@@ -538,13 +543,17 @@ class Agent:
                     log.warning("%s uid %d pid %d: %s", hook, peer.uid, peer.pid,
                                 one_line(response.error))
                 self._hook_log(hook, peer, response)
-            sent = self._answer(conn.sock, [
-                OK,
-                str(response.exit_code).encode(),
-                response.stdout,
-                (response.error or "").encode("utf-8", "replace"),
-                *[n.encode("utf-8", "replace") for n in response.log],
-            ])
+            try:
+                sent = self._answer(conn.sock, [
+                    OK,
+                    str(response.exit_code).encode(),
+                    response.stdout,
+                    (response.error or "").encode("utf-8", "replace"),
+                    *[n.encode("utf-8", "replace") for n in response.log],
+                ], fd=response.fd)
+            finally:
+                if response.fd is not None:
+                    os.close(response.fd)
             if not sent and hook == "fetch_job" and response.stdout:
                 self._give_back(item.stdin, response)
             elif hook == "fetch_job" and response.stdout:

@@ -86,6 +86,7 @@ class HookResponse:
     stale: bool = False  # the report was about a superseded attempt
     database_error: bool = False  # the database was away or refused
     spooled: bool = False  # the report could not be sent and waits in the spool
+    fd: int | None = None  # an open file handed over with the answer (the caller closes it)
 
 
 class HookError(Exception):

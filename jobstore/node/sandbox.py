@@ -68,6 +68,11 @@ class Files:
     def read(self, sha: str, offset: int, length: int) -> bytes:
         return self.call("sandbox_read", [sha, str(offset), str(length)])
 
+    def open_input(self, sha: str) -> int | None:
+        """An open descriptor of the node's checked copy of input `sha` (the agent's input
+        cache), or None where there is none: the bytes are then read."""
+        return None
+
     def send(self, name: str, fd: int, mode: int) -> None:
         """An output, a piece at a time."""
         self._send(name, fd, mode, [])
@@ -95,7 +100,7 @@ def transfer(hook: str, ad: bytes, argv: list[str], files: Files) -> bytes:
     with JobstoreHandOff when the transport's time ran out (HandOff), the sandbox left as it
     is for the agent, which sends the rest and then reports the exit."""
     if hook == "prepare_job":
-        return stage_in(ad, files.manifest, files.read)
+        return stage_in(ad, files.manifest, files.read, files.open_input)
     if attempt_of(ad) is None:
         return ad
     try:
@@ -146,10 +151,13 @@ def attempt_of(ad: bytes) -> tuple[str, str, str, str] | None:
 
 
 def stage_in(ad: bytes, manifest: Callable[[], Manifest],
-             read: Callable[[str, int, int], bytes]) -> bytes:
-    """PREPARE_JOB's part for a job with file transfer: make its Iwd and put its inputs there.
-    Returns the ad, with a launch error (HoldReasonCode 13, the handler holds the job) when
-    the sandbox cannot be made or filled; unchanged for a job without a sandbox."""
+             read: Callable[[str, int, int], bytes],
+             open_input: Callable[[str], int | None] | None = None) -> bytes:
+    """PREPARE_JOB's part for a job with file transfer: make its Iwd and put its inputs there
+    (copied from the node's checked copy when `open_input` gives one, else read and checked
+    against their hashes). Returns the ad, with a launch error (HoldReasonCode 13, the handler
+    holds the job) when the sandbox cannot be made or filled; unchanged for a job without a
+    sandbox."""
     found = attempt_of(ad)
     if found is None:
         return ad
@@ -160,7 +168,7 @@ def stage_in(ad: bytes, manifest: Callable[[], Manifest],
         _make_sandbox(iwd)
         try:
             for name, sha, size, mode in files:
-                _fetch(iwd, name, sha, size, mode, read)
+                _fetch(iwd, name, sha, size, mode, read, open_input)
             urls = string_attrs(ad, (b"jobstoreinputurls",)).get(b"jobstoreinputurls", "")
             for url in urls.split():
                 room -= _download(iwd, url, room)
@@ -406,8 +414,10 @@ def _download(iwd: str, url: str, room: int) -> int:
 
 
 def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
-           read: Callable[[str, int, int], bytes]) -> None:
-    """Write one input into the sandbox, checked against its hash."""
+           read: Callable[[str, int, int], bytes],
+           open_input: Callable[[str], int | None] | None = None) -> None:
+    """Write one input into the sandbox: a kernel copy of the node's copy (checked when it was
+    made) when there is one, else its bytes read and checked against its hash."""
     import hashlib  # not for jobs without a sandbox
 
     check_name(name)
@@ -418,6 +428,18 @@ def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
             os.mkdir(parent, 0o700)
     path = os.path.join(iwd, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        source = open_input(sha) if open_input is not None and size else None
+    except SandboxError:
+        source = None  # no node copy (an older agent, a full disk): read it instead
+    if source is not None:
+        try:
+            _copy(source, fd, size, name)
+            os.fchmod(fd, mode & 0o755 | 0o600)
+        finally:
+            os.close(source)
+            os.close(fd)
+        return
     digest, offset = hashlib.sha256(), 0
     try:
         while offset < size:
@@ -434,6 +456,22 @@ def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
     if digest.hexdigest() != sha:
         raise SandboxError(f"{name}: its content is not what was stored (sha256 mismatch)",
                            errno.EIO)
+
+
+def _copy(source: int, fd: int, size: int, name: str) -> None:
+    """Copy `size` bytes from the start of `source` to `fd`, in the kernel."""
+    offset = 0
+    while offset < size:
+        try:
+            done = os.copy_file_range(source, fd, size - offset, offset, offset)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            done = os.sendfile(fd, source, offset, size - offset)
+        if not done:
+            raise SandboxError(f"{name}: the node's copy has {offset} of its {size} bytes",
+                               errno.EIO)
+        offset += done
 
 
 def _open_in(iwd: str, name: str) -> int:

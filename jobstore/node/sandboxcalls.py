@@ -24,9 +24,10 @@ from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, UnknownJob
 from jobstore.node import config
 from jobstore.node.handlers import HookError, HookRequest, HookResponse, store_for
+from jobstore.node.inputcache import open_input
 from jobstore.node.sandbox import MAX_NAME, SandboxError, check_name
 
-CALLS = ("sandbox_list", "sandbox_read", "sandbox_write")
+CALLS = ("sandbox_list", "sandbox_read", "sandbox_open", "sandbox_write")
 MAX_READ = 8 << 20  # bytes one sandbox_read returns at most
 _HANDED_OUT = frozenset(s.value for s in HANDED_OUT)
 _uploads: str | None = None  # this process's own directory of outputs on their way in
@@ -41,6 +42,8 @@ def handle(request: HookRequest) -> HookResponse:
             return _list(store, job)
         if request.hook == "sandbox_read":
             return _read(store, job, request.argv[4:])
+        if request.hook == "sandbox_open":
+            return _open(settings, store, job, request.argv[4:])
         if request.hook == "sandbox_write":
             return _write(store, job, request.argv[4:], request.stdin, settings.max_output_mb)
         return HookResponse(error=f"unknown call {request.hook!r}")
@@ -91,6 +94,20 @@ def _read(store: JobStore, job: Job, argv: list[str]) -> HookResponse:
     if not any(f.sha256 == sha for f in store.sandbox_start(job)):
         raise HookError(f"{sha} is not an input of this job")
     return HookResponse(stdout=store.file_range(job.owner, sha, offset, length))
+
+
+def _open(settings: config.Settings, store: JobStore, job: Job, argv: list[str],
+          ) -> HookResponse:
+    """An input of the attempt's, as an open descriptor of the node's copy (node.inputcache):
+    for the agent, which hands it over its socket, never for a hook process's own call."""
+    if len(argv) != 1:
+        raise HookError("sandbox_open needs a sha256")
+    for f in store.sandbox_start(job):
+        if f.sha256 == argv[0]:
+            fd = open_input(store, settings.sandbox_root, job.owner, f.sha256, f.size,
+                            settings.input_cache_mb)
+            return HookResponse(stdout=str(f.size).encode(), fd=fd)
+    raise HookError(f"{argv[0]} is not an input of this job")
 
 
 def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int,

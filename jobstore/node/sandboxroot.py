@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT_MODE = 0o1777  # as root: every job's user makes her sandbox here, sticky
 OWN_MODE = 0o755  # an ordinary account's node (everything runs as that account)
 OUTBOX = ".jobstore-outbox"  # the agent's own: sandboxes whose outputs it sends (agent.outbox)
+CACHE = ".jobstore-cache"  # the agent's own: the node's copies of inputs (node.inputcache)
 
 
 def ensure_root(directory: str) -> list[str]:
@@ -48,9 +49,14 @@ def ensure_root(directory: str) -> list[str]:
 
 
 def ensure_outbox(directory: str) -> Path:
-    """The agent's outbox under the sandbox root `directory`: its own, mode 0700, so that no
-    job's user can reach what is moved there; one made by another account is moved aside."""
-    path = Path(directory) / OUTBOX
+    """The agent's outbox under the sandbox root `directory` (ensure_private)."""
+    return ensure_private(directory, OUTBOX)
+
+
+def ensure_private(directory: str, name: str) -> Path:
+    """The agent's own directory `name` under the sandbox root `directory`: mode 0700, so that
+    no job's user can reach what is there; one made by another account is moved aside."""
+    path = Path(directory) / name
     try:
         os.mkdir(path, 0o700)
         return path
@@ -61,7 +67,7 @@ def ensure_outbox(directory: str) -> Path:
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.chmod(path, 0o700)
         return path
-    os.rename(path, path.with_name(f"{OUTBOX}.untrusted-{time.time_ns()}"))
+    os.rename(path, path.with_name(f"{name}.untrusted-{time.time_ns()}"))
     os.mkdir(path, 0o700)
     return path
 

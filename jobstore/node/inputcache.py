@@ -1,0 +1,81 @@
+"""The node's copies of input files (issue 30), so that a job's sandbox is filled at the speed
+of a local copy: the agent keeps each input it served once in its own directory under the
+sandbox root (mode 0700, root's), named by its owner and sha256, checked against the hash as it
+is written there, and hands the hook an open read-only descriptor of it; the hook, as the job's
+user, copies from that descriptor into the sandbox (copy_file_range: the kernel's copy). A
+cluster of 10,000 jobs that share an input reads it from the database once per node. The
+oldest copies go once the cache is larger than its bound (JOBSTORE_INPUT_CACHE_MB)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from typing import TYPE_CHECKING
+
+from jobstore.node.sandbox import SandboxError
+from jobstore.node.sandboxroot import CACHE, ensure_private
+
+if TYPE_CHECKING:
+    from jobstore.db.store import JobStore
+
+
+def open_input(store: JobStore, root: str, owner: str, sha: str, size: int,
+               limit_mb: int) -> int:
+    """A read-only descriptor of `owner`'s input `sha` (of `size` bytes) in the node's cache
+    under the sandbox root `root`, copied there from the store first when it is not there."""
+    box = ensure_private(root, CACHE)
+    path = box / f"{sha}-{hashlib.sha256(owner.encode()).hexdigest()[:16]}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        _fill(store, path, owner, sha, size)
+        _trim(box, limit_mb << 20, keep=path.name)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    if os.fstat(fd).st_size != size:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise SandboxError(f"the node's copy of {sha} is not {size} bytes; removed")
+    os.utime(fd)  # used now: the last to go
+    return fd
+
+
+def _fill(store: JobStore, path: os.PathLike[str], owner: str, sha: str, size: int) -> None:
+    """Write the input from the store under a temporary name, check it, then rename it in."""
+    temp = f"{os.fspath(path)}.{secrets.token_hex(4)}.part"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
+    digest, got = hashlib.sha256(), 0
+    try:
+        for data in store.file_content(owner, sha):
+            digest.update(data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            got += len(data)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp)
+        raise
+    os.close(fd)
+    if got != size or digest.hexdigest() != sha:
+        os.unlink(temp)
+        raise SandboxError(f"{sha}: the store gave {got} bytes that do not match its sha256")
+    os.rename(temp, path)
+
+
+def _trim(box: os.PathLike[str], limit: int, keep: str) -> None:
+    """Remove the least recently used copies (but `keep`) until the cache is within `limit`
+    bytes."""
+    entries = []
+    with os.scandir(box) as found:
+        for entry in found:
+            if (entry.is_file(follow_symlinks=False) and entry.name != keep
+                    and not entry.name.endswith(".part")):
+                st = entry.stat(follow_symlinks=False)
+                entries.append((st.st_mtime, st.st_size, entry.path))
+    total = sum(size for _, size, _ in entries) + os.lstat(os.path.join(box, keep)).st_size
+    for _mtime, size, path in sorted(entries):
+        if total <= limit:
+            break
+        os.unlink(path)
+        total -= size
