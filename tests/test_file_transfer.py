@@ -25,7 +25,7 @@ from jobstore.core import holds
 from jobstore.db.schema import sandbox_chunks
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator
-from jobstore.node.sandboxroot import CACHE, OUTBOX, ensure_root
+from jobstore.node.sandboxroot import CACHE, OUTBOX, UPLOADS, ensure_root
 
 SCRIPT = """#!/bin/sh
 wc -w < in.txt > count.txt
@@ -64,8 +64,9 @@ def _files(tmp: Path, owner: str | None) -> Path:
 
 
 def _sandboxes(tmp: Path) -> list[Path]:
-    """The attempts' sandboxes under the node's sandbox root (not the agent's outbox, cache)."""
-    return [p for p in (tmp / "sandboxes").iterdir() if p.name not in (OUTBOX, CACHE)]
+    """The attempts' sandboxes under the node's sandbox root (not the agent's own directories:
+    outbox, cache, uploads)."""
+    return [p for p in (tmp / "sandboxes").iterdir() if not p.name.startswith(".jobstore-")]
 
 
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
@@ -299,6 +300,7 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
         (tmp / "agent.log").read_text()
     assert _sandboxes(tmp) == []
     assert list((tmp / "sandboxes" / OUTBOX).iterdir()) == []
+    assert list((tmp / "sandboxes" / UPLOADS).iterdir()) == []
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"

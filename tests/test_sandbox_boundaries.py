@@ -169,8 +169,9 @@ def _retrieve_as_owner(tmp_path: Path) -> None:
 
 def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
     """Sandboxes of attempts that are not their job's current one, once old enough; never the
-    current attempt's, a young one, a link, or a name that is not a sandbox's."""
-    from jobstore.node.sandboxroot import ensure_root, sweep
+    current attempt's, a young one, a link, or a name that is not a sandbox's; and outputs'
+    pieces whose sending stopped, once as old."""
+    from jobstore.node.sandboxroot import UPLOADS, ensure_private, ensure_root, sweep
 
     root = tmp_path / "sandboxes"
     ensure_root(str(root))
@@ -182,9 +183,14 @@ def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
     (root / ("5.0.1-" + "d" * 16)).symlink_to(tmp_path)
     for name in ("old", "current", "other"):
         os.utime(root / names[name], (1, 1))
+    uploads = ensure_private(str(root), UPLOADS)
+    (uploads / "9.1.out.stale.txt").write_text("half")
+    os.utime(uploads / "9.1.out.stale.txt", (1, 1))
+    (uploads / "9.2.out.fresh.txt").write_text("half")
     attempts = {(3, 0): 2, (4, 0): None}
     removed = sweep(str(root), lambda c, p: attempts.get((c, p)), older_than=600)
-    assert removed == [names["old"]]
+    assert removed == [names["old"], f"{UPLOADS}/9.1.out.stale.txt"]
     assert sorted(p.name for p in root.iterdir()) == sorted(
-        [names["current"], names["young"], names["other"], "5.0.1-" + "d" * 16])
+        [names["current"], names["young"], names["other"], "5.0.1-" + "d" * 16, UPLOADS])
+    assert [p.name for p in uploads.iterdir()] == ["9.2.out.fresh.txt"]
     assert (tmp_path / "sandboxes").exists() and list(tmp_path.iterdir())  # the link's target

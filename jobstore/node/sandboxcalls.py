@@ -26,11 +26,12 @@ from jobstore.node import config
 from jobstore.node.handlers import HookError, HookRequest, HookResponse, store_for
 from jobstore.node.inputcache import open_input
 from jobstore.node.sandbox import MAX_NAME, SandboxError, check_name
+from jobstore.node.sandboxroot import UPLOADS, ensure_private
 
 CALLS = ("sandbox_list", "sandbox_read", "sandbox_open", "sandbox_write")
 MAX_READ = 8 << 20  # bytes one sandbox_read returns at most
 _HANDED_OUT = frozenset(s.value for s in HANDED_OUT)
-_uploads: str | None = None  # this process's own directory of outputs on their way in
+_uploads: str | None = None  # a hook process's own directory of outputs on their way in
 _uploads_lock = threading.Lock()
 
 
@@ -45,7 +46,7 @@ def handle(request: HookRequest) -> HookResponse:
         if request.hook == "sandbox_open":
             return _open(settings, store, job, request.argv[4:])
         if request.hook == "sandbox_write":
-            return _write(store, job, request.argv[4:], request.stdin, settings.max_output_mb)
+            return _write(settings, store, job, request.argv[4:], request.stdin)
         return HookResponse(error=f"unknown call {request.hook!r}")
     except DatabaseError as exc:
         return HookResponse(error=f"{request.hook}: {exc}", database_error=True)
@@ -110,8 +111,8 @@ def _open(settings: config.Settings, store: JobStore, job: Job, argv: list[str],
     raise HookError(f"{argv[0]} is not an input of this job")
 
 
-def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int,
-           ) -> HookResponse:
+def _write(settings: config.Settings, store: JobStore, job: Job, argv: list[str],
+           data: bytes) -> HookResponse:
     """One piece of an output (or of a checkpoint: a fifth argument `ckpt`), at its offset;
     the last one (`final` 1) stores it."""
     if len(argv) not in (4, 5) or not all(a.isdigit() for a in argv[1:4]) or (
@@ -123,10 +124,11 @@ def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int
     if len(name) > MAX_NAME:
         raise HookError("output name too long")
     check_name(name)
+    largest = settings.max_output_mb
     if offset + len(data) > largest << 20:
         raise HookError(f"{name}: larger than the {largest} MB an output may be "
                         "(JOBSTORE_MAX_OUTPUT_FILE_MB)")
-    path = Path(_upload_dir()) / f"{job.id}.{job.claims}.{direction}.{_safe(name)}"
+    path = _upload_dir(settings.sandbox_root) / f"{job.id}.{job.claims}.{direction}.{_safe(name)}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if offset == 0 else 0)
     fd = os.open(path, flags, 0o600)
     try:
@@ -148,13 +150,20 @@ def _write(store: JobStore, job: Job, argv: list[str], data: bytes, largest: int
     return HookResponse(log=[f"job {job.cluster_id}.{job.proc_id}: {direction} {name} stored"])
 
 
-def _upload_dir() -> str:
-    """A directory of this process's own (mode 0700), made once."""
+def _upload_dir(root: str) -> Path:
+    """Where outputs wait until their last piece: the agent's own directory under the sandbox
+    root (swept of what a stopped sending left, node.sandboxroot.sweep), or, in a hook process
+    that does not own the root (direct mode, as the job's user), a directory of its own."""
     global _uploads
+    try:
+        if os.stat(root).st_uid == os.geteuid():
+            return ensure_private(root, UPLOADS)
+    except FileNotFoundError:
+        pass
     with _uploads_lock:
         if _uploads is None:
             _uploads = tempfile.mkdtemp(prefix="jobstore-outputs-")
-        return _uploads
+        return Path(_uploads)
 
 
 def _safe(name: str) -> str:

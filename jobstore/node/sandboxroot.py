@@ -17,6 +17,7 @@ ROOT_MODE = 0o1777  # as root: every job's user makes her sandbox here, sticky
 OWN_MODE = 0o755  # an ordinary account's node (everything runs as that account)
 OUTBOX = ".jobstore-outbox"  # the agent's own: sandboxes whose outputs it sends (agent.outbox)
 CACHE = ".jobstore-cache"  # the agent's own: the node's copies of inputs (node.inputcache)
+UPLOADS = ".jobstore-uploads"  # the agent's own: outputs on their way into the store
 
 
 def ensure_root(directory: str) -> list[str]:
@@ -79,8 +80,8 @@ def sweep(directory: str, current: Callable[[int, int], int | None], older_than:
           now: float | None = None) -> list[str]:
     """Remove the sandboxes a crash left under the root `directory`: those of attempts that
     are not their job's current one (`current(cluster, proc)`: the attempt handed out, else
-    None) and untouched for `older_than` seconds (by then no slot can still run them). The
-    names of those removed."""
+    None) and untouched for `older_than` seconds (by then no slot can still run them); and the
+    uploads untouched as long. The names of those removed."""
     now = time.time() if now is None else now
     removed = []
     with os.scandir(directory) as entries:
@@ -95,4 +96,12 @@ def sweep(directory: str, current: Callable[[int, int], int | None], older_than:
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)  # never through a link (fd-based)
             removed.append(entry.name)
+    uploads = os.path.join(directory, UPLOADS)
+    if os.path.isdir(uploads):  # the pieces of outputs whose sending stopped half-way
+        with os.scandir(uploads) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= older_than:
+                    os.unlink(entry.path)
+                    removed.append(f"{UPLOADS}/{entry.name}")
     return removed
