@@ -399,7 +399,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
         owner = JobStore.from_url(db_url)
-        new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None")
+        new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits")
         old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.engine.begin() as conn:
@@ -429,3 +429,69 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP ROLE IF EXISTS {role}")
 
+
+
+def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: JobStore) -> None:
+    """A submitter's client that skips the store's check cannot store more than the limits
+    (migration 0016's triggers): a file over max_input_file_mb, a job's inputs over
+    max_input_mb, bytes beyond their file's declared size; the agent may store a larger
+    output."""
+    owner.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
+    sha = "a" * 64
+    refused = [
+        f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{sha}', 2097152, 0)",
+        f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{'b' * 64}', 0, 'x')",  # no such file
+        "INSERT INTO job_files (cluster_id, proc_id, direction, name, owner, sha256, size,"
+        f" mode, created_at) VALUES (1, NULL, 'in', 'a', '{ALICE}', '{sha}', 1048576, 420, 0),"
+        f" (1, NULL, 'in', 'b', '{ALICE}', '{sha}', 1048576, 420, 0),"
+        f" (1, NULL, 'in', 'c', '{ALICE}', '{sha}', 1, 420, 0)",
+    ]
+    with psycopg.connect(libpq_url(pool.url("alice")), autocommit=True) as conn:
+        for sql in refused:
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(sql)
+        conn.execute(f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{sha}', 3, 0)")
+        with pytest.raises(psycopg.errors.CheckViolation):  # 4 bytes of a 3-byte file
+            conn.execute(f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{sha}', 0, 'abcd')")
+        conn.execute(f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{sha}', 0, 'abc')")
+    with psycopg.connect(libpq_url(pool.url("agent")), autocommit=True) as conn:
+        conn.execute(f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{'c' * 64}', 2097152, 0)")
+
+
+def test_a_submitters_role_granted_before_0015_loses_the_agents_file_policies(
+        db_url: str) -> None:
+    """0015 took every role that may update jobs.status for an agent's, so a submitter's role
+    (hold, release and rm update it) granted before it could read every owner's files; 0016
+    takes that back and leaves an agent's role its policies."""
+    upgrade(db_url, "0014")
+    suffix = uuid.uuid4().hex[:8]
+    user, agent = f"js_old_user_{suffix}", f"js_old_agent_{suffix}"
+    admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for role in (user, agent):
+            conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
+            conn.execute(f"GRANT UPDATE (status) ON jobs TO {user}")
+            conn.execute(f"GRANT UPDATE (status, slot) ON jobs TO {agent}")
+        upgrade(db_url, "0015")
+
+        def policies(role: str) -> int:
+            with psycopg.connect(libpq_url(db_url)) as conn:
+                return conn.execute("SELECT count(*) FROM pg_policies WHERE %s = ANY (roles)",
+                                    (role,)).fetchone()[0]  # type: ignore[index]
+
+        assert (policies(user), policies(agent)) == (3, 3)  # what 0015 did
+        upgrade(db_url)
+        assert (policies(user), policies(agent)) == (0, 3)
+        with psycopg.connect(libpq_url(db_url)) as conn:
+            may_delete = conn.execute("SELECT has_table_privilege(%s, 'sandbox_chunks', "
+                                      "'DELETE')", (user,)).fetchone()[0]  # type: ignore[index]
+        assert may_delete is False
+    finally:
+        with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
+            for role in (user, agent):
+                conn.execute(f"DROP OWNED BY {role}")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            for role in (user, agent):
+                conn.execute(f"DROP ROLE IF EXISTS {role}")

@@ -236,6 +236,15 @@ def test_cli_init(db_url, condor_config):
         proc = _cli(db_url, condor_config, "init")
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("job store ready: ")
+    assert "at most 1024 MB a file, 4096 MB a job" in proc.stdout
+    with open(condor_config, "a") as fh:  # the configured limits go into the store
+        fh.write("JOBSTORE_MAX_INPUT_FILE_MB = 8\nJOBSTORE_MAX_INPUT_MB = 16\n")
+    assert _cli(db_url, condor_config, "init").returncode == 0
+    from jobstore.db.store import JobStore
+
+    store = JobStore.from_url(db_url)
+    assert store.input_limits() == {"max_input_file_mb": 8, "max_input_mb": 16}
+    store.engine.dispose()
     engine = make_engine(db_url)
     try:
         with engine.connect() as conn:

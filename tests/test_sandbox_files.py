@@ -16,6 +16,7 @@ from jobstore.db import sandbox
 from jobstore.db.sandbox import IN, OUT, FileChanged, FileSource
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files
 from jobstore.db.store import JobStore
+from jobstore.submit.description import parse_submit_text
 
 
 def _file(tmp_path: Path, name: str, data: bytes) -> FileSource:
@@ -26,9 +27,8 @@ def _file(tmp_path: Path, name: str, data: bytes) -> FileSource:
 
 def test_files_are_stored_once_and_read_back_in_chunks(
         store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "CHUNK", 1000)
-    monkeypatch.setattr(sandbox, "CHUNKS_READ", 3)
-    big = os.urandom(10_500)
+    monkeypatch.setattr(sandbox, "CHUNKS_READ", 3)  # read back 3 chunks a transaction
+    big = os.urandom(10 * sandbox.CHUNK + sandbox.CHUNK // 2)
     with store.engine.begin() as conn:
         first = store._store_files(conn, cluster_id=7, proc_id=None, owner="alice",
                                    direction=IN, sources=[_file(tmp_path, "big.bin", big),
@@ -38,15 +38,15 @@ def test_files_are_stored_once_and_read_back_in_chunks(
         store._store_files(conn, cluster_id=8, proc_id=None, owner="bob", direction=IN,
                            sources=[_file(tmp_path, "big.bin", big)])
     sha = hashlib.sha256(big).hexdigest()
-    assert [(f.name, f.sha256, f.size) for f in first] == [("big.bin", sha, 10_500),
-                                                            ("copy.bin", sha, 10_500)]
+    assert [(f.name, f.sha256, f.size) for f in first] == [("big.bin", sha, len(big)),
+                                                            ("copy.bin", sha, len(big))]
     with store.engine.connect() as conn:
         files = conn.execute(select(sandbox_files.c.owner, func.count()).group_by(
             sandbox_files.c.owner).order_by(sandbox_files.c.owner)).all()
         chunks = conn.execute(select(func.count()).select_from(sandbox_chunks).where(
             sandbox_chunks.c.owner == "alice", sandbox_chunks.c.sha256 == sha)).scalar()
     assert [tuple(r) for r in files] == [("alice", 2), ("bob", 1)]  # one row per owner's file
-    assert chunks == 11  # stored once for alice, in 1,000-byte chunks
+    assert chunks == 11  # stored once for alice, in chunks of CHUNK bytes
     assert b"".join(store.file_content("alice", sha)) == big
     assert list(store.file_content("carol", sha)) == []
 
@@ -146,3 +146,26 @@ def test_retention_removes_a_jobs_files_with_it(store: JobStore, tmp_path: Path)
     assert [tuple(r) for r in left] == [(old + 1, "shared.txt")] and contents == 1
     assert b"".join(store.file_content("alice", hashlib.sha256(b"in both clusters")
                                        .hexdigest())) == b"in both clusters"
+
+
+def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
+        store: JobStore, tmp_path: Path) -> None:
+    """The limits come from the store (`jobstore init` sets them from the configuration), not
+    from the submitting process: one line that names URLs, and nothing written."""
+    from jobstore.db.sandbox import InputTooLarge
+
+    assert store.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096}
+    store.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
+    for name in ("a.bin", "b.bin", "c.bin"):
+        (tmp_path / name).write_bytes(b"x" * (900 << 10))
+    (tmp_path / "big.bin").write_bytes(b"x" * (1100 << 10))
+    for files, why in (("big.bin", "more than the 1 MB an input file may be"),
+                       ("a.bin, b.bin, c.bin", "more than the 2 MB a job may store")):
+        specs = parse_submit_text("executable = /bin/true\ntransfer_executable = false\n"
+                                  f"transfer_input_files = {files}\nqueue 2\n",
+                                  base_dir=tmp_path)
+        with pytest.raises(InputTooLarge, match=why) as exc:
+            store.submit(specs, owner="alice", queue="default", max_attempts=3)
+        assert "give" in str(exc.value) and "URL" in str(exc.value)
+    assert store.list_jobs(include_final=True) == []
+    assert store.input_limits() == {"max_input_file_mb": 1, "max_input_mb": 2}

@@ -10,6 +10,7 @@ import click
 
 from jobstore.cli.context import Context, fail, guard, pass_ctx
 from jobstore.db.engine import safe_url, server_warnings, upgrade
+from jobstore.db.sandbox import MAX_INPUT_FILE_MB, MAX_INPUT_MB
 from jobstore.node import config
 
 
@@ -17,9 +18,15 @@ from jobstore.node import config
 @pass_ctx
 @guard
 def init(ctx: Context) -> None:
-    """Create or upgrade the job database schema (runs the Alembic migrations)."""
+    """Create or upgrade the job database schema (runs the Alembic migrations), and store the
+    configured limits on a submit's inputs (JOBSTORE_MAX_INPUT_FILE_MB, JOBSTORE_MAX_INPUT_MB),
+    which every submit then reads from the database."""
     upgrade(ctx.database_url)
-    click.echo(f"job store ready: {safe_url(ctx.database_url)}")
+    settings = ctx.settings
+    ctx.store.set_input_limits({MAX_INPUT_FILE_MB: settings.max_input_file_mb,
+                                MAX_INPUT_MB: settings.max_input_mb})
+    click.echo(f"job store ready: {safe_url(ctx.database_url)} (inputs: at most "
+               f"{settings.max_input_file_mb} MB a file, {settings.max_input_mb} MB a job)")
     for warning in server_warnings(ctx.database_url):
         click.echo(f"jobstore: warning: {warning}", err=True)
 

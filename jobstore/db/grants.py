@@ -55,7 +55,7 @@ HOOK_UPDATE_COLUMNS = (
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
           "grant_accountant", "grant_passes", "grant_slots", "grant_events", "grant_sequence",
-          "grant_files", "grant_files_sequence",
+          "grant_files", "grant_files_sequence", "grant_store_limits",
           "grant_agent_drop_update_policy", "grant_agent_update_policy",
           "grant_agent_drop_event_policy", "grant_agent_event_policy",
           "grant_agent_drop_files_policy", "grant_agent_files_policy",
@@ -75,7 +75,7 @@ USER_UPDATE_COLUMNS = (
     "lease_expires_at", "updated_at", "status", "lease_renewed_until",
 )
 USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_files",
-               "user_submitters", "user_act", "user_sequences_grant")
+               "user_store_limits", "user_submitters", "user_act", "user_sequences_grant")
 # A role name as PostgreSQL takes it unquoted or quoted; nothing that needs escaping in a message.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 

@@ -229,7 +229,8 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, slots, sandbox_files, sandbox_chunks, job_files FROM {role};
+    submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits
+    FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -272,6 +273,10 @@ GRANT USAGE ON SEQUENCE {sequence} TO {role};
 -- name: grant_files
 -- Read a job's input files for its sandbox, store its outputs, and prune them with the job.
 GRANT SELECT, INSERT, DELETE ON sandbox_files, sandbox_chunks, job_files TO {role};
+
+-- name: grant_store_limits
+-- Read the limits on what a submit may store (the database's triggers read them too).
+GRANT SELECT ON store_limits TO {role};
 
 -- name: grant_files_sequence
 -- Take the ids of new job_files rows.
@@ -333,7 +338,8 @@ SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
 -- name: user_revoke
 -- Start the submitter's role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files FROM {role};
+    submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
+    store_limits FROM {role};
 
 -- name: user_read
 -- Read the queue and the history, as condor_q and condor_history may.
@@ -349,6 +355,10 @@ GRANT INSERT ON clusters, jobs, job_events, autoclusters, autocluster_limits,
 -- Store the input files of the jobs the role submits and read back her own jobs' files (the
 -- policies of migration 0015 show each owner only hers).
 GRANT SELECT, INSERT ON sandbox_files, sandbox_chunks, job_files TO {role};
+
+-- name: user_store_limits
+-- Read the limits on what a submit may store, to refuse an input too large before sending it.
+GRANT SELECT ON store_limits TO {role};
 
 -- name: user_submitters
 -- A submitter's accounting row where it is missing: its name only (never a factor or usage).

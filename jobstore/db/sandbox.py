@@ -4,6 +4,7 @@ and which files each job takes into its sandbox (`in`) and brought back (`out`).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO, NamedTuple
@@ -12,13 +13,16 @@ from sqlalchemy import Connection, insert, or_, select
 
 from jobstore.core.jobs import Job
 from jobstore.db import driver
-from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files
+from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files, store_limits
 from jobstore.db.sql import FILE_CHUNKS
 from jobstore.db.transactions import Transactions
 
 CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
 CHUNKS_READ = 16  # rows per transaction when a file is read back
 IN, OUT, CHECKPOINT = "in", "out", "ckpt"  # job_files.direction
+# store_limits' names and their values when unset, in MB (migration 0016 has the same defaults)
+MAX_INPUT_FILE_MB, MAX_INPUT_MB = "max_input_file_mb", "max_input_mb"
+LIMIT_DEFAULTS = {MAX_INPUT_FILE_MB: 1024, MAX_INPUT_MB: 4096}
 
 
 class SandboxFile(NamedTuple):
@@ -37,6 +41,10 @@ class FileSource(NamedTuple):
     name: str
     path: str
     mode: int
+
+
+class InputTooLarge(ValueError):
+    """A submit's input over the store's limits (store_limits); the message says the way."""
 
 
 class FileChanged(ValueError):
@@ -83,6 +91,9 @@ class SandboxFiles(Transactions):
         None: every proc's) or of one proc, in `direction`."""
         now = time.time()
         out: list[SandboxFile] = []
+        sources = list(sources)
+        if direction == IN:
+            self._check_input_sizes(conn, sources)
         for source in sources:
             sha, size = self._store_content(conn, owner, source.path)
             out.append(SandboxFile(source.name, sha, size, source.mode, owner))
@@ -92,6 +103,41 @@ class SandboxFiles(Transactions):
                  "name": f.name, "owner": owner, "sha256": f.sha256, "size": f.size,
                  "mode": f.mode, "attempt": attempt, "created_at": now} for f in out])
         return out
+
+    def input_limits(self, conn: Connection | None = None) -> dict[str, int]:
+        """The store's limits on a submit's inputs, in MB (LIMIT_DEFAULTS where unset)."""
+        with self._tx(conn) as c:
+            rows = dict(c.execute(select(store_limits.c.name, store_limits.c.value)).all())
+        return {name: int(rows.get(name, default)) for name, default in LIMIT_DEFAULTS.items()}
+
+    def set_input_limits(self, limits: dict[str, int]) -> None:
+        """Set the store's limits (MB) by name, as `jobstore init` does from the configuration."""
+        from sqlalchemy import delete
+
+        with self._tx() as conn:
+            conn.execute(delete(store_limits).where(store_limits.c.name.in_(list(limits))))
+            conn.execute(insert(store_limits), [{"name": n, "value": v}
+                                                for n, v in limits.items()])
+
+    def _check_input_sizes(self, conn: Connection, sources: list[FileSource]) -> None:
+        """InputTooLarge before anything is stored when a file, or all of a job's, are over
+        the store's limits (which the database enforces too, on PostgreSQL)."""
+        limits = self.input_limits(conn)
+        largest, most = limits[MAX_INPUT_FILE_MB] << 20, limits[MAX_INPUT_MB] << 20
+        total = 0
+        for source in sources:
+            size = os.path.getsize(source.path)
+            if size > largest:
+                raise InputTooLarge(
+                    f"transfer_input_files: {source.path} is {size / (1 << 20):.1f} MB, more "
+                    f"than the {largest >> 20} MB an input file may be "
+                    "(JOBSTORE_MAX_INPUT_FILE_MB); give it as a URL or on a shared file system")
+            total += size
+        if total > most:
+            raise InputTooLarge(
+                f"transfer_input_files: the job's inputs are {total / (1 << 20):.1f} MB, more "
+                f"than the {most >> 20} MB a job may store (JOBSTORE_MAX_INPUT_MB); give the big "
+                "ones as URLs or on a shared file system")
 
     def job_files_of(self, job: Job, direction: str = IN) -> list[SandboxFile]:
         """The files `job` takes into its sandbox (IN: its own when it has some, else its

@@ -136,6 +136,15 @@ slots = Table(
 # 10,000 jobs that share a 100 MB input stores it once, and no owner can name another's file by
 # its hash (the owner is part of every key; row-level security shows each owner only hers).
 # A file's bytes are `sandbox_chunks` of CHUNK bytes in order.
+# What a submit may store, set by `jobstore init` from the configuration (JOBSTORE_MAX_INPUT_
+# FILE_MB, JOBSTORE_MAX_INPUT_MB); on PostgreSQL the database's triggers enforce them too.
+store_limits = Table(
+    "store_limits",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)
+
 sandbox_files = Table(
     "sandbox_files",
     metadata,

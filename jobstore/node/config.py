@@ -85,6 +85,8 @@ class Settings:
     sandbox_root: str = "/var/lib/jobstore/sandboxes"
     max_output_mb: int = 1024  # JOBSTORE_MAX_OUTPUT_FILE_MB: the largest output a job sends back
     input_cache_mb: int = 10240  # JOBSTORE_INPUT_CACHE_MB: the node's copies of inputs, at most
+    max_input_file_mb: int = 1024  # JOBSTORE_MAX_INPUT_FILE_MB: `jobstore init` stores it
+    max_input_mb: int = 4096  # JOBSTORE_MAX_INPUT_MB: a job's inputs, at most (the same)
     fair_share: bool = True  # JOBSTORE_FAIR_SHARE
     concurrency_limits: bool = True  # JOBSTORE_CONCURRENCY_LIMITS: enforce them
     priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
@@ -264,6 +266,8 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
                       or Settings.sandbox_root),
         max_output_mb=_int(kw, "MAX_OUTPUT_FILE_MB", Settings.max_output_mb),
         input_cache_mb=_int(kw, "INPUT_CACHE_MB", Settings.input_cache_mb, minimum=0),
+        max_input_file_mb=_int(kw, "MAX_INPUT_FILE_MB", Settings.max_input_file_mb, minimum=0),
+        max_input_mb=_int(kw, "MAX_INPUT_MB", Settings.max_input_mb, minimum=0),
         fair_share=_bool(kw, "FAIR_SHARE", True),
         concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
         priority_halflife=_halflife(kw),

@@ -22,14 +22,10 @@ from jobstore.submit.errors import FieldError
 from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
 __all__ = ["Input", "Transfer", "read_transfer", "sandbox_inputs", "transfer_attrs",
-           "URL_SCHEMES", "input_limits", "parse_remaps", "output_destination"]
+           "URL_SCHEMES", "parse_remaps", "output_destination"]
 
 URL_SCHEMES = ("file", "http", "https")  # HTCondor's curl plugin's
 _MODES = {"yes": True, "no": False, "if_needed": None}
-# The largest input file and the most input per job a submit stores, in MB (the environment's
-# JOBSTORE_MAX_INPUT_FILE_MB and JOBSTORE_MAX_INPUT_MB change them).
-MAX_INPUT_FILE_MB = 1024
-MAX_INPUT_MB = 4096
 _WHEN = ("on_exit", "on_exit_or_evict")
 
 
@@ -211,23 +207,13 @@ def _remaps(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((os.path.normpath(source), target) for source, target in pairs)
 
 
-def input_limits() -> tuple[int, int]:
-    """The largest input file and the most input per job, in bytes."""
-    def mb(name: str, default: int) -> int:
-        text = os.environ.get(name, "").strip()
-        return (int(text) if text.isdigit() else default) << 20
-
-    return mb("JOBSTORE_MAX_INPUT_FILE_MB", MAX_INPUT_FILE_MB), mb("JOBSTORE_MAX_INPUT_MB",
-                                                                   MAX_INPUT_MB)
-
-
 def sandbox_inputs(transfer: Transfer, cmd: str, stdin_path: str | None,
                    ) -> tuple[InputFile, ...]:
     """The files a job's sandbox starts with, as the submit stores them: each input file, the
     files under each input directory (by their paths below it), the executable when it travels
     with the job, and the file named by `input` (its standard input); not the URLs, which
-    PREPARE_JOB fetches on the execute node. FieldError for a name given twice (a URL's too)
-    or a file over the limits."""
+    PREPARE_JOB fetches on the execute node. FieldError for a name given twice (a URL's too);
+    the store refuses inputs over its limits (db.sandbox)."""
     what = "transfer_input_files"
     found: list[InputFile] = []
     for entry in transfer.inputs:
@@ -238,8 +224,6 @@ def sandbox_inputs(transfer: Transfer, cmd: str, stdin_path: str | None,
     if stdin_path and stdin_path != "/dev/null" and all(f.source != stdin_path for f in found):
         found.append(InputFile(os.path.basename(stdin_path), stdin_path, _file_mode(stdin_path)))
     names = {entry.name for entry in transfer.inputs if entry.is_url}
-    largest, total = input_limits()
-    size = 0
     for f in found:
         if f.name in names:
             raise FieldError(what, f"{f.name} would be in the sandbox twice")
@@ -247,18 +231,9 @@ def sandbox_inputs(transfer: Transfer, cmd: str, stdin_path: str | None,
         if any(ord(c) < 32 or c == "\x7f" for c in f.name):
             raise FieldError(what, f"{f.name!r}: a name with control characters")
         try:
-            n = os.path.getsize(f.source)
+            os.stat(f.source)
         except OSError as exc:
             raise FieldError(what, f"{f.source}: {exc.strerror}") from None
-        if n > largest:
-            raise FieldError(what, f"{f.source} is {n >> 20} MB, more than the "
-                                   f"{largest >> 20} MB a file may be (JOBSTORE_MAX_INPUT_FILE_MB)"
-                                   "; give it as a URL or on a shared file system")
-        size += n
-    if size > total:
-        raise FieldError(what, f"the job's inputs are {size >> 20} MB, more than the "
-                               f"{total >> 20} MB a job may store (JOBSTORE_MAX_INPUT_MB); give "
-                               "the big ones as URLs or on a shared file system")
     return tuple(found)
 
 
