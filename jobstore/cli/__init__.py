@@ -28,7 +28,8 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 
 
 for command in (
-    admin.init, admin.grant, admin.grant_user, admin.revoke_user, queue.submit, queue.q,
+    admin.init, admin.grant, admin.grant_user, admin.revoke_user, queue.submit,
+    queue.submit_dag, queue.q,
     queue.history, queue.qedit, queue.events, queue.watch, queue.hold, queue.release, queue.rm,
     queue.stats, queue.transfer_data, status.status, userprio.userprio,
     admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,

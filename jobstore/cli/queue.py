@@ -39,6 +39,37 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
 
 
+@click.command("submit-dag", context_settings={"ignore_unknown_options": False})
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-maxjobs", "--maxjobs", "maxjobs", type=int, metavar="N",
+              help="At most N nodes queued at once (DAGMAN_MAX_JOBS_SUBMITTED).")
+@click.option("-maxidle", "--maxidle", "maxidle", type=int, metavar="N",
+              help="No node released while the DAG has N idle jobs (DAGMAN_MAX_JOBS_IDLE).")
+@click.option("-batch-name", "--batch-name", "batch_name", metavar="NAME",
+              help="The nodes' JobBatchName (default: FILE+DAGID).")
+@click.option("-force", "--force", "force", is_flag=True,
+              help="Accepted as condor_submit_dag's: the job store writes no rescue or "
+              "lib files to overwrite.")
+@click.option("--owner", metavar="USER", help="Submit as USER (root, or a queue super user).")
+@click.option("--queue", "-q", metavar="Q", help="Job store queue (default JOBSTORE_QUEUE).")
+@pass_ctx
+@guard
+def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None,
+               batch_name: str | None, force: bool, owner: str | None,
+               queue: str | None) -> None:
+    """Queue a DAG, like condor_submit_dag: its nodes wait in the job store until their
+    parents are done, and the store releases them itself (no DAGMan process)."""
+    from jobstore.api.dags import submit_dag as queue_dag
+
+    options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle}
+    if batch_name:
+        options["batch_name"] = batch_name
+    done = queue_dag(ctx.store, file, ctx.settings, owner=owner, queue=queue,
+                     options={k: v for k, v in options.items() if v is not None})
+    click.echo(f"DAG {file} submitted as {done.dag_id}: {len(done.clusters)} node job "
+               f"cluster(s).")
+
+
 def _print_jobs(ctx: Context, jobs: list[Job], as_json: bool, long: bool, *,
                 run: bool = False, finished: bool = False, totals: bool = True,
                 wide: bool = False) -> None:
@@ -485,6 +516,9 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
     exit 1 if there was any."""
     from jobstore.errors import NotOwner
 
+    args = _dag_actions(ctx, args, event)
+    if not args and constraint is None and not everyone:
+        return
     ids, users = _ids_and_users(args)
     totals, missing = query.act(ctx.store, ctx.shown, event, reason, ids=ids, users=users,
                                 constraint=constraint, everyone=everyone)
@@ -517,6 +551,28 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
         failed = True
     if failed:
         sys.exit(1)
+
+
+def _dag_actions(ctx: Context, args: tuple[str, ...], event: Event) -> tuple[str, ...]:
+    """The DAGs named among `args` (a DAGManJobId), acted on as condor_rm, condor_hold and
+    condor_release act on DAGMan's job: rm ends the DAG (what has not run never will), hold
+    pauses it (no node released), release resumes it. The other arguments."""
+    rest = []
+    for arg in args:
+        dag = ctx.store.dag_of(int(arg)) if arg.isdigit() else None
+        if dag is None:
+            rest.append(arg)
+            continue
+        if event == Event.REMOVE:
+            done = ctx.store.remove_dag(dag.id, _by(ctx, "removed"))
+        else:
+            done = ctx.store.pause_dag(dag.id, held=event == Event.HOLD)
+        if done:
+            click.echo(f"DAG {dag.id}: {_DONE[event]}")
+        else:
+            click.echo(f"jobstore: DAG {dag.id} is {dag.status}; cannot {event}", err=True)
+            sys.exit(1)
+    return tuple(rest)
 
 
 _ACTION = [

@@ -10,6 +10,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
+    WAITING = "waiting"  # a DAG node's job whose parents are not done: never claimable
     IDLE = "idle"
     FETCHED = "fetched"
     ACCEPTED = "accepted"
@@ -37,6 +38,8 @@ class Event(StrEnum):
     HOLD = "hold"  # jobstore hold
     RELEASE = "release"  # jobstore release
     REMOVE = "remove"  # jobstore rm
+    NODE_READY = "node_ready"  # its DAG node's parents are done: queued
+    NODE_FUTILE = "node_futile"  # its DAG node will never run (a parent failed, DAG ended)
 
 
 # The Status of a status text (or of a Status): a dict lookup, where Status(text) is Enum's
@@ -48,6 +51,7 @@ HANDED_OUT = frozenset({Status.FETCHED, Status.ACCEPTED, Status.RUNNING})
 # it in a column computed from the status, `jobs.phase`), so that a transition within a phase
 # (accept, start) changes no indexed column and PostgreSQL updates the row in place.
 PHASES: dict[Status, str] = {
+    Status.WAITING: "waiting",
     Status.IDLE: "idle",
     Status.FETCHED: "out",
     Status.ACCEPTED: "out",
@@ -79,7 +83,9 @@ TRANSITIONS: dict[Event, dict[Status, Status | str]] = {
     Event.LEASE_EXPIRED: {s: REQUEUE for s in HANDED_OUT},
     Event.HOLD: {s: _S.HELD for s in (_S.IDLE, *HANDED_OUT)},
     Event.RELEASE: {_S.HELD: _S.IDLE},
-    Event.REMOVE: {s: _S.REMOVED for s in (_S.IDLE, _S.HELD, *HANDED_OUT)},
+    Event.REMOVE: {s: _S.REMOVED for s in (_S.WAITING, _S.IDLE, _S.HELD, *HANDED_OUT)},
+    Event.NODE_READY: {_S.WAITING: _S.IDLE},
+    Event.NODE_FUTILE: {_S.WAITING: _S.REMOVED},
 }
 
 # Reports from the hooks of one attempt; the others are admin or store events.
@@ -99,7 +105,7 @@ STARTER_EVENTS = frozenset(
 )
 HOOK_REPORTS = STARTD_EVENTS | STARTER_EVENTS
 # States in which the job is no longer handed out, so its attempt token is void.
-_ENDS_ATTEMPT = frozenset({_S.IDLE, _S.HELD, _S.COMPLETED, _S.REMOVED, _S.FAILED})
+_ENDS_ATTEMPT = frozenset({_S.WAITING, _S.IDLE, _S.HELD, _S.COMPLETED, _S.REMOVED, _S.FAILED})
 
 
 @dataclass(frozen=True)

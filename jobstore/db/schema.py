@@ -136,6 +136,64 @@ slots = Table(
 # 10,000 jobs that share a 100 MB input stores it once, and no owner can name another's file by
 # its hash (the owner is part of every key; row-level security shows each owner only hers).
 # A file's bytes are `sandbox_chunks` of CHUNK bytes in order.
+# DAGs (issue 31, migration 0017): a DAG is a cluster id of its own (its DAGManJobId); its nodes'
+# jobs wait (status `waiting`) until their parents are done, and the transaction that ends a
+# node's last job releases its children (jobstore.db.dags).
+dags = Table(
+    "dags",
+    metadata,
+    Column("id", BigId, ForeignKey("clusters.id"), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("batch_name", String(255), nullable=False),
+    Column("status", String(16), nullable=False),  # running, held, completed, failed, removed
+    Column("dag_status", Integer, nullable=False, server_default=text("0")),  # DAG_Status
+    Column("exit_code", Integer),
+    Column("max_jobs", Integer),
+    Column("max_idle", Integer),
+    Column("attrs", Text),  # SET_JOB_ATTR, as JSON
+    Column("created_at", Epoch(), nullable=False),
+    Column("finished_at", Epoch()),
+)
+
+dag_nodes = Table(
+    "dag_nodes",
+    metadata,
+    Column("dag_id", BigId, primary_key=True),
+    Column("name", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("cluster_id", BigId),  # its jobs (none for a NOOP node)
+    Column("status", String(8), nullable=False),  # waiting ready queued done failed futile
+    Column("pending", Integer, nullable=False),  # parents not done yet
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("category", String(255)),
+    Column("abort_exit", Integer),
+    Column("abort_return", Integer),
+    Column("final", Boolean, nullable=False, server_default=false()),
+    Column("exit_code", Integer),
+    Column("updated_at", Epoch(), nullable=False),
+    Index("ix_dag_nodes_cluster_id", "cluster_id"),
+    Index("ix_dag_nodes_status", "dag_id", "status"),
+)
+
+dag_edges = Table(
+    "dag_edges",
+    metadata,
+    Column("dag_id", BigId, primary_key=True),
+    Column("parent", String(255), primary_key=True),
+    Column("child", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+)
+
+dag_categories = Table(
+    "dag_categories",
+    metadata,
+    Column("dag_id", BigId, primary_key=True),
+    Column("name", String(255), primary_key=True),
+    Column("owner", String(255), nullable=False),
+    Column("maxjobs", Integer, nullable=False),
+)
+
 # What a submit may store, set by `jobstore init` from the configuration (JOBSTORE_MAX_INPUT_
 # FILE_MB, JOBSTORE_MAX_INPUT_MB); on PostgreSQL the database's triggers enforce them too.
 store_limits = Table(

@@ -35,6 +35,7 @@ from jobstore.db.actions import PAGE as ACT_PAGE
 from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.bulk import insert_procs
 from jobstore.db.copy import copy_rows
+from jobstore.db.dags import DagStore
 from jobstore.db.gauges import Gauges
 from jobstore.db.grants import Identity, session_identity
 from jobstore.db.negotiator import ACTIVE, Negotiator
@@ -133,7 +134,8 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retention, Gauges):
+class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retention, Gauges,
+               DagStore):
     """The job database. Thread-safe as far as the engine is; holds no session state but the
     remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
     (`identity`)."""
@@ -185,7 +187,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
     def _submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
                 submit_file: str | None, now: float, connection: Connection | None,
                 idempotency_key: str | None, check: Callable[[Job], None] | None,
-                ) -> tuple[int, list[int]]:
+                waiting: bool = False) -> tuple[int, list[int]]:
         with self._tx(connection) as conn:
             cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
                            num_procs=len(specs), submitted_at=now)
@@ -206,7 +208,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
                         .order_by(jobs.c.proc_id)).scalars())
-            template = self._template(specs)
+            template = None if waiting else self._template(specs)
             shared: tuple[InputFile, ...] | None = None  # proc 0's inputs, stored for all
             ids: list[int] = []
             held: list[int] = []  # submitted on hold
@@ -224,6 +226,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     )
                     for spec in batch
                 ]
+                if waiting:  # a DAG node's: released when its parents are done
+                    queued = [job.but(status=Status.WAITING.value) for job in queued]
                 if check is not None:
                     for job in queued:
                         check(job)
@@ -253,6 +257,22 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
+
+    def _submit_nodes(self, conn: Connection, specs: Sequence[JobSpec], *, owner: str,
+                      queue: str, max_attempts: int, now: float,
+                      check: Callable[[Job], None] | None) -> int:
+        """One DAG node's jobs, waiting, in the DAG's transaction (jobstore.db.dags): its
+        cluster."""
+        cluster_id, _ids = self._submit(specs, owner=owner, queue=queue,
+                                        max_attempts=max_attempts, submit_file=None, now=now,
+                                        connection=conn, idempotency_key=None, check=check,
+                                        waiting=True)
+        return cluster_id
+
+    def _remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
+                          why: str) -> None:
+        """The unfinished jobs of DAG nodes removed, as `jobstore rm` would, in `conn`."""
+        self.act_where(jobs.c.cluster_id.in_(cluster_ids), Event.REMOVE, why, connection=conn)
 
     def _hold_at_submit(self, conn: Connection, held: list[int], now: float) -> None:
         """condor_submit's `hold = true`: the new jobs held (HoldReasonCode 15), a page at a
@@ -306,7 +326,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             inserted = conn.execute(insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
                                     [_job_row(job) for job in batch])
             ids = [int(i) for i in inserted.scalars()]
-        events = [event_row(i, Event.SUBMIT, None, Status.IDLE, now, attempt=0) for i in ids]
+        events = [event_row(i, Event.SUBMIT, None, job.status, now, attempt=0)
+                  for i, job in zip(ids, batch, strict=True)]
         if self._pg:
             copy_rows(conn, job_events, events, staged=staged)
         else:

@@ -49,6 +49,8 @@ from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
 STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
+_FINAL_TEXTS = frozenset(s.value for s in FINAL) | FINAL
+DAG_NODE = "DAGNodeName"  # in the ad of a DAG node's job (jobstore.db.dags)
 
 
 def row_version() -> ColumnElement[str]:
@@ -188,6 +190,8 @@ class Transitions(Transactions):
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
+        if d.to_status in FINAL and DAG_NODE in job.ad:
+            self._jobs_ended(conn, [job.id], now)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
     def _event(
@@ -230,18 +234,28 @@ class Transitions(Transactions):
                     raise RowChanged(f"job {values['job_id']} changed under its transition")
         note_event(conn, values, job)
 
-    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
+                       dags_too: bool = True) -> None:
         """Append many events (`event_row`s) in one statement, and notify the followers once
-        (on commit): a page of a set-based action."""
+        (on commit): a page of a set-based action. The DAG nodes of the jobs that ended are
+        carried forward (`_jobs_ended`), unless `dags_too` is false (the DAGs' own moves)."""
         if not rows:
             return
         if not self._pg:
             conn.execute(insert(job_events), rows)
-            return
-        columns = {name: [row[name] for row in rows] for name in rows[0]}
-        columns["attrs"] = [_json(value) for value in columns["attrs"]]
-        driver.execute(conn, INSERT_EVENTS, columns)
-        notify(conn, "page")
+        else:
+            columns = {name: [row[name] for row in rows] for name in rows[0]}
+            columns["attrs"] = [_json(value) for value in columns["attrs"]]
+            driver.execute(conn, INSERT_EVENTS, columns)
+            notify(conn, "page")
+        if dags_too:
+            ended = [row["job_id"] for row in rows if row["to_status"] in _FINAL_TEXTS]
+            if ended:
+                self._jobs_ended(conn, ended, rows[0]["time"])
+
+    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float) -> None:
+        """Jobs `job_ids` ended in this transaction (the store's DAGs carry their nodes on)."""
+        return
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran

@@ -17,6 +17,7 @@ from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
 
 # HTCondor's JobStatus numbers, so that `-l` output reads like condor_q -l.
 JOB_STATUS = {
+    "waiting": 1,  # a DAG node not released yet: idle, as condor_q would show it queued
     "idle": 1,
     "fetched": 1,
     "accepted": 2,

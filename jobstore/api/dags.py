@@ -1,0 +1,129 @@
+"""condor_submit_dag for the job store (issue 31): a DAG file read (jobstore.submit.dag), each
+node's submit description read with DAGMan's macros and VARS, and the whole DAG queued in one
+transaction (jobstore.db.dags), where the store does DAGMan's work from then on."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jobstore.api.submission import choose_owner, render_check
+from jobstore.core.jobs import JobSpec
+from jobstore.db.store import JobStore
+from jobstore.node import config
+from jobstore.submit.dag import Dag, DagError, Node, read_dag
+from jobstore.submit.description import parse_submit_text
+
+# condor_submit_dag's options the job store takes (Python name -> what it means here)
+OPTIONS = ("maxjobs", "maxidle", "batch_name", "force")
+_FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
+
+
+@dataclass(frozen=True)
+class DagSubmitted:
+    """A queued DAG: its DAGManJobId, and each node's cluster."""
+
+    dag_id: int
+    clusters: dict[str, int]
+
+
+def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
+               owner: str | None = None, queue: str | None = None,
+               options: Mapping[str, Any] | None = None) -> DagSubmitted:
+    """Read the DAG file at `path` and queue it; DagError (one line, with the file and line)
+    for what cannot run, SubmitError for a node's submit description."""
+    opts = _options(options or {})
+    dag = read_dag(path)
+    who = choose_owner(owner, settings, store.identity())
+    dag_id, clusters = store.submit_dag(
+        dag, _node_specs(dag), owner=who, queue=queue or settings.queue,
+        max_attempts=settings.max_attempts, batch_name=opts.get("batch_name"),
+        max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
+        check=render_check(settings))
+    return DagSubmitted(dag_id, clusters)
+
+
+def _options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """condor_submit_dag's options as htcondor2.Submit.from_dag takes them (names without the
+    dash, `batch-name` or `batch_name`); one that means nothing here is refused."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        name = key.lstrip("-").replace("-", "_").lower()
+        if name not in OPTIONS:
+            raise DagError(f"condor_submit_dag option {key!r} is not supported by the job store"
+                           f" (only {', '.join('-' + o.replace('_', '-') for o in OPTIONS)})")
+        if name in ("maxjobs", "maxidle"):
+            try:
+                number = int(value)
+            except (TypeError, ValueError):
+                raise DagError(f"-{name}: {value!r} is not an integer") from None
+            out[name] = number if number > 0 else None
+        elif name == "batch_name":
+            out[name] = str(value)
+    return out
+
+
+def _node_specs(dag: Dag) -> Callable[[Node, int], Sequence[JobSpec]]:
+    """What queues a node: its submit description read as DAGMan submits it."""
+    append_default = dag.config.get("DAGMAN_DEFAULT_APPEND_VARS", "false").strip().lower() in (
+        "true", "1", "yes")
+    texts: dict[str, str] = {}
+
+    def specs_of(node: Node, dag_id: int) -> Sequence[JobSpec]:
+        text = node.inline if node.inline is not None else _read(texts, node)
+        if not node.final:
+            for macro in _FINAL_ONLY:
+                if f"$({macro})" in text:
+                    raise DagError(f"{node.where}: node {node.name}: $({macro}) is known only "
+                                   "when the DAG ends; the job store reads a node's submit "
+                                   "description when the DAG is queued")
+        prepended, appended, attrs = [], {}, {}
+        for var in node.vars:
+            value = var.value.replace("$(JOB)", node.name).replace("$(RETRY)", "0")
+            if var.name.startswith("+") or var.name.lower().startswith("my."):
+                attrs[var.name.split(".", 1)[1] if "." in var.name else var.name[1:]] = value
+            elif (append_default if var.prepend is None else not var.prepend):
+                appended[var.name] = value
+            else:
+                prepended.append(f"{var.name} = {value}")
+        macros = {"JOB": node.name, "NODE_NAME": node.name, "RETRY": "0",
+                  "DAGManJobId": str(dag_id), "DAG_STATUS": "0", "FAILED_COUNT": "0",
+                  **appended}
+        source = f"{node.where}: node {node.name}"
+        specs = parse_submit_text("\n".join([*prepended, text]), base_dir=node.directory,
+                                  extra_vars=macros, source=source)
+        if not specs:
+            raise DagError(f"{source}: its submit description queues no job")
+        return [_as_node(spec, node, dag_id, attrs) for spec in specs]
+
+    return specs_of
+
+
+def _read(texts: dict[str, str], node: Node) -> str:
+    path = node.submit_file or ""
+    if path not in texts:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                texts[path] = fh.read()
+        except OSError as exc:
+            raise DagError(f"{node.where}: node {node.name}: {path}: {exc.strerror}") from None
+    return texts[path]
+
+
+def _as_node(spec: JobSpec, node: Node, dag_id: int, attrs: dict[str, str]) -> JobSpec:
+    """A node's job: DAGMan's attributes, and its RETRY as the job's own retries."""
+    custom = {**spec.custom, **attrs, "DAGManJobId": str(dag_id),
+              "DAGNodeName": _string(node.name),
+              "DAGParentNodeNames": _string(",".join(node.parents))}
+    changes: dict[str, Any] = {"custom": custom}
+    if node.retry:
+        changes["max_retries"] = node.retry
+        if node.unless_exit is not None:
+            changes["retry_until"] = f"ExitCode == {node.unless_exit}"
+    return dataclasses.replace(spec, **changes)
+
+
+def _string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,374 @@
+"""DAGMan's input file (issue 31), read as HTCondor 25's DAGMan reads it: the nodes, their
+dependencies and what each node asks for, checked as a whole (unknown or duplicate names, a
+cycle, a missing submit file) before anything is queued.
+
+What the job store does itself (dependencies in the database, no DAGMan process) is read here;
+every command it cannot honour is refused with the file, the line and the command, never
+skipped. Keywords are case-insensitive, as DAGMan's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from jobstore.submit.errors import SubmitError
+
+ALL_NODES = "ALL_NODES"
+# DAGMan's commands the job store does not run, with why (each refused where it appears).
+_NO_SCRIPTS = ("runs a script on the submit machine around the node's job; the job store has "
+               "no DAGMan process to run it")
+REFUSED = {
+    "SCRIPT": _NO_SCRIPTS,
+    "PRE_SKIP": _NO_SCRIPTS,
+    "SPLICE": "(a DAG spliced into another) is not supported yet",
+    "SUBDAG": "(a DAG run as a node) is not supported yet",
+    "PROVISIONER": "(a node that provisions resources) is not supported",
+    "SERVICE": "(a node that runs beside the DAG) is not supported",
+    "ENV": "sets the DAGMan process's environment; the job store has no DAGMan process",
+    "NODE_STATUS_FILE": "is not supported yet (jobstore q -dag shows the nodes)",
+    "JOBSTATE_LOG": "is not supported yet (the nodes' log files are written as usual)",
+    "DOT": "is not supported",
+    "SAVE_POINT_FILE": "is not supported",
+    "CONNECT": "(splice pins) is not supported",
+    "PIN_IN": "(splice pins) is not supported",
+    "PIN_OUT": "(splice pins) is not supported",
+}
+# What a CONFIG file may set; anything else it sets is refused.
+CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS")
+_NAME = re.compile(r"[^\s+{}]+")
+_MACRO = re.compile(r"[A-Za-z0-9_.+]+")
+_VAR = re.compile(r'\s*([^\s=]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_KEYWORDS = {"PARENT", "CHILD", ALL_NODES}
+
+
+class DagError(SubmitError):
+    """A DAG file that cannot be run: names the file and the line."""
+
+
+@dataclass
+class Var:
+    name: str
+    value: str
+    prepend: bool | None  # None: as DAGMAN_DEFAULT_APPEND_VARS says
+
+
+@dataclass
+class Node:
+    """One node of a DAG, as its file describes it."""
+
+    name: str
+    where: str  # FILE:LINE of its JOB (or FINAL) line
+    submit_file: str | None  # the node's submit description file (absolute)
+    inline: str | None  # or its inline description (JOB N { ... }, SUBMIT-DESCRIPTION)
+    directory: str  # DIR, absolute: where its submit file's relative paths point
+    noop: bool = False
+    done: bool = False
+    final: bool = False
+    vars: list[Var] = field(default_factory=list)
+    retry: int = 0
+    unless_exit: int | None = None
+    priority: int = 0
+    category: str | None = None
+    abort_exit: int | None = None  # ABORT-DAG-ON: this exit code stops the DAG
+    abort_return: int | None = None  # and the DAG's own exit code then (None: the node's)
+    parents: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Dag:
+    """A DAG file read whole: its nodes in order, the category throttles and its settings."""
+
+    path: str
+    nodes: dict[str, Node] = field(default_factory=dict)
+    maxjobs: dict[str, int] = field(default_factory=dict)  # MAXJOBS per category
+    config: dict[str, str] = field(default_factory=dict)  # CONFIG's DAGMAN_* knobs
+    job_attrs: dict[str, str] = field(default_factory=dict)  # SET_JOB_ATTR: the DAG's own ad
+
+    @property
+    def final(self) -> Node | None:
+        return next((n for n in self.nodes.values() if n.final), None)
+
+    def children(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {name: [] for name in self.nodes}
+        for node in self.nodes.values():
+            for parent in node.parents:
+                out[parent].append(node.name)
+        return out
+
+
+def read_dag(path: str) -> Dag:
+    """Read a DAG file (and what it INCLUDEs and CONFIGs); DagError names what is wrong."""
+    path = os.path.abspath(path)
+    dag = Dag(path)
+    _Reader(dag).read(path)
+    _check(dag)
+    return dag
+
+
+class _Reader:
+    def __init__(self, dag: Dag) -> None:
+        self.dag = dag
+        self.descriptions: dict[str, str] = {}  # SUBMIT-DESCRIPTION name -> text
+        self.including: list[str] = []
+
+    def read(self, path: str) -> None:
+        if path in self.including:
+            raise DagError(f"{path}: INCLUDEs itself")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise DagError(f"{path}: cannot read the DAG file: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise DagError(f"{path}: not a text file") from None
+        self.including.append(path)
+        numbered = iter(enumerate(lines, 1))
+        for number, line in numbered:
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            where = f"{path}:{number}"
+            self._command(words, line, where, path, numbered)
+        self.including.pop()
+
+    def _command(self, words: list[str], line: str, where: str, path: str,
+                 numbered: Iterator[tuple[int, str]]) -> None:
+        command = words[0].upper()
+        here = os.path.dirname(path)
+        if command in REFUSED:
+            raise DagError(f"{where}: {words[0]} {REFUSED[command]}")
+        if command in ("JOB", "FINAL"):
+            self._job(words, where, here, numbered, final=command == "FINAL")
+        elif command == "SUBMIT-DESCRIPTION":
+            if len(words) != 3 or words[2] != "{":
+                raise DagError(f"{where}: SUBMIT-DESCRIPTION needs a name and {{")
+            self.descriptions[words[1]] = _block(numbered, where)
+        elif command == "PARENT":
+            self._parent(words, where)
+        elif command == "VARS":
+            self._vars(line, words, where)
+        elif command == "RETRY":
+            self._retry(words, where)
+        elif command == "ABORT-DAG-ON":
+            self._abort(words, where)
+        elif command == "PRIORITY":
+            value = _int(words, 2, where, "PRIORITY <node> value", size=3)
+            for node in self._targets(words[1], where):
+                node.priority = value
+        elif command == "CATEGORY":
+            if len(words) != 3:
+                raise DagError(f"{where}: CATEGORY needs a node and a category name")
+            for node in self._targets(words[1], where):
+                node.category = words[2]
+        elif command == "MAXJOBS":
+            self.dag.maxjobs[words[1] if len(words) > 1 else ""] = _int(
+                words, 2, where, "MAXJOBS <category> value", size=3, least=0)
+        elif command == "DONE":
+            if len(words) != 2:
+                raise DagError(f"{where}: DONE needs one node name")
+            self._node(words[1], where).done = True
+        elif command == "INCLUDE":
+            if len(words) != 2:
+                raise DagError(f"{where}: INCLUDE needs one file name")
+            self.read(os.path.join(here, words[1]))
+        elif command == "CONFIG":
+            if len(words) != 2:
+                raise DagError(f"{where}: CONFIG needs one file name")
+            self._config(os.path.join(here, words[1]), where)
+        elif command == "SET_JOB_ATTR":
+            attr, sep, text = line.strip()[len(words[0]):].partition("=")
+            if not sep or not attr.strip() or not text.strip():
+                raise DagError(f"{where}: SET_JOB_ATTR needs Name = Value")
+            self.dag.job_attrs[attr.strip()] = text.strip()
+        elif command == "REJECT":
+            raise DagError(f"{where}: REJECT: the DAG file says it must not run")
+        else:
+            raise DagError(f"{where}: unknown command {words[0]!r}")
+
+    def _job(self, words: list[str], where: str, here: str,
+             numbered: Iterator[tuple[int, str]], *, final: bool) -> None:
+        what = "FINAL" if final else "JOB"
+        if len(words) < 3:
+            raise DagError(f"{where}: {what} needs a node name and a submit description")
+        name, description = words[1], words[2]
+        if not _NAME.fullmatch(name) or name.upper() in _KEYWORDS:
+            raise DagError(f"{where}: {name!r} may not be a node name")
+        if name in self.dag.nodes:
+            raise DagError(f"{where}: duplicate node name {name!r} (first at "
+                           f"{self.dag.nodes[name].where})")
+        inline = None
+        rest = words[3:]
+        if description == "{":
+            inline = _block(numbered, where)
+        elif description in self.descriptions:
+            inline = self.descriptions[description]
+        directory = here
+        node_flags: set[str] = set()
+        while rest:
+            word = rest.pop(0).upper()
+            if word == "DIR" and rest:
+                directory = os.path.join(here, rest.pop(0))
+            elif word in ("NOOP", "DONE") and not (final and word == "DONE"):
+                node_flags.add(word)
+            else:
+                raise DagError(f"{where}: {what} {name}: unexpected {word!r}")
+        submit_file = None
+        if inline is None:
+            submit_file = os.path.join(directory, description)
+            if not os.path.isfile(submit_file) and "NOOP" not in node_flags:
+                raise DagError(f"{where}: node {name}: no such submit file {submit_file}")
+        if final and self.dag.final is not None:
+            raise DagError(f"{where}: a second FINAL node ({self.dag.final.name} is one)")
+        self.dag.nodes[name] = Node(name, where, submit_file, inline, directory,
+                                    noop="NOOP" in node_flags, done="DONE" in node_flags,
+                                    final=final)
+
+    def _node(self, name: str, where: str) -> Node:
+        node = self.dag.nodes.get(name)
+        if node is None:
+            raise DagError(f"{where}: unknown node {name!r}")
+        return node
+
+    def _targets(self, name: str, where: str) -> list[Node]:
+        if name.upper() == ALL_NODES:
+            return [n for n in self.dag.nodes.values() if not n.final]
+        return [self._node(name, where)]
+
+    def _parent(self, words: list[str], where: str) -> None:
+        upper = [w.upper() for w in words]
+        if "CHILD" not in upper:
+            raise DagError(f"{where}: PARENT needs CHILD")
+        split = upper.index("CHILD")
+        parents, children = words[1:split], words[split + 1:]
+        if not parents or not children:
+            raise DagError(f"{where}: PARENT needs at least one parent and one child")
+        for name in parents + children:
+            if self._node(name, where).final:
+                raise DagError(f"{where}: the FINAL node {name} may not have parents or "
+                               "children")
+        for child in children:
+            node = self._node(child, where)
+            for parent in parents:
+                if parent not in node.parents:
+                    node.parents.append(parent)
+
+    def _vars(self, line: str, words: list[str], where: str) -> None:
+        if len(words) < 3:
+            raise DagError(f'{where}: VARS needs a node and name="value"')
+        rest = line.strip()[len(words[0]):].lstrip()[len(words[1]):]
+        prepend: bool | None = None
+        mode = rest.split(None, 1)[0].upper() if rest.strip() else ""
+        if mode in ("PREPEND", "APPEND"):
+            prepend = mode == "PREPEND"
+            rest = rest.lstrip()[len(mode):]
+        found: list[Var] = []
+        pos = 0
+        while rest[pos:].strip():
+            match = _VAR.match(rest, pos)
+            if match is None:
+                raise DagError(f'{where}: VARS: {rest[pos:].strip()!r} is not name="value"')
+            name = match.group(1)
+            if not _MACRO.fullmatch(name) or name.lower().startswith("queue"):
+                raise DagError(f"{where}: VARS: {name!r} may not be a macro name")
+            value = re.sub(r"\\(.)", r"\1", match.group(2))
+            found.append(Var(name, value, prepend))
+            pos = match.end()
+        for node in self._targets(words[1], where):
+            node.vars.extend(found)
+
+    def _retry(self, words: list[str], where: str) -> None:
+        usage = "RETRY <node> count [UNLESS-EXIT value]"
+        count = _int(words, 2, where, usage, least=0)
+        unless = None
+        if len(words) > 3:
+            if words[3].upper() != "UNLESS-EXIT":
+                raise DagError(f"{where}: {usage}")
+            unless = _int(words, 4, where, usage, size=5)
+        elif len(words) != 3:
+            raise DagError(f"{where}: {usage}")
+        for node in self._targets(words[1], where):
+            node.retry, node.unless_exit = count, unless
+
+    def _abort(self, words: list[str], where: str) -> None:
+        usage = "ABORT-DAG-ON <node> exit-value [RETURN dag-return-value]"
+        value = _int(words, 2, where, usage)
+        back = None
+        if len(words) > 3:
+            if words[3].upper() != "RETURN":
+                raise DagError(f"{where}: {usage}")
+            back = _int(words, 4, where, usage, size=5)
+        elif len(words) != 3:
+            raise DagError(f"{where}: {usage}")
+        for node in self._targets(words[1], where):
+            node.abort_exit, node.abort_return = value, back
+
+    def _config(self, path: str, where: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise DagError(f"{where}: CONFIG {path}: {exc.strerror}") from None
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            name, sep, value = text.partition("=")
+            knob = name.strip().upper()
+            if not sep or knob not in CONFIG_KNOBS:
+                raise DagError(f"{path}:{number}: {name.strip()} is not a setting the job "
+                               f"store's DAGs take (only {', '.join(CONFIG_KNOBS)})")
+            self.dag.config[knob] = value.strip()
+
+
+def _block(numbered: Iterator[tuple[int, str]], where: str) -> str:
+    """The lines of an inline submit description, up to its closing `}`."""
+    body: list[str] = []
+    for _number, line in numbered:
+        if line.strip() == "}":
+            return "\n".join(body) + "\n"
+        body.append(line)
+    raise DagError(f"{where}: the inline submit description has no closing }}")
+
+
+def _int(words: list[str], index: int, where: str, usage: str, *, size: int | None = None,
+         least: int | None = None) -> int:
+    if len(words) <= index or (size is not None and len(words) != size):
+        raise DagError(f"{where}: {usage}")
+    try:
+        value = int(words[index])
+    except ValueError:
+        raise DagError(f"{where}: {words[index]!r} is not an integer ({usage})") from None
+    if least is not None and value < least:
+        raise DagError(f"{where}: {value} is less than {least} ({usage})")
+    return value
+
+
+def _check(dag: Dag) -> None:
+    """DAGMan's checks of the whole: nodes, and no cycle."""
+    if not dag.nodes:
+        raise DagError(f"{dag.path}: the DAG has no nodes")
+    children = dag.children()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    for start in dag.nodes:
+        if state.get(start):
+            continue
+        stack = [(start, iter(children[start]))]
+        state[start] = 1
+        path = [start]
+        while stack:
+            name, todo = stack[-1]
+            nxt = next(todo, None)
+            if nxt is None:
+                state[name] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(nxt) == 1:
+                loop = path[path.index(nxt):] + [nxt]
+                raise DagError(f"{dag.path}: the DAG has a cycle: {' -> '.join(loop)}")
+            elif not state.get(nxt):
+                state[nxt] = 1
+                stack.append((nxt, iter(children[nxt])))
+                path.append(nxt)

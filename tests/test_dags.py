@@ -1,0 +1,285 @@
+"""DAGs in the job store (issue 31): DAGMan's input file read and refused line by line, and the
+dependencies carried forward by the store itself in the transactions that end the nodes' jobs,
+on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from jobstore.api.dags import submit_dag
+from jobstore.core import policy
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import Job
+from jobstore.core.states import Event
+from jobstore.db.store import JobStore
+from jobstore.formats import views
+from jobstore.node import config
+from jobstore.submit.dag import DagError, read_dag
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+SUB = "executable = /bin/true\narguments = $(JOB) $(word)\nqueue\n"
+
+
+def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
+    (tmp / "node.sub").write_text(sub)
+    path = tmp / "test.dag"
+    path.write_text(text)
+    return path
+
+
+# ---- the language -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("JOB A node.sub\nJOB A node.sub\n", "test.dag:2: duplicate node name 'A'"),
+    ("JOB A node.sub\nPARENT A CHILD B\n", "test.dag:2: unknown node 'B'"),
+    ("JOB A node.sub\nJOB B node.sub\nPARENT A CHILD B\nPARENT B CHILD A\n",
+     "the DAG has a cycle: A -> B -> A"),
+    ("JOB A missing.sub\n", "test.dag:1: node A: no such submit file"),
+    ("JOB A node.sub\nSCRIPT PRE A pre.sh\n", "test.dag:2: SCRIPT runs a script"),
+    ("JOB A node.sub\nSPLICE S other.dag\n", "test.dag:2: SPLICE"),
+    ("JOB A node.sub\nREJECT\n", "test.dag:2: REJECT"),
+    ("JOB A node.sub\nFROB A\n", "test.dag:2: unknown command 'FROB'"),
+    ("JOB A node.sub\nRETRY A many\n", "test.dag:2: 'many' is not an integer"),
+    ("JOB A node.sub\nVARS A word=unquoted\n", 'is not name="value"'),
+    ("JOB A node.sub\nFINAL F node.sub\nPARENT A CHILD F\n", "the FINAL node F may not"),
+    ("JOB A {\nexecutable = /bin/true\n", "the inline submit description has no closing"),
+    ("# nothing\n", "the DAG has no nodes"),
+])
+def test_what_dagman_refuses_is_refused_with_its_line(tmp_path: Path, text: str,
+                                                      message: str) -> None:
+    with pytest.raises(DagError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_dag(str(_dag(tmp_path, text)))
+
+
+def test_the_language(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "in.sub").write_text(SUB)
+    (tmp_path / "more.dag").write_text("JOB E node.sub NOOP\nPARENT D CHILD E\n")
+    (tmp_path / "dag.config").write_text("DAGMAN_MAX_JOBS_IDLE = 5\n")
+    dag = read_dag(str(_dag(tmp_path, """
+        # a comment
+        job A node.sub
+        JOB B in.sub DIR sub
+        JOB C {
+            executable = /bin/true
+            queue
+        }
+        SUBMIT-DESCRIPTION shared {
+            executable = /bin/false
+            queue
+        }
+        JOB D shared DONE
+        VARS A word="a \\"quoted\\" word" other="2"
+        VARS ALL_NODES APPEND +Extra="\\"x\\""
+        PARENT A B CHILD C D
+        RETRY C 3 UNLESS-EXIT 42
+        ABORT-DAG-ON A 7 RETURN 9
+        PRIORITY B 10
+        CATEGORY C light
+        MAXJOBS light 2
+        INCLUDE more.dag
+        CONFIG dag.config
+        SET_JOB_ATTR Project = "p1"
+        FINAL F node.sub
+    """.replace("\n        ", "\n"))))
+    assert list(dag.nodes) == ["A", "B", "C", "D", "E", "F"]
+    a, b, c, d, e, f = dag.nodes.values()
+    assert [(v.name, v.value, v.prepend) for v in a.vars] == [
+        ("word", 'a "quoted" word', None), ("other", "2", None), ("+Extra", '"x"', False)]
+    assert b.directory == str(tmp_path / "sub") and b.priority == 10
+    assert c.inline and "executable = /bin/true" in c.inline and c.parents == ["A", "B"]
+    assert (c.retry, c.unless_exit, c.category) == (3, 42, "light")
+    assert d.inline and "/bin/false" in d.inline and d.done
+    assert (a.abort_exit, a.abort_return) == (7, 9)
+    assert e.noop and e.parents == ["D"] and f.final and not f.vars
+    assert dag.maxjobs == {"light": 2} and dag.config == {"DAGMAN_MAX_JOBS_IDLE": "5"}
+    assert dag.job_attrs == {"Project": '"p1"'}
+
+
+# ---- the dependencies, in the store -------------------------------------------------------
+
+@pytest.fixture
+def settings(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    return config.load_settings(None)
+
+
+def _queued(store: JobStore, tmp: Path, settings: config.Settings, text: str,
+            **options: object) -> int:
+    done = submit_dag(store, str(_dag(tmp, text)), settings, owner="alice",
+                      options=options)
+    return done.dag_id
+
+
+def _states(store: JobStore, dag_id: int) -> dict[str, str]:
+    return {n.name: n.status for n in store.dag_nodes_of(dag_id)}
+
+
+def _exit(store: JobStore, job: Job, code: int) -> None:
+    """JOB_EXIT exit with `code`, the job's retry policy applied as the hook's handler does."""
+    attrs = {"ExitCode": code, "ExitBySignal": False}
+    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
+                 changes={"exit_code": code, "exit_by_signal": False}, attrs=attrs,
+                 exit_policy=lambda row: policy.exit_verdict(
+                     row, attrs, views.policy_ad(row, attrs)))
+
+
+def _run(store: JobStore, exits: dict[str, int] | None = None) -> list[str]:
+    """Run every claimable job to its end, as a slot would, each exiting with its node's code
+    in `exits` (0 otherwise), until none is left; the nodes in the order they ran."""
+    ran = []
+    while (job := store.claim(REQ, lambda _j: Verdict(take=True))) is not None:
+        node = job.ad["DAGNodeName"]["expr"].strip('"')
+        ran.append(node)
+        store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+        _exit(store, job, (exits or {}).get(node, 0))
+    return ran
+
+
+DIAMOND = """JOB A node.sub
+JOB B node.sub
+JOB C node.sub
+JOB D node.sub
+PARENT A CHILD B C
+PARENT B C CHILD D
+"""
+
+
+def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config.Settings,
+                                               tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, settings, DIAMOND)
+    assert _states(store, dag_id) == {"A": "queued", "B": "waiting", "C": "waiting",
+                                      "D": "waiting"}
+    statuses = {j.ad["DAGNodeName"]["expr"]: j.status for j in store.list_jobs()}
+    assert statuses == {'"A"': "idle", '"B"': "waiting", '"C"': "waiting", '"D"': "waiting"}
+    ran = _run(store)
+    assert ran[0] == "A" and sorted(ran[1:3]) == ["B", "C"] and ran[3] == "D"
+    assert set(_states(store, dag_id).values()) == {"done"}
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("completed", 0, 0)
+    job_b = next(j for j in store.list_jobs(include_final=True)
+                 if j.ad["DAGNodeName"]["expr"] == '"B"')
+    assert job_b.ad["DAGManJobId"] == {"expr": str(dag_id)}
+    assert job_b.ad["DAGParentNodeNames"] == {"expr": '"A"'}
+    events = [e.event for e in store.events(job_b.id)]
+    assert events[:2] == ["submit", "node_ready"]
+
+
+def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
+                                                         settings: config.Settings,
+                                                         tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, settings, DIAMOND + "JOB E node.sub\n")
+    ran = _run(store, {"B": 3})
+    assert sorted(ran) == ["A", "B", "C", "E"]  # D never runs
+    assert _states(store, dag_id) == {"A": "done", "B": "failed", "C": "done", "D": "futile",
+                                      "E": "done"}
+    job_d = next(j for j in store.list_jobs(include_final=True)
+                 if j.ad["DAGNodeName"]["expr"] == '"D"')
+    assert job_d.status == "removed" and "node B failed" in (job_d.reason or "")
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 2, 1)
+
+
+def test_retry_unless_exit_abort_and_final(store: JobStore, settings: config.Settings,
+                                           tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, settings, """JOB A node.sub
+JOB B node.sub
+JOB C node.sub
+FINAL F node.sub
+PARENT A CHILD B
+PARENT B CHILD C
+RETRY A 2
+RETRY B 5 UNLESS-EXIT 4
+ABORT-DAG-ON B 4 RETURN 17
+""")
+    exits = {"A": 1}
+    ran: list[str] = []
+    while (job := store.claim(REQ, lambda _j: Verdict(take=True))) is not None:
+        node = job.ad["DAGNodeName"]["expr"].strip('"')
+        ran.append(node)
+        code = exits.get(node, 0) if not (node == "A" and ran.count("A") == 3) else 0
+        _exit(store, job, 4 if node == "B" else code)
+    assert ran == ["A", "A", "A", "B", "F"]  # A retried twice; B not (UNLESS-EXIT); F at end
+    assert _states(store, dag_id) == {"A": "done", "B": "failed", "C": "futile", "F": "done"}
+    dag = store.dag_of(dag_id)  # the FINAL node decides: it succeeded
+    assert dag is not None and (dag.status, dag.dag_status) == ("completed", 0)
+
+
+def test_abort_dag_on_without_final_returns_its_value(store: JobStore,
+                                                      settings: config.Settings,
+                                                      tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, settings, """JOB A node.sub
+JOB B node.sub
+JOB C node.sub
+PARENT A CHILD C
+ABORT-DAG-ON A 4 RETURN 17
+""")
+    job_a = next(j for j in store.list_jobs() if j.ad["DAGNodeName"]["expr"] == '"A"')
+    others = [j for j in store.list_jobs() if j.id != job_a.id and j.status == "idle"]
+    assert [j.ad["DAGNodeName"]["expr"] for j in others] == ['"B"']
+    claimed = store.claim(REQ, lambda j: Verdict(take=j.id == job_a.id))
+    assert claimed is not None and claimed.id == job_a.id
+    _exit(store, claimed, 4)
+    assert _states(store, dag_id) == {"A": "failed", "B": "failed", "C": "futile"}
+    job_b = store.get_job(others[0].id)
+    assert job_b.status == "removed" and "ABORT-DAG-ON" in (job_b.reason or "")
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 3, 17)
+
+
+def test_noop_done_and_a_category_throttle(store: JobStore, settings: config.Settings,
+                                           tmp_path: Path) -> None:
+    fan = "".join(f"JOB W{i} node.sub\nCATEGORY W{i} narrow\n" for i in range(5))
+    dag_id = _queued(store, tmp_path, settings, "JOB A node.sub DONE\nJOB N node.sub NOOP\n"
+                     + fan + "PARENT A CHILD N\nPARENT N CHILD "
+                     + " ".join(f"W{i}" for i in range(5)) + "\nMAXJOBS narrow 2\n")
+    states = _states(store, dag_id)
+    assert (states["A"], states["N"]) == ("done", "done")  # never run
+    assert sorted(states[f"W{i}"] for i in range(5)) == ["queued"] * 2 + ["ready"] * 3
+    assert len(store.list_jobs(statuses=["idle"])) == 2
+    assert sorted(_run(store)) == [f"W{i}" for i in range(5)]
+    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+
+
+def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
+    fan = "".join(f"JOB W{i} node.sub\n" for i in range(4))
+    dag_id = _queued(store, tmp_path, settings, fan, maxjobs=1, batch_name="mine")
+    assert list(_states(store, dag_id).values()).count("queued") == 1
+    assert len(_run(store)) == 4
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.batch_name, dag.status) == ("mine", "completed")
+
+
+def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings,
+                                      tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, settings, DIAMOND + "FINAL F node.sub\n")
+    assert store.pause_dag(dag_id, held=True)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None  # A was queued before the hold: it runs
+    _exit(store, job, 0)
+    assert _states(store, dag_id)["B"] == "ready"  # held: not released
+    assert store.claim(REQ, lambda _j: Verdict(take=True)) is None
+    assert store.pause_dag(dag_id, held=False)
+    assert _states(store, dag_id)["B"] == "queued"
+    assert store.remove_dag(dag_id)
+    states = _states(store, dag_id)
+    assert (states["B"], states["C"], states["D"], states["F"]) == (
+        "failed", "failed", "futile", "queued")  # the FINAL node still runs
+    assert _run(store) == ["F"]
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.dag_status) == ("removed", 4)
+    assert not store.remove_dag(dag_id)
+
+
+def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: config.Settings,
+                                                   tmp_path: Path) -> None:
+    (tmp_path / "status.sub").write_text("executable = /bin/echo\narguments = $(DAG_STATUS)\n"
+                                         "queue\n")
+    with pytest.raises(DagError, match=r"node A: \$\(DAG_STATUS\) is known only"):
+        _queued(store, tmp_path, settings, "JOB A status.sub\n")
+    assert store.list_jobs(include_final=True) == []
+    assert os.path.exists(tmp_path / "test.dag")
