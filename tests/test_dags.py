@@ -5,9 +5,11 @@ on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
+from test_end_to_end import node_db  # noqa: F401 - the fixture
 
 from jobstore.api.dags import submit_dag
 from jobstore.core import policy
@@ -167,6 +169,8 @@ def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config
     assert job_b.ad["DAGParentNodeNames"] == {"expr": '"A"'}
     events = [e.event for e in store.events(job_b.id)]
     assert events[:2] == ["submit", "node_ready"]
+    store.prune(before=time.time() + 1)  # the history's retention takes the DAG with its jobs
+    assert store.dag_of(dag_id) is None and store.dag_nodes_of(dag_id) == []
 
 
 def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
@@ -283,3 +287,42 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
         _queued(store, tmp_path, settings, "JOB A status.sub\n")
     assert store.list_jobs(include_final=True) == []
     assert os.path.exists(tmp_path / "test.dag")
+
+
+# ---- through the emulator and the real hooks ----------------------------------------------
+
+@pytest.mark.parametrize("mode", ["agent", "direct"])
+def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """The emulated startd runs the real hook executables; no DAGMan process: each node's job
+    starts only after its parents' jobs ended, whichever process recorded the end."""
+    from contextlib import ExitStack
+
+    from test_end_to_end import _agent, _give_node, _job_owner, _node
+
+    from jobstore.emulator import Emulator
+
+    store, tmp = node_db
+    owner = _job_owner()
+    sub = tmp / "submit"
+    sub.mkdir()
+    (sub / "node.sub").write_text("executable = /bin/sh\narguments = \"-c 'sleep 0.3'\"\n"
+                                  "request_memory = 32\nqueue\n")
+    (sub / "diamond.dag").write_text(DIAMOND)
+    settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
+    dag_id = submit_dag(store, str(sub / "diamond.dag"), settings, owner=owner).dag_id
+    cfg, condor_config = _node(tmp, store.engine.url.render_as_string(False))
+    if os.geteuid() == 0:
+        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
+    with ExitStack() as stack:
+        if mode == "agent":
+            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        Emulator(cfg).run(until=lambda: store.dag_of(dag_id).status != "running",  # type: ignore[union-attr]
+                          timeout=120, wait_for_jobs=True)
+    dag = store.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.exit_code) == ("completed", 0)
+    span = {}
+    for job in store.list_jobs(include_final=True):
+        times = {e.event: e.time for e in store.events(job.id)}
+        span[job.ad["DAGNodeName"]["expr"].strip('"')] = (times["start"], times["exit"])
+    assert span["A"][1] <= min(span["B"][0], span["C"][0])
+    assert max(span["B"][1], span["C"][1]) <= span["D"][0]

@@ -495,3 +495,37 @@ def test_a_submitters_role_granted_before_0015_loses_the_agents_file_policies(
         with psycopg.connect(admin, autocommit=True) as conn:
             for role in (user, agent):
                 conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owner: JobStore,
+                                                                tmp_path: Path) -> None:
+    """With the grants of `jobstore grant-user` and `jobstore grant` only: a submitter queues
+    a DAG, the agent's role runs its nodes and releases their children as their parents end,
+    and the submitter removes what is left; another submitter sees none of it."""
+    from jobstore.api.dags import submit_dag
+    from jobstore.node import config
+
+    (tmp_path / "n.sub").write_text("executable = /bin/true\nqueue\n")
+    (tmp_path / "chain.dag").write_text("JOB A n.sub\nJOB B n.sub\nJOB C n.sub\n"
+                                        "PARENT A CHILD B\nPARENT B CHILD C\n")
+    alice, agent, bob = pool.store("alice"), pool.store("agent"), pool.store("bob")
+    try:
+        settings = config.load_settings(None, pool.url("alice"))
+        dag_id = submit_dag(alice, str(tmp_path / "chain.dag"), settings).dag_id
+        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
+                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
+        for _ in range(2):  # A, then B: each end releases the next
+            job = agent.claim(request, lambda j: Verdict(take=True))
+            assert job is not None and job.owner == ALICE
+            agent.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
+                         changes={"exit_code": 0, "exit_by_signal": False})
+        assert {n.name: n.status for n in alice.dag_nodes_of(dag_id)} == {
+            "A": "done", "B": "done", "C": "queued"}
+        assert bob.dag_of(dag_id) is None and bob.dag_nodes_of(dag_id) == []
+        assert not bob.remove_dag(dag_id)
+        assert alice.remove_dag(dag_id)
+        dag = owner.dag_of(dag_id)
+        assert dag is not None and dag.status == "removed"
+    finally:
+        for store in (alice, agent, bob):
+            store.engine.dispose()

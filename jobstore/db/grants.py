@@ -60,7 +60,9 @@ GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_l
           "grant_agent_drop_event_policy", "grant_agent_event_policy",
           "grant_agent_drop_files_policy", "grant_agent_files_policy",
           "grant_agent_drop_chunks_policy", "grant_agent_chunks_policy",
-          "grant_agent_drop_job_files_policy", "grant_agent_job_files_policy")
+          "grant_agent_drop_job_files_policy", "grant_agent_job_files_policy", "grant_dags",
+          *(f"grant_agent{drop}_{table}_policy" for table in (
+              "dags", "dag_nodes", "dag_edges", "dag_categories") for drop in ("_drop", "")))
 
 # Columns of `jobs` a submitter may change on the jobs she may act on: what hold, release, rm
 # and condor_qedit write (a hold or rm ends an attempt: its token, lease and wall clock). Never
@@ -75,7 +77,8 @@ USER_UPDATE_COLUMNS = (
     "lease_expires_at", "updated_at", "status", "lease_renewed_until",
 )
 USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_files",
-               "user_store_limits", "user_submitters", "user_act", "user_sequences_grant")
+               "user_store_limits", "user_dags", "user_submitters", "user_act",
+               "user_sequences_grant")
 # A role name as PostgreSQL takes it unquoted or quoted; nothing that needs escaping in a message.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 

@@ -229,8 +229,8 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- name: grant_revoke
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits
-    FROM {role};
+    submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
+    dag_nodes, dag_edges, dag_categories FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -306,6 +306,42 @@ DROP POLICY IF EXISTS {policy} ON job_files;
 -- The agent's role reads every job's file lists and records its outputs (migration 0015).
 CREATE POLICY {policy} ON job_files TO {role} USING (true) WITH CHECK (true);
 
+-- name: grant_dags
+-- Carry the DAGs forward in the transactions that end their nodes' jobs (jobstore.db.dags).
+GRANT SELECT, UPDATE, DELETE ON dags, dag_nodes, dag_edges, dag_categories TO {role};
+
+-- name: grant_agent_drop_dags_policy
+-- Make the agent's row-level security policy on dags again.
+DROP POLICY IF EXISTS {policy} ON dags;
+
+-- name: grant_agent_dags_policy
+-- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
+CREATE POLICY {policy} ON dags TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_dag_nodes_policy
+-- Make the agent's row-level security policy on dag_nodes again.
+DROP POLICY IF EXISTS {policy} ON dag_nodes;
+
+-- name: grant_agent_dag_nodes_policy
+-- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
+CREATE POLICY {policy} ON dag_nodes TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_dag_edges_policy
+-- Make the agent's row-level security policy on dag_edges again.
+DROP POLICY IF EXISTS {policy} ON dag_edges;
+
+-- name: grant_agent_dag_edges_policy
+-- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
+CREATE POLICY {policy} ON dag_edges TO {role} USING (true) WITH CHECK (true);
+
+-- name: grant_agent_drop_dag_categories_policy
+-- Make the agent's row-level security policy on dag_categories again.
+DROP POLICY IF EXISTS {policy} ON dag_categories;
+
+-- name: grant_agent_dag_categories_policy
+-- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
+CREATE POLICY {policy} ON dag_categories TO {role} USING (true) WITH CHECK (true);
+
 -- name: grant_agent_drop_update_policy
 -- Make the agent's row-level security policy on jobs again (`{policy}`: its name).
 DROP POLICY IF EXISTS {policy} ON jobs;
@@ -339,7 +375,7 @@ SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
 -- Start the submitter's role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
-    store_limits FROM {role};
+    store_limits, dags, dag_nodes, dag_edges, dag_categories FROM {role};
 
 -- name: user_read
 -- Read the queue and the history, as condor_q and condor_history may.
@@ -363,6 +399,11 @@ GRANT SELECT ON store_limits TO {role};
 -- name: user_submitters
 -- A submitter's accounting row where it is missing: its name only (never a factor or usage).
 GRANT INSERT (name, updated_at) ON submitters TO {role};
+
+-- name: user_dags
+-- Queue her DAGs, and carry them forward when she removes, holds or releases (the policies of
+-- migration 0017 show each owner only hers).
+GRANT SELECT, INSERT, UPDATE ON dags, dag_nodes, dag_edges, dag_categories TO {role};
 
 -- name: user_act
 -- Hold, release, remove and edit the jobs the policies let the role act on; never their ids,

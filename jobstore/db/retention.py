@@ -19,6 +19,10 @@ from jobstore.core.states import FINAL
 from jobstore.db.phases import status_in
 from jobstore.db.schema import (
     clusters,
+    dag_categories,
+    dag_edges,
+    dag_nodes,
+    dags,
     job_events,
     job_files,
     jobs,
@@ -99,6 +103,7 @@ class Retention(Transactions):
                 ).returning(clusters.c.id)
             ).scalars())
             _prune_files(conn, [(r.cluster_id, r.proc_id) for r in rows], emptied)
+            _prune_dags(conn, before)
             return Pruned(len(ids), events, len(emptied), more=len(ids) == batch)
 
     def _count(self, before: float) -> Pruned:
@@ -110,6 +115,22 @@ class Retention(Transactions):
                 .where(job_events.c.job_id.in_(select(old.c.id)))
             ).scalar_one()
         return Pruned(int(found), int(events), 0)
+
+
+def _prune_dags(conn: Connection, before: float) -> None:
+    """The DAGs that ended before `before` and whose nodes' jobs are all gone: their rows and
+    their own cluster id."""
+    node_jobs = (select(1).select_from(dag_nodes.join(jobs, jobs.c.cluster_id
+                                                       == dag_nodes.c.cluster_id))
+                 .where(dag_nodes.c.dag_id == dags.c.id))
+    gone = list(conn.execute(select(dags.c.id).where(
+        dags.c.finished_at < before, ~exists(node_jobs)).limit(PRUNE_BATCH)).scalars())
+    if not gone:
+        return
+    for table in (dag_edges, dag_categories, dag_nodes):
+        conn.execute(delete(table).where(table.c.dag_id.in_(gone)))
+    conn.execute(delete(dags).where(dags.c.id.in_(gone)))
+    conn.execute(delete(clusters).where(clusters.c.id.in_(gone)))
 
 
 def _prune_files(conn: Connection, pruned: list[tuple[int, int]], emptied: list[int]) -> None:

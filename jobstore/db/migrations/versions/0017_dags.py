@@ -5,7 +5,8 @@ queued in status `waiting` (phase `waiting`: never claimable) until its parents 
 ends a node's last job releases its children, fails its descendants, or ends the DAG.
 
 Every row names its owner, and the row-level security policies show each owner only hers (a
-queue super user: all); the roles that hold the agent's grants read and advance every DAG.
+queue super user: all); the roles that hold the agent's grants read and advance every DAG. A
+submitter's job row may now also be `waiting` (0012's policies on jobs, widened).
 
 Revision ID: 0017
 Revises: 0016
@@ -33,6 +34,11 @@ WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 
                   WHERE schemaname = current_schema() AND tablename = 'jobs')
 """
 USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
+SUBMIT_JOBS = f"""({SUBMITS}) AND status IN ({{statuses}}) AND claims = 0 AND token IS NULL
+ AND slot IS NULL AND host IS NULL AND keyword IS NULL AND lease_expires_at IS NULL
+ AND winding_down_until IS NULL"""
+ACT_JOBS = (f"({ACTS}) AND status IN ({{statuses}}) AND token IS NULL"
+            " AND lease_expires_at IS NULL")
 
 
 def upgrade() -> None:
@@ -92,6 +98,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
+    _job_policies("'waiting', 'idle', 'held'", "'waiting', 'idle', 'held', 'removed'")
     for table in TABLES:
         op.execute(f"CREATE POLICY jobstore_read ON {table} FOR SELECT USING ({ACTS})")
         op.execute(f"CREATE POLICY jobstore_submit ON {table} FOR INSERT WITH CHECK ({SUBMITS})")
@@ -109,7 +116,17 @@ def upgrade() -> None:
         op.execute(f"GRANT SELECT, INSERT, UPDATE ON {', '.join(TABLES)} TO {quote(role)}")
 
 
+def _job_policies(fresh: str, at_rest: str) -> None:
+    """A submitter's job rows: new ones in statuses `fresh`, hers after an action in `at_rest`."""
+    op.execute("ALTER POLICY jobstore_submit ON jobs WITH CHECK ("
+               + SUBMIT_JOBS.format(statuses=fresh) + ")")
+    op.execute("ALTER POLICY jobstore_act ON jobs WITH CHECK ("
+               + ACT_JOBS.format(statuses=at_rest) + ")")
+
+
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        _job_policies("'idle', 'held'", "'idle', 'held', 'removed'")
     op.drop_index("ix_dag_nodes_status", table_name="dag_nodes")
     op.drop_index("ix_dag_nodes_cluster_id", table_name="dag_nodes")
     for table in reversed(TABLES):
