@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "Schedd": "jobstore.api.schedd",
     "SubmitResult": "jobstore.api.schedd",
+    "Submit": "jobstore.api.dags",
     "JobAction": "jobstore.api.schedd",
     "JobStore": "jobstore.db.store",
     "Outcome": "jobstore.db.store",

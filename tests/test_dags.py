@@ -326,3 +326,34 @@ def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignor
         span[job.ad["DAGNodeName"]["expr"].strip('"')] = (times["start"], times["exit"])
     assert span["A"][1] <= min(span["B"][0], span["C"][0])
     assert max(span["B"][1], span["C"][1]) <= span["D"][0]
+
+
+def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
+        store: JobStore, settings: config.Settings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """htcondor2.dags writes PARENT lines before the JOB they name, as DAGMan reads them (two
+    passes); jobstore.Submit.from_dag and Schedd.submit take it as htcondor2's do."""
+    import htcondor2
+    import htcondor2.dags as dags
+
+    import jobstore
+
+    dag = dags.DAG()
+    prep = dag.layer(name="prep", submit_description=htcondor2.Submit(
+        {"executable": "/bin/echo", "arguments": "$(x)"}), vars=[{"x": "1"}, {"x": "2"}])
+    prep.child_layer(name="work", submit_description=htcondor2.Submit(
+        {"executable": "/bin/true"}), vars=[{"y": "a"}], retries=2)
+    path = dags.write_dag(dag, tmp_path, dag_file_name="wf.dag")
+    monkeypatch.chdir(tmp_path)
+    schedd = jobstore.Schedd(store=store, owner="alice")
+    result = schedd.submit(jobstore.Submit.from_dag(str(path), {"batch-name": "wf"}))
+    dag_id = result.cluster()
+    assert result.clusterad()["JobBatchName"] == "wf"
+    assert _states(store, dag_id) == {"prep:0": "queued", "prep:1": "queued",
+                                      "work:0": "waiting"}
+    args = sorted(j.ad.get("Args", j.ad.get("Arguments")) for j in store.list_jobs()
+                  if j.ad["DAGNodeName"]["expr"].startswith('"prep'))
+    assert args == ["1", "2"]
+    assert sorted(_run(store)) == ["prep:0", "prep:1", "work:0"]
+    with pytest.raises(DagError, match="option 'maxpre' is not supported"):
+        jobstore.Submit.from_dag(str(path), {"maxpre": 2})

@@ -5,9 +5,12 @@ transaction (jobstore.db.dags), where the store does DAGMan's work from then on.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import htcondor2
 
 from jobstore.api.submission import choose_owner, render_check
 from jobstore.core.jobs import JobSpec
@@ -19,6 +22,28 @@ from jobstore.submit.description import parse_submit_text
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
+
+
+@dataclass(frozen=True)
+class DagDescription:
+    """What `Submit.from_dag` returns, as htcondor2's does: a DAG to queue with
+    `Schedd.submit`."""
+
+    path: str
+    options: Mapping[str, Any]
+
+
+class Submit(htcondor2.Submit):
+    """htcondor2.Submit, whose `from_dag` the job store's Schedd takes: code that calls
+    `htcondor2.Submit.from_dag` changes one import."""
+
+    @staticmethod
+    def from_dag(filename: str, options: Mapping[str, Any] | None = None,  # type: ignore[override]
+                 ) -> DagDescription:
+        """The DAG in `filename` with condor_submit_dag's `options` (maxjobs, maxidle,
+        batch_name, force), for `jobstore.Schedd.submit`; its options are checked now."""
+        _options(options or {})
+        return DagDescription(os.path.abspath(filename), dict(options or {}))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from classad2 import ClassAd, ExprTree
 from sqlalchemy import Connection
 
 from jobstore.api import query
+from jobstore.api.dags import DagDescription, submit_dag
 from jobstore.api.htcerrors import htcondor_errors
 from jobstore.api.submission import choose_owner, render_check
 from jobstore.core import holds
@@ -144,6 +145,8 @@ class Schedd:
         result. `job_queue`: the job store queue (default the keyword's JOBSTORE_QUEUE).
         `spool` changes nothing: the input files of a description with file transfer are
         always stored in the job store at submit, as a spool would hold them."""
+        if isinstance(description, DagDescription):
+            return self.submit_dag(description.path, description.options, job_queue=job_queue)
         if count and queue is not None:
             raise ValueError("submit() takes count or queue, not both")
         if count < 0:
@@ -163,6 +166,22 @@ class Schedd:
                            queue=target, ad=submitted_ad(specs[0]),
                            max_attempts=self.settings.max_attempts, now=now)
         return self._result(cluster, ids, owner, first)
+
+    @htcondor_errors
+    def submit_dag(self, filename: str, options: Mapping[str, Any] | None = None, *,
+                   job_queue: str | None = None) -> SubmitResult:
+        """Queue the DAG in `filename` (condor_submit_dag's `options`: maxjobs, maxidle,
+        batch_name, force), as `submit(Submit.from_dag(filename, options))` does: the result's
+        cluster is the DAG's DAGManJobId, its ad the DAG's."""
+        done = submit_dag(self.store, filename, self.settings, owner=self.owner,
+                          queue=job_queue, options=options)
+        dag = self.store.dag_of(done.dag_id)
+        ad = ClassAd()
+        ad["ClusterId"], ad["NumProcs"] = done.dag_id, 1
+        if dag is not None:
+            ad["Owner"], ad["JobBatchName"] = dag.owner, dag.batch_name
+            ad["DAG_NodesTotal"] = len(self.store.dag_nodes_of(done.dag_id))
+        return SubmitResult(done.dag_id, 0, 1, ad, ())
 
     def _result(self, cluster: int, ids: list[int], owner: str, first: Job) -> SubmitResult:
         ad = ClassAd()

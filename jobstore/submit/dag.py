@@ -108,48 +108,88 @@ def read_dag(path: str) -> Dag:
     return dag
 
 
+@dataclass
+class _Line:
+    """One command of a DAG file (with an inline description's text), after INCLUDEs."""
+
+    where: str
+    words: list[str]
+    text: str
+    here: str  # the directory of its file
+    block: str | None = None
+
+
+_DEFINES = ("JOB", "FINAL", "SUBMIT-DESCRIPTION")
+
+
 class _Reader:
+    """DAGMan reads a DAG in two passes: the nodes first, then what refers to them (so that
+    PARENT may come before the JOB it names, as htcondor2.dags writes it)."""
+
     def __init__(self, dag: Dag) -> None:
         self.dag = dag
         self.descriptions: dict[str, str] = {}  # SUBMIT-DESCRIPTION name -> text
         self.including: list[str] = []
 
     def read(self, path: str) -> None:
+        lines = self._collect(path)
+        for line in lines:
+            command = line.words[0].upper()
+            if command in REFUSED:
+                raise DagError(f"{line.where}: {line.words[0]} {REFUSED[command]}")
+            if command in _DEFINES:
+                self._define(line)
+        for line in lines:
+            if line.words[0].upper() not in _DEFINES:
+                self._command(line)
+
+    def _collect(self, path: str) -> list[_Line]:
         if path in self.including:
             raise DagError(f"{path}: INCLUDEs itself")
         try:
             with open(path, encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
+                text = fh.read().splitlines()
         except OSError as exc:
             raise DagError(f"{path}: cannot read the DAG file: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise DagError(f"{path}: not a text file") from None
         self.including.append(path)
-        numbered = iter(enumerate(lines, 1))
-        for number, line in numbered:
-            words = line.split()
+        out: list[_Line] = []
+        here = os.path.dirname(path)
+        numbered = iter(enumerate(text, 1))
+        for number, raw in numbered:
+            words = raw.split()
             if not words or words[0].startswith("#"):
                 continue
-            where = f"{path}:{number}"
-            self._command(words, line, where, path, numbered)
+            line = _Line(f"{path}:{number}", words, raw, here)
+            if words[0].upper() in ("JOB", "FINAL", "SUBMIT-DESCRIPTION") and (
+                    len(words) > 2 and words[2] == "{"):
+                line.block = _block(numbered, line.where)
+            if words[0].upper() == "INCLUDE":
+                if len(words) != 2:
+                    raise DagError(f"{line.where}: INCLUDE needs one file name")
+                out.extend(self._collect(os.path.join(here, words[1])))
+                continue
+            out.append(line)
         self.including.pop()
+        return out
 
-    def _command(self, words: list[str], line: str, where: str, path: str,
-                 numbered: Iterator[tuple[int, str]]) -> None:
-        command = words[0].upper()
-        here = os.path.dirname(path)
-        if command in REFUSED:
-            raise DagError(f"{where}: {words[0]} {REFUSED[command]}")
-        if command in ("JOB", "FINAL"):
-            self._job(words, where, here, numbered, final=command == "FINAL")
-        elif command == "SUBMIT-DESCRIPTION":
-            if len(words) != 3 or words[2] != "{":
+    def _define(self, line: _Line) -> None:
+        words, where = line.words, line.where
+        if words[0].upper() == "SUBMIT-DESCRIPTION":
+            if len(words) != 3 or line.block is None:
                 raise DagError(f"{where}: SUBMIT-DESCRIPTION needs a name and {{")
-            self.descriptions[words[1]] = _block(numbered, where)
-        elif command == "PARENT":
+            self.descriptions[words[1]] = line.block
+            return
+        self._job(words, where, line.here, line.block, final=words[0].upper() == "FINAL")
+
+    def _command(self, line: _Line) -> None:
+        words, where, here = line.words, line.where, line.here
+        command = words[0].upper()
+        if command == "PARENT":
             self._parent(words, where)
         elif command == "VARS":
-            self._vars(line, words, where)
+            self._vars(line.text, words, where)
         elif command == "RETRY":
             self._retry(words, where)
         elif command == "ABORT-DAG-ON":
@@ -170,16 +210,12 @@ class _Reader:
             if len(words) != 2:
                 raise DagError(f"{where}: DONE needs one node name")
             self._node(words[1], where).done = True
-        elif command == "INCLUDE":
-            if len(words) != 2:
-                raise DagError(f"{where}: INCLUDE needs one file name")
-            self.read(os.path.join(here, words[1]))
         elif command == "CONFIG":
             if len(words) != 2:
                 raise DagError(f"{where}: CONFIG needs one file name")
             self._config(os.path.join(here, words[1]), where)
         elif command == "SET_JOB_ATTR":
-            attr, sep, text = line.strip()[len(words[0]):].partition("=")
+            attr, sep, text = line.text.strip()[len(words[0]):].partition("=")
             if not sep or not attr.strip() or not text.strip():
                 raise DagError(f"{where}: SET_JOB_ATTR needs Name = Value")
             self.dag.job_attrs[attr.strip()] = text.strip()
@@ -188,8 +224,8 @@ class _Reader:
         else:
             raise DagError(f"{where}: unknown command {words[0]!r}")
 
-    def _job(self, words: list[str], where: str, here: str,
-             numbered: Iterator[tuple[int, str]], *, final: bool) -> None:
+    def _job(self, words: list[str], where: str, here: str, block: str | None, *,
+             final: bool) -> None:
         what = "FINAL" if final else "JOB"
         if len(words) < 3:
             raise DagError(f"{where}: {what} needs a node name and a submit description")
@@ -202,7 +238,7 @@ class _Reader:
         inline = None
         rest = words[3:]
         if description == "{":
-            inline = _block(numbered, where)
+            inline = block
         elif description in self.descriptions:
             inline = self.descriptions[description]
         directory = here
