@@ -399,7 +399,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
         owner = JobStore.from_url(db_url)
-        new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits")
+        new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
+               " dags", "ON dag_")
         old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.engine.begin() as conn:

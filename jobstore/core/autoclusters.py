@@ -21,6 +21,7 @@ PER_JOB = frozenset(
     for n in (
         "Cmd", "Arguments", "Args", "Environment", "Env", "Iwd", "In", "Out", "Err", "UserLog",
         "ProcId", "ClusterId", "QDate", "JobPrio", "GlobalJobId",
+        "DAGManJobId", "DAGNodeName", "DAGParentNodeNames",  # a DAG node's (jobstore.db.dags)
     )
 )
 

@@ -40,10 +40,10 @@ NodeSpecs = Callable[[Node, int], Sequence[JobSpec]]
 class DagStore(Transitions):
     """Queue a DAG and carry its nodes forward; the store mixes it in."""
 
-    def _submit_nodes(self, conn: Connection, specs: Sequence[JobSpec], *, owner: str,
-                      queue: str, max_attempts: int, now: float,
-                      check: Callable[[Job], None] | None) -> int:
-        """One node's jobs, waiting, in `conn`: their cluster (the store's submit)."""
+    def _submit_nodes(self, conn: Connection, nodes: Sequence[tuple[str, Sequence[JobSpec]]],
+                      *, owner: str, queue: str, max_attempts: int, now: float,
+                      check: Callable[[Job], None] | None) -> dict[str, int]:
+        """The nodes' jobs, waiting, in `conn`: each node's cluster (the store's submit)."""
         raise NotImplementedError
 
     def submit_dag(self, dag: Dag, specs_of: NodeSpecs, *, owner: str, queue: str,
@@ -67,19 +67,17 @@ class DagStore(Transitions):
                 status="running", created_at=now, attrs=json.dumps(dag.job_attrs) or None,
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle))
-            clusters_of: dict[str, int] = {}
+            clusters_of = self._submit_nodes(
+                conn, [(node.name, specs_of(node, dag_id)) for node in dag.nodes.values()
+                       if not node.noop and not node.done],
+                owner=owner, queue=queue, max_attempts=max_attempts, now=now, check=check)
             rows = []
             for node in dag.nodes.values():
-                cluster_id = None
-                if not node.noop and not node.done:
-                    cluster_id = self._submit_nodes(
-                        conn, specs_of(node, dag_id), owner=owner, queue=queue,
-                        max_attempts=max_attempts, now=now, check=check)
-                    clusters_of[node.name] = cluster_id
                 undone = [p for p in node.parents if not dag.nodes[p].done]
                 rows.append({
                     "dag_id": dag_id, "name": node.name, "owner": owner,
-                    "cluster_id": cluster_id, "status": DONE if node.done else WAITING,
+                    "cluster_id": clusters_of.get(node.name),
+                    "status": DONE if node.done else WAITING,
                     "pending": len(undone), "priority": node.priority,
                     "category": node.category, "abort_exit": node.abort_exit,
                     "abort_return": node.abort_return, "final": node.final,

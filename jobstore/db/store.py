@@ -258,16 +258,48 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
 
-    def _submit_nodes(self, conn: Connection, specs: Sequence[JobSpec], *, owner: str,
-                      queue: str, max_attempts: int, now: float,
-                      check: Callable[[Job], None] | None) -> int:
-        """One DAG node's jobs, waiting, in the DAG's transaction (jobstore.db.dags): its
-        cluster."""
-        cluster_id, _ids = self._submit(specs, owner=owner, queue=queue,
-                                        max_attempts=max_attempts, submit_file=None, now=now,
-                                        connection=conn, idempotency_key=None, check=check,
-                                        waiting=True)
-        return cluster_id
+    def _submit_nodes(self, conn: Connection, nodes: Sequence[tuple[str, Sequence[JobSpec]]],
+                      *, owner: str, queue: str, max_attempts: int, now: float,
+                      check: Callable[[Job], None] | None) -> dict[str, int]:
+        """The jobs of a DAG's nodes (name, specs), waiting, in the DAG's transaction
+        (jobstore.db.dags), SUBMIT_BATCH at a time: a cluster per node, as DAGMan submits each
+        node on its own. Each node's cluster, by name."""
+        clusters_of: dict[str, int] = {}
+        for start in range(0, len(nodes), SUBMIT_BATCH):
+            part = nodes[start:start + SUBMIT_BATCH]
+            made = conn.execute(insert(clusters).returning(clusters.c.id,
+                                                           sort_by_parameter_order=True), [
+                {"owner": owner, "queue": queue, "submit_file": None,
+                 "num_procs": len(specs), "submitted_at": now} for _name, specs in part])
+            ids = [int(i) for i in made.scalars()]
+            queued: list[Job] = []
+            for (name, specs), cluster_id in zip(part, ids, strict=True):
+                clusters_of[name] = cluster_id
+                for spec in specs:
+                    job = Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner,
+                                     queue=queue, ad=submitted_ad(spec),
+                                     max_attempts=max_attempts, now=now)
+                    if check is not None:
+                        check(job)
+                    queued.append(job.but(status=Status.WAITING.value))
+                self._store_node_files(conn, cluster_id, owner, specs)
+            groups = self._register(conn, queued, now)
+            self._insert_jobs(conn, [job.but(autocluster_id=autocluster,
+                                             periodic=policy.has_periodic(job.ad) or None)
+                                     for job, autocluster in zip(queued, groups, strict=True)],
+                              now, True)
+        return clusters_of
+
+    def _store_node_files(self, conn: Connection, cluster_id: int, owner: str,
+                          specs: Sequence[JobSpec]) -> None:
+        """A node's inputs: the cluster's when its procs share them, else each proc's."""
+        shared = all(spec.inputs == specs[0].inputs for spec in specs)
+        for spec in specs[:1] if shared else specs:
+            if spec.inputs:
+                self._store_files(conn, cluster_id=cluster_id,
+                                  proc_id=None if shared else spec.proc_id, owner=owner,
+                                  direction=IN, sources=[FileSource(f.name, f.source, f.mode)
+                                                         for f in spec.inputs])
 
     def _remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
                           why: str) -> None:
