@@ -357,3 +357,38 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
     assert sorted(_run(store)) == ["prep:0", "prep:1", "work:0"]
     with pytest.raises(DagError, match="option 'maxpre' is not supported"):
         jobstore.Submit.from_dag(str(path), {"maxpre": 2})
+
+
+def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Path,
+                                                 tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`jobstore submit-dag`, `q -batch`, `q -dag`, and hold/release/rm of the DAG's id; a DAG
+    file with a refused command fails with one line naming it, and queues nothing."""
+    from test_cli import cli
+
+    from jobstore.db.engine import upgrade
+
+    monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
+    upgrade(db_url)
+    owner = ["--owner", "alice"] if os.geteuid() == 0 else []
+    path = _dag(tmp_path, DIAMOND)
+    done = cli(db_url, "submit-dag", str(path), "-batch-name", "diamond", "-maxjobs", "3",
+               *owner)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"DAG {path} submitted as 1: 4 node job cluster(s).")
+    batch = cli(db_url, "q", "-batch").stdout.splitlines()
+    assert batch[0].split() == ["OWNER", "BATCH_NAME", "SUBMITTED", "DONE", "RUN", "IDLE",
+                                "HOLD", "TOTAL", "JOB_IDS"]
+    assert batch[1].split()[1:2] + batch[1].split()[4:] == [
+        "diamond", "_", "_", "4", "_", "4", "2.0", "...", "5.0"]
+    dag_view = cli(db_url, "q", "-dag").stdout
+    assert "DAG diamond" in dag_view and " |-A " in dag_view and " |-D " in dag_view
+    assert cli(db_url, "hold", "1").stdout.strip() == "DAG 1: held"
+    assert cli(db_url, "release", "1").stdout.strip() == "DAG 1: released"
+    assert cli(db_url, "rm", "1").stdout.strip() == "DAG 1: removed"
+    again = cli(db_url, "rm", "1")
+    assert again.returncode == 1 and again.stderr.strip() == "jobstore: DAG 1 is removed; cannot remove"
+    (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT POST A post.sh\n")
+    bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
+    assert f"{tmp_path / 'bad.dag'}:2: SCRIPT runs a script" in bad.stderr

@@ -198,6 +198,11 @@ def _print_autoclusters(
 @click.command()
 @click.argument("ids", nargs=-1, metavar="[JOB]... [ATTR]...")
 @click.option("--all", "-a", "include_final", is_flag=True, help="Include finished jobs.")
+@click.option("-batch", "--batch", "batch", is_flag=True,
+              help="condor_q's batch view: a line per DAG and per cluster (OWNER BATCH_NAME "
+              "SUBMITTED DONE RUN IDLE HOLD TOTAL JOB_IDS).")
+@click.option("-dag", "--dag", "dag", is_flag=True,
+              help="Each DAG with its nodes' jobs under it, named ( |-NODE).")
 @click.option("-nobatch", "--nobatch", "nobatch", is_flag=True,
               help="One line per job (the default here: there are no DAG batches).")
 @click.option("-totals", "--totals", "totals_only", is_flag=True,
@@ -230,6 +235,8 @@ def q(
     ctx: Context,
     ids: tuple[str, ...],
     include_final: bool,
+    batch: bool,
+    dag: bool,
     nobatch: bool,
     totals_only: bool,
     running: bool,
@@ -276,6 +283,14 @@ def q(
         return
     jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit,
                             projection=attrs, **filters)
+    if (batch or dag) and not (attrs or formats or as_json or long):
+        dags = [d for d in ctx.store.dag_batches() if not owners or d.owner in owners]
+        if batch:
+            click.echo(views.format_table(views.BATCH_HEADER, views.batch_rows(dags, jobs)))
+        else:
+            click.echo(views.format_table(*views.dag_job_rows(dags, jobs)))
+        click.echo("\n" + views.totals_line(jobs))
+        return
     if attrs:
         _print_autoformat(ctx, jobs, attrs, af_flags)
     elif formats:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, and_, func, insert, select, update
 
@@ -35,6 +35,19 @@ DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
 _FINAL_VALUES = tuple(s.value for s in FINAL)
 
 NodeSpecs = Callable[[Node, int], Sequence[JobSpec]]
+
+
+class DagBatch(NamedTuple):
+    """An unfinished DAG as condor_q's batch view counts it."""
+
+    dag_id: int
+    owner: str
+    batch_name: str
+    submitted: float
+    status: str
+    nodes: dict[str, int]  # node status -> count
+    jobs: dict[str, int]  # its nodes' jobs: status -> count
+    clusters: tuple[int, int] | None  # the first and last cluster of its unfinished jobs
 
 
 class DagStore(Transitions):
@@ -362,6 +375,36 @@ class DagStore(Transitions):
         """The `dags` row of a DAGManJobId (None: not a DAG this session sees)."""
         with self._tx() as conn:
             return conn.execute(select(dags).where(dags.c.id == dag_id)).first()
+
+    def dag_batches(self) -> list[DagBatch]:
+        """The unfinished DAGs this session sees, with their nodes and their jobs counted."""
+        with self._tx() as conn:
+            rows = conn.execute(select(dags).where(dags.c.status.in_(
+                ("running", "held", "removing"))).order_by(dags.c.id)).all()
+            ids = [r.id for r in rows]
+            if not ids:
+                return []
+            nodes: dict[int, dict[str, int]] = {}
+            for dag_id, status, n in conn.execute(
+                    select(dag_nodes.c.dag_id, dag_nodes.c.status, func.count())
+                    .where(dag_nodes.c.dag_id.in_(ids))
+                    .group_by(dag_nodes.c.dag_id, dag_nodes.c.status)):
+                nodes.setdefault(dag_id, {})[status] = n
+            counted: dict[int, dict[str, int]] = {}
+            spans: dict[int, tuple[int, int]] = {}
+            for dag_id, status, n, first, last in conn.execute(
+                    select(dag_nodes.c.dag_id, jobs.c.status, func.count(),
+                           func.min(jobs.c.cluster_id), func.max(jobs.c.cluster_id))
+                    .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
+                    .where(dag_nodes.c.dag_id.in_(ids))
+                    .group_by(dag_nodes.c.dag_id, jobs.c.status)):
+                counted.setdefault(dag_id, {})[status] = n
+                if status not in _FINAL_VALUES:
+                    low, high = spans.get(dag_id, (first, last))
+                    spans[dag_id] = (min(low, first), max(high, last))
+        return [DagBatch(r.id, r.owner, r.batch_name, r.created_at, r.status,
+                         nodes.get(r.id, {}), counted.get(r.id, {}), spans.get(r.id))
+                for r in rows]
 
     def dag_nodes_of(self, dag_id: int) -> list[Any]:
         """The nodes of a DAG, in their file's order of names."""

@@ -340,6 +340,68 @@ def job_rows(jobs: Iterable[Job], *, run: bool = False, finished: bool = False,
     return header, rows
 
 
+BATCH_HEADER = ["OWNER", "BATCH_NAME", "SUBMITTED", "DONE", "RUN", "IDLE", "HOLD", "TOTAL",
+                "JOB_IDS"]
+
+
+def batch_rows(dag_batches: Iterable[Any], jobs: Iterable[Job]) -> list[list[str]]:
+    """condor_q's default batch view: a row per DAG (its nodes: DONE and TOTAL; its jobs:
+    RUN, IDLE, HOLD) and per cluster of the other jobs (by JobBatchName, else "ID: N")."""
+    rows = []
+    for dag in dag_batches:
+        running = sum(n for s, n in dag.jobs.items() if JOB_STATUS[s] == 2)
+        idle = sum(n for s, n in dag.jobs.items() if s in ("idle", "waiting", "fetched"))
+        ids = "" if dag.clusters is None else (
+            f"{dag.clusters[0]}.0" if dag.clusters[0] == dag.clusters[1]
+            else f"{dag.clusters[0]}.0 ... {dag.clusters[1]}.0")
+        rows.append([dag.owner, dag.batch_name, _when(dag.submitted),
+                     _count(dag.nodes.get("done", 0)), _count(running), _count(idle),
+                     _count(dag.jobs.get("held", 0)), str(sum(dag.nodes.values())), ids])
+    clusters: dict[int, list[Job]] = {}
+    for job in jobs:
+        if "DAGNodeName" not in job.ad:
+            clusters.setdefault(job.cluster_id, []).append(job)
+    for cluster, members in sorted(clusters.items()):
+        codes = [JOB_STATUS[j.status] for j in members]
+        name = members[0].ad.get("JobBatchName")
+        procs = sorted(j.proc_id for j in members)
+        ids = f"{cluster}.{procs[0]}" + (f"-{procs[-1]}" if len(procs) > 1 else "")
+        rows.append([members[0].owner,
+                     str(name) if isinstance(name, str) else f"ID: {cluster}",
+                     _when(min(j.submitted_at for j in members)),
+                     _count(codes.count(4)), _count(codes.count(2)), _count(codes.count(1)),
+                     _count(codes.count(5)), str(len(members)), ids])
+    return rows
+
+
+def dag_job_rows(dag_batches: Iterable[Any], jobs: Iterable[Job]) -> tuple[list[str],
+                                                                          list[list[str]]]:
+    """condor_q -dag -nobatch: each DAG's line, its nodes' jobs under it as " |-NODE"."""
+    header, rows = job_rows([j for j in jobs if "DAGNodeName" not in j.ad])
+    by_dag: dict[str, list[Job]] = {}
+    for job in jobs:
+        if "DAGNodeName" in job.ad:
+            by_dag.setdefault(_expr_text(job.ad.get("DAGManJobId")), []).append(job)
+    for dag in dag_batches:
+        rows.append([f"{dag.dag_id}.0", dag.owner, _when(dag.submitted), "", "R"
+                     if dag.status == "running" else "H" if dag.status == "held" else "X",
+                     "0", "0.0", f"DAG {dag.batch_name}"])
+        _h, node_rows = job_rows(by_dag.get(str(dag.dag_id), []))
+        for job, row in zip(by_dag.get(str(dag.dag_id), []), node_rows, strict=True):
+            row[1] = " |-" + _expr_text(job.ad.get("DAGNodeName")).strip('"')
+            rows.append(row)
+    return header, rows
+
+
+def _expr_text(value: Any) -> str:
+    return str(value.get("expr", "")) if isinstance(value, dict) else str(value or "")
+
+
+def _count(n: int) -> str:
+    """condor_q's batch view shows a zero as `_`."""
+    return str(n) if n else "_"
+
+
 def totals_line(jobs: Iterable[Job]) -> str:
     """condor_q's closing line: Total for query: N jobs; N completed, N removed, ..."""
     counts: dict[str, int] = {}
