@@ -33,6 +33,7 @@ def test_every_day_to_day_command_runs(tmp_path: Path, condor_config: Path) -> N
     commands = _command_lines(block)
     assert len(commands) > 30
     (tmp_path / "job.sub").write_text("executable = /bin/true\nqueue 2\n")
+    (tmp_path / "diamond.dag").write_text("JOB A job.sub\nJOB B job.sub\nPARENT A CHILD B\n")
     db = f"sqlite:///{tmp_path / 'jobstore.db'}"
     env = {**{k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"},
            "CONDOR_CONFIG": str(condor_config), "JOBSTORE_SPOOL": str(tmp_path / "spool")}

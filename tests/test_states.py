@@ -43,9 +43,11 @@ EXPECTED: dict[Event, dict[Status, Status | str]] = {
     E.LEASE_EXPIRED: dict.fromkeys(HANDED, REQUEUE),
     E.HOLD: dict.fromkeys((S.IDLE, *HANDED), S.HELD),
     E.RELEASE: {S.HELD: S.IDLE},
-    E.REMOVE: dict.fromkeys((S.IDLE, S.HELD, *HANDED), S.REMOVED),
+    E.REMOVE: dict.fromkeys((S.WAITING, S.IDLE, S.HELD, *HANDED), S.REMOVED),
+    E.NODE_READY: {S.WAITING: S.IDLE},
+    E.NODE_FUTILE: {S.WAITING: S.REMOVED},
 }
-ENDS_ATTEMPT = {S.IDLE, S.HELD, S.COMPLETED, S.REMOVED, S.FAILED}
+ENDS_ATTEMPT = {S.WAITING, S.IDLE, S.HELD, S.COMPLETED, S.REMOVED, S.FAILED}
 
 ALLOWED = [(e, s) for e, row in EXPECTED.items() for s in row]
 REFUSED = [(e, s) for e, s in itertools.product(Event, Status) if s not in EXPECTED[e]]
