@@ -22,6 +22,8 @@ from jobstore.submit.description import parse_submit_text
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
+# DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
+MAX_PARENT_NAMES = 1024
 
 
 @dataclass(frozen=True)
@@ -139,9 +141,11 @@ def _read(texts: dict[str, str], node: Node) -> str:
 
 def _as_node(spec: JobSpec, node: Node, dag_id: int, attrs: dict[str, str]) -> JobSpec:
     """A node's job: DAGMan's attributes, and its RETRY as the job's own retries."""
+    parents = ",".join(node.parents)
     custom = {**spec.custom, **attrs, "DAGManJobId": str(dag_id),
               "DAGNodeName": _string(node.name),
-              "DAGParentNodeNames": _string(",".join(node.parents))}
+              "DAGParentNodeNames": _string(parents if len(parents) <= MAX_PARENT_NAMES
+                                            else "")}
     changes: dict[str, Any] = {"custom": custom}
     if node.retry:
         changes["max_retries"] = node.retry

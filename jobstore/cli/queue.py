@@ -531,9 +531,10 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
     exit 1 if there was any."""
     from jobstore.errors import NotOwner
 
-    args = _dag_actions(ctx, args, event)
-    if not args and constraint is None and not everyone:
-        return
+    rest = _dag_actions(ctx, args, event)
+    if args and not rest and constraint is None and not everyone:
+        return  # only DAGs were named
+    args = rest
     ids, users = _ids_and_users(args)
     totals, missing = query.act(ctx.store, ctx.shown, event, reason, ids=ids, users=users,
                                 constraint=constraint, everyone=everyone)
