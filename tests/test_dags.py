@@ -387,7 +387,8 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
     assert cli(db_url, "release", "1").stdout.strip() == "DAG 1: released"
     assert cli(db_url, "rm", "1").stdout.strip() == "DAG 1: removed"
     again = cli(db_url, "rm", "1")
-    assert again.returncode == 1 and again.stderr.strip() == "jobstore: DAG 1 is removed; cannot remove"
+    assert again.returncode == 1
+    assert again.stderr.strip() == "jobstore: DAG 1 is removed; cannot remove"
     (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT POST A post.sh\n")
     bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, and_, case, func, insert, select, update
 
 from jobstore.core.jobs import Job, JobSpec
 from jobstore.core.states import FINAL, Event, Status
@@ -112,11 +112,12 @@ class DagStore(Transitions):
 
     # ---- a node's jobs ended -------------------------------------------------------------
 
-    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float) -> None:
+    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
+                    nodes: bool = False) -> None:
         """Decide the nodes whose jobs `job_ids` just ended (in this transaction), and carry
-        their DAGs forward."""
+        their DAGs forward. `nodes`: they are DAG nodes' jobs (their ads say so)."""
         ids = list(job_ids)
-        if not ids or not self._any_dag(conn):
+        if not ids or not (nodes or self._any_dag(conn)):
             return
         found = conn.execute(
             select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.cluster_id)
@@ -156,12 +157,11 @@ class DagStore(Transitions):
 
     def _node_ended(self, conn: Connection, dag_id: int, name: str, code: int,
                     now: float) -> None:
-        node = conn.execute(select(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                                    dag_nodes.c.name == name)).one()
-        conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                             dag_nodes.c.name == name)
-                     .values(status=DONE if code == 0 else FAILED, exit_code=code,
-                             updated_at=now))
+        node = conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
+                                                    dag_nodes.c.name == name)
+                            .values(status=DONE if code == 0 else FAILED, exit_code=code,
+                                    updated_at=now)
+                            .returning(dag_nodes.c.abort_exit, dag_nodes.c.abort_return)).one()
         if code == 0:
             self._parents_done(conn, dag_id, [name], now)
             return
@@ -177,18 +177,13 @@ class DagStore(Transitions):
         """One parent fewer to wait for, for each child of `names`; those with none left are
         ready."""
         for name in names:
-            children = list(conn.execute(select(dag_edges.c.child).where(
-                dag_edges.c.dag_id == dag_id, dag_edges.c.parent == name)).scalars())
-            if not children:
-                continue
+            children = select(dag_edges.c.child).where(dag_edges.c.dag_id == dag_id,
+                                                        dag_edges.c.parent == name)
             conn.execute(update(dag_nodes).where(
                 dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(children),
-                dag_nodes.c.status == WAITING).values(pending=dag_nodes.c.pending - 1,
-                                                      updated_at=now))
-            conn.execute(update(dag_nodes).where(
-                dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(children),
-                dag_nodes.c.status == WAITING, dag_nodes.c.pending <= 0)
-                .values(status=READY))
+                dag_nodes.c.status == WAITING).values(
+                pending=dag_nodes.c.pending - 1, updated_at=now,
+                status=case((dag_nodes.c.pending <= 1, READY), else_=WAITING)))
 
     def _descendants(self, conn: Connection, dag_id: int, names: list[str]) -> list[str]:
         edges: dict[str, list[str]] = {}
@@ -332,7 +327,8 @@ class DagStore(Transitions):
             released.append(node)
             total += 1
             queued[node.category] = queued.get(node.category, 0) + 1
-            idle += self._count_jobs(conn, node.cluster_id)
+            if dag.max_idle is not None:
+                idle += self._count_jobs(conn, node.cluster_id)
         if released:
             conn.execute(update(dag_nodes).where(
                 dag_nodes.c.dag_id == dag.id, dag_nodes.c.status == READY,

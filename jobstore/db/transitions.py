@@ -191,7 +191,7 @@ class Transitions(Transactions):
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
         if d.to_status in FINAL and DAG_NODE in job.ad:
-            self._jobs_ended(conn, [job.id], now)
+            self._jobs_ended(conn, [job.id], now, nodes=True)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
     def _event(
@@ -253,8 +253,10 @@ class Transitions(Transactions):
             if ended:
                 self._jobs_ended(conn, ended, rows[0]["time"])
 
-    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float) -> None:
-        """Jobs `job_ids` ended in this transaction (the store's DAGs carry their nodes on)."""
+    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
+                    nodes: bool = False) -> None:
+        """Jobs `job_ids` ended in this transaction (the store's DAGs carry their nodes on;
+        `nodes`: their ads say they are DAG nodes' jobs)."""
         return
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
