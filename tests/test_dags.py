@@ -42,7 +42,8 @@ def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
      "the DAG has a cycle: A -> B -> A"),
     ("JOB A missing.sub\n", "test.dag:1: node A: no such submit file"),
     ("JOB A node.sub\nSCRIPT PRE A pre.sh\n", "test.dag:2: SCRIPT runs a script"),
-    ("JOB A node.sub\nSPLICE S other.dag\n", "test.dag:2: SPLICE"),
+    ("JOB A node.sub\nSPLICE S other.dag\n", "other.dag: cannot read the DAG file"),
+    ("JOB A node.sub\nSUBDAG EXTERNAL S other.dag\n", "test.dag:2: SUBDAG"),
     ("JOB A node.sub\nREJECT\n", "test.dag:2: REJECT"),
     ("JOB A node.sub\nFROB A\n", "test.dag:2: unknown command 'FROB'"),
     ("JOB A node.sub\nRETRY A many\n", "test.dag:2: 'many' is not an integer"),
@@ -393,3 +394,53 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
     bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
     assert f"{tmp_path / 'bad.dag'}:2: SCRIPT runs a script" in bad.stderr
+
+
+def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.Settings,
+                                              tmp_path: Path) -> None:
+    """SPLICE: the spliced file's nodes as `S+node` (nested: `S+T+node`), their categories
+    scoped, the splice's name in PARENT/CHILD standing for its first or last nodes; ALL_NODES
+    of a file is its own nodes."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "node.sub").write_text(SUB)
+    (inner / "leaf.dag").write_text("JOB L node.sub\n")
+    (inner / "diamond.dag").write_text(DIAMOND + "CATEGORY A small\nMAXJOBS small 1\n"
+                                       "SPLICE T leaf.dag\nPARENT D CHILD T\n"
+                                       "VARS ALL_NODES word=\"in\"\n")
+    dag_id = _queued(store, tmp_path, settings,
+                     "JOB first node.sub\nJOB last node.sub\nSPLICE S diamond.dag DIR inner\n"
+                     "PARENT first CHILD S\nPARENT S CHILD last\n"
+                     "VARS ALL_NODES word=\"top\"\n")
+    dag = read_dag(str(tmp_path / "test.dag"))
+    assert list(dag.nodes) == ["first", "last", "S+A", "S+B", "S+C", "S+D", "S+T+L"]
+    assert dag.nodes["S+A"].parents == ["first"] and dag.nodes["last"].parents == ["S+T+L"]
+    assert dag.nodes["S+T+L"].parents == ["S+D"] and dag.nodes["S+A"].category == "S+small"
+    assert dag.maxjobs == {"S+small": 1}
+    assert [v.value for v in dag.nodes["S+B"].vars] == ["in"]
+    assert [v.value for v in dag.nodes["first"].vars] == ["top"]
+    assert dag.nodes["S+A"].directory == str(inner)
+    ran = _run(store)
+    assert ran[0] == "first" and ran[1] == "S+A" and ran[-2:] == ["S+T+L", "last"]
+    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    (tmp_path / "loop.dag").write_text("JOB A node.sub\nSPLICE me loop.dag\n")
+    with pytest.raises(DagError, match="the splice me includes itself"):
+        read_dag(str(tmp_path / "loop.dag"))
+
+
+def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: config.Settings,
+                                                   tmp_path: Path) -> None:
+    """-rescue DAGID: the nodes the ended DAG got done are DONE, the rest run again (DAGMan's
+    rescue DAG); a running DAG, another file's or an unknown one is refused."""
+    first = _queued(store, tmp_path, settings, DIAMOND)
+    assert sorted(_run(store, {"C": 1})) == ["A", "B", "C"]
+    assert store.dag_of(first).status == "failed"  # type: ignore[union-attr]
+    second = _queued(store, tmp_path, settings, DIAMOND, rescue=first)
+    assert _states(store, second) == {"A": "done", "B": "done", "C": "queued", "D": "waiting"}
+    assert _run(store) == ["C", "D"]
+    assert store.dag_of(second).status == "completed"  # type: ignore[union-attr]
+    with pytest.raises(DagError, match="no such DAG"):
+        _queued(store, tmp_path, settings, DIAMOND, rescue=999)
+    third = _queued(store, tmp_path, settings, DIAMOND)
+    with pytest.raises(DagError, match="the DAG is running; rm it first"):
+        _queued(store, tmp_path, settings, DIAMOND, rescue=third)

@@ -20,7 +20,7 @@ from jobstore.submit.dag import Dag, DagError, Node, read_dag
 from jobstore.submit.description import parse_submit_text
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
-OPTIONS = ("maxjobs", "maxidle", "batch_name", "force")
+OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
 # DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
 MAX_PARENT_NAMES = 1024
@@ -63,6 +63,8 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
     for what cannot run, SubmitError for a node's submit description."""
     opts = _options(options or {})
     dag = read_dag(path)
+    if opts.get("rescue") is not None:
+        _rescue(store, dag, opts["rescue"])
     who = choose_owner(owner, settings, store.identity())
     dag_id, clusters = store.submit_dag(
         dag, _node_specs(dag), owner=who, queue=queue or settings.queue,
@@ -81,7 +83,12 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
         if name not in OPTIONS:
             raise DagError(f"condor_submit_dag option {key!r} is not supported by the job store"
                            f" (only {', '.join('-' + o.replace('_', '-') for o in OPTIONS)})")
-        if name in ("maxjobs", "maxidle"):
+        if name == "rescue":
+            try:
+                out[name] = int(value)
+            except (TypeError, ValueError):
+                raise DagError(f"-rescue: {value!r} is not a DAG's id") from None
+        elif name in ("maxjobs", "maxidle"):
             try:
                 number = int(value)
             except (TypeError, ValueError):
@@ -90,6 +97,21 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "batch_name":
             out[name] = str(value)
     return out
+
+
+def _rescue(store: JobStore, dag: Dag, old_id: int) -> None:
+    """What DAGMan's rescue DAG does: the nodes the ended DAG `old_id` (of the same file) got
+    done are DONE; the others run again."""
+    old = store.dag_of(old_id)
+    if old is None:
+        raise DagError(f"-rescue {old_id}: no such DAG")
+    if old.status in ("running", "held", "removing"):
+        raise DagError(f"-rescue {old_id}: the DAG is {old.status}; rm it first")
+    if os.path.abspath(old.path) != dag.path:
+        raise DagError(f"-rescue {old_id}: that DAG was {old.path}, not {dag.path}")
+    for node in store.dag_nodes_of(old_id):
+        if node.status == "done" and node.name in dag.nodes:
+            dag.nodes[node.name].done = True
 
 
 def _node_specs(dag: Dag) -> Callable[[Node, int], Sequence[JobSpec]]:

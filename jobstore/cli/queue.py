@@ -47,6 +47,9 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
               help="No node released while the DAG has N idle jobs (DAGMAN_MAX_JOBS_IDLE).")
 @click.option("-batch-name", "--batch-name", "batch_name", metavar="NAME",
               help="The nodes' JobBatchName (default: FILE+DAGID).")
+@click.option("-rescue", "--rescue", "rescue", type=int, metavar="DAGID",
+              help="Run the DAG again from where the ended DAG DAGID (of the same file) "
+              "stopped: its done nodes are DONE, as in DAGMan's rescue DAG.")
 @click.option("-force", "--force", "force", is_flag=True,
               help="Accepted as condor_submit_dag's: the job store writes no rescue or "
               "lib files to overwrite.")
@@ -55,13 +58,13 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
 @pass_ctx
 @guard
 def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None,
-               batch_name: str | None, force: bool, owner: str | None,
+               batch_name: str | None, rescue: int | None, force: bool, owner: str | None,
                queue: str | None) -> None:
     """Queue a DAG, like condor_submit_dag: its nodes wait in the job store until their
     parents are done, and the store releases them itself (no DAGMan process)."""
     from jobstore.api.dags import submit_dag as queue_dag
 
-    options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle}
+    options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle, "rescue": rescue}
     if batch_name:
         options["batch_name"] = batch_name
     done = queue_dag(ctx.store, file, ctx.settings, owner=owner, queue=queue,

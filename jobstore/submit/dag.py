@@ -1,6 +1,7 @@
-"""DAGMan's input file (issue 31), read as HTCondor 25's DAGMan reads it: the nodes, their
-dependencies and what each node asks for, checked as a whole (unknown or duplicate names, a
-cycle, a missing submit file) before anything is queued.
+"""DAGMan's input file (issue 31), read as HTCondor 25's DAGMan reads it: the nodes (with the
+nodes of its splices, named after them), their dependencies and what each node asks for,
+checked as a whole (unknown or duplicate names, a cycle, a missing submit file) before anything
+is queued.
 
 What the job store does itself (dependencies in the database, no DAGMan process) is read here;
 every command it cannot honour is refused with the file, the line and the command, never
@@ -23,7 +24,6 @@ _NO_SCRIPTS = ("runs a script on the submit machine around the node's job; the j
 REFUSED = {
     "SCRIPT": _NO_SCRIPTS,
     "PRE_SKIP": _NO_SCRIPTS,
-    "SPLICE": "(a DAG spliced into another) is not supported yet",
     "SUBDAG": "(a DAG run as a node) is not supported yet",
     "PROVISIONER": "(a node that provisions resources) is not supported",
     "SERVICE": "(a node that runs beside the DAG) is not supported",
@@ -119,7 +119,7 @@ class _Line:
     block: str | None = None
 
 
-_DEFINES = ("JOB", "FINAL", "SUBMIT-DESCRIPTION")
+_DEFINES = ("JOB", "FINAL", "SUBMIT-DESCRIPTION", "SPLICE")
 
 
 class _Reader:
@@ -130,6 +130,9 @@ class _Reader:
         self.dag = dag
         self.descriptions: dict[str, str] = {}  # SUBMIT-DESCRIPTION name -> text
         self.including: list[str] = []
+        self.splices: dict[str, tuple[list[str], list[str]]] = {}  # its first and last nodes
+        self.own: list[str] = []  # the nodes this file defines (ALL_NODES: not a splice's)
+        self.splicing: list[str] = []  # the DAG files splicing this one
 
     def read(self, path: str) -> None:
         lines = self._collect(path)
@@ -176,6 +179,9 @@ class _Reader:
 
     def _define(self, line: _Line) -> None:
         words, where = line.words, line.where
+        if words[0].upper() == "SPLICE":
+            self._splice(words, where, line.here)
+            return
         if words[0].upper() == "SUBMIT-DESCRIPTION":
             if len(words) != 3 or line.block is None:
                 raise DagError(f"{where}: SUBMIT-DESCRIPTION needs a name and {{")
@@ -258,9 +264,52 @@ class _Reader:
                 raise DagError(f"{where}: node {name}: no such submit file {submit_file}")
         if final and self.dag.final is not None:
             raise DagError(f"{where}: a second FINAL node ({self.dag.final.name} is one)")
+        self.own.append(name)
         self.dag.nodes[name] = Node(name, where, submit_file, inline, directory,
                                     noop="NOOP" in node_flags, done="DONE" in node_flags,
                                     final=final)
+
+    def _splice(self, words: list[str], where: str, here: str) -> None:
+        """SPLICE name file [DIR dir]: the file's nodes, named `name+node`, in this DAG; its
+        categories too (`+cat` stays global); `name` in PARENT/CHILD stands for its first or
+        last nodes."""
+        if len(words) not in (3, 5) or (len(words) == 5 and words[3].upper() != "DIR"):
+            raise DagError(f"{where}: SPLICE needs a name and a DAG file [DIR directory]")
+        name = words[1]
+        if name in self.splices or name in self.dag.nodes or not _NAME.fullmatch(name):
+            raise DagError(f"{where}: {name!r} may not name a splice (a duplicate name?)")
+        directory = os.path.join(here, words[4]) if len(words) == 5 else here
+        path = os.path.join(directory, words[2])
+        if path in self.splicing or path == self.dag.path:
+            raise DagError(f"{where}: the splice {name} includes itself")
+        inner = Dag(path)
+        reader = _Reader(inner)
+        reader.splicing = [*self.splicing, self.dag.path]
+        try:
+            reader.read(path)
+        except DagError as exc:
+            raise DagError(f"{exc} (in the splice {name} of {where})") from None
+        if inner.final is not None:
+            raise DagError(f"{where}: the splice {name} has a FINAL node ({inner.final.name})"
+                           ", which a splice may not have")
+
+        def scoped(category: str | None) -> str | None:
+            if category is None:
+                return None
+            return category[1:] if category.startswith("+") else f"{name}+{category}"
+
+        children = inner.children()
+        for node in inner.nodes.values():
+            full = f"{name}+{node.name}"
+            if full in self.dag.nodes:
+                raise DagError(f"{where}: duplicate node name {full!r}")
+            node.name, node.category = full, scoped(node.category)
+            node.parents = [f"{name}+{p}" for p in node.parents]
+            self.dag.nodes[full] = node
+        for category, limit in inner.maxjobs.items():
+            self.dag.maxjobs[scoped(category) or ""] = limit
+        self.splices[name] = ([n.name for n in inner.nodes.values() if not n.parents],
+                              [f"{name}+{k}" for k, kids in children.items() if not kids])
 
     def _node(self, name: str, where: str) -> Node:
         node = self.dag.nodes.get(name)
@@ -270,7 +319,7 @@ class _Reader:
 
     def _targets(self, name: str, where: str) -> list[Node]:
         if name.upper() == ALL_NODES:
-            return [n for n in self.dag.nodes.values() if not n.final]
+            return [self.dag.nodes[n] for n in self.own if not self.dag.nodes[n].final]
         return [self._node(name, where)]
 
     def _parent(self, words: list[str], where: str) -> None:
@@ -281,6 +330,8 @@ class _Reader:
         parents, children = words[1:split], words[split + 1:]
         if not parents or not children:
             raise DagError(f"{where}: PARENT needs at least one parent and one child")
+        parents = [n for name in parents for n in self.splices.get(name, ([], [name]))[1]]
+        children = [n for name in children for n in self.splices.get(name, ([name], []))[0]]
         for name in parents + children:
             if self._node(name, where).final:
                 raise DagError(f"{where}: the FINAL node {name} may not have parents or "
