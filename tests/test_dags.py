@@ -292,7 +292,7 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
 
 # ---- through the emulator and the real hooks ----------------------------------------------
 
-@pytest.mark.parametrize("mode", ["agent", "direct"])
+@pytest.mark.parametrize("mode", ["agent", pytest.param("direct", marks=pytest.mark.slow)])
 def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """The emulated startd runs the real hook executables; no DAGMan process: each node's job
     starts only after its parents' jobs ended, whichever process recorded the end."""
@@ -329,6 +329,7 @@ def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignor
     assert max(span["B"][1], span["C"][1]) <= span["D"][0]
 
 
+@pytest.mark.slow
 def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         store: JobStore, settings: config.Settings, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,6 +361,7 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         jobstore.Submit.from_dag(str(path), {"maxpre": 2})
 
 
+@pytest.mark.slow
 def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Path,
                                                  tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

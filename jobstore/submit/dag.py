@@ -367,28 +367,14 @@ class _Reader:
             node.vars.extend(found)
 
     def _retry(self, words: list[str], where: str) -> None:
-        usage = "RETRY <node> count [UNLESS-EXIT value]"
-        count = _int(words, 2, where, usage, least=0)
-        unless = None
-        if len(words) > 3:
-            if words[3].upper() != "UNLESS-EXIT":
-                raise DagError(f"{where}: {usage}")
-            unless = _int(words, 4, where, usage, size=5)
-        elif len(words) != 3:
-            raise DagError(f"{where}: {usage}")
+        count, unless = _int_and_option(words, where, "UNLESS-EXIT", "RETRY <node> count "
+                                        "[UNLESS-EXIT value]", least=0)
         for node in self._targets(words[1], where):
             node.retry, node.unless_exit = count, unless
 
     def _abort(self, words: list[str], where: str) -> None:
-        usage = "ABORT-DAG-ON <node> exit-value [RETURN dag-return-value]"
-        value = _int(words, 2, where, usage)
-        back = None
-        if len(words) > 3:
-            if words[3].upper() != "RETURN":
-                raise DagError(f"{where}: {usage}")
-            back = _int(words, 4, where, usage, size=5)
-        elif len(words) != 3:
-            raise DagError(f"{where}: {usage}")
+        value, back = _int_and_option(words, where, "RETURN", "ABORT-DAG-ON <node> exit-value "
+                                      "[RETURN dag-return-value]")
         for node in self._targets(words[1], where):
             node.abort_exit, node.abort_return = value, back
 
@@ -418,6 +404,17 @@ def _block(numbered: Iterator[tuple[int, str]], where: str) -> str:
             return "\n".join(body) + "\n"
         body.append(line)
     raise DagError(f"{where}: the inline submit description has no closing }}")
+
+
+def _int_and_option(words: list[str], where: str, keyword: str, usage: str, *,
+                    least: int | None = None) -> tuple[int, int | None]:
+    """`COMMAND <node> N [KEYWORD M]`: N, and M or None."""
+    value = _int(words, 2, where, usage, least=least)
+    if len(words) == 3:
+        return value, None
+    if len(words) < 4 or words[3].upper() != keyword:
+        raise DagError(f"{where}: {usage}")
+    return value, _int(words, 4, where, usage, size=5)
 
 
 def _int(words: list[str], index: int, where: str, usage: str, *, size: int | None = None,
