@@ -284,6 +284,7 @@ def test_the_readmes_file_transfer_example(node_db) -> None:  # type: ignore[no-
     assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
 
 
+@pytest.mark.slow
 def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """JOB_EXIT's time for sending is up at once (JOBSTORE_OUTPUT_SECONDS = 0): the hook hands
     the sandbox to the agent, which moves it into its outbox, sends the outputs, and records
@@ -321,6 +322,7 @@ class _Uploads(SimpleHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """output_destination: the node sends the outputs (stdout and stderr too) to a file:// or
     an http:// URL, under their remapped names, as the job's user; nothing goes into the store
