@@ -396,6 +396,9 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
     bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
     assert f"{tmp_path / 'bad.dag'}:2: SCRIPT runs a script" in bad.stderr
+    appended = cli(db_url, "submit-dag", str(path), "-append", "x = 1", *owner)
+    assert appended.returncode == 1 and "-append and -insert_sub_file are not supported" in \
+        appended.stderr
 
 
 def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.Settings,

@@ -50,6 +50,9 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
 @click.option("-rescue", "--rescue", "rescue", type=int, metavar="DAGID",
               help="Run the DAG again from where the ended DAG DAGID (of the same file) "
               "stopped: its done nodes are DONE, as in DAGMan's rescue DAG.")
+@click.option("-append", "-insert_sub_file", "--append", "refused", metavar="X",
+              help="condor_submit_dag's: refused (a node's submit description is read as it "
+              "is; give its commands in the file or as VARS).")
 @click.option("-force", "--force", "force", is_flag=True,
               help="Accepted as condor_submit_dag's: the job store writes no rescue or "
               "lib files to overwrite.")
@@ -58,11 +61,16 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> Non
 @pass_ctx
 @guard
 def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None,
-               batch_name: str | None, rescue: int | None, force: bool, owner: str | None,
-               queue: str | None) -> None:
+               batch_name: str | None, rescue: int | None, refused: str | None, force: bool,
+               owner: str | None, queue: str | None) -> None:
     """Queue a DAG, like condor_submit_dag: its nodes wait in the job store until their
     parents are done, and the store releases them itself (no DAGMan process)."""
     from jobstore.api.dags import submit_dag as queue_dag
+    from jobstore.submit.dag import DagError
+
+    if refused is not None:
+        raise DagError("-append and -insert_sub_file are not supported: a node's submit "
+                       "description is read as it is (give its commands there, or as VARS)")
 
     options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle, "rescue": rescue}
     if batch_name:
