@@ -58,11 +58,9 @@ TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
     from typing import NoReturn
 
-# How long one call of a sandbox's transfer may take, and all of JOB_EXIT's sending (inside
-# the starter's 30 s JOB_EXIT timeout, with time left for its report; JOBSTORE_OUTPUT_SECONDS
-# in the hook's environment sets it): what is not sent by then is handed to the agent.
+# How long one call of a sandbox's transfer may take (all of JOB_EXIT's sending is bounded by
+# node.sandbox.output_seconds(): what is not sent by then is handed to the agent).
 SANDBOX_CALL_SECONDS = 60.0
-OUTPUT_SECONDS = 15.0
 
 # Accounts whose socket the hooks trust when the installed hook names none (root only).
 DEFAULT_AGENT_UIDS = (0,)
@@ -222,7 +220,7 @@ def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,
     if mode != "direct":
         files = _AgentFiles(path, agent_uids, stdin)
         if hook == "job_exit":
-            files.stop_at = time.monotonic() + output_seconds(OUTPUT_SECONDS)
+            files.stop_at = time.monotonic() + output_seconds()
         try:
             return transfer(hook, stdin, argv, files)
         except _NoAgentForFiles:

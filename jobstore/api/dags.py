@@ -14,10 +14,12 @@ import htcondor2
 
 from jobstore.api.submission import choose_owner, render_check
 from jobstore.core.jobs import JobSpec
+from jobstore.db.dags import LIVE
 from jobstore.db.store import JobStore
 from jobstore.node import config
 from jobstore.submit.dag import Dag, DagError, Node, read_dag
 from jobstore.submit.description import parse_submit_text
+from jobstore.submit.values import string_literal
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
@@ -105,7 +107,7 @@ def _rescue(store: JobStore, dag: Dag, old_id: int) -> None:
     old = store.dag_of(old_id)
     if old is None:
         raise DagError(f"-rescue {old_id}: no such DAG")
-    if old.status in ("running", "held", "removing"):
+    if old.status in LIVE:
         raise DagError(f"-rescue {old_id}: the DAG is {old.status}; rm it first")
     if os.path.abspath(old.path) != dag.path:
         raise DagError(f"-rescue {old_id}: that DAG was {old.path}, not {dag.path}")
@@ -165,8 +167,8 @@ def _as_node(spec: JobSpec, node: Node, dag_id: int, attrs: dict[str, str]) -> J
     """A node's job: DAGMan's attributes, and its RETRY as the job's own retries."""
     parents = ",".join(node.parents)
     custom = {**spec.custom, **attrs, "DAGManJobId": str(dag_id),
-              "DAGNodeName": _string(node.name),
-              "DAGParentNodeNames": _string(parents if len(parents) <= MAX_PARENT_NAMES
+              "DAGNodeName": string_literal(node.name),
+              "DAGParentNodeNames": string_literal(parents if len(parents) <= MAX_PARENT_NAMES
                                             else "")}
     changes: dict[str, Any] = {"custom": custom}
     if node.retry:
@@ -174,7 +176,3 @@ def _as_node(spec: JobSpec, node: Node, dag_id: int, attrs: dict[str, str]) -> J
         if node.unless_exit is not None:
             changes["retry_until"] = f"ExitCode == {node.unless_exit}"
     return dataclasses.replace(spec, **changes)
-
-
-def _string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, and_, or_, true
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job, parse_job_id
-from jobstore.core.states import FINAL, Event
+from jobstore.core.states import Event
 from jobstore.db.constraint import matches, plan
 from jobstore.db.schema import jobs as jobs_table
 from jobstore.db.store import AUTOCLUSTER_KEY, ActTotals, JobStore
@@ -26,8 +26,6 @@ from jobstore.formats import views
 
 __all__ = ["select_jobs", "query_jobs", "history_jobs", "autoclusters", "act", "Shown",
            "Selection", "status_counts", "edit"]
-
-FINAL_VALUES = frozenset(s.value for s in FINAL)
 
 
 class Shown:

@@ -46,6 +46,7 @@ class Event(StrEnum):
 # call (several Python calls, on every transition).
 STATUS_OF: dict[str, Status] = {s.value: s for s in Status}
 FINAL = frozenset({Status.COMPLETED, Status.REMOVED, Status.FAILED})
+FINAL_VALUES = frozenset(s.value for s in FINAL)  # the same as the texts the rows hold
 HANDED_OUT = frozenset({Status.FETCHED, Status.ACCEPTED, Status.RUNNING})
 # Each status's phase: the status at the grain the job table's indexes need (the database keeps
 # it in a column computed from the status, `jobs.phase`), so that a transition within a phase
@@ -169,6 +170,7 @@ __all__ = [
     "STARTD_EVENTS",
     "STARTER_EVENTS",
     "FINAL",
+    "FINAL_VALUES",
     "HANDED_OUT",
     "PHASES",
     "STATUS_OF",

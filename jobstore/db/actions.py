@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ARRAY, BigInteger, ColumnElement, Connection, any_, bindparam, select, update
+from sqlalchemy import ColumnElement, Connection, select, update
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, STATUS_OF, Event, Status, decide
+from jobstore.core.states import FINAL, FINAL_VALUES, STATUS_OF, Event, Status, decide
 from jobstore.db.phases import status_not_in
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import note_event
@@ -38,7 +38,6 @@ PAGE = 1000
 SHOWN = 50  # outcomes kept for a caller to print, the failures first
 _WAITING = (Status.IDLE, Status.HELD)
 _DONE = {Event.HOLD: Status.HELD.value, Event.REMOVE: Status.REMOVED.value}
-_FINAL_VALUES = frozenset(s.value for s in FINAL)
 
 
 @dataclass
@@ -73,7 +72,7 @@ def total_kind(outcome: Outcome, event: Event) -> str:
     if outcome.changed or outcome.pending:
         return "success"
     if outcome.before == _DONE.get(event) or (
-            event == Event.REMOVE and outcome.before in _FINAL_VALUES):
+            event == Event.REMOVE and outcome.before in FINAL_VALUES):
         return "already_done"
     return "bad_status"
 
@@ -141,12 +140,6 @@ class PagedActions(Transitions):
                 totals.denied_names += names[:SHOWN - len(totals.denied_names)]
                 work(conn, _unfinished(locked), time.time())
 
-    def _id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
-        """`jobs.id IN ids`: on PostgreSQL one array parameter (`= ANY`), not one a job."""
-        if self._pg:
-            return jobs.c.id == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
-        return jobs.c.id.in_(list(ids))
-
     def _lock_page(self, conn: Connection, ids: Sequence[int], *, skip_locked: bool,
                    ) -> dict[int, Job]:
         """The jobs of `ids` this session may change, locked (those another transaction holds
@@ -195,4 +188,4 @@ class PagedActions(Transitions):
 
 def _unfinished(locked: dict[int, Job]) -> list[Job]:
     """The jobs of a page that have not finished since the page was read."""
-    return [job for job in locked.values() if job.status not in _FINAL_VALUES]
+    return [job for job in locked.values() if job.status not in FINAL_VALUES]

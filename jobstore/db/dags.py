@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Connection, and_, case, func, insert, select, update
 
 from jobstore.core.jobs import Job, JobSpec
-from jobstore.core.states import FINAL, Event, Status
+from jobstore.core.states import FINAL_VALUES, Event, Status
 from jobstore.db.schema import clusters, dag_categories, dag_edges, dag_nodes, dags, jobs
 from jobstore.db.transitions import Transitions, event_row
 from jobstore.submit.dag import Dag, Node
@@ -32,7 +32,8 @@ WAITING, READY, QUEUED, DONE, FAILED, FUTILE = (
 UNFINISHED_NODES = (WAITING, READY, QUEUED)
 # DAGMan's DAG_Status
 DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
-_FINAL_VALUES = tuple(s.value for s in FINAL)
+# a DAG that has not ended
+LIVE = ("running", "held", "removing")
 
 NodeSpecs = Callable[[Node, int], Sequence[JobSpec]]
 
@@ -122,7 +123,7 @@ class DagStore(Transitions):
         found = conn.execute(
             select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.cluster_id)
             .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
-            .where(self._job_id_in(ids), dag_nodes.c.status == QUEUED).distinct()).all()
+            .where(self._id_in(ids), dag_nodes.c.status == QUEUED).distinct()).all()
         for dag_id, name, cluster_id in found:
             verdict = self._node_verdict(conn, cluster_id)
             if verdict is None:
@@ -130,15 +131,12 @@ class DagStore(Transitions):
             self._node_ended(conn, dag_id, name, verdict, now)
             self._advance(conn, dag_id, now)
 
-    def _job_id_in(self, ids: Sequence[int]) -> Any:
-        return jobs.c.id.in_(list(ids))
-
     @staticmethod
     def _any_dag(conn: Connection) -> bool:
         """Is there a running DAG at all (one indexed read, so that a store without DAGs pays
         nothing more per page of an rm)?"""
         return conn.execute(select(dags.c.id).where(
-            dags.c.status.in_(("running", "held", "removing"))).limit(1)).first() is not None
+            dags.c.status.in_(LIVE)).limit(1)).first() is not None
 
     @staticmethod
     def _node_verdict(conn: Connection, cluster_id: int) -> int | None:
@@ -148,7 +146,7 @@ class DagStore(Transitions):
         rows = conn.execute(select(jobs.c.status, jobs.c.exit_code, jobs.c.exit_by_signal)
                             .where(jobs.c.cluster_id == cluster_id)
                             .order_by(jobs.c.proc_id)).all()
-        if any(status not in _FINAL_VALUES for status, _code, _signal in rows):
+        if any(status not in FINAL_VALUES for status, _code, _signal in rows):
             return None
         for status, code, by_signal in rows:
             if status != Status.COMPLETED or by_signal or code != 0:
@@ -190,14 +188,14 @@ class DagStore(Transitions):
         for parent, child in conn.execute(select(dag_edges.c.parent, dag_edges.c.child)
                                           .where(dag_edges.c.dag_id == dag_id)):
             edges.setdefault(parent, []).append(child)
-        seen: list[str] = []
+        seen: dict[str, None] = {}  # in the order found
         todo = list(names)
         while todo:
             for child in edges.get(todo.pop(), []):
                 if child not in seen:
-                    seen.append(child)
+                    seen[child] = None
                     todo.append(child)
-        return seen
+        return list(seen)
 
     def _make_futile(self, conn: Connection, dag_id: int, names: list[str], now: float,
                      why: str) -> None:
@@ -271,16 +269,16 @@ class DagStore(Transitions):
                             .group_by(dag_nodes.c.final, dag_nodes.c.status)).all()
         if any(not final for final, _status, _n in left):
             return
-        final_waiting = [s for final, s, _n in left if final and s in (WAITING, READY)]
-        if final_waiting:
+        if any(s in (WAITING, READY) for _final, s, _n in left):  # the FINAL node's turn
             conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
                                                  dag_nodes.c.final.is_(True))
                          .values(status=READY, pending=0))
             self._release_ready(conn, dag, now, final=True)
             if self._unfinished(conn, dag_id):
                 return
-        if not left or not self._unfinished(conn, dag_id):
-            self._end(conn, dag, now)
+        elif left:
+            return  # the FINAL node runs
+        self._end(conn, dag, now)
 
     @staticmethod
     def _unfinished(conn: Connection, dag_id: int) -> bool:
@@ -375,8 +373,8 @@ class DagStore(Transitions):
     def dag_batches(self) -> list[DagBatch]:
         """The unfinished DAGs this session sees, with their nodes and their jobs counted."""
         with self._tx() as conn:
-            rows = conn.execute(select(dags).where(dags.c.status.in_(
-                ("running", "held", "removing"))).order_by(dags.c.id)).all()
+            rows = conn.execute(select(dags).where(dags.c.status.in_(LIVE))
+                                .order_by(dags.c.id)).all()
             ids = [r.id for r in rows]
             if not ids:
                 return []
@@ -395,7 +393,7 @@ class DagStore(Transitions):
                     .where(dag_nodes.c.dag_id.in_(ids))
                     .group_by(dag_nodes.c.dag_id, jobs.c.status)):
                 counted.setdefault(dag_id, {})[status] = n
-                if status not in _FINAL_VALUES:
+                if status not in FINAL_VALUES:
                     low, high = spans.get(dag_id, (first, last))
                     spans[dag_id] = (min(low, first), max(high, last))
         return [DagBatch(r.id, r.owner, r.batch_name, r.created_at, r.status,

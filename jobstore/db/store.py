@@ -187,7 +187,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
     def _submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
                 submit_file: str | None, now: float, connection: Connection | None,
                 idempotency_key: str | None, check: Callable[[Job], None] | None,
-                waiting: bool = False) -> tuple[int, list[int]]:
+                ) -> tuple[int, list[int]]:
         with self._tx(connection) as conn:
             cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
                            num_procs=len(specs), submitted_at=now)
@@ -208,7 +208,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
                         .order_by(jobs.c.proc_id)).scalars())
-            template = None if waiting else self._template(specs)
+            template = self._template(specs)
             shared: tuple[InputFile, ...] | None = None  # proc 0's inputs, stored for all
             ids: list[int] = []
             held: list[int] = []  # submitted on hold
@@ -226,8 +226,6 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     )
                     for spec in batch
                 ]
-                if waiting:  # a DAG node's: released when its parents are done
-                    queued = [job.but(status=Status.WAITING.value) for job in queued]
                 if check is not None:
                     for job in queued:
                         check(job)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import psycopg
 from sqlalchemy import (
+    ARRAY,
     JSON,
+    BigInteger,
     ColumnElement,
     Connection,
     Update,
+    any_,
+    bindparam,
     insert,
     literal_column,
     select,
@@ -23,6 +27,7 @@ from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import (
     FINAL,
+    FINAL_VALUES,
     HANDED_OUT,
     PHASES,
     STATUS_OF,
@@ -49,7 +54,6 @@ from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
 STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
-_FINAL_TEXTS = frozenset(s.value for s in FINAL) | FINAL
 DAG_NODE = "DAGNodeName"  # in the ad of a DAG node's job (jobstore.db.dags)
 
 
@@ -249,9 +253,15 @@ class Transitions(Transactions):
             driver.execute(conn, INSERT_EVENTS, columns)
             notify(conn, "page")
         if dags_too:
-            ended = [row["job_id"] for row in rows if row["to_status"] in _FINAL_TEXTS]
+            ended = [row["job_id"] for row in rows if row["to_status"] in FINAL_VALUES]
             if ended:
                 self._jobs_ended(conn, ended, rows[0]["time"])
+
+    def _id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
+        """`jobs.id IN ids`: on PostgreSQL one array parameter (`= ANY`), not one a job."""
+        if self._pg:
+            return jobs.c.id == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
+        return jobs.c.id.in_(list(ids))
 
     def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
                     nodes: bool = False) -> None:

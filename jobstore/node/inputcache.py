@@ -13,7 +13,7 @@ import os
 import secrets
 from typing import TYPE_CHECKING
 
-from jobstore.node.sandbox import SandboxError
+from jobstore.node.sandbox import SandboxError, write_fully
 from jobstore.node.sandboxroot import CACHE, ensure_private
 
 if TYPE_CHECKING:
@@ -48,9 +48,7 @@ def _fill(store: JobStore, path: os.PathLike[str], owner: str, sha: str, size: i
     try:
         for data in store.file_content(owner, sha):
             digest.update(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_fully(fd, data)
             got += len(data)
     except BaseException:
         os.close(fd)

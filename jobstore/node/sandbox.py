@@ -24,6 +24,7 @@ ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoin
 ATTR_HAND_OFF = b"JobstoreHandOff"  # true: outputs not all sent in JOB_EXIT's time, the agent
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
 CHUNK = 1 << 20  # bytes per read or write through a transport
+OUTPUT_SECONDS = 15.0  # JOB_EXIT's sending, at most (JOBSTORE_OUTPUT_SECONDS changes it)
 MAX_NAME = 4096
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -101,17 +102,16 @@ def transfer(hook: str, ad: bytes, argv: list[str], files: Files) -> bytes:
     is for the agent, which sends the rest and then reports the exit."""
     if hook == "prepare_job":
         return stage_in(ad, files.manifest, files.read, files.open_input)
-    if attempt_of(ad) is None:
+    found = attempt_of(ad)
+    if found is None:
         return ad
     try:
-        return _send_back(ad, argv, files)
+        return _send_back(ad, found[3], argv, files)
     except HandOff:
         return ad.rstrip(b"\n") + b"\n" + ATTR_HAND_OFF + b" = true\n"
 
 
-def _send_back(ad: bytes, argv: list[str], files: Files) -> bytes:
-    found = attempt_of(ad)
-    assert found is not None
+def _send_back(ad: bytes, iwd: str, argv: list[str], files: Files) -> bytes:
     plain = _plain_attrs(ad, (b"checkpointexitcode", b"exitcode"))
     when = string_attrs(ad, (b"whentotransferoutput",)).get(b"whentotransferoutput", "")
     if argv == ["exit"]:
@@ -124,7 +124,7 @@ def _send_back(ad: bytes, argv: list[str], files: Files) -> bytes:
         return sent if ATTR_OUTPUT_ERROR in sent else sent + ATTR_CHECKPOINTED + b" = true\n"
     if argv == ["evict"] and when.upper() == "ON_EXIT_OR_EVICT":
         stage_out(ad, files.manifest, files.send_checkpoint, must_exist=False)
-    remove_sandbox(found[3])
+    remove_sandbox(iwd)
     return ad
 
 
@@ -285,7 +285,7 @@ def _check_disk(ad: bytes, files: Manifest) -> int:
     return room - need
 
 
-def output_seconds(default: float = 15.0) -> float:
+def output_seconds(default: float = OUTPUT_SECONDS) -> float:
     """Seconds JOB_EXIT may spend sending outputs (JOBSTORE_OUTPUT_SECONDS in the hook's
     environment): inside the starter's 30 s for the hook, with time left for its report."""
     try:
@@ -329,13 +329,7 @@ def _write_to(path: str, fd: int, mode: int) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode | 0o600)
     try:
-        size = os.fstat(fd).st_size
-        offset = 0
-        while offset < size:
-            sent = os.sendfile(out, fd, offset, size - offset)
-            if not sent:
-                break
-            offset += sent
+        _copy(fd, out, os.fstat(fd).st_size, path)
     finally:
         os.close(out)
 
@@ -401,7 +395,7 @@ def _download(iwd: str, url: str, room: int) -> int:
                 if time.monotonic() > deadline:
                     raise SandboxError(f"{url}: not fetched within {10 * limit:g} s",
                                        errno.ETIMEDOUT)
-                _write_all(fd, data)
+                write_fully(fd, data)
     except urllib.error.HTTPError as exc:
         raise SandboxError(f"{url}: HTTP {exc.code} {exc.reason}", errno.EIO) from None
     except urllib.error.URLError as exc:
@@ -448,7 +442,7 @@ def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
                 raise SandboxError(f"{name}: the store gave {offset} of its {size} bytes",
                                    errno.EIO)
             digest.update(data)
-            _write_all(fd, data)
+            write_fully(fd, data)
             offset += len(data)
         os.fchmod(fd, mode & 0o755 | 0o600)
     finally:
@@ -459,7 +453,8 @@ def _fetch(iwd: str, name: str, sha: str, size: int, mode: int,
 
 
 def _copy(source: int, fd: int, size: int, name: str) -> None:
-    """Copy `size` bytes from the start of `source` to `fd`, in the kernel."""
+    """Copy `size` bytes from the start of `source` to `fd`, in the kernel; SandboxError when
+    `source` turns out shorter."""
     offset = 0
     while offset < size:
         try:
@@ -469,7 +464,7 @@ def _copy(source: int, fd: int, size: int, name: str) -> None:
                 raise
             done = os.sendfile(fd, source, offset, size - offset)
         if not done:
-            raise SandboxError(f"{name}: the node's copy has {offset} of its {size} bytes",
+            raise SandboxError(f"{name}: only {offset} of its {size} bytes could be copied",
                                errno.EIO)
         offset += done
 
@@ -530,7 +525,8 @@ def _sha256_of(path: str) -> str | None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_fully(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (OSError as the system says)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]

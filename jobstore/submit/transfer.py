@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from jobstore.core.jobs import InputFile
 from jobstore.formats import remaps
 from jobstore.submit.errors import FieldError
-from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
+from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS, string_literal
 
 __all__ = ["Input", "Transfer", "read_transfer", "sandbox_inputs", "transfer_attrs",
            "URL_SCHEMES", "parse_remaps", "output_destination"]
@@ -272,27 +272,23 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
     }
     listed = values.get("transfer_input_files", "").strip()
     if listed:
-        out["TransferInput"] = _quoted(listed)
+        out["TransferInput"] = string_literal(listed)
     urls = [entry.source for entry in transfer.inputs if entry.is_url]
     if urls:  # fetched by PREPARE_JOB, in this order (jobstore.node.sandbox)
-        out["JobstoreInputUrls"] = _quoted(" ".join(urls))
+        out["JobstoreInputUrls"] = string_literal(" ".join(urls))
     size = sum(os.path.getsize(f.source) for f in inputs)
     out["TransferInputSizeMB"] = str((size + (1 << 20) - 1) >> 20)
     if transfer.outputs is not None:
-        out["TransferOutput"] = _quoted(",".join(transfer.outputs))
+        out["TransferOutput"] = string_literal(",".join(transfer.outputs))
     if transfer.checkpoint_exit_code is not None:
         out["CheckpointExitCode"] = str(transfer.checkpoint_exit_code)
     if transfer.checkpoint_files is not None:
-        out["TransferCheckpoint"] = _quoted(",".join(transfer.checkpoint_files))
+        out["TransferCheckpoint"] = string_literal(",".join(transfer.checkpoint_files))
     if transfer.output_url:
-        out["OutputDestination"] = _quoted(transfer.output_url)
+        out["OutputDestination"] = string_literal(transfer.output_url)
     if transfer.remaps:
-        out["TransferOutputRemaps"] = _quoted(remaps.render(transfer.remaps))
+        out["TransferOutputRemaps"] = string_literal(remaps.render(transfer.remaps))
     return out
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def output_destination(name: str, iwd: str, remaps: tuple[tuple[str, str], ...],
