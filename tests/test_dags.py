@@ -5,6 +5,7 @@ on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import os
+import pwd
 import time
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from jobstore.submit.dag import DagError, read_dag
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
                    slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
 SUB = "executable = /bin/true\narguments = $(JOB) $(word)\nqueue\n"
+# root submits for an ordinary account; an ordinary account only as herself
+OWNER = "alice" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
 
 def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
@@ -113,7 +116,7 @@ def settings(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> config.Setting
 
 def _queued(store: JobStore, tmp: Path, settings: config.Settings, text: str,
             **options: object) -> int:
-    done = submit_dag(store, str(_dag(tmp, text)), settings, owner="alice",
+    done = submit_dag(store, str(_dag(tmp, text)), settings, owner=OWNER,
                       options=options)
     return done.dag_id
 
@@ -347,7 +350,7 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         {"executable": "/bin/true"}), vars=[{"y": "a"}], retries=2)
     path = dags.write_dag(dag, tmp_path, dag_file_name="wf.dag")
     monkeypatch.chdir(tmp_path)
-    schedd = jobstore.Schedd(store=store, owner="alice")
+    schedd = jobstore.Schedd(store=store, owner=OWNER)
     result = schedd.submit(jobstore.Submit.from_dag(str(path), {"batch-name": "wf"}))
     dag_id = result.cluster()
     assert result.clusterad()["JobBatchName"] == "wf"
