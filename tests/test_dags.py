@@ -177,6 +177,47 @@ def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config
     assert store.dag_of(dag_id) is None and store.dag_nodes_of(dag_id) == []
 
 
+def test_nodes_that_share_a_submit_description(store: JobStore, settings: config.Settings,
+                                               tmp_path: Path) -> None:
+    """Nodes that share a submit file are read with one parse (on PostgreSQL their rows made
+    by the server from one template): each is still its own cluster of proc 0, with its own
+    $(JOB), VARS, RETRY and DAGMan's attributes, as a read per node makes it; where the file
+    sets a variable a node's VARS also sets, the file's wins (DAGMan sets VARS first), and a
+    parent list over 1,024 characters is left empty, as DAGMan leaves it."""
+    many = [f"P{i:04d}" for i in range(200)]
+    text = ("JOB N0 node.sub\nJOB N1 node.sub\nJOB N2 node.sub\nJOB N3 node.sub\n"
+            "JOB N4 node.sub\nJOB N5 node.sub\n"
+            + "".join(f"JOB {p} node.sub\n" for p in many)
+            + "PARENT N0 CHILD N1 N2 N3 N4\nPARENT " + " ".join(many) + " CHILD N5\n"
+            "VARS N1 word=\"w1\"\nVARS N4 word=\"w4\"\nRETRY N1 2\nRETRY N4 2\n"
+            "VARS N2 word=\"w2\" mine=\"var\"\nVARS N3 word=\"w3\" mine=\"var\"\n")
+    sub = ("executable = /bin/true\narguments = $(JOB) $(word) $(Process)\nmine = file\n"
+           "+Mine = \"$(mine)\"\nqueue\n")
+    done = submit_dag(store, str(_dag(tmp_path, text, sub)), settings, owner=OWNER)
+    jobs = {j.ad["DAGNodeName"]["expr"].strip('"'): j for j in store.list_jobs()}
+    assert len(jobs) == 206 and all(j.proc_id == 0 for j in jobs.values())
+    assert len({j.cluster_id for j in jobs.values()}) == 206
+    assert {name: jobs[name].cluster_id for name in jobs} == done.clusters
+
+    def args(name: str) -> list[str]:
+        ad = jobs[name].ad
+        return str(ad.get("Arguments", ad.get("Args"))).split()
+
+    assert args("N0") == ["N0", "0"] and args("P0199") == ["P0199", "0"]
+    assert args("N1") == ["N1", "w1", "0"] and args("N4") == ["N4", "w4", "0"]
+    assert args("N2") == ["N2", "w2", "0"] and args("N3") == ["N3", "w3", "0"]
+    assert {jobs[n].ad["Mine"]["expr"] for n in ("N0", "N1", "N2", "N3")} == {'"file"'}
+    assert (jobs["N1"].max_retries, jobs["N4"].max_retries, jobs["N0"].max_retries) == (
+        2, 2, None)
+    assert jobs["N4"].ad["DAGParentNodeNames"] == {"expr": '"N0"'}
+    assert jobs["N0"].ad["DAGParentNodeNames"] == {"expr": '""'}
+    assert jobs["N5"].ad["DAGParentNodeNames"] == {"expr": '""'}  # 200 names: over 1,024
+    assert {jobs[n].ad["DAGManJobId"]["expr"] for n in jobs} == {str(done.dag_id)}
+    assert {n: j.status for n, j in jobs.items() if j.status == "idle"} == {
+        **{"N0": "idle"}, **dict.fromkeys(many, "idle")}
+    assert {e.event for j in jobs.values() for e in store.events(j.id)} >= {"submit"}
+
+
 def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
                                                          settings: config.Settings,
                                                          tmp_path: Path) -> None:

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, overload
 
 import htcondor2
 
 from jobstore.api.submission import choose_owner, render_check
-from jobstore.core.jobs import JobSpec
+from jobstore.core.jobs import JobSpec, NodeJobs, ProcTemplate
 from jobstore.db.dags import LIVE
 from jobstore.db.store import JobStore
 from jobstore.node import config
 from jobstore.submit.dag import Dag, DagError, Node, read_dag
-from jobstore.submit.description import parse_submit_text
+from jobstore.submit.description import SubmitSpecs, parse_submit_nodes, parse_submit_text
+from jobstore.submit.errors import SubmitError
 from jobstore.submit.values import string_literal
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
@@ -26,6 +29,8 @@ OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
 # DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
 MAX_PARENT_NAMES = 1024
+# Text that is the same in a JSON string and a ClassAd string (no escapes in either).
+_VERBATIM = re.compile(r"[ !#-\[\]-~]*")
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
         _rescue(store, dag, opts["rescue"])
     who = choose_owner(owner, settings, store.identity())
     dag_id, clusters = store.submit_dag(
-        dag, _node_specs(dag), owner=who, queue=queue or settings.queue,
+        dag, _node_jobs(dag), owner=who, queue=queue or settings.queue,
         max_attempts=settings.max_attempts, batch_name=opts.get("batch_name"),
         max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
         check=render_check(settings))
@@ -116,40 +121,138 @@ def _rescue(store: JobStore, dag: Dag, old_id: int) -> None:
             dag.nodes[node.name].done = True
 
 
-def _node_specs(dag: Dag) -> Callable[[Node, int], Sequence[JobSpec]]:
-    """What queues a node: its submit description read as DAGMan submits it."""
+class _Group(NamedTuple):
+    """What nodes must share to be read with one parse of their submit description."""
+
+    text: str
+    directory: str
+    before: tuple[str, ...]  # the VARS set before the text, by name
+    after: tuple[str, ...]  # and those set after it
+    attrs: tuple[tuple[str, str], ...]  # VARS +attr
+    retry: int
+    unless_exit: int | None
+    final: bool
+
+
+def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
+    """What queues the nodes not DONE: their submit descriptions read as DAGMan submits each
+    node, once for all the nodes that share one (and the same VARS names)."""
     append_default = dag.config.get("DAGMAN_DEFAULT_APPEND_VARS", "false").strip().lower() in (
         "true", "1", "yes")
     texts: dict[str, str] = {}
 
-    def specs_of(node: Node, dag_id: int) -> Sequence[JobSpec]:
-        text = node.inline if node.inline is not None else _read(texts, node)
-        if not node.final:
-            for macro in _FINAL_ONLY:
-                if f"$({macro})" in text:
-                    raise DagError(f"{node.where}: node {node.name}: $({macro}) is known only "
-                                   "when the DAG ends; the job store reads a node's submit "
-                                   "description when the DAG is queued")
-        prepended, appended, attrs = [], {}, {}
-        for var in node.vars:
-            value = var.value.replace("$(JOB)", node.name).replace("$(RETRY)", "0")
-            if var.name.startswith("+") or var.name.lower().startswith("my."):
-                attrs[var.name.split(".", 1)[1] if "." in var.name else var.name[1:]] = value
-            elif (append_default if var.prepend is None else not var.prepend):
-                appended[var.name] = value
-            else:
-                prepended.append(f"{var.name} = {value}")
-        macros = {"JOB": node.name, "NODE_NAME": node.name, "RETRY": "0",
-                  "DAGManJobId": str(dag_id), "DAG_STATUS": "0", "FAILED_COUNT": "0",
-                  **appended}
-        source = f"{node.where}: node {node.name}"
-        specs = parse_submit_text("\n".join([*prepended, text]), base_dir=node.directory,
-                                  extra_vars=macros, source=source)
-        if not specs:
-            raise DagError(f"{source}: its submit description queues no job")
-        return [_as_node(spec, node, dag_id, attrs) for spec in specs]
+    def jobs_of(dag_id: int) -> list[NodeJobs]:
+        groups: dict[_Group, list[tuple[Node, dict[str, str], list[str]]]] = {}
+        for node in dag.nodes.values():
+            if node.noop or node.done:
+                continue
+            text = node.inline if node.inline is not None else _read(texts, node)
+            if not node.final:
+                for macro in _FINAL_ONLY:
+                    if f"$({macro})" in text:
+                        raise DagError(f"{node.where}: node {node.name}: $({macro}) is known "
+                                       "only when the DAG ends; the job store reads a node's "
+                                       "submit description when the DAG is queued")
+            before, after, attrs = {}, {}, {}
+            for var in node.vars:
+                value = var.value.replace("$(JOB)", node.name).replace("$(RETRY)", "0")
+                if var.name.startswith("+") or var.name.lower().startswith("my."):
+                    attrs[var.name.split(".", 1)[1] if "." in var.name else var.name[1:]] = value
+                elif (append_default if var.prepend is None else not var.prepend):
+                    after[var.name] = value
+                else:
+                    before[var.name] = value
+            key = _Group(text, node.directory, tuple(before), tuple(after),
+                         tuple(attrs.items()), node.retry, node.unless_exit, node.final)
+            groups.setdefault(key, []).append(
+                (node, {**before, **after, "JOB": node.name, "NODE_NAME": node.name},
+                 [f"{name} = {value}" for name, value in before.items()]))
+        return [_group_jobs(key, members, dag_id) for key, members in groups.items()]
 
-    return specs_of
+    return jobs_of
+
+
+def _group_jobs(key: _Group, members: list[tuple[Node, dict[str, str], list[str]]],
+                dag_id: int) -> NodeJobs:
+    """The jobs of nodes that share a submit description: one parse for them all where the
+    description allows it, else one per node."""
+    macros = {"RETRY": "0", "DAGManJobId": str(dag_id), "DAG_STATUS": "0", "FAILED_COUNT": "0"}
+    nodes = [node for node, _items, _lines in members]
+    attrs = dict(key.attrs)
+    first = nodes[0]
+    source = f"{first.where}: node {first.name}"
+    shared = None
+    if len(members) > 1:
+        shared = parse_submit_nodes(key.text, base_dir=key.directory, extra_vars=macros,
+                                    items=[items for _node, items, _lines in members],
+                                    before=key.before, source=source)
+    if shared is None:
+        specs = [_node_specs(node, "\n".join([*lines, key.text]), {**macros, **{
+            name: value for name, value in items.items() if name not in key.before}},
+            dag_id, attrs) for node, items, lines in members]
+        return NodeJobs([node.name for node in nodes], specs)
+    return NodeJobs([node.name for node in nodes], _SharedSpecs(shared, nodes, dag_id, attrs),
+                    _node_template(shared, nodes, dag_id, attrs))
+
+
+def _node_specs(node: Node, text: str, macros: dict[str, str], dag_id: int,
+                attrs: dict[str, str]) -> list[JobSpec]:
+    source = f"{node.where}: node {node.name}"
+    specs = parse_submit_text(text, base_dir=node.directory, extra_vars=macros, source=source)
+    if not specs:
+        raise DagError(f"{source}: its submit description queues no job")
+    return [_as_node(spec, node.name, _parent_names(node), dag_id, attrs, node)
+            for spec in specs]
+
+
+class _SharedSpecs(Sequence[Sequence[JobSpec]]):
+    """Each node's one job, made from the shared parse when it is read."""
+
+    def __init__(self, specs: SubmitSpecs, nodes: list[Node], dag_id: int,
+                 attrs: dict[str, str]):
+        self._specs, self._nodes, self._dag_id, self._attrs = specs, nodes, dag_id, attrs
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[JobSpec]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Sequence[JobSpec]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        node = self._nodes[index]
+        try:
+            spec = self._specs[index]
+        except SubmitError as exc:
+            raise DagError(f"{node.where}: node {node.name}: {exc}") from None
+        return [_as_node(spec, node.name, _parent_names(node), self._dag_id, self._attrs, node)]
+
+
+def _node_template(specs: SubmitSpecs, nodes: list[Node], dag_id: int,
+                   attrs: dict[str, str]) -> ProcTemplate | None:
+    """The nodes' jobs as one template whose item rows are the nodes, with DAGMan's
+    attributes; None when a name would not be the same text in JSON and in a ClassAd
+    string."""
+    template = specs.template()
+    names = [node.name for node in nodes]
+    parents = [_parent_names(node) for node in nodes]
+    if template is None or not all(_VERBATIM.fullmatch(v) for v in (*names, *parents)):
+        return None
+    nonce = secrets.token_hex(6)
+    name, parent = f"JOBSTORENODE0X{nonce}", f"JOBSTORENODE1X{nonce}"
+    spec = _as_node(template.spec, name, parent, dag_id, attrs, nodes[0])
+    return dataclasses.replace(template, spec=spec,
+                               items={**template.items, name: names, parent: parents})
+
+
+def _parent_names(node: Node) -> str:
+    """DAGParentNodeNames; empty where the names would make the job ad too long."""
+    parents = ",".join(node.parents)
+    return parents if len(parents) <= MAX_PARENT_NAMES else ""
 
 
 def _read(texts: dict[str, str], node: Node) -> str:
@@ -163,13 +266,11 @@ def _read(texts: dict[str, str], node: Node) -> str:
     return texts[path]
 
 
-def _as_node(spec: JobSpec, node: Node, dag_id: int, attrs: dict[str, str]) -> JobSpec:
+def _as_node(spec: JobSpec, name: str, parents: str, dag_id: int, attrs: dict[str, str],
+             node: Node) -> JobSpec:
     """A node's job: DAGMan's attributes, and its RETRY as the job's own retries."""
-    parents = ",".join(node.parents)
     custom = {**spec.custom, **attrs, "DAGManJobId": str(dag_id),
-              "DAGNodeName": string_literal(node.name),
-              "DAGParentNodeNames": string_literal(parents if len(parents) <= MAX_PARENT_NAMES
-                                            else "")}
+              "DAGNodeName": string_literal(name), "DAGParentNodeNames": string_literal(parents)}
     changes: dict[str, Any] = {"custom": custom}
     if node.retry:
         changes["max_retries"] = node.retry

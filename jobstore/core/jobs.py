@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -96,7 +96,8 @@ class ProcTemplate:
     def widest(self) -> JobSpec:
         """A last proc whose ad is at least as large as any proc's: the counters of the last
         proc (each at its longest) and the values of the item row that take the most room."""
-        text = "".join(getattr(self.spec, name) or "" for name in TEMPLATED_FIELDS)
+        text = "".join([*(getattr(self.spec, name) or "" for name in TEMPLATED_FIELDS),
+                        *self.spec.custom.values()])
         uses = {p: text.count(p) for p in self.items}
         rows = len(next(iter(self.items.values()), [None]))
         row = max(range(rows), key=lambda r: sum(
@@ -118,11 +119,23 @@ class ProcTemplate:
 
         filled: dict[str, Any] = {name: fill(getattr(self.spec, name))
                                   for name in TEMPLATED_FIELDS}
+        filled["custom"] = {name: fill(text) for name, text in self.spec.custom.items()}
         return replace(self.spec, **filled)
 
     def spec_of(self, proc: int) -> JobSpec:
         """Proc `proc`'s spec, as expanding its macros makes it."""
         return replace(self.spec_with(self.values(proc)), proc_id=proc)
+
+
+@dataclass(frozen=True)
+class NodeJobs:
+    """The jobs of DAG nodes that one submit description makes, a cluster per node: each
+    node's specs; and, when each node is one job that differs from the others only where
+    `template` holds a placeholder, that template (node i is its item row i)."""
+
+    names: Sequence[str]
+    specs: Sequence[Sequence[JobSpec]]
+    template: ProcTemplate | None = None
 
 
 @runtime_checkable
@@ -224,12 +237,14 @@ class Job:
         ad: dict[str, Any],
         max_attempts: int,
         now: float,
+        status: str = Status.IDLE.value,
     ) -> Job:
-        """The idle job `spec` becomes when it is queued; ValueError for bad concurrency limits."""
+        """The job (idle, or `status`) `spec` becomes when it is queued; ValueError for bad
+        concurrency limits."""
         attempts = spec.max_retries + 1 if spec.max_retries is not None else max_attempts
         return cls(
             id=id, cluster_id=cluster_id, proc_id=spec.proc_id, queue=queue,
-            status=Status.IDLE.value, priority=spec.priority, owner=owner, ad=ad, cmd=spec.cmd,
+            status=status, priority=spec.priority, owner=owner, ad=ad, cmd=spec.cmd,
             request_cpus=spec.request_cpus, request_memory=spec.request_memory,
             request_disk=spec.request_disk, requirements=spec.requirements,
             max_attempts=max(1, attempts), success_exit_code=spec.success_exit_code,

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, and_, case, func, insert, select, update
+from sqlalchemy import Connection, Table, and_, case, func, insert, select, update
 
-from jobstore.core.jobs import Job, JobSpec
+from jobstore.core.jobs import Job, NodeJobs
 from jobstore.core.states import FINAL_VALUES, Event, Status
 from jobstore.db.schema import clusters, dag_categories, dag_edges, dag_nodes, dags, jobs
 from jobstore.db.transitions import Transitions, event_row
-from jobstore.submit.dag import Dag, Node
+from jobstore.submit.dag import Dag
 
 # dag_nodes.status
 WAITING, READY, QUEUED, DONE, FAILED, FUTILE = (
@@ -35,7 +35,8 @@ DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
 # a DAG that has not ended
 LIVE = ("running", "held", "removing")
 
-NodeSpecs = Callable[[Node, int], Sequence[JobSpec]]
+# the jobs of the nodes to queue (those not DONE, not NOOP), for the DAG's id
+NodeSpecs = Callable[[int], Sequence[NodeJobs]]
 
 
 class DagBatch(NamedTuple):
@@ -54,10 +55,14 @@ class DagBatch(NamedTuple):
 class DagStore(Transitions):
     """Queue a DAG and carry its nodes forward; the store mixes it in."""
 
-    def _submit_nodes(self, conn: Connection, nodes: Sequence[tuple[str, Sequence[JobSpec]]],
-                      *, owner: str, queue: str, max_attempts: int, now: float,
+    def _submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
+                      queue: str, max_attempts: int, now: float,
                       check: Callable[[Job], None] | None) -> dict[str, int]:
         """The nodes' jobs, waiting, in `conn`: each node's cluster (the store's submit)."""
+        raise NotImplementedError
+
+    def _insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+        """Insert many rows of one shape (the store's bulk insert)."""
         raise NotImplementedError
 
     def submit_dag(self, dag: Dag, specs_of: NodeSpecs, *, owner: str, queue: str,
@@ -66,8 +71,9 @@ class DagStore(Transitions):
                    check: Callable[[Job], None] | None = None,
                    connection: Connection | None = None) -> tuple[int, dict[str, int]]:
         """Queue `dag` in one transaction: (its DAGManJobId, each node's cluster). `specs_of`
-        gives a node's jobs (its submit description read with DAGMan's macros) for the DAG's
-        id. The nodes without parents (or whose parents are DONE) are released at once."""
+        gives the jobs of the nodes to queue (their submit descriptions read with DAGMan's
+        macros) for the DAG's id. The nodes without parents (or whose parents are DONE) are
+        released at once."""
         now = time.time()
         with self._tx(connection) as conn:
             dag_id = conn.execute(insert(clusters).values(
@@ -82,9 +88,8 @@ class DagStore(Transitions):
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle))
             clusters_of = self._submit_nodes(
-                conn, [(node.name, specs_of(node, dag_id)) for node in dag.nodes.values()
-                       if not node.noop and not node.done],
-                owner=owner, queue=queue, max_attempts=max_attempts, now=now, check=check)
+                conn, specs_of(dag_id), owner=owner, queue=queue, max_attempts=max_attempts,
+                now=now, check=check)
             rows = []
             for node in dag.nodes.values():
                 undone = [p for p in node.parents if not dag.nodes[p].done]
@@ -96,11 +101,10 @@ class DagStore(Transitions):
                     "category": node.category, "abort_exit": node.abort_exit,
                     "abort_return": node.abort_return, "final": node.final,
                     "updated_at": now})
-            conn.execute(insert(dag_nodes), rows)
-            edges = [{"dag_id": dag_id, "parent": p, "child": n.name, "owner": owner}
-                     for n in dag.nodes.values() for p in n.parents]
-            if edges:
-                conn.execute(insert(dag_edges), edges)
+            self._insert_rows(conn, dag_nodes, rows)
+            self._insert_rows(conn, dag_edges, [
+                {"dag_id": dag_id, "parent": p, "child": n.name, "owner": owner}
+                for n in dag.nodes.values() for p in n.parents])
             if dag.maxjobs:
                 conn.execute(insert(dag_categories), [
                     {"dag_id": dag_id, "name": name, "owner": owner, "maxjobs": n}

@@ -195,6 +195,11 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs'::regclass;
 -- Reserve :n job ids from the jobs table's sequence, in order (a bulk submit COPYs its rows).
 SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(1, :n) ORDER BY 1;
 
+-- name: next_cluster_ids
+-- Reserve :n cluster ids from the clusters table's sequence, in order (a DAG's nodes).
+SELECT nextval(pg_get_serial_sequence('clusters', 'id')) AS id FROM generate_series(1, :n)
+ORDER BY 1;
+
 -- name: copy_rows
 -- Stream rows into a table (a bulk submit); `{table}` and `{columns}` are identifiers the caller
 -- quotes.

@@ -73,6 +73,7 @@ XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 SESSION_IDENTITY = QUERIES["session_identity"].clause
 NEXT_JOB_IDS = QUERIES["next_job_ids"].clause
+NEXT_CLUSTER_IDS = QUERIES["next_cluster_ids"].clause
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
 AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
 

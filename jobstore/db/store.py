@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Any
 
 from classad2 import ClassAd
-from sqlalchemy import ColumnElement, Connection, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Table, bindparam, insert, select, update
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
@@ -26,6 +26,7 @@ from jobstore.core.jobs import (
     InputFile,
     Job,
     JobSpec,
+    NodeJobs,
     ProcTemplate,
     Templated,
 )
@@ -46,7 +47,7 @@ from jobstore.db.retention import Pruned, Retention
 from jobstore.db.sandbox import IN, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
-from jobstore.db.sql import NEXT_JOB_IDS, READ_JOB
+from jobstore.db.sql import NEXT_CLUSTER_IDS, NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
 from jobstore.errors import DatabaseError, NotOwner, Refused, UnknownJob
@@ -256,37 +257,83 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                 notify(conn, f"cluster:{cluster_id}")
         return cluster_id, ids
 
-    def _submit_nodes(self, conn: Connection, nodes: Sequence[tuple[str, Sequence[JobSpec]]],
-                      *, owner: str, queue: str, max_attempts: int, now: float,
+    def _submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
+                      queue: str, max_attempts: int, now: float,
                       check: Callable[[Job], None] | None) -> dict[str, int]:
-        """The jobs of a DAG's nodes (name, specs), waiting, in the DAG's transaction
-        (jobstore.db.dags), SUBMIT_BATCH at a time: a cluster per node, as DAGMan submits each
-        node on its own. Each node's cluster, by name."""
+        """The jobs of a DAG's nodes, waiting, in the DAG's transaction (jobstore.db.dags): a
+        cluster per node, as DAGMan submits each node on its own; a group's template made into
+        rows by the server where it can (as a templated bulk submit), the others
+        SUBMIT_BATCH nodes at a time. Each node's cluster, by name."""
         clusters_of: dict[str, int] = {}
-        for start in range(0, len(nodes), SUBMIT_BATCH):
-            part = nodes[start:start + SUBMIT_BATCH]
-            made = conn.execute(insert(clusters).returning(clusters.c.id,
-                                                           sort_by_parameter_order=True), [
-                {"owner": owner, "queue": queue, "submit_file": None,
-                 "num_procs": len(specs), "submitted_at": now} for _name, specs in part])
-            ids = [int(i) for i in made.scalars()]
-            queued: list[Job] = []
-            for (name, specs), cluster_id in zip(part, ids, strict=True):
-                clusters_of[name] = cluster_id
-                for spec in specs:
-                    job = Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner,
-                                     queue=queue, ad=submitted_ad(spec),
-                                     max_attempts=max_attempts, now=now)
-                    if check is not None:
-                        check(job)
-                    queued.append(job.but(status=Status.WAITING.value))
-                self._store_node_files(conn, cluster_id, owner, specs)
-            groups = self._register(conn, queued, now)
-            self._insert_jobs(conn, [job.but(autocluster_id=autocluster,
-                                             periodic=policy.has_periodic(job.ad) or None)
-                                     for job, autocluster in zip(queued, groups, strict=True)],
-                              now, True)
+        for group in groups:
+            template = self._node_template(group)
+            for start in range(0, len(group.names), SUBMIT_BATCH):
+                names = group.names[start:start + SUBMIT_BATCH]
+                specs = [] if template is not None else group.specs[start:start + SUBMIT_BATCH]
+                ids = self._insert_clusters(conn, [
+                    {"owner": owner, "queue": queue, "submit_file": None,
+                     "num_procs": 1 if template is not None else len(specs[i]),
+                     "submitted_at": now} for i in range(len(names))])
+                clusters_of.update(zip(names, ids, strict=True))
+                if template is None:
+                    self._queue_nodes(conn, list(zip(ids, specs, strict=True)), owner=owner,
+                                      queue=queue, max_attempts=max_attempts, now=now,
+                                      check=check)
+            if template is not None:
+                ids = [clusters_of[name] for name in group.names]
+                self._insert_template(conn, template, cluster_id=ids, owner=owner,
+                                      queue=queue, max_attempts=max_attempts, now=now,
+                                      check=check, callers=True, status=Status.WAITING)
         return clusters_of
+
+    def _insert_clusters(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert cluster rows, their ids in order: COPY on PostgreSQL (ids reserved from the
+        sequence first)."""
+        if not self._pg:
+            made = conn.execute(insert(clusters).returning(
+                clusters.c.id, sort_by_parameter_order=True), rows)
+            return [int(i) for i in made.scalars()]
+        ids = [int(i) for i in conn.execute(NEXT_CLUSTER_IDS, {"n": len(rows)}).scalars()]
+        self._insert_rows(conn, clusters, [{"id": i, **row} for i, row in zip(
+            ids, rows, strict=True)])
+        return ids
+
+    def _insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+        """Insert many rows of one shape: COPY on PostgreSQL, through a staging table when the
+        session is under row-level security."""
+        if not rows:
+            return
+        if self._pg:
+            copy_rows(conn, table, rows, staged=not self._identity_on(conn, True).trusted)
+        else:
+            conn.execute(insert(table), rows)
+
+    def _node_template(self, group: NodeJobs) -> ProcTemplate | None:
+        """A group's template, when the server can make its nodes' rows (as _template)."""
+        template = group.template
+        if not self._pg or template is None or self.listens_to_every_job():
+            return None
+        return None if template.spec.user_log or template.spec.inputs else template
+
+    def _queue_nodes(self, conn: Connection, nodes: list[tuple[int, Sequence[JobSpec]]], *,
+                     owner: str, queue: str, max_attempts: int, now: float,
+                     check: Callable[[Job], None] | None) -> None:
+        """Nodes' jobs (cluster, specs) made and inserted here, waiting."""
+        queued: list[Job] = []
+        for cluster_id, specs in nodes:
+            for spec in specs:
+                job = Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
+                                 ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
+                                 status=Status.WAITING.value)
+                if check is not None:
+                    check(job)
+                queued.append(job)
+            self._store_node_files(conn, cluster_id, owner, specs)
+        groups = self._register(conn, queued, now)
+        self._insert_jobs(conn, [job.but(autocluster_id=autocluster,
+                                         periodic=policy.has_periodic(job.ad) or None)
+                                 for job, autocluster in zip(queued, groups, strict=True)],
+                          now, True)
 
     def _store_node_files(self, conn: Connection, cluster_id: int, owner: str,
                           specs: Sequence[JobSpec]) -> None:
@@ -324,15 +371,19 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             return None
         return template
 
-    def _insert_template(self, conn: Connection, template: ProcTemplate, *, cluster_id: int,
-                         owner: str, queue: str, max_attempts: int, now: float,
-                         check: Callable[[Job], None] | None, callers: bool) -> list[int]:
+    def _insert_template(self, conn: Connection, template: ProcTemplate, *,
+                         cluster_id: int | list[int], owner: str, queue: str,
+                         max_attempts: int, now: float, check: Callable[[Job], None] | None,
+                         callers: bool, status: Status = Status.IDLE) -> list[int]:
         """Insert the procs of `template` (jobstore.db.bulk); `check` sees proc 0 and a proc
-        with every placeholder at its longest."""
+        with every placeholder at its longest. `cluster_id`: the cluster, or each proc's own
+        (a DAG's nodes: each a proc 0)."""
+        first = cluster_id if isinstance(cluster_id, int) else cluster_id[0]
 
         def queued(spec: JobSpec) -> Job:
-            return Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
-                              ad=submitted_ad(spec), max_attempts=max_attempts, now=now)
+            return Job.queued(spec, id=0, cluster_id=first, owner=owner, queue=queue,
+                              ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
+                              status=status.value)
 
         if check is not None:
             check(queued(template.spec_of(0)))
@@ -341,7 +392,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         (autocluster,) = self._register(conn, [job], now)
         job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
         return insert_procs(conn, job, template, now,
-                            events_after=not self._identity_on(conn, callers).trusted)
+                            events_after=not self._identity_on(conn, callers).trusted,
+                            clusters=None if isinstance(cluster_id, int) else cluster_id)
 
     def _insert_jobs(self, conn: Connection, batch: list[Job], now: float, callers: bool,
                      ) -> list[int]:

@@ -133,6 +133,7 @@ class _Reader:
         self.splices: dict[str, tuple[list[str], list[str]]] = {}  # its first and last nodes
         self.own: list[str] = []  # the nodes this file defines (ALL_NODES: not a splice's)
         self.splicing: list[str] = []  # the DAG files splicing this one
+        self.files: dict[str, bool] = {}  # submit file -> it exists (nodes share a few)
 
     def read(self, path: str) -> None:
         lines = self._collect(path)
@@ -260,7 +261,9 @@ class _Reader:
         submit_file = None
         if inline is None:
             submit_file = os.path.join(directory, description)
-            if not os.path.isfile(submit_file) and "NOOP" not in node_flags:
+            if submit_file not in self.files:
+                self.files[submit_file] = os.path.isfile(submit_file)
+            if not self.files[submit_file] and "NOOP" not in node_flags:
                 raise DagError(f"{where}: node {name}: no such submit file {submit_file}")
         if final and self.dag.final is not None:
             raise DagError(f"{where}: a second FINAL node ({self.dag.final.name} is one)")
@@ -338,8 +341,10 @@ class _Reader:
                                "children")
         for child in children:
             node = self._node(child, where)
+            known = set(node.parents)
             for parent in parents:
-                if parent not in node.parents:
+                if parent not in known:
+                    known.add(parent)
                     node.parents.append(parent)
 
     def _vars(self, line: str, words: list[str], where: str) -> None:

@@ -63,6 +63,8 @@ _MACRO_FUNCTION = re.compile(r"\$[A-Za-z_]\w*\(")
 # Item values a placeholder can stand for: the same text in a path, an argument list, an
 # environment, JSON and a ClassAd string, whatever surrounds it.
 _PLAIN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")
+# Lines whose meaning depends on the macros set when the text is parsed.
+_PARSE_TIME = re.compile(r"(?im)^\s*(?:if|elif|include)\b")
 
 
 _COMMANDS: dict[str, tuple[str, ...]] = {
@@ -147,6 +149,39 @@ def parse_submit_text(
         for name, value in (extra_vars or {}).items():
             _set_extra_var(source, submit, name, value)
     return _specs(source, base, submit)
+
+
+def parse_submit_nodes(
+    text: str,
+    *,
+    base_dir: str | Path,
+    extra_vars: Mapping[str, str],
+    items: list[dict[str, str]],
+    before: Iterable[str] = (),
+    source: str,
+) -> SubmitSpecs | None:
+    """One parse for many DAG nodes: item i's variables set after the text's own (as
+    `extra_vars` are), and each item a cluster of its own of one job (proc 0, its counters 0).
+    None when the text must be read once per node: it makes other than one job, it reads
+    variables while it is parsed (`if`, `include`), or it sets one of `before` (the variables a
+    node sets before the text, which the text's own value would override)."""
+    if _PARSE_TIME.search(text):
+        return None
+    base = _base_dir(source, base_dir)
+    with contextlib.chdir(base):
+        submit = _submit_from_text(source, text)
+        own = {key.lower() for key in submit}
+        if (submit.getQArgs() or "").strip() not in ("", "1") or own & {
+                name.lower() for name in before}:
+            return None
+        for name, value in extra_vars.items():
+            _set_extra_var(source, submit, name, value)
+        for item in items:
+            for name, value in item.items():
+                _check_extra_var(source, name, value)
+        keys = {k.lower(): k for k in submit}
+    expander = _SubmitExpander(source, base, submit, keys, per_cluster=True)
+    return expander.specs(items, 1)
 
 
 def parse_submit_object(
@@ -321,13 +356,18 @@ def _find_bad_line(text: str) -> str | None:
 
 def _set_extra_var(source: str, submit: htcondor2.Submit, name: str, value: str) -> None:
     """Set one caller-supplied macro."""
+    _check_extra_var(source, name, value)
+    submit[name] = value
+
+
+def _check_extra_var(source: str, name: str, value: str) -> None:
+    """A caller-supplied macro's name and value are ones a submit description can hold."""
     if not IDENT.fullmatch(name):
         raise SubmitError(f"{source}: variable name {name!r} is not a valid identifier")
     if CONTROL.search(value):
         raise SubmitError(
             f"{source}: variable {name} contains a newline or other control character"
         )
-    submit[name] = value
 
 
 def _queue_items(source: str, submit: htcondor2.Submit) -> tuple[list[dict[str, str]], int]:
@@ -493,8 +533,9 @@ class SubmitSpecs(Sequence[JobSpec]):
         if proc and self._expander.dynamic:
             return self._expander.spec_at(self._items, self._count, proc)
         first = self._first
-        return first if proc == 0 else dataclasses.replace(first, proc_id=proc,
-                                                           custom=dict(first.custom))
+        if proc == 0 or self._expander.per_cluster:
+            return first if proc == 0 else dataclasses.replace(first, custom=dict(first.custom))
+        return dataclasses.replace(first, proc_id=proc, custom=dict(first.custom))
 
     def __iter__(self) -> Iterator[JobSpec]:
         for proc in range(len(self)):
@@ -510,8 +551,10 @@ class SubmitSpecs(Sequence[JobSpec]):
 class _SubmitExpander:
     """Expands the commands of a parsed submit description once per proc."""
 
-    def __init__(self, source: str, base: str, submit: htcondor2.Submit, keys: dict[str, str]):
+    def __init__(self, source: str, base: str, submit: htcondor2.Submit, keys: dict[str, str],
+                 *, per_cluster: bool = False):
         self.source = source
+        self.per_cluster = per_cluster  # each item a cluster of one proc (a DAG's nodes)
         self.base = base
         self.submit = submit
         self.commands = self._command_keys(keys)
@@ -579,9 +622,9 @@ class _SubmitExpander:
         nonce = secrets.token_hex(6)
         kinds = sorted(set(_COUNTERS.values()))
         placeholders = [f"JOBSTOREPROC{i:03d}X{nonce}" for i in range(len(kinds) + len(names))]
-        counters = dict(zip(kinds, placeholders, strict=False))
+        counters = {} if self.per_cluster else dict(zip(kinds, placeholders, strict=False))
         variables = dict(zip(names, placeholders[len(kinds):], strict=True))
-        self._set_proc_vars(variables, counters)
+        self._set_proc_vars(variables, counters or dict.fromkeys(kinds, "0"))
         try:
             spec = self._spec(0)
         except SubmitError:
@@ -594,14 +637,18 @@ class _SubmitExpander:
             counters={placeholder: kind for kind, placeholder in counters.items()},
             items={variables[name]: [row[name] for row in items] for name in names},
         )
-        if template.spec_of(0) != first or (
-                procs > 1 and template.spec_of(procs - 1) != self.spec_at(items, count, procs - 1)):
+        last = self.spec_at(items, count, procs - 1)
+        if template.spec_of(0) != first or (procs > 1 and dataclasses.replace(
+                template.spec_of(procs - 1), proc_id=last.proc_id) != last):
             return None
         return template
 
     def spec_at(self, items: list[dict[str, str]], count: int, proc: int) -> JobSpec:
         """The JobSpec of proc `proc` (item proc // count, step proc % count)."""
         row, step = divmod(proc, count)
+        if self.per_cluster:
+            self._set_proc_vars(items[row], {"proc": "0", "step": "0", "row": "0"})
+            return self._spec(0)
         self._set_proc_vars(items[row], {"proc": str(proc), "step": str(step), "row": str(row)})
         return self._spec(proc)
 

@@ -39,6 +39,8 @@ def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> 
     argv = ["useradd", "--create-home" if home else "--no-create-home"]
     if uid is not None:
         argv += ["--uid", str(uid)]
+    else:  # clear of the uids tests give on purpose (RECORDED_UID)
+        argv += ["-K", "UID_MIN=2000", "-K", "GID_MIN=2000"]
     made = subprocess.run([*argv, name], capture_output=True, text=True)
     try:
         return pwd.getpwnam(name)  # made now, or by another test process meanwhile
