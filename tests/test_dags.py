@@ -334,6 +334,67 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
     assert os.path.exists(tmp_path / "test.dag")
 
 
+def test_the_dags_own_ad_node_status_file_and_jobstate_log(
+        store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
+    """What DAGMan shows of a DAG, made from the store: its own job ad with DAGMan's counters
+    (in Schedd.query as DAGMan's job is in condor_q), the node status file and the jobstate
+    log in DAGMan's formats, as the DAG goes on and once it failed."""
+    import classad2
+
+    import jobstore
+    from jobstore.api.dags import dag_ads, jobstate_log, node_status_file
+
+    dag_id = _queued(store, tmp_path, settings, DIAMOND + "SET_JOB_ATTR Project = \"p1\"\n")
+    (ad,) = dag_ads(store, [dag_id])
+    assert {k: ad[k] for k in ("ClusterId", "JobUniverse", "JobStatus", "DAG_NodesTotal",
+                               "DAG_NodesQueued", "DAG_NodesUnready", "DAG_NodesDone",
+                               "DAG_JobsSubmitted", "DAG_JobsIdle", "DAG_Status",
+                               "Project")} == {
+        "ClusterId": dag_id, "JobUniverse": 7, "JobStatus": 2, "DAG_NodesTotal": 4,
+        "DAG_NodesQueued": 1, "DAG_NodesUnready": 3, "DAG_NodesDone": 0,
+        "DAG_JobsSubmitted": 1, "DAG_JobsIdle": 1, "DAG_Status": 0, "Project": "p1"}
+    schedd = jobstore.Schedd(store=store, owner=OWNER)
+    (found,) = schedd.query(f"ClusterId == {dag_id}", ["DAG_NodesTotal", "DAG_NodesDone"])
+    assert dict(found) == {"DAG_NodesTotal": 4, "DAG_NodesDone": 0}
+    assert len(schedd.query(f"DAGManJobId == {dag_id}")) == 4  # the nodes' jobs
+    assert _run(store, {"C": 3}) in (["A", "B", "C"], ["A", "C", "B"])
+    assert dag_ads(store) == []  # ended: no longer in the queue
+    (ad,) = dag_ads(store, [dag_id])
+    assert (ad["JobStatus"], ad["ExitCode"], ad["DAG_Status"], ad["DAG_NodesDone"],
+            ad["DAG_NodesFailed"], ad["DAG_NodesFutile"], ad["DAG_JobsCompleted"]) == (
+        4, 1, 2, 2, 1, 1, 3)
+
+    status = node_status_file(store, dag_id)
+    ads = list(classad2.parseAds(status))
+    assert [a["Type"] for a in ads] == ["DagStatus", "NodeStatus", "NodeStatus", "NodeStatus",
+                                        "NodeStatus", "StatusEnd"]
+    assert (ads[0]["DagFiles"][0], ads[0]["DagStatus"], ads[0]["NodesTotal"],
+            ads[0]["NodesFailed"], ads[0]["NodesFutile"]) == (str(tmp_path / "test.dag"), 6,
+                                                             4, 1, 1)
+    assert "/* \"STATUS_ERROR (failed)\" */" in status
+    nodes = {a["Node"]: (a["NodeStatus"], a["StatusDetails"]) for a in ads[1:-1]}
+    assert nodes == {"A": (5, ""), "B": (5, ""), "C": (6, "Job failed with exit code 3"),
+                     "D": (7, "Had an ancestor node fail")}
+    assert ads[-1]["NextUpdate"] == 0
+
+    log = jobstate_log(store, dag_id).splitlines()
+    words = [line.split()[1:] for line in log]
+    assert words[0] == ["INTERNAL", "***", "DAGMAN_STARTED", f"{dag_id}.0", "***"]
+    assert words[-1] == ["INTERNAL", "***", "DAGMAN_FINISHED", "1", "***"]
+    a_cluster = next(j.cluster_id for j in store.list_jobs(include_final=True)
+                     if j.ad["DAGNodeName"]["expr"] == '"A"')
+    assert [w for w in words if w[0] == "A"] == [
+        ["A", event, f"{a_cluster}.0", "-", "-", "1"]
+        for event in ("SUBMIT", "EXECUTE", "JOB_TERMINATED")] + [
+        ["A", "JOB_SUCCESS", "0", "-", "-", "1"]]
+    assert [w for w in words if w[0] == "C"][-1][:5] == ["C", "JOB_FAILURE", "3", "-", "-"]
+    assert not [w for w in words if w[0] == "D"]  # futile: never submitted
+    times = [int(line.split()[0]) for line in log]
+    assert times == sorted(times)
+    with pytest.raises(DagError, match="no DAG 999"):
+        node_status_file(store, 999)
+
+
 # ---- through the emulator and the real hooks ----------------------------------------------
 
 @pytest.mark.parametrize("mode", ["agent", pytest.param("direct", marks=pytest.mark.slow)])

@@ -8,16 +8,20 @@ import dataclasses
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
 
 import htcondor2
+from classad2 import ClassAd
 
 from jobstore.api.submission import choose_owner, render_check
 from jobstore.core.jobs import JobSpec, NodeJobs, ProcTemplate
-from jobstore.db.dags import LIVE
+from jobstore.db.dags import LIVE, DagBatch
 from jobstore.db.store import JobStore
+from jobstore.formats import dagads
+from jobstore.formats.classads import parse_ad, render_ad
 from jobstore.node import config
 from jobstore.submit.dag import Dag, DagError, Node, read_dag
 from jobstore.submit.description import SubmitSpecs, parse_submit_nodes, parse_submit_text
@@ -79,6 +83,32 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
         max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
         check=render_check(settings))
     return DagSubmitted(dag_id, clusters)
+
+
+def dag_ads(store: JobStore, ids: Sequence[int] | None = None) -> list[ClassAd]:
+    """The DAGs' own job ads with DAGMan's counters (jobstore.formats.dagads): those of the
+    DAGs `ids`, or of every unfinished DAG the session sees."""
+    now = time.time()
+    return [parse_ad(render_ad(dagads.dag_ad(dag, now))) for dag in store.dag_batches(ids)]
+
+
+def node_status_file(store: JobStore, dag_id: int) -> str:
+    """The DAG's node status file, in DAGMan's format (DagError: no such DAG)."""
+    dag = _one(store, dag_id)
+    return dagads.node_status_file(dag, store.dag_nodes_of(dag_id), store.dag_node_jobs(dag_id))
+
+
+def jobstate_log(store: JobStore, dag_id: int) -> str:
+    """The DAG's jobstate log, in DAGMan's format (DagError: no such DAG)."""
+    dag = _one(store, dag_id)
+    return dagads.jobstate_log(dag, store.dag_events(dag_id), store.dag_nodes_of(dag_id))
+
+
+def _one(store: JobStore, dag_id: int) -> DagBatch:
+    found = store.dag_batches([dag_id])
+    if not found:
+        raise DagError(f"no DAG {dag_id}")
+    return found[0]
 
 
 def _options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,10 @@ own database transaction, an idempotency key, and the event feed (subscribe, wat
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -21,7 +22,7 @@ from classad2 import ClassAd, ExprTree
 from sqlalchemy import Connection
 
 from jobstore.api import query
-from jobstore.api.dags import DagDescription, submit_dag
+from jobstore.api.dags import DagDescription, dag_ads, submit_dag
 from jobstore.api.htcerrors import htcondor_errors
 from jobstore.api.submission import choose_owner, render_check
 from jobstore.core import holds
@@ -212,15 +213,25 @@ class Schedd:
                                 limit=limit if limit is not None and limit >= 0 else None,
                                 projection=_sql_projection(projection))
         now = int(time.time())
-        out = []
-        for job in jobs:
-            ad = _project(self._ad(job, now, projection), projection)
+        out: list[Any] = []
+        for ad in itertools.chain((self._ad(job, now, projection) for job in jobs),
+                                  self._dag_ads(constraint)):
+            if limit is not None and 0 <= limit <= len(out):
+                break
+            ad = _project(ad, projection)
             if callback is not None:
                 ad = callback(ad)
                 if ad is None:
                     continue
             out.append(ad)
         return out
+
+    def _dag_ads(self, constraint: str | ExprTree) -> Iterator[ClassAd]:
+        """The unfinished DAGs' own ads (DAGMan's job in condor_q) that match `constraint`."""
+        text = _text(constraint)
+        for ad in dag_ads(self.store):
+            if text is None or ExprTree(text).eval(scope=ad) is True:
+                yield ad
 
     @htcondor_errors
     def history(

@@ -22,7 +22,15 @@ from sqlalchemy import Connection, Table, and_, case, func, insert, select, upda
 
 from jobstore.core.jobs import Job, NodeJobs
 from jobstore.core.states import FINAL_VALUES, Event, Status
-from jobstore.db.schema import clusters, dag_categories, dag_edges, dag_nodes, dags, jobs
+from jobstore.db.schema import (
+    clusters,
+    dag_categories,
+    dag_edges,
+    dag_nodes,
+    dags,
+    job_events,
+    jobs,
+)
 from jobstore.db.transitions import Transitions, event_row
 from jobstore.submit.dag import Dag
 
@@ -50,6 +58,22 @@ class DagBatch(NamedTuple):
     nodes: dict[str, int]  # node status -> count
     jobs: dict[str, int]  # its nodes' jobs: status -> count
     clusters: tuple[int, int] | None  # the first and last cluster of its unfinished jobs
+    path: str
+    dag_status: int  # DAGMan's DAG_Status
+    exit_code: int | None  # once it ended
+    finished: float | None
+    attrs: dict[str, str]  # SET_JOB_ATTR: name -> ClassAd expression
+    submitted_jobs: int  # the jobs of its released nodes (DAG_JobsSubmitted)
+
+
+class NodeEvent(NamedTuple):
+    """An event of a DAG node's job (a DAG's jobstate log)."""
+
+    time: float
+    node: str
+    event: str
+    cluster_id: int
+    proc_id: int
 
 
 class DagStore(Transitions):
@@ -374,11 +398,12 @@ class DagStore(Transitions):
         with self._tx() as conn:
             return conn.execute(select(dags).where(dags.c.id == dag_id)).first()
 
-    def dag_batches(self) -> list[DagBatch]:
-        """The unfinished DAGs this session sees, with their nodes and their jobs counted."""
+    def dag_batches(self, ids: Sequence[int] | None = None) -> list[DagBatch]:
+        """The unfinished DAGs this session sees (or the DAGs `ids`, ended or not), with their
+        nodes and their jobs counted."""
+        which = dags.c.status.in_(LIVE) if ids is None else dags.c.id.in_(list(ids))
         with self._tx() as conn:
-            rows = conn.execute(select(dags).where(dags.c.status.in_(LIVE))
-                                .order_by(dags.c.id)).all()
+            rows = conn.execute(select(dags).where(which).order_by(dags.c.id)).all()
             ids = [r.id for r in rows]
             if not ids:
                 return []
@@ -390,19 +415,48 @@ class DagStore(Transitions):
                 nodes.setdefault(dag_id, {})[status] = n
             counted: dict[int, dict[str, int]] = {}
             spans: dict[int, tuple[int, int]] = {}
-            for dag_id, status, n, first, last in conn.execute(
-                    select(dag_nodes.c.dag_id, jobs.c.status, func.count(),
+            submitted: dict[int, int] = {}
+            for dag_id, node_status, status, n, first, last in conn.execute(
+                    select(dag_nodes.c.dag_id, dag_nodes.c.status, jobs.c.status, func.count(),
                            func.min(jobs.c.cluster_id), func.max(jobs.c.cluster_id))
                     .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
                     .where(dag_nodes.c.dag_id.in_(ids))
-                    .group_by(dag_nodes.c.dag_id, jobs.c.status)):
-                counted.setdefault(dag_id, {})[status] = n
+                    .group_by(dag_nodes.c.dag_id, dag_nodes.c.status, jobs.c.status)):
+                mine = counted.setdefault(dag_id, {})
+                mine[status] = mine.get(status, 0) + n
+                if node_status in (QUEUED, DONE, FAILED):
+                    submitted[dag_id] = submitted.get(dag_id, 0) + n
                 if status not in FINAL_VALUES:
                     low, high = spans.get(dag_id, (first, last))
                     spans[dag_id] = (min(low, first), max(high, last))
         return [DagBatch(r.id, r.owner, r.batch_name, r.created_at, r.status,
-                         nodes.get(r.id, {}), counted.get(r.id, {}), spans.get(r.id))
+                         nodes.get(r.id, {}), counted.get(r.id, {}), spans.get(r.id),
+                         r.path, r.dag_status, r.exit_code, r.finished_at,
+                         json.loads(r.attrs) if r.attrs else {}, submitted.get(r.id, 0))
                 for r in rows]
+
+    def dag_node_jobs(self, dag_id: int) -> dict[str, dict[str, int]]:
+        """Each node's jobs of a DAG, counted by status."""
+        out: dict[str, dict[str, int]] = {}
+        with self._tx() as conn:
+            for name, status, n in conn.execute(
+                    select(dag_nodes.c.name, jobs.c.status, func.count())
+                    .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
+                    .where(dag_nodes.c.dag_id == dag_id)
+                    .group_by(dag_nodes.c.name, jobs.c.status)):
+                out.setdefault(name, {})[status] = n
+        return out
+
+    def dag_events(self, dag_id: int) -> list[NodeEvent]:
+        """The events of a DAG's node jobs, in the order they happened."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                select(job_events.c.time, dag_nodes.c.name, job_events.c.event,
+                       jobs.c.cluster_id, jobs.c.proc_id)
+                .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
+                .join(job_events, job_events.c.job_id == jobs.c.id)
+                .where(dag_nodes.c.dag_id == dag_id).order_by(job_events.c.id))
+            return [NodeEvent(*row) for row in rows]
 
     def dag_nodes_of(self, dag_id: int) -> list[Any]:
         """The nodes of a DAG, in their file's order of names."""

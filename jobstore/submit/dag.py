@@ -24,12 +24,14 @@ _NO_SCRIPTS = ("runs a script on the submit machine around the node's job; the j
 REFUSED = {
     "SCRIPT": _NO_SCRIPTS,
     "PRE_SKIP": _NO_SCRIPTS,
-    "SUBDAG": "(a DAG run as a node) is not supported yet",
+    "SUBDAG": "(a DAG run as a node) is not supported yet: SPLICE puts its nodes in this DAG",
     "PROVISIONER": "(a node that provisions resources) is not supported",
     "SERVICE": "(a node that runs beside the DAG) is not supported",
     "ENV": "sets the DAGMan process's environment; the job store has no DAGMan process",
-    "NODE_STATUS_FILE": "is not supported yet (jobstore q -dag shows the nodes)",
-    "JOBSTATE_LOG": "is not supported yet (the nodes' log files are written as usual)",
+    "NODE_STATUS_FILE": "is written by no process here (no DAGMan): `jobstore dag node-status "
+                        "DAGID` prints it, in DAGMan's format, when asked",
+    "JOBSTATE_LOG": "is written by no process here (no DAGMan): `jobstore dag jobstate-log "
+                    "DAGID` prints it, in DAGMan's format, when asked",
     "DOT": "is not supported",
     "SAVE_POINT_FILE": "is not supported",
     "CONNECT": "(splice pins) is not supported",
