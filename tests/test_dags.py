@@ -46,7 +46,8 @@ def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
     ("JOB A missing.sub\n", "test.dag:1: node A: no such submit file"),
     ("JOB A node.sub\nSCRIPT PRE A pre.sh\n", "test.dag:2: SCRIPT runs a script"),
     ("JOB A node.sub\nSPLICE S other.dag\n", "other.dag: cannot read the DAG file"),
-    ("JOB A node.sub\nSUBDAG EXTERNAL S other.dag\n", "test.dag:2: SUBDAG"),
+    ("JOB A node.sub\nSUBDAG EXTERNAL S other.dag\n", "other.dag: cannot read the DAG file"),
+    ("JOB A node.sub\nSUBDAG S test.dag\n", "test.dag:2: SUBDAG needs EXTERNAL"),
     ("JOB A node.sub\nREJECT\n", "test.dag:2: REJECT"),
     ("JOB A node.sub\nFROB A\n", "test.dag:2: unknown command 'FROB'"),
     ("JOB A node.sub\nRETRY A many\n", "test.dag:2: 'many' is not an integer"),
@@ -536,6 +537,50 @@ def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.
     (tmp_path / "loop.dag").write_text("JOB A node.sub\nSPLICE me loop.dag\n")
     with pytest.raises(DagError, match="the splice me includes itself"):
         read_dag(str(tmp_path / "loop.dag"))
+
+
+def test_a_subdag_runs_as_its_nodes_and_ends_as_its_node_would(
+        store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
+    """SUBDAG EXTERNAL: the sub-DAG's nodes run in the DAG (named `S+node`), after the SUBDAG
+    node's parents and before its children, so that the children run once the whole sub-DAG
+    is done and never when a node of it failed; DONE marks it all done; what would make the
+    sub-DAG run differently from its nodes in place is refused with its line."""
+    (tmp_path / "node.sub").write_text(SUB)
+    (tmp_path / "inner.dag").write_text(DIAMOND)
+    dag_id = _queued(store, tmp_path, settings,
+                     "JOB first node.sub\nJOB last node.sub\nSUBDAG EXTERNAL S inner.dag\n"
+                     "SUBDAG EXTERNAL T inner.dag DONE\nPARENT first CHILD S T\n"
+                     "PARENT S T CHILD last\n")
+    states = _states(store, dag_id)
+    assert {n: s for n, s in states.items() if n.startswith("T+")} == dict.fromkeys(
+        ["T+A", "T+B", "T+C", "T+D"], "done")
+    ran = _run(store)
+    assert ran[0] == "first" and ran[1] == "S+A" and ran[-2:] == ["S+D", "last"]
+    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    failed = _queued(store, tmp_path, settings, "JOB last node.sub\n"
+                     "SUBDAG EXTERNAL S inner.dag\nPARENT S CHILD last\n")
+    assert "last" not in _run(store, {"S+B": 1})
+    assert _states(store, failed)["last"] == "futile"
+    for text, message in (
+            ("SUBDAG EXTERNAL S inner.dag\nRETRY S 2\n", "S is a SUBDAG, whose nodes run"),
+            ("SUBDAG EXTERNAL S inner.dag FROB\n", "SUBDAG needs EXTERNAL"),
+            ("SUBDAG EXTERNAL S abort.dag\n", "the sub-DAG S has ABORT-DAG-ON"),
+            ("SUBDAG EXTERNAL S final.dag\n", "the sub-DAG S has a FINAL node")):
+        (tmp_path / "abort.dag").write_text("JOB A node.sub\nABORT-DAG-ON A 3\n")
+        (tmp_path / "final.dag").write_text("JOB A node.sub\nFINAL F node.sub\n")
+        with pytest.raises(DagError, match=message):
+            _queued(store, tmp_path, settings, text)
+
+
+def test_retry_with_a_retry_macro_is_refused(store: JobStore, settings: config.Settings,
+                                             tmp_path: Path) -> None:
+    """$(RETRY) in a node that retries: DAGMan submits each try anew with its number; here a
+    retry runs the same job again, so the node is refused rather than run with 0 each time."""
+    with pytest.raises(DagError, match=r"node A: \$\(RETRY\) would be 0 in every try"):
+        submit_dag(store, str(_dag(tmp_path, "JOB A node.sub\nRETRY A 2\n",
+                                   "executable = /bin/true\narguments = $(retry)\nqueue\n")),
+                   settings, owner=OWNER)
+    assert store.list_jobs(include_final=True) == []
 
 
 def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: config.Settings,

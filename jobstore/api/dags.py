@@ -33,6 +33,7 @@ OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
 # DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
 MAX_PARENT_NAMES = 1024
+_RETRY = re.compile(r"(?i)\$\(RETRY\)")
 # Text that is the same in a JSON string and a ClassAd string (no escapes in either).
 _VERBATIM = re.compile(r"[ !#-\[\]-~]*")
 
@@ -183,6 +184,11 @@ def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
                         raise DagError(f"{node.where}: node {node.name}: $({macro}) is known "
                                        "only when the DAG ends; the job store reads a node's "
                                        "submit description when the DAG is queued")
+            if node.retry and (_RETRY.search(text) or any(_RETRY.search(v.value)
+                                                           for v in node.vars)):
+                raise DagError(f"{node.where}: node {node.name}: $(RETRY) would be 0 in every "
+                               "try: a RETRY runs the node's job again (its max_retries), "
+                               "it does not submit it anew")
             before, after, attrs = {}, {}, {}
             for var in node.vars:
                 value = var.value.replace("$(JOB)", node.name).replace("$(RETRY)", "0")

@@ -24,7 +24,6 @@ _NO_SCRIPTS = ("runs a script on the submit machine around the node's job; the j
 REFUSED = {
     "SCRIPT": _NO_SCRIPTS,
     "PRE_SKIP": _NO_SCRIPTS,
-    "SUBDAG": "(a DAG run as a node) is not supported yet: SPLICE puts its nodes in this DAG",
     "PROVISIONER": "(a node that provisions resources) is not supported",
     "SERVICE": "(a node that runs beside the DAG) is not supported",
     "ENV": "sets the DAGMan process's environment; the job store has no DAGMan process",
@@ -48,6 +47,19 @@ _KEYWORDS = {"PARENT", "CHILD", ALL_NODES}
 
 class DagError(SubmitError):
     """A DAG file that cannot be run: names the file and the line."""
+
+
+def _check_subdag(inner: Dag, name: str, where: str) -> None:
+    """Refuse what would run a sub-DAG differently from its nodes run in place: what DAGMan
+    would apply to the sub-DAG alone (its CONFIG, SET_JOB_ATTR, ABORT-DAG-ON, global
+    categories)."""
+    why = ("CONFIG" if inner.config else "SET_JOB_ATTR" if inner.job_attrs else
+           "ABORT-DAG-ON" if any(n.abort_exit is not None for n in inner.nodes.values()) else
+           "a global (+) CATEGORY" if any((n.category or "").startswith("+")
+                                           for n in inner.nodes.values()) else None)
+    if why is not None:
+        raise DagError(f"{where}: the sub-DAG {name} has {why}, which would apply to the "
+                       "sub-DAG alone; its nodes run in this DAG here (use SPLICE, or drop it)")
 
 
 @dataclass
@@ -121,7 +133,7 @@ class _Line:
     block: str | None = None
 
 
-_DEFINES = ("JOB", "FINAL", "SUBMIT-DESCRIPTION", "SPLICE")
+_DEFINES = ("JOB", "FINAL", "SUBMIT-DESCRIPTION", "SPLICE", "SUBDAG")
 
 
 class _Reader:
@@ -133,6 +145,7 @@ class _Reader:
         self.descriptions: dict[str, str] = {}  # SUBMIT-DESCRIPTION name -> text
         self.including: list[str] = []
         self.splices: dict[str, tuple[list[str], list[str]]] = {}  # its first and last nodes
+        self.subdags: set[str] = set()  # the splices that are a SUBDAG's
         self.own: list[str] = []  # the nodes this file defines (ALL_NODES: not a splice's)
         self.splicing: list[str] = []  # the DAG files splicing this one
         self.files: dict[str, bool] = {}  # submit file -> it exists (nodes share a few)
@@ -184,6 +197,9 @@ class _Reader:
         words, where = line.words, line.where
         if words[0].upper() == "SPLICE":
             self._splice(words, where, line.here)
+            return
+        if words[0].upper() == "SUBDAG":
+            self._subdag(words, where, line.here)
             return
         if words[0].upper() == "SUBMIT-DESCRIPTION":
             if len(words) != 3 or line.block is None:
@@ -274,7 +290,34 @@ class _Reader:
                                     noop="NOOP" in node_flags, done="DONE" in node_flags,
                                     final=final)
 
-    def _splice(self, words: list[str], where: str, here: str) -> None:
+    def _subdag(self, words: list[str], where: str, here: str) -> None:
+        """SUBDAG EXTERNAL name file [DIR dir] [NOOP] [DONE]: a DAG run as one node. Its nodes
+        run in this DAG, named `name+node` as a splice's are, which ends as DAGMan's sub-DAG
+        node would (done once all of them are, failing its descendants otherwise); what would
+        make a sub-DAG run differently from its nodes in place is refused."""
+        usage = DagError(f"{where}: SUBDAG needs EXTERNAL, a node name and a DAG file "
+                         "[DIR directory] [NOOP] [DONE]")
+        if len(words) < 4 or words[1].upper() != "EXTERNAL":
+            raise usage
+        rest, directory, flags = iter(words[4:]), [], set()
+        for word in rest:
+            if word.upper() == "DIR":
+                directory = ["DIR", next(rest, "")]
+            elif word.upper() in ("NOOP", "DONE"):
+                flags.add(word.upper())
+            else:
+                raise usage
+        if directory[1:] == [""]:
+            raise usage
+        name = words[2]
+        inner = self._splice(["SPLICE", name, words[3], *directory], where, here,
+                             kind="sub-DAG")
+        self.subdags.add(name)
+        for node in inner.nodes.values():
+            node.noop = node.noop or "NOOP" in flags
+            node.done = node.done or "DONE" in flags
+
+    def _splice(self, words: list[str], where: str, here: str, kind: str = "splice") -> Dag:
         """SPLICE name file [DIR dir]: the file's nodes, named `name+node`, in this DAG; its
         categories too (`+cat` stays global); `name` in PARENT/CHILD stands for its first or
         last nodes."""
@@ -295,8 +338,10 @@ class _Reader:
         except DagError as exc:
             raise DagError(f"{exc} (in the splice {name} of {where})") from None
         if inner.final is not None:
-            raise DagError(f"{where}: the splice {name} has a FINAL node ({inner.final.name})"
-                           ", which a splice may not have")
+            raise DagError(f"{where}: the {kind} {name} has a FINAL node ({inner.final.name})"
+                           f", which a {kind} may not have here")
+        if kind == "sub-DAG":
+            _check_subdag(inner, name, where)
 
         def scoped(category: str | None) -> str | None:
             if category is None:
@@ -315,9 +360,14 @@ class _Reader:
             self.dag.maxjobs[scoped(category) or ""] = limit
         self.splices[name] = ([n.name for n in inner.nodes.values() if not n.parents],
                               [f"{name}+{k}" for k, kids in children.items() if not kids])
+        return inner
 
     def _node(self, name: str, where: str) -> Node:
         node = self.dag.nodes.get(name)
+        if node is None and name in self.subdags:
+            raise DagError(f"{where}: {name} is a SUBDAG, whose nodes run in this DAG: a "
+                           "command for the sub-DAG as one node (RETRY, VARS, PRIORITY, "
+                           "CATEGORY, ABORT-DAG-ON) is not supported")
         if node is None:
             raise DagError(f"{where}: unknown node {name!r}")
         return node
