@@ -304,6 +304,23 @@ def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Pa
     assert dag is not None and (dag.batch_name, dag.status) == ("mine", "completed")
 
 
+def test_maxidle_releases_a_node_when_a_job_starts(store: JobStore, settings: config.Settings,
+                                                   tmp_path: Path) -> None:
+    """-maxidle counts the idle jobs: a node's job that starts makes room for another node at
+    once, as DAGMan submits more when a job begins to run (not only when one ends)."""
+    fan = "".join(f"JOB W{i} node.sub\n" for i in range(5))
+    dag_id = _queued(store, tmp_path, settings, fan, maxidle=2)
+    assert list(_states(store, dag_id).values()).count("queued") == 2
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    assert list(_states(store, dag_id).values()).count("queued") == 2  # fetched: not yet
+    store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+    assert list(_states(store, dag_id).values()).count("queued") == 3
+    _exit(store, job, 0)
+    assert len(_run(store)) == 4
+    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+
+
 def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings,
                                       tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, DIAMOND + "FINAL F node.sub\n")

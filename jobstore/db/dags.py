@@ -159,6 +159,18 @@ class DagStore(Transitions):
             self._node_ended(conn, dag_id, name, verdict, now)
             self._advance(conn, dag_id, now)
 
+    def _node_job_started(self, conn: Connection, job: Job, now: float) -> None:
+        """A node's job left the idle ones: a DAG with -maxidle may release more nodes."""
+        dag_id = job.ad.get("DAGManJobId")
+        text = dag_id.get("expr") if isinstance(dag_id, dict) else dag_id
+        if not str(text).isdigit():
+            return
+        throttled = conn.execute(select(dags.c.id).where(
+            dags.c.id == int(str(text)), dags.c.status == "running",
+            dags.c.max_idle.is_not(None))).first()
+        if throttled is not None:
+            self._advance(conn, int(str(text)), now)
+
     @staticmethod
     def _any_dag(conn: Connection) -> bool:
         """Is there a running DAG at all (one indexed read, so that a store without DAGs pays

@@ -194,8 +194,11 @@ class Transitions(Transactions):
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
-        if d.to_status in FINAL and DAG_NODE in job.ad:
-            self._jobs_ended(conn, [job.id], now, nodes=True)
+        if DAG_NODE in job.ad:
+            if d.to_status in FINAL:
+                self._jobs_ended(conn, [job.id], now, nodes=True)
+            elif d.to_status == Status.RUNNING and before != Status.RUNNING:
+                self._node_job_started(conn, job, now)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
     def _event(
@@ -267,6 +270,11 @@ class Transitions(Transactions):
                     nodes: bool = False) -> None:
         """Jobs `job_ids` ended in this transaction (the store's DAGs carry their nodes on;
         `nodes`: their ads say they are DAG nodes' jobs)."""
+        return
+
+    def _node_job_started(self, conn: Connection, job: Job, now: float) -> None:
+        """A DAG node's job started in this transaction: no longer idle (the DAG's -maxidle
+        may release more nodes)."""
         return
 
     def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
