@@ -416,9 +416,12 @@ def test_the_dags_own_ad_node_status_file_and_jobstate_log(
 # ---- through the emulator and the real hooks ----------------------------------------------
 
 @pytest.mark.parametrize("mode", ["agent", pytest.param("direct", marks=pytest.mark.slow)])
-def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """The emulated startd runs the real hook executables; no DAGMan process: each node's job
-    starts only after its parents' jobs ended, whichever process recorded the end."""
+    starts only after its parents' jobs ended, whichever process recorded the end. A diamond
+    whose middle nodes share a category of MAXJOBS 1, a node that fails once and is retried
+    (RETRY 2 UNLESS-EXIT 42), a DONE node that never runs, a splice and a sub-DAG after them,
+    and a FINAL node last."""
     from contextlib import ExitStack
 
     from test_end_to_end import _agent, _give_node, _job_owner, _node
@@ -429,9 +432,21 @@ def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignor
     owner = _job_owner()
     sub = tmp / "submit"
     sub.mkdir()
+    marks = tmp / "marks"
+    marks.mkdir()
+    os.chmod(marks, 0o1777)  # the job's user leaves its mark here
     (sub / "node.sub").write_text("executable = /bin/sh\narguments = \"-c 'sleep 0.3'\"\n"
                                   "request_memory = 32\nqueue\n")
-    (sub / "diamond.dag").write_text(DIAMOND)
+    (sub / "retry.sub").write_text(
+        "executable = /bin/sh\n"
+        f"arguments = \"-c 'test -e {marks}/$(JOB) || {{ touch {marks}/$(JOB); exit 3; }}'\"\n"
+        "request_memory = 32\nqueue\n")
+    (sub / "leaf.dag").write_text("JOB L node.sub\n")
+    (sub / "diamond.dag").write_text(
+        DIAMOND + "JOB R retry.sub\nJOB X node.sub DONE\nSPLICE S leaf.dag\n"
+        "SUBDAG EXTERNAL T leaf.dag\nFINAL F node.sub\nPARENT D CHILD R X\n"
+        "PARENT R CHILD S\nPARENT S CHILD T\nRETRY R 2 UNLESS-EXIT 42\nCATEGORY B small\n"
+        "CATEGORY C small\nMAXJOBS small 1\n")
     settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
     dag_id = submit_dag(store, str(sub / "diamond.dag"), settings, owner=owner).dag_id
     cfg, condor_config = _node(tmp, store.engine.url.render_as_string(False))
@@ -444,12 +459,20 @@ def test_a_diamond_through_the_hooks(node_db, mode: str) -> None:  # type: ignor
                           timeout=120, wait_for_jobs=True)
     dag = store.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.exit_code) == ("completed", 0)
-    span = {}
+    span, exits = {}, {}
     for job in store.list_jobs(include_final=True):
-        times = {e.event: e.time for e in store.events(job.id)}
-        span[job.ad["DAGNodeName"]["expr"].strip('"')] = (times["start"], times["exit"])
+        events = store.events(job.id)
+        times = {e.event: e.time for e in events}
+        name = job.ad["DAGNodeName"]["expr"].strip('"')
+        span[name] = (min(e.time for e in events if e.event == "start"), times["exit"])
+        exits[name] = sum(e.event == "exit" for e in events)
+    assert "X" not in span and exits == {**dict.fromkeys(span, 1), "R": 2}
     assert span["A"][1] <= min(span["B"][0], span["C"][0])
+    first, second = sorted((span["B"], span["C"]))
+    assert first[1] <= second[0]  # MAXJOBS small 1: one at a time
     assert max(span["B"][1], span["C"][1]) <= span["D"][0]
+    order = ["D", "R", "S+L", "T+L", "F"]
+    assert all(span[a][1] <= span[b][0] for a, b in zip(order, order[1:], strict=False))
 
 
 @pytest.mark.slow
