@@ -14,6 +14,10 @@ from sqlalchemy.engine import make_url
 
 from jobstore.testing.support import libpq_url  # noqa: F401 - for the tests
 
+# The agents the tests start answer a fetch that finds nothing at once, as hook_env's do; the
+# tests of the waiting fetch (test_fetch_wait) set JOBSTORE_FETCH_WAIT themselves.
+os.environ.setdefault("_CONDOR_JOBSTORE_FETCH_WAIT", "0")
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

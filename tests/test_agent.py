@@ -56,9 +56,9 @@ class Node:
         return hook_env(self.db_url, self.config, **{
             "JOBSTORE_AGENT_SOCKET": self.socket, "JOBSTORE_SPOOL": str(spool_dir), **extra})
 
-    def start(self) -> None:
+    def start(self, **extra: str) -> None:
         self.log.write_text("")
-        env = dict(self.env(), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
+        env = dict(self.env(**extra), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
         with open(self.log, "ab") as err:
             self.agent = subprocess.Popen(
                 [sys.executable, "-m", "jobstore.cli", "agent", "--socket", self.socket],

@@ -82,7 +82,8 @@ class AgentMetrics:
     """The agent's registry; `observe` is called once per served call, from any worker."""
 
     def __init__(self, spool_dirs: Callable[[], list[Path]], watched: Callable[[], int],
-                 store_collectors: Callable[[], list[Collector]] | None = None) -> None:
+                 store_collectors: Callable[[], list[Collector]] | None = None,
+                 waiting: Callable[[], int] = lambda: 0) -> None:
         disable_created_metrics()  # no *_created series beside every counter and histogram
         self.registry = CollectorRegistry(auto_describe=False)
         self.calls = Counter("jobstore_hook_calls", "Hook calls the agent served",
@@ -97,6 +98,9 @@ class AgentMetrics:
         self.registry.register(_GaugeCollector(
             "jobstore_agent_attempts_watched",
             "Attempts on this node's slots the agent follows (to vacate stopped ones)", watched))
+        self.registry.register(_GaugeCollector(
+            "jobstore_agent_waiting_fetches",
+            "FETCH_WORK calls waiting in the agent for work that fits their slot", waiting))
         for collector in (store_collectors() if store_collectors else []):
             self.registry.register(collector)
         self._servers: list = []

@@ -13,6 +13,7 @@ SIGINT too, in the foreground.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import logging.handlers
 import os
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
+from jobstore.agent.fetchwait import FetchWaits, Parked
 from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
     BUSY,
@@ -63,6 +65,7 @@ POLICE_TICK = 10.0
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
 _package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
+MIN_WAIT = 0.05  # seconds: a fetch with less left of its wait is answered now
 WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
 LOG_CALLS_PER_UID = 200  # an ordinary account's calls logged per WARN_EVERY seconds
 
@@ -89,6 +92,7 @@ class _Work:
     env: dict[str, str]
     stdin: bytes
     argv: list[str]
+    parked: Parked | None = None  # a waiting fetch woken: its wait
 
 
 class _Throttle:
@@ -168,6 +172,7 @@ class Agent:
         self._throttle = _Throttle()
         self._hook_log_lock = threading.Lock()
         self._log_budget = _LogBudget()
+        self._waits: FetchWaits | None = None
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -245,6 +250,12 @@ class Agent:
                  sorted(self.services))
         self._sandbox_roots()
         self._start_metrics()
+        waits = self._waits = FetchWaits(
+            lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
+            self._answer_nothing, self._hang_up)
+        waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
+                                  daemon=True)
+        waiter.start()
         watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
                                    daemon=True)
@@ -299,6 +310,7 @@ class Agent:
                 pass
             for conn in list(conns.values()):
                 self._drop(conn, sel, conns)
+            waiter.join()  # the waiting fetches answered (nothing)
             for item in work.close():  # queued, never started: the hooks fall back or retry
                 item.conn.sock.close()
                 self._release(item.conn)
@@ -515,6 +527,7 @@ class Agent:
         conn, hook, peer = item.conn, item.hook, item.conn.peer
         started = time.monotonic()
         response: HookResponse | None = None
+        waiting = False
         try:
             refused = peers.refusal(hook, peer, self.services)
             if refused:
@@ -543,6 +556,11 @@ class Agent:
                     log.warning("%s uid %d pid %d: %s", hook, peer.uid, peer.pid,
                                 one_line(response.error))
                 self._hook_log(hook, peer, response)
+            if hook == "fetch_job" and conn.service and self._wait(item, response):
+                waiting = True
+                return
+            if item.parked is not None and response.stdout and self._waits is not None:
+                self._waits.found(item.parked)
             try:
                 sent = self._answer(conn.sock, [
                     OK,
@@ -568,10 +586,33 @@ class Agent:
             log.error("%s uid %d pid %d: internal error: %s: %s", hook, peer.uid, peer.pid,
                       type(exc).__name__, exc)
         finally:
-            conn.sock.close()
-            self._release(conn)
+            if not waiting:
+                conn.sock.close()
+                self._release(conn)
             if self._metrics is not None:
                 self._metrics.observe(hook, response, time.monotonic() - started)
+
+    def _wait(self, item: _Work, response: HookResponse) -> bool:
+        """Let a fetch that found nothing wait for work that fits its slot (JOBSTORE_FETCH_WAIT
+        from its first try; jobstore.agent.fetchwait); whether it waits."""
+        idle = response.idle
+        if self._waits is None or idle is None or response.stdout or response.error:
+            return False
+        now = time.monotonic()
+        until = item.parked.until if item.parked is not None else now + idle.settings.fetch_wait
+        if until - now < MIN_WAIT:
+            return False
+        self._waits.park(Parked(item, idle, until))
+        return True
+
+    def _answer_nothing(self, parked: Parked) -> None:
+        """A waiting fetch's bound came: no work."""
+        self._answer(parked.item.conn.sock, [OK, b"0", b"", b""])
+        self._hang_up(parked)
+
+    def _hang_up(self, parked: Parked) -> None:
+        parked.item.conn.sock.close()
+        self._release(parked.item.conn)
 
     def _start_metrics(self) -> None:
         """Serve the metrics on JOBSTORE_AGENT_METRICS_PORT (a loopback address), if set; a
@@ -590,7 +631,8 @@ class Agent:
         address, port = self.settings.metrics_address, self.settings.metrics_port
         try:
             metrics = AgentMetrics(self._spool_dirs, lambda: len(self._attempts),
-                                   store_collectors if self.settings.metrics_store else None)
+                                   store_collectors if self.settings.metrics_store else None,
+                                   lambda: len(self._waits) if self._waits else 0)
             metrics.serve(address, port)
         except Exception as exc:
             log.error("metrics not served on %s port %d: %s", address, port, one_line(str(exc)))

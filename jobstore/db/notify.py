@@ -1,6 +1,6 @@
 """PostgreSQL notifications, sent inside the transaction that writes what they announce
 (delivered at its commit), received on a dedicated LISTEN connection: new job events (for
-`jobstore watch`), and attempts the store stopped (for the node agents)."""
+`jobstore watch`), attempts the store stopped and new claimable work (for the node agents)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, NOTIFY_EVENT
+from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, LISTEN_WORK, NOTIFY_EVENT
 from jobstore.db.transactions import Transactions
 
 CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id, or
 # "cluster:N" once for all the submit events of cluster N
 STOPS = "jobstore_stops"  # as listen_stops; payload: the id of a handed-out job held or removed
-_LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS}
+# as listen_work; payload: the shapes of new claimable work, `queue cpus memory disk`, comma
+# separated, or `*` (migration 0018's triggers)
+WORK = "jobstore_work"
+_LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}
 
 
 def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:

@@ -169,6 +169,11 @@ SELECT pg_notify(:channel, :payload);
 -- Follow the job store's notification channel (jobstore.db.notify.CHANNEL) on this connection.
 LISTEN jobstore_events;
 
+-- name: listen_work
+-- Follow the channel of new claimable work (jobstore.db.notify.WORK, sent by the jobs table's
+-- triggers of migration 0018; payload the new work's shapes), as the waiting fetches do.
+LISTEN jobstore_work;
+
 -- name: listen_stops
 -- Follow the channel of stopped attempts (jobstore.db.notify.STOPS: a handed-out job held or
 -- removed; payload its id), as the node agents do.

@@ -68,6 +68,7 @@ LIMITS_IN_USE = QUERIES["limits_in_use"].expanding("names")
 NOTIFY_EVENT = QUERIES["notify_event"].clause
 LISTEN_EVENTS = QUERIES["listen_events"].sql
 LISTEN_STOPS = QUERIES["listen_stops"].sql
+LISTEN_WORK = QUERIES["listen_work"].sql
 SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause

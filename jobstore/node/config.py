@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobstore.node.hooktable import DEADLINES
+
 DEFAULT_QUEUE = "default"
 DEFAULT_KEYWORD = "JOBSTORE"
 
@@ -75,6 +77,7 @@ class Settings:
     claim_lease: int = 120
     max_attempts: int = 5
     fetch_deadline: float = 10.0
+    fetch_wait: float = 5.0  # agent mode: how long a fetch that found nothing waits for work
     connect_timeout: int = 3
     statement_timeout_ms: int = 5000
     hook_log: str | None = None
@@ -109,6 +112,13 @@ class Settings:
 
 def _setting(keyword: str, name: str) -> str | None:
     return _param(f"{keyword}_JOBSTORE_{name}") or _param(f"JOBSTORE_{name}")
+
+
+def _fetch_wait(keyword: str) -> float:
+    """JOBSTORE_FETCH_WAIT, kept 3 s below the fetch hook's deadline (JOBSTORE_FETCH_DEADLINE,
+    at most the hook's own 10 s)."""
+    deadline = min(float(_int(keyword, "FETCH_DEADLINE", 10)), DEADLINES["fetch_job"])
+    return max(0.0, min(float(_int(keyword, "FETCH_WAIT", 5, minimum=0)), deadline - 3))
 
 
 def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:
@@ -257,6 +267,7 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         claim_lease=_int(kw, "CLAIM_LEASE", 120, minimum=5),
         max_attempts=_int(kw, "MAX_ATTEMPTS", 5),
         fetch_deadline=float(_int(kw, "FETCH_DEADLINE", 10)),
+        fetch_wait=_fetch_wait(kw),
         connect_timeout=_int(kw, "CONNECT_TIMEOUT", 3),
         statement_timeout_ms=_int(kw, "STATEMENT_TIMEOUT_MS", 5000, minimum=100),
         hook_log=_setting(kw, "HOOK_LOG"),

@@ -77,6 +77,22 @@ class HookRequest:
     caller: Caller = SERVICE
 
 
+@dataclass(frozen=True)
+class IdleSlot:
+    """A fetch that found nothing: its slot's keyword settings, queue and what it has free
+    (CPUs, MiB, KiB), as a waiting fetch waits on them (jobstore.agent.fetchwait)."""
+
+    settings: config.Settings
+    queue: str
+    cpus: int
+    memory: int
+    disk: int
+
+    @property
+    def database_url(self) -> str:
+        return self.settings.database_url
+
+
 @dataclass
 class HookResponse:
     stdout: bytes = b""
@@ -87,6 +103,7 @@ class HookResponse:
     database_error: bool = False  # the database was away or refused
     spooled: bool = False  # the report could not be sent and waits in the spool
     fd: int | None = None  # an open file handed over with the answer (the caller closes it)
+    idle: IdleSlot | None = None  # a fetch that found nothing for a slot that could take work
 
 
 class HookError(Exception):
@@ -243,7 +260,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
     )
     job = store.claim(request_, judge)
     if job is None:
-        return HookResponse(log=notes)
+        return HookResponse(log=notes, idle=IdleSlot(settings, settings.queue, offer.cpus,
+                                                     offer.memory, offer.disk))
     try:
         text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
     except AdError as exc:

@@ -67,6 +67,8 @@ def hook_env(
         "PATH": "/usr/bin:/bin",
         "HOME": "/root",
         "CONDOR_CONFIG": str(condor_config),
+        # a fetch that finds nothing answers at once (tests of the waiting fetch say otherwise)
+        "_CONDOR_JOBSTORE_FETCH_WAIT": "0",
         "JOBSTORE_DATABASE_URL": db_url,
         "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
         "JOBSTORE_SPOOL": str(spool or condor_config.parent / "spool"),

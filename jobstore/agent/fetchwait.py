@@ -1,0 +1,265 @@
+"""Waiting fetches (issue 32): a FETCH_WORK that found nothing waits in the agent, its hook's
+connection open, for work that fits its slot, up to JOBSTORE_FETCH_WAIT seconds, without holding
+a worker thread.
+
+On PostgreSQL the store says when work becomes claimable (channel `jobstore_work`, sent by the
+jobs table's triggers in the transaction that makes it so, with the new work's queue and
+requests); the agent LISTENs on one connection per database and wakes one waiting fetch that the
+work fits per announced shape, and another each time a woken fetch finds a job. Where
+notifications cannot arrive (SQLite, a pooler in transaction mode, a lost connection) it wakes
+one waiting fetch per database every POLL seconds: one claim per node per interval, not one per
+slot. A fetch whose hook is gone (killed, SIGTERM) is dropped at once; one that waited its bound
+is answered with nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobstore.db.notify import WORK, Listener
+from jobstore.node import config, handlers
+
+log = logging.getLogger("jobstore.agent")
+POLL = 1.0  # seconds between two wake-ups of a database no notification can come from
+SAFETY = 30.0  # and of one that notifies, should a notification be lost
+RELISTEN = 60.0  # seconds before trying LISTEN on a database again after it failed
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What new work asks for: its queue and requests (CPUs, MiB, KiB)."""
+
+    queue: str
+    cpus: int
+    memory: int
+    disk: int
+
+
+def parse_shapes(payload: str) -> list[Shape] | None:
+    """The shapes a notification names (`queue cpus memory disk`, comma separated); None for
+    "anything" (`*`, or what cannot be read)."""
+    shapes = []
+    for part in payload.split(","):
+        words = part.split()
+        if len(words) != 4 or not all(w.lstrip("-").isdigit() for w in words[1:]):
+            return None
+        shapes.append(Shape(words[0], int(words[1]), int(words[2]), int(words[3])))
+    return shapes or None
+
+
+def fits(idle: handlers.IdleSlot, shape: Shape | None) -> bool:
+    """Could the slot that waits take work of `shape` (None: any)?"""
+    if shape is None:
+        return True
+    return (shape.queue == idle.queue and shape.cpus <= idle.cpus
+            and shape.memory <= idle.memory and shape.disk <= idle.disk)
+
+
+@dataclass(eq=False)
+class Parked:
+    """A fetch waiting: the server's work item (its connection open), its slot, its bound."""
+
+    item: Any
+    idle: handlers.IdleSlot
+    until: float  # time.monotonic()
+    shapes: list[Shape] | None = field(default=None)  # what woke it, if something did
+
+
+@dataclass
+class _Database:
+    listener: Listener | None = None
+    retry_at: float = 0.0  # when to try LISTEN again
+    next_wake: float = 0.0  # the next poll (or safety) wake-up
+
+
+class FetchWaits:
+    """The waiting fetches of one agent, watched by one thread (`run`)."""
+
+    def __init__(self, requeue: Callable[[Parked], None], answer: Callable[[Parked], None],
+                 drop: Callable[[Parked], None], connect_timeout: int = 3) -> None:
+        self._requeue, self._answer, self._drop = requeue, answer, drop
+        self._connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._parked: list[Parked] = []
+        self._dbs: dict[str, _Database] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._parked)
+
+    def park(self, parked: Parked) -> None:
+        """Let `parked` wait (its answer not sent yet)."""
+        with self._lock:
+            self._parked.append(parked)
+            self._dbs.setdefault(parked.idle.database_url,
+                                 _Database(next_wake=time.monotonic() + POLL))
+        self._poke()
+
+    def found(self, parked: Parked) -> None:
+        """A woken fetch found a job: there may be more of what woke it; wake another."""
+        shapes: list[Shape | None] = [*parked.shapes] if parked.shapes else [None]
+        self._wake(parked.idle.database_url, shapes)
+
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Watch the waiting fetches until `stopping()`; then answer them all (nothing)."""
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        watched: dict[int, Any] = {}  # fd -> Parked or database url
+        try:
+            while not stopping():
+                self._watch(sel, watched)
+                for key, _ in sel.select(timeout=self._timeout()):
+                    if key.data is None:
+                        self._drain_wake()
+                    elif isinstance(key.data, Parked):
+                        self._hook_gone(key.data)
+                    else:
+                        self._notified(key.data)
+                self._expire()
+                self._poll()
+        finally:
+            with self._lock:
+                left, self._parked = self._parked, []
+                dbs, self._dbs = list(self._dbs.values()), {}
+            for parked in left:
+                self._answer(parked)
+            for db in dbs:
+                if db.listener is not None:
+                    db.listener.close()
+            sel.close()
+
+    # ---- the thread's work ----------------------------------------------------------------
+
+    def _watch(self, sel: selectors.BaseSelector, watched: dict[int, Any]) -> None:
+        """Select on each waiting hook's socket (readable: it hung up) and each listener."""
+        with self._lock:
+            want: dict[int, Any] = {p.item.conn.sock.fileno(): p for p in self._parked}
+            settings = {p.idle.database_url: p.idle.settings for p in self._parked}
+            for url, db in self._dbs.items():
+                if url in settings:
+                    self._listen(url, db, settings[url])
+                if db.listener is not None and db.listener.conn is not None:
+                    want[db.listener.conn.fileno()] = url
+        for fd in [fd for fd in watched if fd not in want or watched[fd] is not want[fd]]:
+            sel.unregister(fd)
+            del watched[fd]
+        for fd, data in want.items():
+            if fd not in watched and fd >= 0:
+                sel.register(fd, selectors.EVENT_READ, data)
+                watched[fd] = data
+
+    def _listen(self, url: str, db: _Database, settings: config.Settings) -> None:
+        """Listen on `url`'s work channel, if it can be had (called with the lock held)."""
+        if db.listener is not None or time.monotonic() < db.retry_at:
+            return
+        db.retry_at = time.monotonic() + RELISTEN
+        if not url.startswith("postgresql"):
+            return
+        try:
+            store = handlers.store_for(settings)
+            listener = Listener(store, self._connect_timeout, WORK)
+            listener.open()
+            if not listener.probe():
+                listener.close()
+                log.info("waiting fetches: no notifications from %s (a pooler?): polling",
+                         store.engine.url.render_as_string(hide_password=True))
+                return
+        except Exception as exc:
+            log.warning("waiting fetches: cannot LISTEN: %s: polling", exc)
+            return
+        db.listener = listener
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            times = [p.until for p in self._parked]
+            urls = {p.idle.database_url for p in self._parked}
+            times += [db.next_wake for url, db in self._dbs.items() if url in urls]
+        return max(0.01, min([t - now for t in times], default=POLL))
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _hook_gone(self, parked: Parked) -> None:
+        """Its socket is readable: the hook hung up (or sent more than it should): drop it."""
+        with self._lock:
+            if parked not in self._parked:
+                return
+            self._parked.remove(parked)
+        self._drop(parked)
+
+    def _notified(self, url: str) -> None:
+        db = self._dbs.get(url)
+        if db is None or db.listener is None:
+            return
+        try:
+            payloads = db.listener.wait(0.001)
+        except Exception as exc:
+            log.warning("waiting fetches: notifications lost (%s): polling", exc)
+            db.listener.close()
+            db.listener = None
+            return
+        shapes: list[Shape | None] = []
+        for payload in payloads:
+            if payload.startswith("probe:"):
+                continue
+            found = parse_shapes(payload)
+            shapes.extend([None] if found is None else found)
+        if shapes:
+            self._wake(url, shapes)
+
+    def _wake(self, url: str, shapes: list[Shape | None]) -> None:
+        """Wake one waiting fetch of `url` per shape that it fits (no herd)."""
+        woken = []
+        with self._lock:
+            for shape in shapes:
+                parked = next((p for p in self._parked if p.idle.database_url == url
+                               and p not in woken and fits(p.idle, shape)), None)
+                if parked is not None:
+                    woken.append(parked)
+                    parked.shapes = None if shape is None else [shape]
+            for parked in woken:
+                self._parked.remove(parked)
+        for parked in woken:
+            self._requeue(parked)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            over = [p for p in self._parked if p.until <= now]
+            self._parked = [p for p in self._parked if p.until > now]
+        for parked in over:
+            self._answer(parked)
+
+    def _poll(self) -> None:
+        """Wake one fetch of each database that is due (none can notify, or for safety)."""
+        now = time.monotonic()
+        due = []
+        with self._lock:
+            urls = {p.idle.database_url for p in self._parked}
+            for url, db in self._dbs.items():
+                if url in urls and db.next_wake <= now:
+                    db.next_wake = now + (SAFETY if db.listener is not None else POLL)
+                    due.append(url)
+        for url in due:
+            self._wake(url, [None])
+
+    def _poke(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except BlockingIOError:
+            pass

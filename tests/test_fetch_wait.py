@@ -1,0 +1,167 @@
+"""Waiting fetches (issue 32): in agent mode a FETCH_WORK that finds nothing waits, up to
+JOBSTORE_FETCH_WAIT seconds, for work that fits its slot, and returns it as soon as it is
+claimable; the agent and the hooks run as separate processes, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from hookseq import ordinary_owner, slot_ad, submit_jobs
+from test_agent import WAIT, Node, node, store  # noqa: F401 - the fixtures
+
+from jobstore.core.jobs import JobSpec
+from jobstore.core.states import Event
+from jobstore.db.store import JobStore
+from jobstore.emulator.spawn import hook_preexec
+
+BOUND = "4"  # JOBSTORE_FETCH_WAIT in these tests (at most the hook's deadline less 3 s)
+
+
+@pytest.fixture
+def waiting(node: Node) -> Iterator[Node]:  # noqa: F811
+    """The node's agent, with JOBSTORE_FETCH_WAIT and its metrics (how many fetches wait)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_AGENT_METRICS_PORT = {port}\n")
+    node.start(_CONDOR_JOBSTORE_FETCH_WAIT=BOUND)
+    node.wait_log("metrics served on")
+    node.metrics = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
+    yield node
+
+
+def _fetch(node: Node, name: str) -> subprocess.Popen:  # noqa: F811
+    """A FETCH_WORK hook for slot `name`, started and left running."""
+    proc = subprocess.Popen(
+        [str(node.hooks / "fetch_job")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=node.env(JOBSTORE_HOOK_MODE="agent"),
+        preexec_fn=hook_preexec(False))
+    assert proc.stdin is not None
+    proc.stdin.write(slot_ad(name))
+    proc.stdin.close()
+    proc.stdin = None  # (communicate would flush it)
+    return proc
+
+
+def _parked(node: Node, count: int) -> None:  # noqa: F811
+    """Wait until the agent's metrics say `count` fetches are waiting."""
+    end = time.monotonic() + WAIT
+    while True:
+        with urllib.request.urlopen(node.metrics, timeout=10) as answer:  # type: ignore[attr-defined]
+            text = answer.read().decode()
+        found = re.search(r"^jobstore_agent_waiting_fetches (\S+)$", text, re.M)
+        if found and float(found.group(1)) == count:
+            return
+        assert time.monotonic() < end, f"not {count} waiting fetches: {found}"
+        time.sleep(0.05)
+
+
+def _out(proc: subprocess.Popen) -> bytes:
+    out, _err = proc.communicate(timeout=WAIT)
+    return out
+
+
+def test_a_job_submitted_to_an_idle_node_is_fetched_by_the_waiting_fetch(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """The fetch finds nothing, waits; the job submitted meanwhile is what it returns (a fetch
+    that did not wait would have returned nothing before the job existed)."""
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    assert proc.poll() is None
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    out = _out(proc)
+    assert f"JobstoreJobId = {job_id}".encode() in out
+    assert store.get_job(job_id).status == "fetched"
+
+
+def test_work_that_fits_no_waiting_slot_wakes_none_and_the_bound_ends_the_wait(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """A job too large for the waiting slot is not fetched; the fetch returns nothing at its
+    bound; the job is still idle."""
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    _, (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=4096)],
+                                owner=ordinary_owner(), queue="default", max_attempts=3)
+    assert _out(proc) == b""
+    assert store.get_job(job_id).status == "idle"
+
+
+def test_a_release_and_a_requeue_wake_a_waiting_fetch(waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """A held job released, and a job whose fetch was rejected (idle again), each wake a
+    waiting fetch, which returns it."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    store.admin(job_id, Event.HOLD, "test")
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    store.admin(job_id, Event.RELEASE, "test")
+    out = _out(proc)
+    assert f"JobstoreJobId = {job_id}".encode() in out
+    rejected = waiting.hook("reply_fetch", out + b"-----\n" + slot_ad("slot1@node01"),
+                            ["reject"], JOBSTORE_HOOK_MODE="agent")
+    assert rejected.returncode == 0 and store.get_job(job_id).status == "idle"
+    again = _fetch(waiting, "slot2@node01")
+    assert f"JobstoreJobId = {job_id}".encode() in _out(again)
+
+
+def test_sigterm_ends_a_waiting_fetch_and_nothing_is_handed_to_it(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """SIGTERM to the hook ends it at once (empty); the agent drops its wait, so a job
+    submitted afterwards stays idle for the next fetch."""
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    proc.send_signal(signal.SIGTERM)
+    assert _out(proc) == b""
+    _parked(waiting, 0)
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    time.sleep(0.5)  # (not a speed assertion: only time for a wrong hand-out to happen)
+    assert store.get_job(job_id).status == "idle"
+
+
+def test_two_waiting_fetches_one_job_one_claim(waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """One job for two waiting slots: one fetch returns it, the other nothing at its bound;
+    the job was claimed once."""
+    first, second = _fetch(waiting, "slot1@node01"), _fetch(waiting, "slot2@node01")
+    _parked(waiting, 2)
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    outs = sorted([_out(first), _out(second)])
+    assert outs[0] == b"" and f"JobstoreJobId = {job_id}".encode() in outs[1]
+    row = store.get_job(job_id)
+    assert (row.status, row.claims) == ("fetched", 1)
+
+
+def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """The emulated startd (FetchWorkDelay 300 s for an idle slot, as a real one counts it)
+    with the agent: the slot's first fetch finds nothing and waits; a job submitted then runs to
+    its end, which no later fetch could have done within the run."""
+    import threading
+
+    from jobstore.emulator import Emulator, EmulatorConfig
+    from jobstore.node.hooktable import CONDOR_NAMES
+
+    cfg = EmulatorConfig(
+        hooks={condor: str(waiting.hooks / ours) for ours, condor in CONDOR_NAMES.items()},
+        work_dir=str(waiting.base / "node"), keyword="JOBSTORE", static_slots=1, cpus=1,
+        memory=1024, initial_update_interval=0.2, update_interval=5.0,
+        fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle", 0, 300)',
+        env=waiting.env(JOBSTORE_HOOK_MODE="agent"))
+    submitted: list[int] = []
+
+    def submit_when_waiting() -> None:
+        _parked(waiting, 1)
+        submitted.extend(submit_jobs(store, 1, ordinary_owner()))
+
+    thread = threading.Thread(target=submit_when_waiting, daemon=True)
+    thread.start()
+    Emulator(cfg).run(until=lambda: bool(submitted) and store.get_job(
+        submitted[0]).status == "completed", timeout=60, wait_for_jobs=True)
+    thread.join(WAIT)
+    assert submitted and store.get_job(submitted[0]).status == "completed"
