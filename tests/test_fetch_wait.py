@@ -64,6 +64,13 @@ def _parked(node: Node, count: int) -> None:  # noqa: F811
         time.sleep(0.05)
 
 
+def _metric(node: Node, name: str) -> float:  # noqa: F811
+    with urllib.request.urlopen(node.metrics, timeout=10) as answer:  # type: ignore[attr-defined]
+        text = answer.read().decode()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def _out(proc: subprocess.Popen) -> bytes:
     out, _err = proc.communicate(timeout=WAIT)
     return out
@@ -165,3 +172,19 @@ def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay
         submitted[0]).status == "completed", timeout=60, wait_for_jobs=True)
     thread.join(WAIT)
     assert submitted and store.get_job(submitted[0]).status == "completed"
+
+
+def test_an_idle_node_claims_nothing_while_no_work_is_announced(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """PostgreSQL announces new work: a slot's fetch after one whose claim found nothing waits
+    without a claim (jobstore_agent_fetch_waits_total{how="quiet"}), and still gets the job
+    submitted while it waits. SQLite announces nothing: every fetch claims."""
+    quiet = 'jobstore_agent_fetch_waits_total{how="quiet"}'
+    claimed = 'jobstore_agent_fetch_waits_total{how="claimed"}'
+    assert _out(_fetch(waiting, "slot1@node01")) == b""
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    pg = waiting.db_url.startswith("postgresql")
+    assert (_metric(waiting, quiet), _metric(waiting, claimed)) == ((1, 1) if pg else (0, 2))
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)

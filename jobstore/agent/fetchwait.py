@@ -15,6 +15,7 @@ is answered with nothing.
 from __future__ import annotations
 
 import logging
+import re
 import selectors
 import socket
 import threading
@@ -77,6 +78,16 @@ class _Database:
     listener: Listener | None = None
     retry_at: float = 0.0  # when to try LISTEN again
     next_wake: float = 0.0  # the next poll (or safety) wake-up
+    notified: float = 0.0  # when work was last announced
+
+
+# the slot ad's lines that say what a slot could take (its key in FetchWaits.quiet)
+_SLOT_LINES = re.compile(rb"^(?:Name|Cpus|Memory|Disk|State|Activity|Start) = .*$", re.M)
+
+
+def slot_key(stdin: bytes) -> bytes:
+    """What a FETCH_WORK's slot ad says of what the slot could take."""
+    return b"\n".join(sorted(_SLOT_LINES.findall(stdin)))
 
 
 class FetchWaits:
@@ -89,6 +100,7 @@ class FetchWaits:
         self._lock = threading.Lock()
         self._parked: list[Parked] = []
         self._dbs: dict[str, _Database] = {}
+        self._empty: dict[bytes, tuple[handlers.IdleSlot, float]] = {}  # slot -> last nothing
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -104,6 +116,26 @@ class FetchWaits:
             self._dbs.setdefault(parked.idle.database_url,
                                  _Database(next_wake=time.monotonic() + POLL))
         self._poke()
+
+    def nothing(self, stdin: bytes, idle: handlers.IdleSlot) -> None:
+        """A claim for the slot of `stdin` found nothing."""
+        with self._lock:
+            self._empty[slot_key(stdin)] = (idle, time.monotonic())
+
+    def quiet(self, stdin: bytes) -> handlers.IdleSlot | None:
+        """The slot's last fetch that found nothing, when nothing can have changed since: its
+        database announces new work (and has not), and it was less than SAFETY seconds ago.
+        Such a fetch waits without a claim: an idle node makes none while the queue is empty."""
+        with self._lock:
+            last = self._empty.get(slot_key(stdin))
+            if last is None:
+                return None
+            idle, when = last
+            db = self._dbs.get(idle.database_url)
+            if (db is None or db.listener is None or db.notified >= when
+                    or time.monotonic() - when >= SAFETY):
+                return None
+            return idle
 
     def found(self, parked: Parked) -> None:
         """A woken fetch found a job: there may be more of what woke it; wake another."""
@@ -145,11 +177,11 @@ class FetchWaits:
         with self._lock:
             want: dict[int, Any] = {p.item.conn.sock.fileno(): p for p in self._parked}
             settings = {p.idle.database_url: p.idle.settings for p in self._parked}
-            for url, db in self._dbs.items():
-                if url in settings:
-                    self._listen(url, db, settings[url])
-                if db.listener is not None and db.listener.conn is not None:
-                    want[db.listener.conn.fileno()] = url
+            dbs = [(url, db) for url, db in self._dbs.items() if url in settings]
+        for url, db in dbs:  # (a new LISTEN and its probe take a moment: not under the lock)
+            self._listen(url, db, settings[url])
+            if db.listener is not None and db.listener.conn is not None:
+                want[db.listener.conn.fileno()] = url
         for fd in [fd for fd in watched if fd not in want or watched[fd] is not want[fd]]:
             sel.unregister(fd)
             del watched[fd]
@@ -159,7 +191,7 @@ class FetchWaits:
                 watched[fd] = data
 
     def _listen(self, url: str, db: _Database, settings: config.Settings) -> None:
-        """Listen on `url`'s work channel, if it can be had (called with the lock held)."""
+        """Listen on `url`'s work channel, if it can be had."""
         if db.listener is not None or time.monotonic() < db.retry_at:
             return
         db.retry_at = time.monotonic() + RELISTEN
@@ -217,6 +249,7 @@ class FetchWaits:
         for payload in payloads:
             if payload.startswith("probe:"):
                 continue
+            db.notified = time.monotonic()
             found = parse_shapes(payload)
             shapes.extend([None] if found is None else found)
         if shapes:

@@ -91,6 +91,10 @@ class AgentMetrics:
         self.latency = Histogram("jobstore_hook_duration_seconds",
                                  "Time the agent took to serve a hook call", ["hook"],
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.waits = Counter("jobstore_agent_fetch_waits",
+                             "FETCH_WORK calls that waited for work: after a claim found nothing"
+                             " (claimed), or with no claim, nothing being new since the slot's "
+                             "last one (quiet)", ["how"], registry=self.registry)
         self.db_errors = Counter("jobstore_database_errors",
                                  "Hook calls that found the database away or refusing",
                                  ["hook"], registry=self.registry)

@@ -93,6 +93,7 @@ class _Work:
     stdin: bytes
     argv: list[str]
     parked: Parked | None = None  # a waiting fetch woken: its wait
+    received: float = field(default_factory=time.monotonic)
 
 
 class _Throttle:
@@ -525,7 +526,7 @@ class Agent:
 
     def _serve(self, item: _Work) -> None:
         conn, hook, peer = item.conn, item.hook, item.conn.peer
-        started = time.monotonic()
+        started = item.received
         response: HookResponse | None = None
         waiting = False
         try:
@@ -540,6 +541,13 @@ class Agent:
                     self._slots.seen(item.stdin)
                 except Exception as exc:
                     log.warning("slot ad not kept: %s: %s", type(exc).__name__, exc)
+            if (hook == "fetch_job" and conn.service and item.parked is None
+                    and self._waits is not None):
+                quiet = self._waits.quiet(item.stdin)
+                response = HookResponse(idle=quiet)
+                if quiet is not None and self._wait(item, response, claimed=False):
+                    waiting = True  # nothing new since this slot's last claim: none now
+                    return
             serve = sandboxcalls.handle if hook in sandboxcalls.CALLS else handlers.handle
             response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
@@ -589,26 +597,34 @@ class Agent:
             if not waiting:
                 conn.sock.close()
                 self._release(conn)
-            if self._metrics is not None:
+            if self._metrics is not None and not waiting:  # a waiting call: when answered
                 self._metrics.observe(hook, response, time.monotonic() - started)
 
-    def _wait(self, item: _Work, response: HookResponse) -> bool:
-        """Let a fetch that found nothing wait for work that fits its slot (JOBSTORE_FETCH_WAIT
-        from its first try; jobstore.agent.fetchwait); whether it waits."""
+    def _wait(self, item: _Work, response: HookResponse, claimed: bool = True) -> bool:
+        """Let a fetch that found nothing (`claimed`: by a claim, else known to find nothing)
+        wait for work that fits its slot (JOBSTORE_FETCH_WAIT from its first try;
+        jobstore.agent.fetchwait); whether it waits."""
         idle = response.idle
         if self._waits is None or idle is None or response.stdout or response.error:
             return False
         now = time.monotonic()
         until = item.parked.until if item.parked is not None else now + idle.settings.fetch_wait
+        if claimed:
+            self._waits.nothing(item.stdin, idle)
         if until - now < MIN_WAIT:
             return False
         self._waits.park(Parked(item, idle, until))
+        if self._metrics is not None and item.parked is None:
+            self._metrics.waits.labels("claimed" if claimed else "quiet").inc()
         return True
 
     def _answer_nothing(self, parked: Parked) -> None:
         """A waiting fetch's bound came: no work."""
         self._answer(parked.item.conn.sock, [OK, b"0", b"", b""])
         self._hang_up(parked)
+        if self._metrics is not None:
+            self._metrics.observe("fetch_job", HookResponse(),
+                                  time.monotonic() - parked.item.received)
 
     def _hang_up(self, parked: Parked) -> None:
         parked.item.conn.sock.close()
@@ -632,7 +648,7 @@ class Agent:
         try:
             metrics = AgentMetrics(self._spool_dirs, lambda: len(self._attempts),
                                    store_collectors if self.settings.metrics_store else None,
-                                   lambda: len(self._waits) if self._waits else 0)
+                                   lambda: 0 if self._waits is None else len(self._waits))
             metrics.serve(address, port)
         except Exception as exc:
             log.error("metrics not served on %s port %d: %s", address, port, one_line(str(exc)))

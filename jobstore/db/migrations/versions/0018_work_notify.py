@@ -3,7 +3,9 @@ the transaction that makes it so: a NOTIFY on channel `jobstore_work` whose payl
 idle jobs' shapes, `queue cpus memory disk` (comma separated; `*` when too many to list), sent by
 a statement trigger on INSERT (a submit, however many rows) and a row trigger on an UPDATE that
 makes a job idle (a release, a requeue after an eviction or an expired lease, a DAG node
-released). PostgreSQL delivers one of each distinct payload per transaction, at its commit.
+released), or `*` when a job that held concurrency limits stops holding them (what waited for
+the limits may be claimable now). PostgreSQL delivers one of each distinct payload per
+transaction, at its commit.
 
 Revision ID: 0018
 Revises: 0017
@@ -39,8 +41,12 @@ END $$
 UPDATED = """
 CREATE FUNCTION jobstore_work_updated() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM jobstore_work_shapes(NEW.queue || ' ' || NEW.request_cpus || ' '
-                                 || NEW.request_memory || ' ' || NEW.request_disk);
+    IF NEW.status = 'idle' THEN
+        PERFORM jobstore_work_shapes(NEW.queue || ' ' || NEW.request_cpus || ' '
+                                     || NEW.request_memory || ' ' || NEW.request_disk);
+    ELSE
+        PERFORM jobstore_work_shapes('*');
+    END IF;
     RETURN NULL;
 END $$
 """
@@ -56,7 +62,9 @@ def upgrade() -> None:
                " REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT"
                " EXECUTE FUNCTION jobstore_work_inserted()")
     op.execute("CREATE TRIGGER jobstore_work_updated AFTER UPDATE OF status ON jobs"
-               " FOR EACH ROW WHEN (NEW.status = 'idle' AND OLD.status IS DISTINCT FROM 'idle')"
+               " FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status AND ("
+               "NEW.status = 'idle' OR (OLD.concurrency_limits IS NOT NULL"
+               " AND OLD.status IN ('fetched', 'accepted', 'running'))))"
                " EXECUTE FUNCTION jobstore_work_updated()")
 
 
