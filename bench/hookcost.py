@@ -84,13 +84,14 @@ def agent_missing() -> str | None:
     return None if r.returncode == 0 else "`jobstore agent --help` fails: no agent in this tree"
 
 
-def start_agent(env: Env, db_url: str) -> subprocess.Popen:
-    """`jobstore agent --socket S` in the foreground, as a subprocess; waits for its socket."""
+def start_agent(env: Env, db_url: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
+    """`jobstore agent --socket S` in the foreground, as a subprocess (with `extra` in its
+    environment); waits for its socket."""
     sock = env.tmp / "agent.sock"
     log = open(env.tmp / "agent.log", "ab")  # noqa: SIM115 - lives as long as the agent
     proc = subprocess.Popen(
         [str(JOBSTORE_EXE), "agent", "--socket", str(sock), "--foreground"],
-        env={**node_env(env, db_url, {}), "JOBSTORE_AGENT_SOCKET": str(sock)},
+        env={**node_env(env, db_url, extra or {}), "JOBSTORE_AGENT_SOCKET": str(sock)},
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/tmp",
     )
     env.agents.append(proc)

@@ -28,7 +28,7 @@ from jobstore.db.notify import WORK, Listener
 from jobstore.node import config, handlers
 
 log = logging.getLogger("jobstore.agent")
-POLL = 1.0  # seconds between two wake-ups of a database no notification can come from
+POLL = 0.5  # seconds between two wake-ups of a database no notification can come from
 SAFETY = 30.0  # and of one that notifies, should a notification be lost
 RELISTEN = 60.0  # seconds before trying LISTEN on a database again after it failed
 
