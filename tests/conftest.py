@@ -17,6 +17,7 @@ from jobstore.testing.support import libpq_url  # noqa: F401 - for the tests
 # The agents the tests start answer a fetch that finds nothing at once, as hook_env's do; the
 # tests of the waiting fetch (test_fetch_wait) set JOBSTORE_FETCH_WAIT themselves.
 os.environ.setdefault("_CONDOR_JOBSTORE_FETCH_WAIT", "0")
+os.environ.setdefault("_CONDOR_JOBSTORE_AGENT_NUDGE_COMMAND", "false")  # no startd to nudge
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).

@@ -89,6 +89,7 @@ def test_a_job_submitted_to_an_idle_node_is_fetched_by_the_waiting_fetch(
     assert store.get_job(job_id).status == "fetched"
 
 
+@pytest.mark.slow  # (waits its bound: make test's time)
 def test_work_that_fits_no_waiting_slot_wakes_none_and_the_bound_ends_the_wait(
         waiting: Node, store: JobStore) -> None:  # noqa: F811
     """A job too large for the waiting slot is not fetched; the fetch returns nothing at its
@@ -132,6 +133,7 @@ def test_sigterm_ends_a_waiting_fetch_and_nothing_is_handed_to_it(
     assert store.get_job(job_id).status == "idle"
 
 
+@pytest.mark.slow  # (waits its bound: make test's time)
 def test_two_waiting_fetches_one_job_one_claim(waiting: Node, store: JobStore) -> None:  # noqa: F811
     """One job for two waiting slots: one fetch returns it, the other nothing at its bound;
     the job was claimed once."""
@@ -188,3 +190,24 @@ def test_an_idle_node_claims_nothing_while_no_work_is_announced(
     assert (_metric(waiting, quiet), _metric(waiting, claimed)) == ((1, 1) if pg else (0, 2))
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+
+
+@pytest.mark.slow  # (waits for the agent's second try)
+def test_a_new_agent_nudges_the_startd_until_its_first_fetch(node: Node, store: JobStore) -> None:  # noqa: F811
+    """A startd runs its first FETCH_WORK only at its first periodic update; the agent sends it
+    UPDATE_MACHINE_AD (JOBSTORE_AGENT_NUDGE_COMMAND, condor_update_machine_ad's arguments) until
+    it took one, and stops once the startd's first fetch came."""
+    calls = node.base / "nudges"
+    tool = node.base / "fake_update_machine_ad"
+    tool.write_text(f'#!/bin/sh\ncat "$1" >> {calls}\ntest "$(wc -l < {calls})" -ge 2\n')
+    tool.chmod(0o755)
+    node.start(_CONDOR_JOBSTORE_AGENT_NUDGE_COMMAND=str(tool))
+    node.wait_log("startd not nudged yet")  # its first try: as if the startd were not up
+    node.wait_log("startd nudged to fetch now")
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2 and all(re.fullmatch(r"JobstoreAgentStartTime = \d+", x)
+                                   for x in lines)
+    assert "no more nudges" not in node.log.read_text()
+    node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    node.wait_log("the startd fetches: no more nudges")
+    assert len(calls.read_text().splitlines()) == 2

@@ -47,6 +47,7 @@ from jobstore.agent.protocol import (
 )
 from jobstore.agent.pruner import Pruner
 from jobstore.agent.slotads import SlotBoard
+from jobstore.agent.startdnudge import nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.node import bounded, config, handlers, sandboxcalls, spool
@@ -174,6 +175,7 @@ class Agent:
         self._hook_log_lock = threading.Lock()
         self._log_budget = _LogBudget()
         self._waits: FetchWaits | None = None
+        self._fetched = threading.Event()  # the startd's first fetch was served
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -257,6 +259,10 @@ class Agent:
         waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
                                   daemon=True)
         waiter.start()
+        if self.settings.nudge_command:
+            threading.Thread(target=nudge_startd, args=(
+                self.settings.nudge_command, time.time(), self._fetched, lambda: self._stop),
+                name="nudge", daemon=True).start()
         watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
                                    daemon=True)
@@ -537,6 +543,7 @@ class Agent:
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
             if hook == "fetch_job" and conn.service:
+                self._fetched.set()
                 try:  # the startd's slot ad, for jobstore status: never at the fetch's cost
                     self._slots.seen(item.stdin)
                 except Exception as exc:

@@ -319,6 +319,7 @@ class AgentSettings:
     watch_interval: float = 2.0  # seconds between two looks at the attempts this node runs
     watch_listen: bool = True  # LISTEN for stopped attempts on PostgreSQL (else: poll only)
     vacate_command: str | None = None  # instead of the startd's vacateSlot (an emulator)
+    nudge_command: str | None = "condor_update_machine_ad"  # makes a new startd fetch at once
     max_vacate_time: float = 600.0  # MACHINE_MAX_VACATE_TIME: a graceful vacate's longest grace
     metrics_port: int = 0  # JOBSTORE_AGENT_METRICS_PORT: Prometheus metrics (0: not served)
     metrics_address: str = "127.0.0.1"  # JOBSTORE_AGENT_METRICS_ADDRESS: a loopback address
@@ -412,6 +413,7 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         watch_interval=float(number("WATCH_INTERVAL", 2)),
         watch_listen=_flag("JOBSTORE_AGENT_WATCH_LISTEN", True),
         vacate_command=_param("JOBSTORE_AGENT_VACATE_COMMAND"),
+        nudge_command=_nudge_command(),
         max_vacate_time=_max_vacate_time(),
         metrics_port=_port("JOBSTORE_AGENT_METRICS_PORT"),
         metrics_address=_loopback(_param("JOBSTORE_AGENT_METRICS_ADDRESS") or "127.0.0.1"),
@@ -421,6 +423,15 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         update_interval=_checked_int("UPDATE_INTERVAL", _param("UPDATE_INTERVAL"), 300, 1),
         classad_lifetime=_checked_int("CLASSAD_LIFETIME", _param("CLASSAD_LIFETIME"), 900, 1),
     )
+
+
+def _nudge_command() -> str | None:
+    """JOBSTORE_AGENT_NUDGE_COMMAND: what sends the startd UPDATE_MACHINE_AD (default
+    condor_update_machine_ad; false or empty: the agent does not)."""
+    raw = _param("JOBSTORE_AGENT_NUDGE_COMMAND")
+    if raw is None:
+        return AgentSettings.nudge_command
+    return None if raw.strip().lower() in ("", "false", "no", "none", "0") else raw.strip()
 
 
 def _seconds(param: str, default: float) -> float:

@@ -69,6 +69,7 @@ def hook_env(
         "CONDOR_CONFIG": str(condor_config),
         # a fetch that finds nothing answers at once (tests of the waiting fetch say otherwise)
         "_CONDOR_JOBSTORE_FETCH_WAIT": "0",
+        "_CONDOR_JOBSTORE_AGENT_NUDGE_COMMAND": "false",  # no startd to nudge
         "JOBSTORE_DATABASE_URL": db_url,
         "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
         "JOBSTORE_SPOOL": str(spool or condor_config.parent / "spool"),
