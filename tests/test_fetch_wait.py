@@ -35,6 +35,7 @@ def waiting(node: Node) -> Iterator[Node]:  # noqa: F811
     node.start(_CONDOR_JOBSTORE_FETCH_WAIT=BOUND)
     node.wait_log("metrics served on")
     node.metrics = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
+    node.metrics_port = port  # type: ignore[attr-defined]
     yield node
 
 
@@ -211,3 +212,38 @@ def test_a_new_agent_nudges_the_startd_until_its_first_fetch(node: Node, store: 
     node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     node.wait_log("the startd fetches: no more nudges")
     assert len(calls.read_text().splitlines()) == 2
+
+
+@pytest.mark.slow  # (one fetch waits its bound)
+def test_two_nodes_one_job_one_claim(waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """Two nodes (two agents on one database), a waiting fetch on each, one job: one node's
+    fetch returns it, the other's nothing; the job was claimed once."""
+    import shutil
+
+    other_base = waiting.base / "other"
+    other_base.mkdir()
+    other_config = other_base / "condor_config"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mine = f"JOBSTORE_AGENT_METRICS_PORT = {waiting.metrics_port}"  # type: ignore[attr-defined]
+    other_config.write_text(waiting.config.read_text().replace(
+        mine, f"JOBSTORE_AGENT_METRICS_PORT = {port}"))
+    shutil.copytree(waiting.base / "spool", other_base / "spool")
+    other = Node(other_base, waiting.db_url, other_config, str(other_base / "agent.sock"),
+                 waiting.hooks, other_base / "agent.log")
+    try:
+        other.start(_CONDOR_JOBSTORE_FETCH_WAIT=BOUND)
+        other.wait_log("metrics served on")
+        other.metrics = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
+        first, second = _fetch(waiting, "slot1@node01"), _fetch(other, "slot1@node02")
+        _parked(waiting, 1)
+        _parked(other, 1)
+        (job_id,) = submit_jobs(store, 1, ordinary_owner())
+        outs = sorted([_out(first), _out(second)])
+        assert outs[0] == b"" and f"JobstoreJobId = {job_id}".encode() in outs[1]
+        row = store.get_job(job_id)
+        assert (row.status, row.claims) == ("fetched", 1)
+    finally:
+        if other.agent is not None:
+            other.stop()
