@@ -72,6 +72,16 @@ def _metric(node: Node, name: str) -> float:  # noqa: F811
     return float(found.group(1)) if found else 0.0
 
 
+def _one_claim(store: JobStore, *waiting: subprocess.Popen) -> None:  # noqa: F811
+    """One job submitted while `waiting` fetches wait: one of them returns it, the others
+    nothing at their bound; the job was claimed once."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    outs = sorted(_out(proc) for proc in waiting)
+    assert set(outs[:-1]) == {b""} and f"JobstoreJobId = {job_id}".encode() in outs[-1]
+    row = store.get_job(job_id)
+    assert (row.status, row.claims) == ("fetched", 1)
+
+
 def _out(proc: subprocess.Popen) -> bytes:
     out, _err = proc.communicate(timeout=WAIT)
     return out
@@ -140,11 +150,7 @@ def test_two_waiting_fetches_one_job_one_claim(waiting: Node, store: JobStore) -
     the job was claimed once."""
     first, second = _fetch(waiting, "slot1@node01"), _fetch(waiting, "slot2@node01")
     _parked(waiting, 2)
-    (job_id,) = submit_jobs(store, 1, ordinary_owner())
-    outs = sorted([_out(first), _out(second)])
-    assert outs[0] == b"" and f"JobstoreJobId = {job_id}".encode() in outs[1]
-    row = store.get_job(job_id)
-    assert (row.status, row.claims) == ("fetched", 1)
+    _one_claim(store, first, second)
 
 
 def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay(
@@ -239,11 +245,7 @@ def test_two_nodes_one_job_one_claim(waiting: Node, store: JobStore) -> None:  #
         first, second = _fetch(waiting, "slot1@node01"), _fetch(other, "slot1@node02")
         _parked(waiting, 1)
         _parked(other, 1)
-        (job_id,) = submit_jobs(store, 1, ordinary_owner())
-        outs = sorted([_out(first), _out(second)])
-        assert outs[0] == b"" and f"JobstoreJobId = {job_id}".encode() in outs[1]
-        row = store.get_job(job_id)
-        assert (row.status, row.claims) == ("fetched", 1)
+        _one_claim(store, first, second)
     finally:
         if other.agent is not None:
             other.stop()

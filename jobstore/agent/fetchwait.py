@@ -30,6 +30,7 @@ from jobstore.node import config, handlers
 log = logging.getLogger("jobstore.agent")
 POLL = 0.5  # seconds between two wake-ups of a database no notification can come from
 SAFETY = 30.0  # and of one that notifies, should a notification be lost
+QUIET = 600.0  # seconds a slot's fetch may wait without a claim since its last one found nothing
 RELISTEN = 60.0  # seconds before trying LISTEN on a database again after it failed
 
 
@@ -94,9 +95,12 @@ class FetchWaits:
     """The waiting fetches of one agent, watched by one thread (`run`)."""
 
     def __init__(self, requeue: Callable[[Parked], None], answer: Callable[[Parked], None],
-                 drop: Callable[[Parked], None], connect_timeout: int = 3) -> None:
+                 drop: Callable[[Parked], None], connect_timeout: int = 3,
+                 databases: Callable[[], list[config.Settings]] = list) -> None:
         self._requeue, self._answer, self._drop = requeue, answer, drop
         self._connect_timeout = connect_timeout
+        self._databases = databases  # the node's: listened to from the start
+        self._known: dict[str, config.Settings] = {}
         self._lock = threading.Lock()
         self._parked: list[Parked] = []
         self._dbs: dict[str, _Database] = {}
@@ -124,8 +128,10 @@ class FetchWaits:
 
     def quiet(self, stdin: bytes) -> handlers.IdleSlot | None:
         """The slot's last fetch that found nothing, when nothing can have changed since: its
-        database announces new work (and has not), and it was less than SAFETY seconds ago.
-        Such a fetch waits without a claim: an idle node makes none while the queue is empty."""
+        database announces new work (and has not, nor has its LISTEN been re-made), and it was
+        less than QUIET seconds ago (a lost notification is caught by the database's SAFETY
+        wake-up). Such a fetch waits without a claim: an idle node makes none while the queue
+        is empty."""
         with self._lock:
             last = self._empty.get(slot_key(stdin))
             if last is None:
@@ -133,7 +139,7 @@ class FetchWaits:
             idle, when = last
             db = self._dbs.get(idle.database_url)
             if (db is None or db.listener is None or db.notified >= when
-                    or time.monotonic() - when >= SAFETY):
+                    or time.monotonic() - when >= QUIET):
                 return None
             return idle
 
@@ -144,6 +150,15 @@ class FetchWaits:
 
     def run(self, stopping: Callable[[], bool]) -> None:
         """Watch the waiting fetches until `stopping()`; then answer them all (nothing)."""
+        try:
+            known = self._databases()
+        except Exception as exc:  # the configuration: the parked fetches' databases only
+            log.warning("waiting fetches: the node's databases are not known: %s", exc)
+            known = []
+        with self._lock:
+            for settings in known:
+                self._known[settings.database_url] = settings
+                self._dbs.setdefault(settings.database_url, _Database())
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         watched: dict[int, Any] = {}  # fd -> Parked or database url
@@ -176,7 +191,8 @@ class FetchWaits:
         """Select on each waiting hook's socket (readable: it hung up) and each listener."""
         with self._lock:
             want: dict[int, Any] = {p.item.conn.sock.fileno(): p for p in self._parked}
-            settings = {p.idle.database_url: p.idle.settings for p in self._parked}
+            settings = {**self._known,
+                        **{p.idle.database_url: p.idle.settings for p in self._parked}}
             dbs = [(url, db) for url, db in self._dbs.items() if url in settings]
         for url, db in dbs:  # (a new LISTEN and its probe take a moment: not under the lock)
             self._listen(url, db, settings[url])
@@ -197,6 +213,7 @@ class FetchWaits:
         db.retry_at = time.monotonic() + RELISTEN
         if not url.startswith("postgresql"):
             return
+        since = time.monotonic()  # what came before it was not heard: claim again
         try:
             store = handlers.store_for(settings)
             listener = Listener(store, self._connect_timeout, WORK)
@@ -209,6 +226,7 @@ class FetchWaits:
         except Exception as exc:
             log.warning("waiting fetches: cannot LISTEN: %s: polling", exc)
             return
+        db.notified = since
         db.listener = listener
 
     def _timeout(self) -> float:

@@ -255,7 +255,8 @@ class Agent:
         self._start_metrics()
         waits = self._waits = FetchWaits(
             lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
-            self._answer_nothing, self._hang_up)
+            self._answer_nothing, self._hang_up,
+            databases=lambda: [s for s in config.node_settings().values() if s.fetch_wait > 0])
         waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
                                   daemon=True)
         waiter.start()
