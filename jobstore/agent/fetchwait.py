@@ -164,16 +164,11 @@ class FetchWaits:
         watched: dict[int, Any] = {}  # fd -> Parked or database url
         try:
             while not stopping():
-                self._watch(sel, watched)
-                for key, _ in sel.select(timeout=self._timeout()):
-                    if key.data is None:
-                        self._drain_wake()
-                    elif isinstance(key.data, Parked):
-                        self._hook_gone(key.data)
-                    else:
-                        self._notified(key.data)
-                self._expire()
-                self._poll()
+                try:
+                    self._turn(sel, watched)
+                except Exception as exc:  # never let one turn end the waits: log, go on
+                    log.error("waiting fetches: %s: %s", type(exc).__name__, exc)
+                    time.sleep(0.1)
         finally:
             with self._lock:
                 left, self._parked = self._parked, []
@@ -186,6 +181,18 @@ class FetchWaits:
             sel.close()
 
     # ---- the thread's work ----------------------------------------------------------------
+
+    def _turn(self, sel: selectors.BaseSelector, watched: dict[int, Any]) -> None:
+        self._watch(sel, watched)
+        for key, _ in sel.select(timeout=self._timeout()):
+            if key.data is None:
+                self._drain_wake()
+            elif isinstance(key.data, Parked):
+                self._hook_gone(key.data)
+            else:
+                self._notified(key.data)
+        self._expire()
+        self._poll()
 
     def _watch(self, sel: selectors.BaseSelector, watched: dict[int, Any]) -> None:
         """Select on each waiting hook's socket (readable: it hung up) and each listener."""

@@ -627,8 +627,8 @@ class Agent:
         return True
 
     def _answer_nothing(self, parked: Parked) -> None:
-        """A waiting fetch's bound came: no work."""
-        self._answer(parked.item.conn.sock, [OK, b"0", b"", b""])
+        """A waiting fetch's bound came: no work (a small answer: never blocks the waits)."""
+        self._answer(parked.item.conn.sock, [OK, b"0", b"", b""], wait=False)
         self._hang_up(parked)
         if self._metrics is not None:
             self._metrics.observe("fetch_job", HookResponse(),
