@@ -415,7 +415,8 @@ def test_the_dags_own_ad_node_status_file_and_jobstate_log(
 
 # ---- through the emulator and the real hooks ----------------------------------------------
 
-@pytest.mark.parametrize("mode", ["agent", pytest.param("direct", marks=pytest.mark.slow)])
+@pytest.mark.slow  # (make test's time on two cores)
+@pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """The emulated startd runs the real hook executables; no DAGMan process: each node's job
     starts only after its parents' jobs ended, whichever process recorded the end. A diamond

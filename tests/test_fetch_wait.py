@@ -153,6 +153,7 @@ def test_two_waiting_fetches_one_job_one_claim(waiting: Node, store: JobStore) -
     _one_claim(store, first, second)
 
 
+@pytest.mark.slow  # (make test's time on two cores)
 def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay(
         waiting: Node, store: JobStore) -> None:  # noqa: F811
     """The emulated startd (FetchWorkDelay 300 s for an idle slot, as a real one counts it)
@@ -183,6 +184,7 @@ def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay
     assert submitted and store.get_job(submitted[0]).status == "completed"
 
 
+@pytest.mark.slow  # (make test's time on two cores)
 def test_an_idle_node_claims_nothing_while_no_work_is_announced(
         waiting: Node, store: JobStore) -> None:  # noqa: F811
     """PostgreSQL announces new work: a slot's fetch after one whose claim found nothing waits
