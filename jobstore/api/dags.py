@@ -21,12 +21,11 @@ from jobstore.core.jobs import JobSpec, NodeJobs, ProcTemplate
 from jobstore.db.dags import LIVE, DagBatch
 from jobstore.db.store import JobStore
 from jobstore.formats import dagads
-from jobstore.formats.classads import parse_ad, render_ad
+from jobstore.formats.classads import VERBATIM, parse_ad, render_ad, string_literal
 from jobstore.node import config
 from jobstore.submit.dag import Dag, DagError, Node, read_dag
 from jobstore.submit.description import SubmitSpecs, parse_submit_nodes, parse_submit_text
 from jobstore.submit.errors import SubmitError
-from jobstore.submit.values import string_literal
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
@@ -34,8 +33,6 @@ _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
 # DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
 MAX_PARENT_NAMES = 1024
 _RETRY = re.compile(r"(?i)\$\(RETRY\)")
-# Text that is the same in a JSON string and a ClassAd string (no escapes in either).
-_VERBATIM = re.compile(r"[ !#-\[\]-~]*")
 
 
 @dataclass(frozen=True)
@@ -276,7 +273,7 @@ def _node_template(specs: SubmitSpecs, nodes: list[Node], dag_id: int,
     template = specs.template()
     names = [node.name for node in nodes]
     parents = [_parent_names(node) for node in nodes]
-    if template is None or not all(_VERBATIM.fullmatch(v) for v in (*names, *parents)):
+    if template is None or not all(VERBATIM.fullmatch(v) for v in (*names, *parents)):
         return None
     nonce = secrets.token_hex(6)
     name, parent = f"JOBSTORENODE0X{nonce}", f"JOBSTORENODE1X{nonce}"

@@ -141,7 +141,7 @@ def render_line(name: str, value: Value) -> str:
     kind = type(value).__name__
     if kind == "int" and not -(2**63) <= int(value) < 2**63:
         raise AdError(f"{name}: integer out of the ClassAd range")
-    plain = kind == "int" or (kind == "str" and _PLAIN.fullmatch(str(value)) is not None)
+    plain = kind == "int" or (kind == "str" and VERBATIM.fullmatch(str(value)) is not None)
     if plain and _NAME.match(name) and name.lower() not in PRIVATE_ATTRS:
         # nothing to escape: no need to ask classad2
         return f'{name} = "{value}"\n' if kind == "str" else f"{name} = {value}\n"
@@ -151,7 +151,14 @@ def render_line(name: str, value: Value) -> str:
 
 
 _CACHED_VALUE = 256  # characters: longer values are rendered every time
-_PLAIN = re.compile(r'[ !#-\[\]-~]*')  # printable ASCII but `"` and `\`: a string as it is
+# Printable ASCII but `"` and `\`: text that is the same inside a ClassAd string literal (and a
+# JSON string), with nothing to escape.
+VERBATIM = re.compile(r'[ !#-\[\]-~]*')
+
+
+def string_literal(text: str) -> str:
+    """`text` as a ClassAd string literal (backslashes and double quotes escaped)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _render_line(name: str, kind: str, value: Value) -> str:

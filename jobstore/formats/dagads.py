@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobstore.formats.classads import Expr, Value, render_line
+from jobstore.formats.classads import Expr, Value, string_literal
 
 # DAGMan's Node::status_t, by the store's dag_nodes.status
 NODE_STATUS = {"waiting": 0, "ready": 1, "queued": 3, "done": 5, "failed": 6, "futile": 7}
@@ -76,9 +76,9 @@ def node_status_file(dag: Any, nodes: Iterable[Any], jobs: dict[str, dict[str, i
     counts = dag.nodes
     held = sum(j.get("held", 0) for j in jobs.values())
     idle = sum(j.get("idle", 0) + j.get("fetched", 0) for j in jobs.values()) + held
-    lines = ["[", '  Type = "DagStatus";', "  DagFiles = {", f"    {_string(dag.path)}",
-             "  };", f"  Timestamp = {int(now)}; /* {_string(time.ctime(now))} */",
-             f"  DagStatus = {status}; /* {_string(f'{_STATUS_NAMES[status]} ({note})')} */",
+    lines = ["[", '  Type = "DagStatus";', "  DagFiles = {", f"    {string_literal(dag.path)}",
+             "  };", f"  Timestamp = {int(now)}; /* {string_literal(time.ctime(now))} */",
+             f"  DagStatus = {status}; /* {string_literal(f'{_STATUS_NAMES[status]} ({note})')} */",
              f"  NodesTotal = {sum(counts.values())};",
              f"  NodesDone = {counts.get('done', 0)};", "  NodesPre = 0;",
              f"  NodesQueued = {counts.get('queued', 0)};", "  NodesPost = 0;",
@@ -97,15 +97,15 @@ def node_status_file(dag: Any, nodes: Iterable[Any], jobs: dict[str, dict[str, i
             details = f"Job failed with exit code {node.exit_code}"
         queued = sum(n for s, n in mine.items() if s not in ("completed", "removed", "failed",
                                                               "waiting"))
-        lines += ["[", '  Type = "NodeStatus";', f"  Node = {_string(node.name)};",
-                  f"  NodeStatus = {code}; /* {_string(_STATUS_NAMES[code])} */",
-                  f"  StatusDetails = {_string(details)};", "  RetryCount = 0;",
+        lines += ["[", '  Type = "NodeStatus";', f"  Node = {string_literal(node.name)};",
+                  f"  NodeStatus = {code}; /* {string_literal(_STATUS_NAMES[code])} */",
+                  f"  StatusDetails = {string_literal(details)};", "  RetryCount = 0;",
                   f"  JobProcsQueued = {queued};", f"  JobProcsHeld = {mine.get('held', 0)};",
                   "]"]
     lines += ["[", '  Type = "StatusEnd";', f"  EndTime = {int(now)}; /* "
-              f"{_string(time.ctime(now))} */",
+              f"{string_literal(time.ctime(now))} */",
               "  NextUpdate = 0; /* \"none\" */" if ended else
-              f"  NextUpdate = {int(now)}; /* {_string(time.ctime(now))} */", "]"]
+              f"  NextUpdate = {int(now)}; /* {string_literal(time.ctime(now))} */", "]"]
     return "\n".join(lines) + "\n"
 
 
@@ -136,8 +136,3 @@ def jobstate_log(dag: Any, events: Sequence[Any], nodes: Iterable[Any]) -> str:
                       f"INTERNAL *** DAGMAN_FINISHED {dag.exit_code or 0} ***"))
     return "".join(f"{int(when)} {text}\n" for when, _order, text in sorted(
         lines, key=lambda line: (line[0], line[1])))
-
-
-def _string(text: str) -> str:
-    """A ClassAd string literal."""
-    return render_line("x", text).split("=", 1)[1].strip()

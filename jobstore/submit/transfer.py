@@ -18,8 +18,9 @@ from urllib.parse import urlsplit
 
 from jobstore.core.jobs import InputFile
 from jobstore.formats import remaps
+from jobstore.formats.classads import string_literal
 from jobstore.submit.errors import FieldError
-from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS, string_literal
+from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
 __all__ = ["Input", "Transfer", "read_transfer", "sandbox_inputs", "transfer_attrs",
            "URL_SCHEMES", "parse_remaps", "output_destination"]

@@ -177,11 +177,6 @@ def check_custom_name(name: str) -> None:
         raise ValueError(f"attribute {name} is reserved for the job store")
 
 
-def string_literal(text: str) -> str:
-    """`text` as a ClassAd string literal (backslashes and double quotes escaped)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def abspath(base: str, path: str) -> str:
     """``path`` made absolute against ``base`` and normalised."""
     return os.path.normpath(os.path.join(base, path))
