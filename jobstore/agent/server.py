@@ -543,17 +543,13 @@ class Agent:
                                     peer.uid, peer.pid, refused)
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
-            if hook == "fetch_job" and conn.service:
+            if hook == "fetch_job" and conn.service and item.parked is None:
                 self._fetched.set()
                 try:  # the startd's slot ad, for jobstore status: never at the fetch's cost
                     self._slots.seen(item.stdin)
                 except Exception as exc:
                     log.warning("slot ad not kept: %s: %s", type(exc).__name__, exc)
-            if (hook == "fetch_job" and conn.service and item.parked is None
-                    and self._waits is not None):
-                quiet = self._waits.quiet(item.stdin)
-                response = HookResponse(idle=quiet)
-                if quiet is not None and self._wait(item, response, claimed=False):
+                if self._quiet_wait(item):
                     waiting = True  # nothing new since this slot's last claim: none now
                     return
             serve = sandboxcalls.handle if hook in sandboxcalls.CALLS else handlers.handle
@@ -607,6 +603,20 @@ class Agent:
                 self._release(conn)
             if self._metrics is not None and not waiting:  # a waiting call: when answered
                 self._metrics.observe(hook, response, time.monotonic() - started)
+
+    def _quiet_wait(self, item: _Work) -> bool:
+        """Let the fetch wait without a claim when nothing is new since its slot's last claim
+        (FetchWaits.quiet), doing the upkeep a fetch does now and then all the same; whether
+        it waits."""
+        quiet = None if self._waits is None else self._waits.quiet(item.stdin)
+        if quiet is None:
+            return False
+        try:
+            for note in handlers.upkeep(handlers.store_for(quiet.settings), quiet.settings):
+                log.warning("fetch_job: %s", one_line(note))
+        except Exception as exc:  # as in a fetch: the upkeep never costs the call
+            log.warning("fetch_job: upkeep failed: %s: %s", type(exc).__name__, exc)
+        return self._wait(item, HookResponse(idle=quiet), claimed=False)
 
     def _wait(self, item: _Work, response: HookResponse, claimed: bool = True) -> bool:
         """Let a fetch that found nothing (`claimed`: by a claim, else known to find nothing)

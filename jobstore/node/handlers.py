@@ -224,7 +224,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if request.set_deadline is not None:
         request.set_deadline(settings.fetch_deadline)
     store = store_for(settings)
-    notes = _maintain(store, settings) if random.random() < REAP_PROBABILITY else []
+    notes = upkeep(store, settings)
     offer = slot_offer(slot)
     assert offer is not None  # why_slot_cannot_take checked it
     ad_kw = {
@@ -291,10 +291,14 @@ def sandbox_dir(job: Job, settings: config.Settings) -> str | None:
     return os.path.join(settings.sandbox_root, f"{job.cluster_id}.{job.proc_id}.{job.claims}-{tag}")
 
 
+def upkeep(store: JobStore, settings: config.Settings) -> list[str]:
+    """What a fetch does now and then (REAP_PROBABILITY), so that no extra daemon is needed:
+    recover expired leases, update the submitters' priorities, run the periodic policy pass when
+    due. A failure here is logged and never costs the fetch its job."""
+    return _maintain(store, settings) if random.random() < REAP_PROBABILITY else []
+
+
 def _maintain(store: JobStore, settings: config.Settings) -> list[str]:
-    """What a fetch does now and then, so that no extra daemon is needed: recover expired
-    leases, update the submitters' priorities, run the periodic policy pass when due. A failure
-    here is logged and never costs the fetch its job."""
     try:
         store.reap(limit=50)
         store.update_priorities(
