@@ -162,6 +162,18 @@ class _Group(NamedTuple):
     final: bool
 
 
+class _Member(NamedTuple):
+    """A node of a group, with its VARS set before and after the text."""
+
+    node: Node
+    before: dict[str, str]
+    after: dict[str, str]
+
+    def variables(self) -> dict[str, str]:
+        """What the node sets after the text: its appended VARS and DAGMan's node macros."""
+        return {**self.after, "JOB": self.node.name, "NODE_NAME": self.node.name}
+
+
 def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
     """What queues the nodes not DONE: their submit descriptions read as DAGMan submits each
     node, once for all the nodes that share one (and the same VARS names)."""
@@ -170,7 +182,7 @@ def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
     texts: dict[str, str] = {}
 
     def jobs_of(dag_id: int) -> list[NodeJobs]:
-        groups: dict[_Group, list[tuple[Node, dict[str, str], list[str]]]] = {}
+        groups: dict[_Group, list[_Member]] = {}
         for node in dag.nodes.values():
             if node.noop or node.done:
                 continue
@@ -197,32 +209,30 @@ def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
                     before[var.name] = value
             key = _Group(text, node.directory, tuple(before), tuple(after),
                          tuple(attrs.items()), node.retry, node.unless_exit, node.final)
-            groups.setdefault(key, []).append(
-                (node, {**before, **after, "JOB": node.name, "NODE_NAME": node.name},
-                 [f"{name} = {value}" for name, value in before.items()]))
+            groups.setdefault(key, []).append(_Member(node, before, after))
         return [_group_jobs(key, members, dag_id) for key, members in groups.items()]
 
     return jobs_of
 
 
-def _group_jobs(key: _Group, members: list[tuple[Node, dict[str, str], list[str]]],
-                dag_id: int) -> NodeJobs:
+def _group_jobs(key: _Group, members: list[_Member], dag_id: int) -> NodeJobs:
     """The jobs of nodes that share a submit description: one parse for them all where the
-    description allows it, else one per node."""
+    description allows it (each node's VARS set after the text, which then sets none of them),
+    else one per node (its prepended VARS as lines before the text)."""
     macros = {"RETRY": "0", "DAGManJobId": str(dag_id), "DAG_STATUS": "0", "FAILED_COUNT": "0"}
-    nodes = [node for node, _items, _lines in members]
+    nodes = [m.node for m in members]
     attrs = dict(key.attrs)
     first = nodes[0]
     source = f"{first.where}: node {first.name}"
     shared = None
     if len(members) > 1:
         shared = parse_submit_nodes(key.text, base_dir=key.directory, extra_vars=macros,
-                                    items=[items for _node, items, _lines in members],
+                                    items=[{**m.before, **m.variables()} for m in members],
                                     before=key.before, source=source)
     if shared is None:
-        specs = [_node_specs(node, "\n".join([*lines, key.text]), {**macros, **{
-            name: value for name, value in items.items() if name not in key.before}},
-            dag_id, attrs) for node, items, lines in members]
+        specs = [_node_specs(m.node, "\n".join(
+            [*(f"{name} = {value}" for name, value in m.before.items()), key.text]),
+            {**macros, **m.variables()}, dag_id, attrs) for m in members]
         return NodeJobs([node.name for node in nodes], specs)
     return NodeJobs([node.name for node in nodes], _SharedSpecs(shared, nodes, dag_id, attrs),
                     _node_template(shared, nodes, dag_id, attrs))
