@@ -84,11 +84,13 @@ def agent_missing() -> str | None:
     return None if r.returncode == 0 else "`jobstore agent --help` fails: no agent in this tree"
 
 
-def start_agent(env: Env, db_url: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
+def start_agent(env: Env, db_url: str, extra: dict[str, str] | None = None,
+                name: str = "agent") -> subprocess.Popen:
     """`jobstore agent --socket S` in the foreground, as a subprocess (with `extra` in its
-    environment); waits for its socket."""
-    sock = env.tmp / "agent.sock"
-    log = open(env.tmp / "agent.log", "ab")  # noqa: SIM115 - lives as long as the agent
+    environment); waits for its socket. The hooks of the runs that follow use the one named
+    `agent`; another node's (its own `name`) is for hooks given its socket."""
+    sock = env.tmp / f"{name}.sock"
+    log = open(env.tmp / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the agent
     proc = subprocess.Popen(
         [str(JOBSTORE_EXE), "agent", "--socket", str(sock), "--foreground"],
         env={**node_env(env, db_url, extra or {}), "JOBSTORE_AGENT_SOCKET": str(sock)},
@@ -98,11 +100,12 @@ def start_agent(env: Env, db_url: str, extra: dict[str, str] | None = None) -> s
     deadline = time.monotonic() + 30
     while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            tail = (env.tmp / "agent.log").read_text(errors="replace")[-300:]
+            tail = (env.tmp / f"{name}.log").read_text(errors="replace")[-300:]
             raise RuntimeError(f"the agent did not start (exit {proc.poll()}): {tail}")
         time.sleep(0.05)
-    HOOK_MODE_ENV.clear()
-    HOOK_MODE_ENV["JOBSTORE_AGENT_SOCKET"] = str(sock)
+    if name == "agent":
+        HOOK_MODE_ENV.clear()
+        HOOK_MODE_ENV["JOBSTORE_AGENT_SOCKET"] = str(sock)
     return proc
 
 

@@ -197,6 +197,7 @@ def test_an_idle_node_claims_nothing_while_no_work_is_announced(
     _parked(waiting, 1)
     pg = waiting.db_url.startswith("postgresql")
     assert (_metric(waiting, quiet), _metric(waiting, claimed)) == ((1, 1) if pg else (0, 2))
+    assert _metric(waiting, "jobstore_agent_claims_total") == (1 if pg else 2)
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
 
@@ -251,3 +252,115 @@ def test_two_nodes_one_job_one_claim(waiting: Node, store: JobStore) -> None:  #
     finally:
         if other.agent is not None:
             other.stop()
+
+
+REQUEST = b"JSA1" + (4).to_bytes(4, "big") + (0).to_bytes(4, "big")  # one empty item
+
+
+class _FakeAgent:
+    """A socket served by this test's account that answers each call with `frames` (each a
+    list of items), `gap` seconds apart."""
+
+    def __init__(self, path: str, frames: list[list[bytes]], gap: float) -> None:
+        import threading
+
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen()
+        self.frames, self.gap = frames, gap
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        from jobstore.agent.protocol import encode
+
+        conn, _ = self.listener.accept()
+        with conn:
+            header = conn.recv(8, socket.MSG_WAITALL)
+            conn.recv(int.from_bytes(header[4:8], "big"), socket.MSG_WAITALL)
+            for frame in self.frames:
+                time.sleep(self.gap)
+                try:
+                    conn.sendall(encode(frame))
+                except OSError:  # the hook gave up: what the test looks for
+                    return
+
+
+@pytest.mark.parametrize(("hold", "answered"), [(b"2", True), (b"0.2", False)])
+def test_the_agents_hold_moves_a_fetchs_deadline_within_its_limit(
+        tmp_path, hold: bytes, answered: bool) -> None:
+    """A `hold` moves the deadline on by its seconds (the answer 0.6 s after it is read), and
+    never past the limit the hook gives (a short hold: the late answer is not waited for)."""
+    import os
+
+    from jobstore.agent.client import ask
+    from jobstore.agent.protocol import HOLD, OK
+
+    path = str(tmp_path / "agent.sock")
+    _FakeAgent(path, [[HOLD, hold], [OK, b"0", b"JobstoreJobId = 7\n", b""]], gap=0.3)
+    now = time.monotonic()
+    try:
+        if answered:
+            items = ask(path, REQUEST, now + 0.5, (os.getuid(),), hold_limit=now + 5)
+            assert items is not None and items[:3] == [OK, b"0", b"JobstoreJobId = 7\n"]
+        else:
+            with pytest.raises(TimeoutError):
+                ask(path, REQUEST, now + 0.5, (os.getuid(),), hold_limit=now + 5)
+        with pytest.raises(TimeoutError):  # the limit bounds the hold
+            _FakeAgent(path + "2", [[HOLD, b"60"], [OK, b"0", b"", b""]], gap=0.3)
+            ask(path + "2", REQUEST, time.monotonic() + 0.5, (os.getuid(),),
+                hold_limit=time.monotonic() + 0.45)
+    finally:
+        signal.alarm(0)
+
+
+@pytest.mark.parametrize("hold", [b"x", b"-1", b"100000"])
+def test_a_fetch_hook_given_a_bad_hold_prints_nothing_and_says_why(tmp_path, hold: bytes) -> None:
+    """The hook process, given a hold that is not a number of seconds within its limit:
+    nothing on stdout, one line on stderr, exit 0, at once."""
+    import os
+    import sys
+
+    from jobstore.agent.protocol import HOLD, OK
+
+    path = str(tmp_path / "agent.sock")
+    _FakeAgent(path, [[HOLD, hold], [OK, b"0", b"JobstoreJobId = 7\n", b""]], gap=0)
+    code = f"from jobstore.agent.client import main; main('fetch_job', None, ({os.getuid()},))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=slot_ad("slot1@node01"), capture_output=True,
+        timeout=WAIT, env={**os.environ, "JOBSTORE_AGENT_SOCKET": path,
+                           "JOBSTORE_HOOK_MODE": "agent"})
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert done.stderr.decode().count("\n") == 1 and "hold" in done.stderr.decode()
+
+
+@pytest.mark.slow  # (waits past the hook's own 10 s deadline)
+def test_a_wait_longer_than_the_hooks_own_deadline_is_held_by_the_agent(
+        node: Node, store: JobStore) -> None:  # noqa: F811
+    """JOBSTORE_FETCH_WAIT beyond the fetch hook's own deadline (10 s): the agent's hold keeps
+    the hook waiting, and a job submitted 11 s into the wait is what it returns."""
+    node.start(_CONDOR_JOBSTORE_FETCH_WAIT="20")
+    started = time.monotonic()
+    proc = _fetch(node, "slot1@node01")
+    time.sleep(11)
+    assert proc.poll() is None
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+    assert time.monotonic() - started > 11
+
+
+@pytest.mark.slow  # (waits out a claim lease)
+def test_a_job_whose_claim_lease_expired_wakes_a_waiting_fetch(
+        node: Node, store: JobStore) -> None:  # noqa: F811
+    """A job fetched for a slot that never answered (no REPLY_FETCH) is requeued when its claim
+    lease expires (any node's upkeep: here the test's reap); a fetch already waiting on another
+    slot returns it, its second claim."""
+    node.start(_CONDOR_JOBSTORE_FETCH_WAIT="30", _CONDOR_JOBSTORE_CLAIM_LEASE="5")
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    assert f"JobstoreJobId = {job_id}".encode() in _out(_fetch(node, "slot1@node01"))
+    proc = _fetch(node, "slot2@node01")
+    time.sleep(6)  # the claim lease (5 s) runs out
+    assert proc.poll() is None and store.get_job(job_id).status == "fetched"
+    store.reap()
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+    row = store.get_job(job_id)
+    assert (row.status, row.claims, row.slot) == ("fetched", 2, "slot2@node01")

@@ -21,6 +21,7 @@ import time
 from jobstore.agent.protocol import (
     BUSY,
     HEADER,
+    HOLD,
     MAX_RESPONSE,
     OK,
     PASSED_ENV,
@@ -42,7 +43,7 @@ from jobstore.node.hookproc import (
     stop_job,
     write_all,
 )
-from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE
+from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE, FETCH_HOLD_LIMIT
 from jobstore.node.launchcheck import annotate
 from jobstore.node.sandbox import (
     Files,
@@ -107,12 +108,13 @@ def server_uid(sock: _socket.socket) -> int:
 
 def ask(
     path: str, request: bytes, deadline: float, trusted: tuple[int, ...] = DEFAULT_AGENT_UIDS,
-    fds: list[int] | None = None,
+    fds: list[int] | None = None, hold_limit: float | None = None,
 ) -> list[bytes] | None:
     """Send `request` to the agent at `path`; its answer items (and in `fds` the open file the
     answer carries, if any). None: not connected (nothing was sent). Raises _NotTheAgent
     (nothing sent) when another account than `trusted` serves the socket, _NoAnswer (or
-    TimeoutError) once the request may have been delivered."""
+    TimeoutError) once the request may have been delivered. The agent's `hold` moves the
+    deadline (and the alarm) on, never past `hold_limit` (None: a hold is not accepted)."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -130,7 +132,13 @@ def ask(
         except OSError:
             return None  # closed before it had the whole request: it did nothing
         if fds is None:
-            header = _recv_exact(sock, HEADER, deadline)
+            while True:
+                header = _recv_exact(sock, HEADER, deadline)
+                body = _recv_exact(sock, body_length(header, MAX_RESPONSE), deadline)
+                items = decode_body(body, big_item=2)
+                if items[:1] != [HOLD] or hold_limit is None:
+                    return items
+                deadline = _held(items, hold_limit)
         else:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             first, ancillary, _flags, _addr = sock.recvmsg(
@@ -146,6 +154,20 @@ def ask(
         return decode_body(body, big_item=2)
     finally:
         sock.close()
+
+
+def _held(items: list[bytes], limit: float) -> float:
+    """The deadline a `hold` (items: status, seconds) asks for, within `limit`; the alarm too."""
+    try:
+        seconds = float(items[1]) if len(items) > 1 else -1.0
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= FETCH_HOLD_LIMIT:
+        raise ProtocolError("a hold without a valid number of seconds")
+    now = time.monotonic()
+    deadline = min(now + seconds, limit)
+    _signal.alarm(int(deadline - now) + 2)
+    return deadline
 
 
 def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoReturn:
@@ -266,7 +288,8 @@ def main(
     argv = [os.fsencode(a) for a in sys.argv[1:]]
     request = encode([hook.encode(), encode_env(env), stdin, *argv])
     try:
-        answer = ask(path, request, deadline, agent_uids)
+        answer = ask(path, request, deadline, agent_uids,
+                     hold_limit=started + FETCH_HOLD_LIMIT if hook == "fetch_job" else None)
     except _NotTheAgent as exc:
         _say(hook, stderr_open, f"{hook}: {exc}; not used")
         answer = None

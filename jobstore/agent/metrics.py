@@ -95,6 +95,10 @@ class AgentMetrics:
                              "FETCH_WORK calls that waited for work: after a claim found nothing"
                              " (claimed), or with no claim, nothing being new since the slot's "
                              "last one (quiet)", ["how"], registry=self.registry)
+        self.claims = Counter("jobstore_agent_claims",
+                              "Claims (one negotiation against the database) the agent made for "
+                              "FETCH_WORK calls, woken waiting fetches included",
+                              registry=self.registry)
         self.db_errors = Counter("jobstore_database_errors",
                                  "Hook calls that found the database away or refusing",
                                  ["hook"], registry=self.registry)

@@ -8,6 +8,9 @@ a 4-byte big-endian length and that many bytes.
 
 Status `ok`: the agent ran the hook. `busy`: it declined before doing anything (the hook may do
 the work itself). `refused`: it will not run this hook for this caller (print the error only).
+`hold` (a FETCH_WORK only, before its answer): the agent lets the fetch wait for work; item 1 is
+how many more seconds the answer may take (the hook extends its deadline, within
+hooktable.FETCH_HOLD_LIMIT of its start), and the answer follows on the same connection.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ MAX_REQUEST = MAX_STDIN + 256 * 1024
 MAX_RESPONSE = 16 * 1024 * 1024
 # The only environment variables a hook passes to the agent (the handlers' `request.env`).
 PASSED_ENV = ("_CONDOR_SLOT",)
-OK, BUSY, REFUSED = b"ok", b"busy", b"refused"
+OK, BUSY, REFUSED, HOLD = b"ok", b"busy", b"refused", b"hold"
 
 
 class ProtocolError(ValueError):

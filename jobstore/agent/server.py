@@ -36,6 +36,7 @@ from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
     BUSY,
     HEADER,
+    HOLD,
     MAX_REQUEST,
     OK,
     REFUSED,
@@ -53,7 +54,7 @@ from jobstore.agent.work import WorkQueue
 from jobstore.node import bounded, config, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
-from jobstore.node.hooktable import NAMES
+from jobstore.node.hooktable import DEADLINES, NAMES
 from jobstore.node.sandboxroot import ensure_root, sweep
 
 if TYPE_CHECKING:
@@ -557,6 +558,9 @@ class Agent:
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services),
             ))
+            claimed = hook == "fetch_job" and (response.stdout or response.idle is not None)
+            if claimed and self._metrics is not None:
+                self._metrics.claims.inc()
             logged, dropped = (True, 0) if conn.service else self._log_budget.take(peer.uid)
             if dropped:
                 log.warning("uid %d: the lines of %d of its calls were not logged (more than %d"
@@ -631,6 +635,10 @@ class Agent:
             self._waits.nothing(item.stdin, idle)
         if until - now < MIN_WAIT:
             return False
+        if item.parked is None:  # the hook's deadline moves on by the wait and a claim's time
+            more = until - now + min(idle.settings.fetch_deadline, DEADLINES["fetch_job"])
+            if not self._answer(item.conn.sock, [HOLD, f"{more:.3f}".encode()]):
+                return False
         self._waits.park(Parked(item, idle, until))
         if self._metrics is not None and item.parked is None:
             self._metrics.waits.labels("claimed" if claimed else "quiet").inc()

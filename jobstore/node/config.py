@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobstore.node.hooktable import DEADLINES
+from jobstore.node.hooktable import FETCH_WAIT_LIMIT
 
 DEFAULT_QUEUE = "default"
 DEFAULT_KEYWORD = "JOBSTORE"
@@ -115,10 +115,9 @@ def _setting(keyword: str, name: str) -> str | None:
 
 
 def _fetch_wait(keyword: str) -> float:
-    """JOBSTORE_FETCH_WAIT, kept 3 s below the fetch hook's deadline (JOBSTORE_FETCH_DEADLINE,
-    at most the hook's own 10 s)."""
-    deadline = min(float(_int(keyword, "FETCH_DEADLINE", 10)), DEADLINES["fetch_job"])
-    return max(0.0, min(float(_int(keyword, "FETCH_WAIT", 5, minimum=0)), deadline - 3))
+    """JOBSTORE_FETCH_WAIT, at most FETCH_WAIT_LIMIT: the agent moves the waiting hook's
+    deadline on by as much (its `hold`)."""
+    return float(min(_int(keyword, "FETCH_WAIT", 5, minimum=0), FETCH_WAIT_LIMIT))
 
 
 def _int(keyword: str, name: str, default: int, minimum: int = 1) -> int:

@@ -28,3 +28,7 @@ STARTER_HOOKS = frozenset(row[0] for row in TABLE if row[2] == "starter")
 OUTPUT_HOOKS = frozenset(row[1] for row in TABLE if row[3])
 DEADLINES = {row[0]: row[4] for row in TABLE}
 DEFAULT_DEADLINE = 20.0
+# A FETCH_WORK that the agent lets wait for work (JOBSTORE_FETCH_WAIT, at most FETCH_WAIT_LIMIT)
+# has its deadline moved by the agent's `hold`, never past FETCH_HOLD_LIMIT from its start.
+FETCH_WAIT_LIMIT = 120.0
+FETCH_HOLD_LIMIT = FETCH_WAIT_LIMIT + DEADLINES["fetch_job"]
