@@ -11,7 +11,8 @@ today's (no wait, FetchWorkDelay 30 s):
 * the time to run 1,000 /bin/true jobs submitted at once to an idle 8-slot node.
 
 Usage: .venv/bin/python bench/fetch_wait.py [--db-url ADMIN_URL] [--jobs N] [--baseline-jobs N]
-       [--idle-seconds S] [--nodes N] [--slots N] [--pool-jobs N] [--throughput-jobs N]
+       [--idle-seconds S] [--baseline-idle-seconds S] [--nodes N] [--slots N] [--pool-jobs N]
+       [--throughput-jobs N]
 """
 
 from __future__ import annotations
@@ -219,6 +220,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=40)
     ap.add_argument("--baseline-jobs", type=int, default=6)
     ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument("--baseline-idle-seconds", type=float, default=None,
+                    help="today's idle window (default: --idle-seconds)")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--pool-jobs", type=int, default=20)
@@ -233,6 +236,8 @@ def main() -> int:
         create_pg(env)
         create_sqlite(env)
         for label, url in (("PostgreSQL", env.pg_url), ("SQLite", env.sqlite_url)):
+            if not args.jobs:
+                break
             new = latencies(env, url, args.jobs, *SHIPPED)
             line = (f"{label}: submit -> fetched, idle 4-slot node, {len(new)} jobs: p50 "
                     f"{q(new, 50):.0f} ms, p99 {q(new, 99):.0f} ms {shipped}")
@@ -248,9 +253,11 @@ def main() -> int:
                   f"{args.slots} slots (an agent each), {len(pool)} jobs: p50 "
                   f"{q(pool, 50):.0f} ms, p99 {q(pool, 99):.0f} ms {shipped}", flush=True)
         if args.idle_seconds:
-            for label, settings in ((shipped, SHIPPED), (today, TODAY)):
-                cost = idle_cost(env, env.pg_url, args.idle_seconds, *settings)
-                print(f"idle 32-slot node, queue empty, {args.idle_seconds:.0f} s {label}: "
+            old_idle = args.baseline_idle_seconds or args.idle_seconds
+            for label, settings, seconds in ((shipped, SHIPPED, args.idle_seconds),
+                                             (today, TODAY, old_idle)):
+                cost = idle_cost(env, env.pg_url, seconds, *settings)
+                print(f"idle 32-slot node, queue empty, {seconds:.0f} s {label}: "
                       + ", ".join(f"{v:.2f} {k}" for k, v in cost.items()), flush=True)
         if args.throughput_jobs:
             new_t = throughput(env, env.pg_url, args.throughput_jobs, *SHIPPED)
