@@ -60,13 +60,57 @@ def pg_admin_url() -> str:
     return url
 
 
-@pytest.fixture
-def pg_url(pg_admin_url: str):
-    """SQLAlchemy URL of a fresh, empty PostgreSQL database, dropped after the test."""
-    name = f"jobstore_test_{uuid.uuid4().hex}"
+# The fixtures that migrate the test's database first: a test using one of them gets a copy of
+# a database migrated once per test process (their own upgrade() then finds it at head).
+MIGRATED_BY = frozenset({"store", "node", "pool", "schedd", "pg_store"})
+
+
+def _migrated(request: pytest.FixtureRequest) -> bool:
+    return not MIGRATED_BY.isdisjoint(request.fixturenames)
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str):
+    """The name of a PostgreSQL database migrated once for this test process (a template)."""
+    from jobstore.db.engine import upgrade
+
+    name = f"jobstore_template_{uuid.uuid4().hex}"
     admin = libpq_url(pg_admin_url)
     with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        upgrade(make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False))
+        yield name
+    finally:
+        with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database file migrated once for this test process."""
+    from jobstore.db.engine import upgrade
+
+    path = tmp_path_factory.mktemp("template") / "jobstore.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str, request: pytest.FixtureRequest):
+    """SQLAlchemy URL of a fresh PostgreSQL database, dropped after the test: empty, or a copy
+    of the migrated template for a test whose fixtures migrate it (MIGRATED_BY)."""
+    name = f"jobstore_test_{uuid.uuid4().hex}"
+    admin = libpq_url(pg_admin_url)
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if _migrated(request):
+        template = request.getfixturevalue("pg_template")
+        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template))
+    with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
+        conn.execute(create)
     try:
         yield make_url(pg_admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
@@ -77,9 +121,16 @@ def pg_url(pg_admin_url: str):
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    """SQLAlchemy URL of a new SQLite database file in the test's tmp_path."""
-    return f"sqlite:///{tmp_path / 'jobstore.db'}"
+def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """SQLAlchemy URL of a new SQLite database file in the test's tmp_path (a copy of the
+    migrated template for a test whose fixtures migrate it, MIGRATED_BY)."""
+    path = tmp_path / "jobstore.db"
+    if _migrated(request):
+        import shutil
+
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        os.chmod(path, 0o660)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])
