@@ -158,3 +158,24 @@ def test_secrets_never_shown(pg_url: str, hook_dir: Path, tmp_path: Path) -> Non
         for secret in secrets:
             for text in texts:
                 assert secret not in text, f"{secret!r} in {where}: {text[:300]!r}"
+
+
+def test_no_secret_in_a_repr() -> None:
+    """A job's attempt token, a report's and the database URL (its password) are left out of
+    the reprs that logs, tracebacks and debuggers show."""
+    from jobstore.core.states import Event
+    from jobstore.node.config import Settings
+    from jobstore.node.reports import Report
+    from jobstore.testing.support import a_job
+
+    token, password = "tok-3f1e0c9a", "pw-8d2b7e41"
+    shown = [
+        repr(a_job(token=token)),
+        repr(Settings(keyword="JOBSTORE", database_url=with_password(
+            "postgresql+psycopg://jobstore@db.example.org/jobstore", password))),
+        repr(Report(keyword="JOBSTORE", job_id=1, event=Event.EXIT, token=token, attempt=1,
+                    store="x", time=0.0)),
+    ]
+    for text in shown:
+        assert token not in text and password not in text
+    assert "JOBSTORE" in shown[1] and "job_id=1" in shown[2]

@@ -46,18 +46,17 @@ def test_the_claims_literals_are_the_state_machines() -> None:
 def test_the_holding_statuses_are_the_negotiators() -> None:
     """Fair share and limits count the jobs in the statuses that hold a slot, in SQL too: the
     phase `out`, which the index of the handed-out jobs is made for."""
-    from jobstore.core.states import PHASES
-    from jobstore.db.negotiator import ACTIVE
-    from jobstore.db.schema import HANDED_OUT
+    from jobstore.core.states import HANDED_OUT, PHASES
+    from jobstore.db.schema import OUT_PHASE
 
-    assert set(ACTIVE) == {"fetched", "accepted", "running"}
-    assert {s for s, p in PHASES.items() if p == "out"} == set(ACTIVE)
-    assert HANDED_OUT == "phase = 'out'"
+    assert {"fetched", "accepted", "running"} == HANDED_OUT
+    assert {s for s, p in PHASES.items() if p == "out"} == HANDED_OUT
+    assert OUT_PHASE == "phase = 'out'"
     for name in ("submitter_usage", "limits_in_use"):
         assert "j.phase = 'out'" in sql.QUERIES[name].sql, name
     for index in jobs.indexes:
         if index.name in ("ix_jobs_active", "ix_jobs_lease"):
-            assert str(index.dialect_options["postgresql"]["where"]) == HANDED_OUT
+            assert str(index.dialect_options["postgresql"]["where"]) == OUT_PHASE
 
 
 def test_the_phases_are_the_state_machines() -> None:

@@ -27,7 +27,6 @@ from jobstore.errors import DatabaseError
 from jobstore.node import config, handlers
 
 log = logging.getLogger("jobstore.agent")
-HANDED_OUT_VALUES = frozenset(s.value for s in HANDED_OUT)
 ENDED_VALUES = frozenset(s.value for s in (*FINAL, Status.HELD))
 LISTEN_POLL = 30.0  # seconds between two polls while notifications arrive
 RELISTEN = 60.0  # seconds before trying LISTEN again after it failed
@@ -51,7 +50,7 @@ def judge(a: Attempt, state: AttemptState | None, vacating_since: float | None, 
         return Verdict("fast", "gone")
     if state.claims != a.attempt:
         return Verdict("fast", f"attempt {state.claims} is current")
-    if state.status in HANDED_OUT_VALUES:
+    if state.status in HANDED_OUT:
         return Verdict("keep")
     if state.winding_down:  # held or removed while it runs: as condor_rm
         if vacating_since is None:

@@ -173,7 +173,7 @@ class Job:
     user_log: str | None
     claims: int  # the fencing counter: attempts handed out
     attempts: int  # attempts counted against max_attempts
-    token: str | None  # the current attempt's capability (a secret)
+    token: str | None = field(repr=False)  # the current attempt's capability (a secret)
     lease_expires_at: float | None
     keyword: str | None
     slot: str | None

@@ -24,7 +24,7 @@ from jobstore.core.autoclusters import signature
 from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job
-from jobstore.core.states import Event, Status, decide
+from jobstore.core.states import HANDED_OUT, Event, Status, decide
 from jobstore.db import driver
 from jobstore.db.notify import CHANNEL
 from jobstore.db.phases import status_in
@@ -48,7 +48,6 @@ from jobstore.db.transactions import note_event
 from jobstore.db.transitions import Transitions
 
 # The statuses in which a job holds a slot (and its concurrency limits).
-ACTIVE = tuple(s.value for s in (Status.FETCHED, Status.ACCEPTED, Status.RUNNING))
 # The status the claim hands a job out in.
 _FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
 # Autoclusters one claim statement tries, in order (the next ones only if none of those has an
@@ -420,7 +419,7 @@ class Negotiator(Transitions):
         """Weighted slots held now, by submitter."""
         q = (
             select(jobs.c.submitter, func.coalesce(func.sum(jobs.c.slot_weight), 0.0))
-            .where(status_in(ACTIVE))
+            .where(status_in(HANDED_OUT))
             .group_by(jobs.c.submitter)
         )
         if names is not None:

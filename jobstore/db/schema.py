@@ -259,7 +259,7 @@ PHASE = (
 )
 # The partial indexes' predicates.
 CLAIMABLE = "phase = 'idle'"
-HANDED_OUT = "phase = 'out'"
+OUT_PHASE = "phase = 'out'"  # the handed-out jobs (core.states.HANDED_OUT)
 FINISHED = "phase = 'done'"
 UNFINISHED = "phase <> 'done'"
 
@@ -344,8 +344,8 @@ jobs = Table(
     Index(
         "ix_jobs_lease",
         "lease_expires_at",
-        postgresql_where=text(HANDED_OUT),
-        sqlite_where=text(HANDED_OUT),
+        postgresql_where=text(OUT_PHASE),
+        sqlite_where=text(OUT_PHASE),
     ),
     # Fair share and concurrency limits: what the handed-out jobs hold, by submitter, and by
     # autocluster within its submitter (an autocluster has one).
@@ -354,8 +354,8 @@ jobs = Table(
         "submitter",
         "autocluster_id",
         "slot_weight",
-        postgresql_where=text(HANDED_OUT),
-        sqlite_where=text(HANDED_OUT),
+        postgresql_where=text(OUT_PHASE),
+        sqlite_where=text(OUT_PHASE),
     ),
     # The periodic pass: jobs with periodic policy expressions.
     Index(

@@ -31,7 +31,7 @@ from jobstore.core.jobs import (
     Templated,
 )
 from jobstore.core.policy import ExitVerdict
-from jobstore.core.states import Event, Status
+from jobstore.core.states import HANDED_OUT, Event, Status
 from jobstore.db.actions import PAGE as ACT_PAGE
 from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.bulk import insert_procs
@@ -39,7 +39,7 @@ from jobstore.db.copy import copy_rows
 from jobstore.db.dags import DagStore
 from jobstore.db.gauges import Gauges
 from jobstore.db.grants import Identity, session_identity
-from jobstore.db.negotiator import ACTIVE, Negotiator
+from jobstore.db.negotiator import Negotiator
 from jobstore.db.notify import notify
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
@@ -477,7 +477,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                         raise
             else:
                 raise AssertionError("unreachable: the locked read is the last")
-        if job.periodic and outcome.changed and outcome.after in ACTIVE:
+        if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
             self._police_job(job_id, now)
         return outcome
 
@@ -820,7 +820,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         q = (
             select(jobs)
             .where(
-                status_in(ACTIVE),
+                status_in(HANDED_OUT),
                 jobs.c.lease_expires_at < now,
             )
             .order_by(jobs.c.lease_expires_at)

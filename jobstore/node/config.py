@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobstore.node.hooktable import FETCH_WAIT_LIMIT
@@ -69,7 +69,7 @@ class Settings:
     """What one keyword's hooks need to know."""
 
     keyword: str
-    database_url: str
+    database_url: str = field(repr=False)  # may hold the database password
     queue: str = DEFAULT_QUEUE
     allowed_owners: tuple[str, ...] = ("*",)
     uid_domain: str = "localdomain"

@@ -94,7 +94,7 @@ class Report:
     keyword: str
     job_id: int
     event: Event
-    token: str
+    token: str = field(repr=False)  # the attempt's secret
     attempt: int | None
     store: str
     time: float

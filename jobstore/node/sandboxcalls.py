@@ -30,7 +30,6 @@ from jobstore.node.sandboxroot import UPLOADS, ensure_private
 
 CALLS = ("sandbox_list", "sandbox_read", "sandbox_open", "sandbox_write")
 MAX_READ = 8 << 20  # bytes one sandbox_read returns at most
-_HANDED_OUT = frozenset(s.value for s in HANDED_OUT)
 _uploads: str | None = None  # a hook process's own directory of outputs on their way in
 _uploads_lock = threading.Lock()
 
@@ -67,7 +66,7 @@ def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Jo
     store = store_for(settings)
     job = store.get_job(int(job_id))
     if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)
-            and job.status in _HANDED_OUT):
+            and job.status in HANDED_OUT):
         raise HookError(f"job {job.cluster_id}.{job.proc_id} attempt {attempt} is not the "
                         "job's current attempt")
     uid = request.caller.uid
