@@ -216,11 +216,15 @@ def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) ->
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:
+    """The agent reads each keyword's settings once, and again on SIGHUP: a changed file
+    changes nothing until then."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner(), queue="gpu")
     node.start()
     assert node.hook("fetch_job", slot_ad("slot1@node01")).stdout == b""
     with open(node.config, "a") as fh:
         fh.write("JOBSTORE_QUEUE = gpu\n")
+    unread = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert unread.stdout == b"" and store.get_job(job_id).status == "idle"
     mark = len(node.log.read_text())
     node.agent.send_signal(signal.SIGHUP)
     node.wait_log("configuration reloaded", mark)

@@ -9,6 +9,7 @@ import stat
 import sys
 from pathlib import Path
 
+from jobstore.errors import InvalidInput
 from jobstore.node.hooktable import CONDOR_NAMES, NAMES
 
 REPO_SHEBANG = "#!/usr/bin/env python3"
@@ -84,13 +85,13 @@ def install_hooks(
     target.mkdir(parents=True, exist_ok=True)
     found = os.lstat(target)
     if not stat.S_ISDIR(found.st_mode):
-        raise ValueError(f"{target} is not a directory (a symlink?): hooks are not written "
-                         "through one")
+        raise InvalidInput(f"{target} is not a directory (a symlink?): hooks are not written "
+                           "through one")
     if found.st_uid not in (0, os.geteuid()):
-        raise ValueError(f"{target} belongs to uid {found.st_uid}: hooks go into a directory "
-                         "of root's or of the installing account's")
+        raise InvalidInput(f"{target} belongs to uid {found.st_uid}: hooks go into a directory "
+                           "of root's or of the installing account's")
     if found.st_mode & stat.S_IWOTH:
-        raise ValueError(f"{target} is world-writable; HTCondor refuses hooks there")
+        raise InvalidInput(f"{target} is world-writable; HTCondor refuses hooks there")
     interpreter = python or sys.executable
     # The package's location is known only for this interpreter; another one imports it the
     # usual way (site-packages).
@@ -137,5 +138,5 @@ def agent_uids(names: tuple[str, ...]) -> tuple[int, ...]:
         try:
             uids.append(int(name) if name.isdigit() else pwd.getpwnam(name).pw_uid)
         except KeyError:
-            raise ValueError(f"no account {name!r}") from None
+            raise InvalidInput(f"no account {name!r}") from None
     return tuple(sorted(set(uids)))

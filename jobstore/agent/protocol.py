@@ -15,6 +15,7 @@ hooktable.FETCH_HOLD_LIMIT of its start), and the answer follows on the same con
 
 from __future__ import annotations
 
+from jobstore.errors import JobstoreError
 from jobstore.node.hookproc import MAX_STDIN
 
 MAGIC = b"JSA1"
@@ -28,7 +29,7 @@ PASSED_ENV = ("_CONDOR_SLOT",)
 OK, BUSY, REFUSED, HOLD = b"ok", b"busy", b"refused", b"hold"
 
 
-class ProtocolError(ValueError):
+class ProtocolError(JobstoreError, ValueError):
     """A malformed or oversized message."""
 
 

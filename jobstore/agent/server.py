@@ -51,6 +51,7 @@ from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.startdnudge import nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
+from jobstore.errors import JobstoreError
 from jobstore.node import bounded, config, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
@@ -72,7 +73,7 @@ WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
 LOG_CALLS_PER_UID = 200  # an ordinary account's calls logged per WARN_EVERY seconds
 
 
-class AgentError(RuntimeError):
+class AgentError(JobstoreError, RuntimeError):
     """The agent cannot start; the message is one line for the user."""
 
 
@@ -176,6 +177,7 @@ class Agent:
         self._hook_log_lock = threading.Lock()
         self._log_budget = _LogBudget()
         self._waits: FetchWaits | None = None
+        self._settings = config.SettingsCache()  # each keyword's, read once (again on SIGHUP)
         self._fetched = threading.Event()  # the startd's first fetch was served
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class Agent:
         waits = self._waits = FetchWaits(
             lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
             self._answer_nothing, self._hang_up,
-            databases=lambda: [s for s in config.node_settings().values() if s.fetch_wait > 0])
+            databases=lambda: [s for s in self._node() if s.fetch_wait > 0])
         waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
                                   daemon=True)
         waiter.start()
@@ -340,6 +342,10 @@ class Agent:
         log.info("jobstore agent %d stopped", os.getpid())
         return 0
 
+    def _node(self) -> list[config.Settings]:
+        """The settings of each keyword this node uses, as read at start (or the last SIGHUP)."""
+        return list(config.node_settings(load=self._settings.get).values())
+
     def _on_stop(self, signum: int, _frame: object) -> None:
         self._stop = True
 
@@ -352,6 +358,7 @@ class Agent:
         try:
             htcondor2.reload_config()
             self.settings = config.load_agent_settings(self.socket_override)
+            self._settings.clear()
         except Exception as exc:  # a broken configuration must not stop the service
             log.error("configuration not reloaded: %s", exc)
             return
@@ -556,7 +563,7 @@ class Agent:
             serve = sandboxcalls.handle if hook in sandboxcalls.CALLS else handlers.handle
             response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
-                caller=peers.caller(peer, self.services),
+                caller=peers.caller(peer, self.services), settings=self._settings.get,
             ))
             claimed = hook == "fetch_job" and (response.stdout or response.idle is not None)
             if claimed and self._metrics is not None:
@@ -667,7 +674,7 @@ class Agent:
             from jobstore.api.metrics import StoreCollector
 
             # the default keyword's, then STARTD_JOB_HOOK_KEYWORD's: the latter when it is set
-            keywords = list(config.node_settings().values())
+            keywords = self._node()
             return [StoreCollector(handlers.store_for(keywords[-1]))] if keywords else []
 
         address, port = self.settings.metrics_address, self.settings.metrics_port
@@ -735,7 +742,7 @@ class Agent:
         """How often to ask whether the policy pass is due: PERIODIC_EXPR_INTERVAL, at most
         POLICE_TICK seconds."""
         try:
-            return float(min(POLICE_TICK, config.load_settings(None).periodic_expr_interval))
+            return float(min(POLICE_TICK, self._settings.get(None).periodic_expr_interval))
         except config.ConfigError:
             return POLICE_TICK
 
@@ -745,7 +752,7 @@ class Agent:
         the history's prune when it is due (Pruner)."""
         node: list[config.Settings] = []
         try:
-            node = list(config.node_settings().values())
+            node = self._node()
             for settings in node:
                 try:
                     store = handlers.store_for(settings)
@@ -814,7 +821,7 @@ class Agent:
         """Make the sandbox roots of the keywords this node uses (file transfer), and go on
         sending the outputs handed to the agent there before it stopped."""
         roots = []
-        for root in sorted({s.sandbox_root for s in config.node_settings().values()}):
+        for root in sorted({s.sandbox_root for s in self._node()}):
             try:
                 for note in ensure_root(root):
                     log.warning("%s", note)
@@ -827,7 +834,7 @@ class Agent:
         """The spool directories of the keywords this node uses, made safe (created, or
         repaired when another account made them) so that reports can wait there."""
         dirs: list[Path] = []
-        for settings in config.node_settings().values():
+        for settings in self._node():
             directory = Path(settings.spool)
             if directory in dirs:
                 continue

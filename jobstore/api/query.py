@@ -21,7 +21,7 @@ from jobstore.core.states import Event
 from jobstore.db.constraint import matches, plan
 from jobstore.db.schema import jobs as jobs_table
 from jobstore.db.store import AUTOCLUSTER_KEY, ActTotals, JobStore
-from jobstore.errors import NotOwner, UnknownJob
+from jobstore.errors import InvalidInput, NotOwner, UnknownJob
 from jobstore.formats import views
 
 __all__ = ["select_jobs", "query_jobs", "history_jobs", "autoclusters", "act", "Shown",
@@ -172,7 +172,7 @@ def act(
     `everyone` all the jobs this session may act on: set-based, a page per transaction
     (JobStore.act_where). Returns the totals and the ids that named no unfinished job."""
     if not (ids or users or constraint or everyone):
-        raise ValueError("name the jobs: JOB, USER, -constraint EXPR or -all")
+        raise InvalidInput("name the jobs: JOB, USER, -constraint EXPR or -all")
     sel = Selection.of(ids, users, constraint)
     missing = [text for text in ids if not store.count_by_status(where=_id_term(text))]
     where = sel.where if sel.where is not None else true()

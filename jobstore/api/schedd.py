@@ -30,6 +30,7 @@ from jobstore.core.jobs import Job, parse_job_id
 from jobstore.core.states import Event
 from jobstore.db.constraint import matches
 from jobstore.db.store import JobStore
+from jobstore.errors import InvalidInput
 from jobstore.formats.jobads import submitted_ad
 from jobstore.node import config
 from jobstore.submit.description import parse_submit_object
@@ -149,7 +150,7 @@ class Schedd:
         if isinstance(description, DagDescription):
             return self.submit_dag(description.path, description.options, job_queue=job_queue)
         if count and queue is not None:
-            raise ValueError("submit() takes count or queue, not both")
+            raise InvalidInput("submit() takes count or queue, not both")
         if count < 0:
             raise SubmitError(f"count {count} is negative")
         specs = parse_submit_object(description, base_dir=os.getcwd(), count=count,
@@ -313,8 +314,8 @@ class Schedd:
         kind = _action(action)
         event = _EVENTS.get(kind)
         if event is None:
-            raise ValueError(f"JobAction.{kind.name} is not supported by the job store "
-                             "(Hold, Release, Remove)")
+            raise InvalidInput(f"JobAction.{kind.name} is not supported by the job store "
+                               "(Hold, Release, Remove)")
         text, code = (reason if isinstance(reason, tuple) else (reason, 0))
         ids, constraint = _spec_parts(job_spec)
         totals, missing = query.act(
@@ -363,7 +364,7 @@ def _action(action: Any) -> JobAction:
     try:
         return JobAction[name] if name else JobAction(int(action))
     except (KeyError, ValueError):
-        raise ValueError(f"{action!r} is not a JobAction") from None
+        raise InvalidInput(f"{action!r} is not a JobAction") from None
 
 
 def _text(constraint: str | ExprTree | None) -> str | None:
@@ -403,7 +404,7 @@ def _spec_parts(job_spec: Any) -> tuple[list[str], str | None]:
         return [], _text(str(job_spec))
     ids = [job_spec] if isinstance(job_spec, str) else [str(x) for x in job_spec]
     if not ids:
-        raise ValueError("job_spec names no jobs")
+        raise InvalidInput("job_spec names no jobs")
     if len(ids) == 1 and not _is_job_id(ids[0]):
         return [], _text(ids[0])
     for text in ids:

@@ -36,7 +36,7 @@ from jobstore.core.states import FINAL, Status
 from jobstore.db.engine import make_engine
 from jobstore.db.notify import Listener
 from jobstore.db.store import JobStore
-from jobstore.errors import DatabaseError, UnknownJob
+from jobstore.errors import DatabaseError, InvalidInput, UnknownJob
 from jobstore.formats import views
 
 __all__ = [
@@ -127,7 +127,7 @@ def parse_since(text: str) -> int | datetime:
     try:
         return datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(
+        raise InvalidInput(
             f"bad --since {text!r} (an event id, an age like 10m or 2h, or an ISO time)"
         ) from None
 

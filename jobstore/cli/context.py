@@ -9,11 +9,9 @@ from typing import Any
 import click
 
 from jobstore.api.query import Shown
-from jobstore.db.engine import DatabaseError
 from jobstore.db.store import JobStore
-from jobstore.errors import NotOwner, UnknownJob
+from jobstore.errors import JobstoreError, UnknownJob
 from jobstore.node import config
-from jobstore.submit import SubmitError
 
 ADMIN_STATEMENT_TIMEOUT_MS = 300_000
 
@@ -62,18 +60,17 @@ def fail(message: str) -> None:
 
 
 def guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn expected failures into one line on stderr and exit status 1."""
+    """Turn the job store's errors (JobstoreError) into one line on stderr and exit status 1;
+    anything else is a bug, shown with its traceback."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (DatabaseError, SubmitError, config.ConfigError, ValueError) as exc:
-            fail(str(exc))
         except UnknownJob as exc:
             fail(f"no such job: {exc.args[0]}")
-        except NotOwner as exc:
+        except JobstoreError as exc:
             fail(str(exc))
 
     return wrapper

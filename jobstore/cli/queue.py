@@ -15,6 +15,7 @@ from jobstore.api import query
 from jobstore.cli.context import Context, guard, pass_ctx
 from jobstore.core.jobs import Job, parse_job_id
 from jobstore.core.states import Event, Status
+from jobstore.errors import InvalidInput
 from jobstore.formats import views
 
 _JOB_ID = re.compile(r"\d+(\.\d+)?")
@@ -172,7 +173,7 @@ def _split_args(args: tuple[str, ...], autoformat: bool,
     ids = tuple(a for a in args if _JOB_ID.fullmatch(a))
     rest = [a for a in args if a not in ids]
     if not rest:
-        raise ValueError("-af needs at least one attribute name")
+        raise InvalidInput("-af needs at least one attribute name")
     return ids, (), rest
 
 
@@ -188,7 +189,7 @@ def _print_formats(ctx: Context, jobs: list[Job], formats: tuple[tuple[str, str]
         try:
             parsed.append((fmt.encode().decode("unicode_escape"), ExprTree(attr)))
         except Exception:
-            raise ValueError(f"-format: not a ClassAd attribute or expression: {attr}") from None
+            raise InvalidInput(f"-format: not a ClassAd attribute or expression: {attr}") from None
     for job in jobs:
         ad = ctx.shown.ad(job)
         click.echo("".join(views.printf(fmt, expr, ad) for fmt, expr in parsed), nl=False)
@@ -394,7 +395,7 @@ def qedit(ctx: Context, job_spec: str, attr: str, value: str) -> None:
 
     edited = Schedd(store=ctx.store, keyword=ctx.keyword, url=ctx.db).edit(job_spec, attr, value)
     if not edited:
-        raise ValueError(f"no idle or held job of {job_spec} to edit")
+        raise InvalidInput(f"no idle or held job of {job_spec} to edit")
     click.echo(f"Set attribute \"{attr}\" for {edited} job(s).")
 
 
@@ -532,7 +533,7 @@ def _ids_and_users(args: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, .
     users = tuple(a for a in args if a not in ids)
     for user in users:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.@-]*", user):
-            raise ValueError(f"bad job id or user name {user!r}")
+            raise InvalidInput(f"bad job id or user name {user!r}")
     return ids, users
 
 
@@ -696,7 +697,7 @@ def transfer_data(ctx: Context, ids: tuple[str, ...], constraint: str | None) ->
     from jobstore.api.retrieve import retrieve
 
     if not (ids or constraint):
-        raise ValueError("name the jobs: JOB or -constraint EXPR")
+        raise InvalidInput("name the jobs: JOB or -constraint EXPR")
     for text in ids:
         parse_job_id(text)  # ValueError for a malformed one
     done = retrieve(ctx.store, ctx.shown, ids, constraint)

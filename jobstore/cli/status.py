@@ -7,6 +7,7 @@ from classad2 import ClassAd
 
 from jobstore.api.pool import slot_ads
 from jobstore.cli.context import Context, guard, pass_ctx
+from jobstore.errors import InvalidInput
 from jobstore.formats import views
 from jobstore.formats.classads import get_float, get_int, get_str, sprint_ad
 
@@ -34,7 +35,7 @@ def status(ctx: Context, attrs: tuple[str, ...], constraint: str | None, autofor
     try:
         slots = list(slot_ads(ctx.store, constraint))
     except Exception as exc:  # classad2's parse errors
-        raise ValueError(f"-constraint: not a ClassAd expression: {constraint}") from exc
+        raise InvalidInput(f"-constraint: not a ClassAd expression: {constraint}") from exc
     if autoformat or attrs:
         exprs = views.af_exprs(attrs)
         for ad in slots:

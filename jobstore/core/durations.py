@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from jobstore.errors import InvalidInput
+
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
 
@@ -13,8 +15,8 @@ def parse_duration(text: str) -> float:
     """Seconds in `text` (`2592000`, `30d`); ValueError with a one-line reason otherwise."""
     found = _DURATION.match(text)
     if not found:
-        raise ValueError(f"{text!r} is not a duration (seconds, or a number with s, m, h, d or w:"
-                         " 30d)")
+        raise InvalidInput(f"{text!r} is not a duration (seconds, or a number with s, m, h, d or w:"
+                           " 30d)")
     return float(found.group(1)) * UNITS[(found.group(2) or "s").lower()]
 
 

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from jobstore.errors import InvalidInput
+
 MIN_PRIORITY = 0.5  # HTCondor's lowest real priority
 DEFAULT_HALFLIFE = 86400.0  # PRIORITY_HALFLIFE: one day
 DEFAULT_FACTOR = 1.0
@@ -37,7 +39,7 @@ _GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,99}\Z")
 def check_group_name(what: str, value: str) -> str:
     """An accounting group or group user name (letters, digits, `_.@-`); ValueError if not."""
     if not _GROUP_NAME.match(value):
-        raise ValueError(f"{what} {value!r} is not a valid name (letters, digits, _ . @ -)")
+        raise InvalidInput(f"{what} {value!r} is not a valid name (letters, digits, _ . @ -)")
     return value
 
 

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from jobstore.core import fairshare, limits
 from jobstore.core.states import Status
+from jobstore.errors import InvalidInput
 
 INT32 = 2**31 - 1
 INT64 = 2**63 - 1
@@ -338,7 +339,7 @@ def parse_job_id(text: str | int) -> tuple[int, int | None]:
     try:
         return int(cluster), (int(proc) if proc else None)
     except ValueError:
-        raise ValueError(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
+        raise InvalidInput(f"bad job id {text!r} (use CLUSTER or CLUSTER.PROC)") from None
 
 
 JOB_COLUMNS = tuple(f.name for f in fields(Job))

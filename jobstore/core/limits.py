@@ -8,6 +8,8 @@ import math
 import re
 from collections.abc import Callable, Mapping
 
+from jobstore.errors import InvalidInput
+
 UNLIMITED = math.inf
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*\Z")
 
@@ -22,13 +24,13 @@ def parse(text: str | None) -> dict[str, float]:
         name, sep, amount = item.partition(":")
         name = name.strip()
         if not _NAME.match(name) or name.endswith("."):
-            raise ValueError(f"bad concurrency limit name {name!r}")
+            raise InvalidInput(f"bad concurrency limit name {name!r}")
         try:
             units = float(amount) if sep else 1.0
         except ValueError:
-            raise ValueError(f"bad amount in concurrency limit {item!r}") from None
+            raise InvalidInput(f"bad amount in concurrency limit {item!r}") from None
         if not math.isfinite(units) or units <= 0:
-            raise ValueError(f"concurrency limit {item!r}: the amount must be positive")
+            raise InvalidInput(f"concurrency limit {item!r}: the amount must be positive")
         limits[name.lower()] = limits.get(name.lower(), 0.0) + units
     return limits
 
@@ -58,7 +60,7 @@ def maximum(name: str, param: Callable[[str], str | None]) -> float:
         try:
             value = float(raw)
         except ValueError:
-            raise ValueError(f"{param_name} must be a number, not {raw!r}") from None
+            raise InvalidInput(f"{param_name} must be a number, not {raw!r}") from None
         return max(0.0, value)
     return UNLIMITED
 

@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 
 from jobstore.core.jobs import CHANGE_COLUMNS
 from jobstore.db.sql import GRANT_TARGETS, QUERIES, SESSION_IDENTITY
+from jobstore.errors import InvalidInput
 
 # Columns of `jobs` written by the claim, the state transitions and the reports; nothing else.
 HOOK_UPDATE_COLUMNS = (
@@ -111,12 +112,12 @@ def session_identity(conn: Connection) -> Identity:
 def hook_role_statements(engine: Engine, role: str) -> list[str]:
     """The statements that give `role` what the agent and the hooks need and nothing else."""
     if engine.dialect.name != "postgresql":
-        raise ValueError("database roles exist on PostgreSQL only")
+        raise InvalidInput("database roles exist on PostgreSQL only")
     quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
         found = conn.execute(GRANT_TARGETS).mappings().one()
     if found["sequence"] is None:
-        raise ValueError("the job store's tables are missing: run `jobstore init` first")
+        raise InvalidInput("the job store's tables are missing: run `jobstore init` first")
     names = {
         "role": quote(role),
         "schema": quote(found["schema"]),
@@ -140,12 +141,12 @@ def grant_hook_role(engine: Engine, role: str) -> list[str]:
 def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[str]:
     """The statements that let `role` submit, read, and act on what its rights allow."""
     if engine.dialect.name != "postgresql":
-        raise ValueError("database roles exist on PostgreSQL only: a SQLite job store is one "
-                         "user's")
+        raise InvalidInput("database roles exist on PostgreSQL only: a SQLite job store is one "
+                           "user's")
     if not ROLE_NAME.fullmatch(role):
-        raise ValueError(f"{role!r} is not a role name jobstore grants")
+        raise InvalidInput(f"{role!r} is not a role name jobstore grants")
     if rights.may_impersonate is not None and not rights.super_user:
-        raise ValueError("--may-impersonate is for a queue super user (--super-user)")
+        raise InvalidInput("--may-impersonate is for a queue super user (--super-user)")
     quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
         schema = conn.execute(GRANT_TARGETS).mappings().one()["schema"]
@@ -153,7 +154,7 @@ def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[
         if rights.may_impersonate is not None:
             _check_pattern(conn, rights.may_impersonate)
     if any(v is None for v in found.values()):
-        raise ValueError("the job store's tables are missing: run `jobstore init` first")
+        raise InvalidInput("the job store's tables are missing: run `jobstore init` first")
     names = {
         "role": quote(role),
         "schema": quote(schema),
@@ -173,8 +174,8 @@ def _check_pattern(conn: Connection, pattern: str) -> None:
         conn.execute(QUERIES["user_check_pattern"].clause, {"pattern": pattern})
     except DBAPIError as exc:
         first = str(exc.orig).strip().splitlines()[0]
-        raise ValueError(f"--may-impersonate is not a regular expression PostgreSQL takes: "
-                         f"{first}") from None
+        raise InvalidInput(f"--may-impersonate is not a regular expression PostgreSQL takes: "
+                           f"{first}") from None
 
 
 def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
@@ -192,7 +193,7 @@ def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
 def revoke_user_role(engine: Engine, role: str) -> None:
     """Take every right on the job store's tables from `role` and forget its rights."""
     if engine.dialect.name != "postgresql":
-        raise ValueError("database roles exist on PostgreSQL only")
+        raise InvalidInput("database roles exist on PostgreSQL only")
     quote = engine.dialect.identifier_preparer.quote
     with engine.begin() as conn:
         conn.execute(text(QUERIES["user_revoke"].sql.format(role=quote(role))))

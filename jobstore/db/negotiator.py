@@ -46,6 +46,7 @@ from jobstore.db.sql import (
 )
 from jobstore.db.transactions import note_event
 from jobstore.db.transitions import Transitions
+from jobstore.errors import InvalidInput
 
 # The statuses in which a job holds a slot (and its concurrency limits).
 # The status the claim hands a job out in.
@@ -444,7 +445,7 @@ class Negotiator(Transitions):
     def set_factor(self, name: str, factor: float) -> bool:
         """condor_userprio -setfactor; False when the submitter is unknown."""
         if not factor >= 1.0:
-            raise ValueError("a priority factor must be at least 1")
+            raise InvalidInput("a priority factor must be at least 1")
         with self._tx() as conn:
             done = conn.execute(
                 update(submitters).where(submitters.c.name == name).values(factor=factor)

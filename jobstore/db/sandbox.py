@@ -16,6 +16,7 @@ from jobstore.db import driver
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files, store_limits
 from jobstore.db.sql import FILE_CHUNKS
 from jobstore.db.transactions import Transactions
+from jobstore.errors import JobstoreError
 
 CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
 CHUNKS_READ = 16  # rows per transaction when a file is read back
@@ -43,11 +44,11 @@ class FileSource(NamedTuple):
     mode: int
 
 
-class InputTooLarge(ValueError):
+class InputTooLarge(JobstoreError, ValueError):
     """A submit's input over the store's limits (store_limits); the message says the way."""
 
 
-class FileChanged(ValueError):
+class FileChanged(JobstoreError, ValueError):
     """A file changed while it was being stored (its bytes no longer have the hash read)."""
 
 

@@ -9,6 +9,8 @@ from importlib.resources import files
 
 from sqlalchemy import TextClause, bindparam, text
 
+from jobstore.errors import InvalidInput
+
 
 @dataclass(frozen=True)
 class Statement:
@@ -43,7 +45,7 @@ def parse(source: str) -> dict[str, Statement]:
         purpose = " ".join(ln[2:].strip() for ln in lines[:lead])
         sql = "\n".join(lines[lead : end + 1]).strip().rstrip(";")
         if not purpose or not sql or name in found:
-            raise ValueError(f"queries.sql: statement {name} needs a purpose, SQL and one name")
+            raise InvalidInput(f"queries.sql: statement {name} needs a purpose, SQL and one name")
         found[name] = Statement(name, purpose, sql)
     return found
 

@@ -12,6 +12,7 @@ import pwd
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -50,7 +51,7 @@ from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.sql import NEXT_CLUSTER_IDS, NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
-from jobstore.errors import DatabaseError, NotOwner, Refused, UnknownJob
+from jobstore.errors import DatabaseError, InvalidInput, NotOwner, Refused, UnknownJob
 from jobstore.formats import views
 from jobstore.formats.edits import edit_changes, edit_target
 from jobstore.formats.jobads import submitted_ad
@@ -75,6 +76,25 @@ __all__ = [
 # Called inside the transaction for EXIT with the job row (and the exit's usage columns): how the
 # exit ends (jobstore.core.policy.exit_verdict).
 ExitPolicy = Callable[[Job], ExitVerdict]
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What a hook reports of one attempt of a job (JobStore.report's arguments, as one value
+    on their way to the transition)."""
+
+    event: Event
+    token: str | None = field(repr=False)
+    attempt: int | None
+    changes: Mapping[str, Any] | None = None
+    attrs: Mapping[str, Any] | None = None
+    lease: int | None = None
+    slot: str | None = None
+    host: str | None = None
+    exit_policy: ExitPolicy | None = None
+    now: float = 0.0
+    reason: str | None = None
+    owner: str | None = None
 # Statuses the periodic pass looks at, and its page size.
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
@@ -203,8 +223,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     select(clusters.c.id, clusters.c.owner)
                     .where(clusters.c.idempotency_key == idempotency_key)).one()
                 if queued_by != owner:
-                    raise ValueError(f"idempotency key {idempotency_key!r} was used by a"
-                                     " submit of another owner")
+                    raise InvalidInput(f"idempotency key {idempotency_key!r} was used by a"
+                                       " submit of another owner")
                 if not new:  # queued before (or by a concurrent submit)
                     return cluster_id, list(conn.execute(
                         select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
@@ -248,10 +268,10 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                             owner=owner, direction=IN,
                             sources=[FileSource(f.name, f.source, f.mode) for f in spec.inputs])
                     elif bool(spec.inputs) != bool(shared):
-                        raise ValueError(f"proc {spec.proc_id} has {'no ' if shared else ''}"
-                                         "input files where proc 0 has "
-                                         f"{'some' if shared else 'none'}: give every proc of a"
-                                         " cluster its own or none")
+                        raise InvalidInput(f"proc {spec.proc_id} has {'no ' if shared else ''}"
+                                           "input files where proc 0 has "
+                                           f"{'some' if shared else 'none'}: give every proc of a"
+                                           " cluster its own or none")
             self._hold_at_submit(conn, held, now)
             if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
                 notify(conn, f"cluster:{cluster_id}")
@@ -446,8 +466,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         """
         wrong = set(changes or {}) - CHANGE_COLUMNS.keys()
         if wrong:
-            raise ValueError(f"a report may not change {sorted(wrong)}")
-        now = now or time.time()
+            raise InvalidInput(f"a report may not change {sorted(wrong)}")
+        r = AttemptReport(event, token, attempt, changes, attrs, lease, slot, host, exit_policy,
+                          now or time.time(), reason, owner)
         # PostgreSQL: the row read unlocked, in the round trip that opens the transaction, and
         # written only if it is still the version read (no lock to log); one that changed
         # meanwhile is read again under a lock
@@ -459,18 +480,15 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     job, version = self._version_read(read)
                 if job is None:
                     raise UnknownJob(job_id)
-                if owner is not None and job.owner != owner:
-                    raise NotOwner(job_id, owner)
+                if r.owner is not None and job.owner != r.owner:
+                    raise NotOwner(job_id, r.owner)
                 if not locked and (job.periodic or job.winding_down_until is not None
-                                   or not _current(job, token, attempt)):
+                                   or not _current(job, r.token, r.attempt)):
                     # more than one write, or an event of an attempt that is over (its job may
                     # be finished and pruned meanwhile): under the lock
                     continue
                 try:
-                    outcome = self._report(conn, job, event, token=token, attempt=attempt,
-                                           version=version, changes=changes, attrs=attrs,
-                                           lease=lease, slot=slot, host=host,
-                                           exit_policy=exit_policy, now=now, reason=reason)
+                    outcome = self._report(conn, job, r, version)
                     break
                 except RowChanged:
                     if locked:
@@ -478,32 +496,18 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             else:
                 raise AssertionError("unreachable: the locked read is the last")
         if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
-            self._police_job(job_id, now)
+            self._police_job(job_id, r.now)
         return outcome
 
-    def _report(
-        self,
-        conn: Connection,
-        job: Job,
-        event: Event,
-        *,
-        token: str | None,
-        attempt: int | None,
-        version: str | None,
-        changes: Mapping[str, Any] | None,
-        attrs: Mapping[str, Any] | None,
-        lease: int | None,
-        slot: str | None,
-        host: str | None,
-        exit_policy: ExitPolicy | None,
-        now: float,
-        reason: str | None,
-    ) -> Outcome:
+    def _report(self, conn: Connection, job: Job, r: AttemptReport,
+                version: str | None) -> Outcome:
         """`report` on the row `job` as read (RowChanged: it is no longer `version`)."""
-        job_id = job.id
+        job_id, event, attempt, attrs, now, reason = (
+            job.id, r.event, r.attempt, r.attrs, r.now, r.reason)
+        slot, host, changes, lease = r.slot, r.host, r.changes, r.lease
         if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
             slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
-        if not _current(job, token, attempt):
+        if not _current(job, r.token, attempt):
             reason = f"report from attempt {attempt}, current attempt is {job.claims}"
             if job.token is None:
                 reason = f"report from attempt {attempt}; the job is {job.status}"
@@ -542,8 +546,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             all_changes.setdefault("num_starts", (job.num_starts or 0) + 1)
             if job.first_started_at is None:
                 all_changes.setdefault("first_started_at", job.fetched_at or now)
-        if event == Event.EXIT and exit_policy is not None:
-            verdict = exit_policy(job.but(**all_changes))
+        if event == Event.EXIT and r.exit_policy is not None:
+            verdict = r.exit_policy(job.but(**all_changes))
             if verdict.hold is not None:  # on_exit_hold: the exit puts the job on hold
                 event, reason = Event.HOLD, verdict.hold.reason
                 hold = (verdict.hold.code, verdict.hold.subcode)

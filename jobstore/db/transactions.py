@@ -18,7 +18,7 @@ from jobstore.db import driver
 from jobstore.db.engine import make_engine, safe_url
 from jobstore.db.kept import KeptConnection
 from jobstore.db.sql import opening
-from jobstore.errors import DatabaseError, Refused
+from jobstore.errors import DatabaseError, InvalidInput, Refused
 from jobstore.formats import userlog
 
 # Called just before a transaction that wrote events commits, with those events in order: each a
@@ -53,8 +53,8 @@ class Transactions:
         self.statement_timeout_ms = statement_timeout_ms
         self._pg = engine.dialect.name == "postgresql"
         if self._pg and engine.dialect.driver != "psycopg":  # the hot path is psycopg's (driver)
-            raise ValueError(f"a job store on PostgreSQL needs psycopg (postgresql+psycopg://),"
-                             f" not {engine.dialect.driver}")
+            raise InvalidInput(f"a job store on PostgreSQL needs psycopg (postgresql+psycopg://),"
+                               f" not {engine.dialect.driver}")
         if self._pg and not event.contains(engine, "checkin", driver.end_autocommit):
             event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
         # a pooled engine's store keeps one connection between its transactions (db.kept)
@@ -167,7 +167,7 @@ class Transactions:
     @contextmanager
     def _joined(self, outer: Connection) -> Iterator[Connection]:
         if not outer.in_transaction():
-            raise ValueError("connection= needs a connection inside a transaction (begin())")
+            raise InvalidInput("connection= needs a connection inside a transaction (begin())")
         joined = outer.info.get(JOINED)
         if joined is None:
             joined = outer.info[JOINED] = []

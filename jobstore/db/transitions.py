@@ -49,7 +49,7 @@ from jobstore.db.sql import (
     opening,
 )
 from jobstore.db.transactions import Transactions, note_event
-from jobstore.errors import DatabaseError
+from jobstore.errors import DatabaseError, InvalidInput
 from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
@@ -385,10 +385,10 @@ def _transition_sql(columns: tuple[str, ...]) -> str:
     of them JSON, which psycopg would need wrapped)."""
     unknown = [name for name in columns if name not in jobs.c]
     if unknown:
-        raise ValueError(f"not columns of jobs: {unknown}")
+        raise InvalidInput(f"not columns of jobs: {unknown}")
     json = [name for name in columns if isinstance(jobs.c[name].type, JSON)]
     if json:
-        raise ValueError(f"a transition does not set JSON columns: {json}")
+        raise InvalidInput(f"a transition does not set JSON columns: {json}")
     return RECORD_TRANSITION.format(
         assignments=", ".join(f"{name} = %(set_{name})s" for name in columns))
 

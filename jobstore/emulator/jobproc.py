@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from jobstore.errors import InvalidInput
+
 
 def parse_args_v2(text: str) -> list[str]:
     """HTCondor "new" argument syntax: whitespace separates, '...' groups, '' is a quote."""
@@ -23,7 +25,7 @@ def parse_args_v2(text: str) -> list[str]:
             i += 1
             while True:
                 if i >= len(text):
-                    raise ValueError(f"unterminated quote in arguments: {text!r}")
+                    raise InvalidInput(f"unterminated quote in arguments: {text!r}")
                 if text.startswith("''", i):
                     cur += "'"
                     i += 2
@@ -52,7 +54,7 @@ def parse_env_v2(text: str) -> dict[str, str]:
     for word in parse_args_v2(text):
         name, sep, value = word.partition("=")
         if not sep or not name:
-            raise ValueError(f"bad environment entry {word!r}")
+            raise InvalidInput(f"bad environment entry {word!r}")
         env[name] = value
     return env
 
@@ -66,7 +68,7 @@ def parse_env_v1(text: str) -> dict[str, str]:
             continue
         name, sep, value = entry.partition("=")
         if not sep or not name:
-            raise ValueError(f"bad environment entry {entry!r}")
+            raise InvalidInput(f"bad environment entry {entry!r}")
         env[name] = value
     return env
 

@@ -33,6 +33,7 @@ from jobstore.emulator.spawn import (
     run_hook,
 )
 from jobstore.emulator.starter import Starter
+from jobstore.errors import InvalidInput
 
 SHUTDOWN_REASON = ("Startd was shutdown", 1013)
 VACATE_REASON = ("Claim vacated by the administrator", 1010)
@@ -54,7 +55,7 @@ class Emulator:
             assert config.condor_user is not None
             self.condor_account = lookup_account(config.condor_user)
             if self.condor_account is None:
-                raise ValueError(f"condor_user {config.condor_user!r} does not exist")
+                raise InvalidInput(f"condor_user {config.condor_user!r} does not exist")
         self.log_dir = os.path.join(config.work_dir, "log")
         self.execute_dir = os.path.join(config.work_dir, "execute")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -141,7 +142,7 @@ class Emulator:
         with self.lock:
             slot = self._find(slot_name)
             if slot is None:
-                raise ValueError(f"no slot named {slot_name!r}")
+                raise InvalidInput(f"no slot named {slot_name!r}")
             starter = slot.starter
             if starter is None:
                 if slot.state == "Claimed":

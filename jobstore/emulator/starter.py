@@ -36,9 +36,10 @@ from jobstore.emulator.spawn import (
     run_hook,
     wait_pid_exit,
 )
+from jobstore.errors import InvalidInput, JobstoreError
 
 
-class StarterFailed(Exception):
+class StarterFailed(JobstoreError):
     """Initialisation failure: the real starter does DC_Exit(1) and runs no hook."""
 
 
@@ -390,7 +391,7 @@ class Starter:
     def _job_command(self) -> tuple[list[str], dict[str, str]]:
         cmd = wire.eval_attr(self.ad, "Cmd")
         if type(cmd) is not str or not cmd:
-            raise ValueError("no Cmd")
+            raise InvalidInput("no Cmd")
         if not os.path.isabs(cmd):
             cmd = os.path.join(self.iwd, cmd)
         arguments = wire.eval_attr(self.ad, "Arguments")

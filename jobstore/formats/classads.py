@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import classad2
 from classad2 import ClassAd, ExprTree, ParserType
 
+from jobstore.errors import JobstoreError
+
 # HTCondor's startd reads at most PIPE_BUFFER_MAX (10240) bytes of FETCH_WORK stdout.
 MAX_JOB_AD_BYTES = 10240
 
@@ -25,7 +27,7 @@ PRIVATE_ATTRS = frozenset(
 )
 
 
-class AdError(ValueError):
+class AdError(JobstoreError, ValueError):
     """Input that is not the ClassAd text HTCondor would send."""
 
 

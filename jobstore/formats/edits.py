@@ -8,6 +8,7 @@ from typing import Any
 from classad2 import ExprTree
 
 from jobstore.core.jobs import Job
+from jobstore.errors import InvalidInput
 from jobstore.formats.classads import Expr
 from jobstore.formats.jobads import RESERVED, to_json
 
@@ -31,13 +32,13 @@ def edit_target(attr: str, value: str) -> tuple[str, str]:
     low = name.lower()
     if not name.isidentifier() or low in RESERVED or low in COMPUTED or low.startswith(
             "jobstore"):
-        raise ValueError(f"{name}: this attribute cannot be edited")
+        raise InvalidInput(f"{name}: this attribute cannot be edited")
     try:
         text = str(ExprTree(str(value)))
     except Exception:
-        raise ValueError(f"{name}: {value!r} is not a ClassAd expression") from None
+        raise InvalidInput(f"{name}: {value!r} is not a ClassAd expression") from None
     if "\n" in text or "\r" in text:
-        raise ValueError(f"{name}: the value may not contain a newline")
+        raise InvalidInput(f"{name}: the value may not contain a newline")
     return name, text
 
 
@@ -50,7 +51,7 @@ def edit_changes(job: Job, name: str, text: str) -> dict[str, Any]:
     if low in _INT_COLUMNS:
         value = ExprTree(text).eval()
         if type(value) is not int or (low != "jobprio" and value < 0):
-            raise ValueError(f"{name}: {text} is not a non-negative integer")
+            raise InvalidInput(f"{name}: {text} is not a non-negative integer")
         changes[_INT_COLUMNS[low]] = value
     else:
         ad[name] = to_json(Expr(text))

@@ -3,8 +3,10 @@ for those characters; read on the submit side and by the hooks (standard library
 
 from __future__ import annotations
 
+from jobstore.errors import JobstoreError
 
-class RemapError(ValueError):
+
+class RemapError(JobstoreError, ValueError):
     """A pair that is not NAME = TARGET."""
 
 

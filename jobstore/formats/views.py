@@ -12,6 +12,7 @@ from classad2 import ClassAd, ExprTree, Value
 from jobstore.core import fairshare
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job, JobEvent
+from jobstore.errors import InvalidInput
 from jobstore.formats.classads import Expr, sprint_ad
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
 
@@ -189,13 +190,13 @@ AF_FLAGS = "jhltnr,"
 def af_exprs(attrs: Sequence[str]) -> list[ExprTree]:
     """`-af`'s arguments as expressions (ValueError naming one that is not)."""
     if not attrs:
-        raise ValueError("-af needs at least one attribute name")
+        raise InvalidInput("-af needs at least one attribute name")
     exprs = []
     for a in attrs:
         try:
             exprs.append(ExprTree(a))
         except Exception:  # classad2 raises ClassAdException
-            raise ValueError(f"-af: not a ClassAd attribute or expression: {a}") from None
+            raise InvalidInput(f"-af: not a ClassAd attribute or expression: {a}") from None
     return exprs
 
 
@@ -206,7 +207,7 @@ def autoformat_lines(ads: Iterable[ClassAd], attrs: Sequence[str], exprs: Sequen
     unevaluated (ValueError for a flag it does not know)."""
     unknown = sorted(set(flags) - set(AF_FLAGS))
     if unknown:
-        raise ValueError(f"-af:{flags}: unknown option {unknown[0]!r} (known: {AF_FLAGS})")
+        raise InvalidInput(f"-af:{flags}: unknown option {unknown[0]!r} (known: {AF_FLAGS})")
     sep = "\n" if "n" in flags else "\t" if "t" in flags else ", " if "," in flags else " "
     names = (["ID"] if "j" in flags else []) + list(attrs)
     if "h" in flags:
@@ -243,7 +244,7 @@ def printf(fmt: str, expr: ExprTree, ad: ClassAd) -> str:
             fmt = fmt.replace("%v", "%s", 1)
         return fmt % (_af_value(value) if not isinstance(value, str) else value)
     except (TypeError, ValueError):
-        raise ValueError(f"-format: {fmt!r} cannot format {value!r}") from None
+        raise InvalidInput(f"-format: {fmt!r} cannot format {value!r}") from None
 
 
 def _af_value(value: Any) -> str:

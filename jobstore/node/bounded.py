@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from classad2 import ClassAd
 
 from jobstore.core import holds, policy
+from jobstore.errors import InvalidInput, JobstoreError
 from jobstore.formats.matching import matches
 from jobstore.node.evalworker import READY
 
@@ -148,7 +149,7 @@ def _action(value: Any) -> policy.Action | None:
     return policy.Action(str(kind), str(reason), int(code), int(subcode))
 
 
-class WorkerUnavailable(RuntimeError):
+class WorkerUnavailable(JobstoreError, RuntimeError):
     """No worker process could be started: nothing is judged (and nobody held) meanwhile."""
 
 
@@ -179,7 +180,7 @@ class _Worker:
         size = int.from_bytes(self._read(4, deadline), "big")
         reply = json.loads(self._read(size, deadline))
         if "error" in reply:
-            raise ValueError(f"expression evaluation failed: {reply['error']}")
+            raise InvalidInput(f"expression evaluation failed: {reply['error']}")
         return reply["ok"]
 
     def _read(self, n: int, deadline: float) -> bytes:

@@ -10,17 +10,19 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobstore.errors import JobstoreError
 from jobstore.node.hooktable import FETCH_WAIT_LIMIT
 
 DEFAULT_QUEUE = "default"
 DEFAULT_KEYWORD = "JOBSTORE"
 
 
-class ConfigError(ValueError):
+class ConfigError(JobstoreError, ValueError):
     """A setting that cannot be used."""
 
 
@@ -371,13 +373,39 @@ def service_uids(names: tuple[str, ...]) -> frozenset[int]:
     return frozenset(uids)
 
 
-def node_settings(extra: Iterable[str | None] = ()) -> dict[str | None, Settings]:
+class SettingsCache:
+    """Each keyword's settings read once (a long-lived caller: the agent), until `clear` (its
+    SIGHUP); a keyword whose settings do not load is read again at its next use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read: dict[str | None, Settings] = {}
+
+    def get(self, keyword: str | None) -> Settings:
+        with self._lock:
+            found = self._read.get(keyword)
+        if found is None:
+            found = load_settings(keyword)
+            with self._lock:
+                self._read[keyword] = found
+        return found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._read.clear()
+
+
+def node_settings(
+    extra: Iterable[str | None] = (),
+    load: Callable[[str | None], Settings] = load_settings,
+) -> dict[str | None, Settings]:
     """The settings of each keyword this node uses (the default one, STARTD_JOB_HOOK_KEYWORD,
-    and `extra`), by keyword; a keyword whose settings do not load is left out."""
+    and `extra`), by keyword, read by `load`; a keyword whose settings do not load is left
+    out."""
     out: dict[str | None, Settings] = {}
     for keyword in dict.fromkeys([None, _param("STARTD_JOB_HOOK_KEYWORD"), *extra]):
         try:
-            out[keyword] = load_settings(keyword)
+            out[keyword] = load(keyword)
         except ConfigError:
             continue
     return out

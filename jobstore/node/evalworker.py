@@ -17,6 +17,7 @@ from typing import Any
 from classad2 import ClassAd
 
 from jobstore.core import policy
+from jobstore.errors import InvalidInput
 from jobstore.formats.matching import matches
 
 NOBODY = 65534
@@ -41,7 +42,7 @@ def answer(request: dict[str, Any]) -> Any:
         ad = ClassAd(request["ad"]) if request.get("ad") is not None else None
         verdict = policy.exit_verdict(terms, request["attrs"], ad)
         return [verdict.succeeded, verdict.retry, _action(verdict.hold)]
-    raise ValueError(f"unknown request {op!r}")
+    raise InvalidInput(f"unknown request {op!r}")
 
 
 def _read(stream: Any, n: int) -> bytes:

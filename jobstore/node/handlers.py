@@ -24,7 +24,7 @@ from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
-from jobstore.errors import DatabaseError, NotOwner, UnknownJob
+from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, NotOwner, UnknownJob
 from jobstore.formats import classads, views
 from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
 from jobstore.formats.jobads import (
@@ -75,6 +75,13 @@ class HookRequest:
     # Who asks: the agent names an ordinary account (SO_PEERCRED); a hook process in direct
     # mode is trusted as far as its database credentials go.
     caller: Caller = SERVICE
+    # A keyword's settings as the caller read them (the agent: once, and again on SIGHUP);
+    # None: read them now (a hook process serves one call).
+    settings: Callable[[str | None], config.Settings] | None = None
+
+    def settings_for(self, keyword: str | None) -> config.Settings:
+        """The settings of `keyword`, from the caller's reading if it made one."""
+        return (self.settings or config.load_settings)(keyword)
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ class HookResponse:
     idle: IdleSlot | None = None  # a fetch that found nothing for a slot that could take work
 
 
-class HookError(Exception):
+class HookError(JobstoreError):
     """A one-line, user-facing reason why a hook did nothing."""
 
 
@@ -220,7 +227,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
             f"no STARTD_JOB_HOOK_KEYWORD or {config.slot_id_from_name(name)}"
             "_JOB_HOOK_KEYWORD for this slot"
         )
-    settings = config.load_settings(keyword)
+    settings = request.settings_for(keyword)
     if request.set_deadline is not None:
         request.set_deadline(settings.fetch_deadline)
     store = store_for(settings)
@@ -344,7 +351,7 @@ def prepare_job(request: HookRequest) -> HookResponse:
     slot = request.env.get("_CONDOR_SLOT")
     problem = get_str(job, "JobstoreLaunchError") if _ours(job) else None
     code = get_int(job, "JobstoreLaunchErrorCode") or 0
-    if problem and (code == holds.TRANSFER_INPUT_ERROR or config.load_settings(
+    if problem and (code == holds.TRANSFER_INPUT_ERROR or request.settings_for(
         config.starter_keyword(get_str(job, "HookKeyword"))
     ).check_launch):  # found as the job's user (launchcheck, the sandbox): hold, never run
         job["HoldReason"] = f"Error from {slot or 'the execute node'}: {problem}"
@@ -503,7 +510,7 @@ def _report(
     )
     name = ad_job_id(job)
     keyword = config.starter_keyword(get_str(job, "HookKeyword"))
-    settings = config.load_settings(keyword)
+    settings = request.settings_for(keyword)
     report = Report.parse(
         {
             "keyword": settings.keyword,
@@ -648,7 +655,7 @@ def spool_sender(services: frozenset[int]) -> Callable[[Any, int], Outcome]:
                 raise
             # an ordinary account's report about another store: never applied here, and it
             # must not keep the genuine ones from being looked at (quarantined)
-            raise ValueError("a report about another job store") from None
+            raise InvalidInput("a report about another job store") from None
 
     return send
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from jobstore.core.jobs import CHANGE_COLUMNS, INT32, INT64
 from jobstore.core.states import HOOK_REPORTS, STARTD_EVENTS, STARTER_EVENTS, Event
+from jobstore.errors import JobstoreError
 
 __all__ = ["STARTD_EVENTS", "STARTER_EVENTS", "BadReport", "Caller", "Report", "check_changes"]
 
@@ -67,7 +68,7 @@ _FIELDS = frozenset(
 )
 
 
-class BadReport(ValueError):
+class BadReport(JobstoreError, ValueError):
     """A report that no genuine hook could have written; never applied."""
 
 

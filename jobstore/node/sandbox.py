@@ -17,6 +17,7 @@ import errno
 import os
 import stat
 
+from jobstore.errors import JobstoreError
 from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
 
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 Manifest = list  # of (name, sha256, size, mode)
 
 
-class SandboxError(Exception):
+class SandboxError(JobstoreError):
     """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
 
     def __init__(self, message: str, err: int = 0) -> None:

@@ -62,7 +62,7 @@ def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Jo
     if len(request.argv) < 4 or not all(a.isdigit() for a in request.argv[1:3]):
         raise HookError("needs the keyword, job id, attempt and token")
     keyword, job_id, attempt, token = request.argv[:4]
-    settings = config.load_settings(config.starter_keyword(keyword))
+    settings = request.settings_for(config.starter_keyword(keyword))
     store = store_for(settings)
     job = store.get_job(int(job_id))
     if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from jobstore.errors import InvalidInput, JobstoreError
+
 SUFFIX = ".report"
 DIR_MODE = 0o1733  # the shared directory (owned by root)
 PRIVATE_MODE = 0o700  # an ordinary account's own directory
@@ -51,7 +53,7 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 _log = logging.getLogger(__name__)
 
 
-class SpoolError(OSError):
+class SpoolError(JobstoreError, OSError):
     """The spool directory cannot be used safely."""
 
 
@@ -289,7 +291,7 @@ def read_file(path: Path, owner: int | None) -> tuple[bytes, int]:
         if owner is not None and st.st_uid != owner:
             raise OSError(f"{path.name} belongs to uid {st.st_uid}")
         if st.st_size > MAX_RECORD:
-            raise ValueError(f"{path.name} is larger than {MAX_RECORD} bytes")
+            raise InvalidInput(f"{path.name} is larger than {MAX_RECORD} bytes")
         chunks, total = [], 0
         while total <= MAX_RECORD:
             chunk = os.read(fd, MAX_RECORD + 1 - total)
@@ -298,7 +300,7 @@ def read_file(path: Path, owner: int | None) -> tuple[bytes, int]:
             chunks.append(chunk)
             total += len(chunk)
         if total > MAX_RECORD:
-            raise ValueError(f"{path.name} is larger than {MAX_RECORD} bytes")
+            raise InvalidInput(f"{path.name} is larger than {MAX_RECORD} bytes")
         return b"".join(chunks), st.st_uid
     finally:
         os.close(fd)

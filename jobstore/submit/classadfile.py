@@ -14,6 +14,7 @@ import classad2
 from jobstore.core import limits
 from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
+from jobstore.errors import InvalidInput
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
 from jobstore.submit.syntax import env_v1_to_v2, env_words_to_v2, join_args_v2, split_args_v2
 from jobstore.submit.values import (
@@ -203,14 +204,14 @@ def _spec_from_ad(source: str, number: int, attrs: dict[str, str], base: str) ->
         text = attrs[lower[attr.lower()]]
         value = ad.eval(lower[attr.lower()])
         if type(value) is not kind:  # bool and classad2.Value are int subclasses
-            raise ValueError(f"must be {'an integer' if kind is int else 'a string'}, not {text}")
+            raise InvalidInput(f"must be {'an integer' if kind is int else 'a string'}, not {text}")
         return value
 
     try:
         iwd = abspath(base, get("Iwd", str, base))
         cmd = get("Cmd", str)
         if cmd is None:
-            raise ValueError("missing: every job ad needs a Cmd attribute")
+            raise InvalidInput("missing: every job ad needs a Cmd attribute")
         spec = JobSpec(
             cmd=abspath(iwd, cmd),
             args=_ad_args(get),

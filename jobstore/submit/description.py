@@ -27,6 +27,7 @@ from jobstore.core.jobs import (
     ProcTemplate,
 )
 from jobstore.core.policy import POLICY_COMMANDS
+from jobstore.errors import InvalidInput
 from jobstore.submit import commands
 from jobstore.submit.classadfile import AD_FIELDS
 from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
@@ -116,7 +117,7 @@ def kill_signal(value: str) -> str:
         sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
             text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
-        raise ValueError(f"{value.strip()!r} is not a signal") from None
+        raise InvalidInput(f"{value.strip()!r} is not a signal") from None
     return sig.name
 
 
@@ -434,7 +435,7 @@ def _submit_bool(text: str) -> bool:
         return True
     if low in FALSE_WORDS:
         return False
-    raise ValueError(f"{text.strip()!r} is not true or false")
+    raise InvalidInput(f"{text.strip()!r} is not true or false")
 
 
 def _getenv(value: str) -> dict[str, str]:
@@ -746,10 +747,10 @@ class _SubmitExpander:
             iwd = conv("initialdir", lambda v: abspath(self.base, v), self.base)
             cmd = conv("executable", lambda v: abspath(iwd, v))
             if cmd is None:
-                raise ValueError("missing: every job needs an executable")
+                raise InvalidInput("missing: every job needs an executable")
             if (not os.path.exists(cmd) and _is_true(values.get("transfer_executable", "true"))
                     and not _is_true(values.get("skip_filechecks", "false"))):
-                raise ValueError(
+                raise InvalidInput(
                     f"{cmd} does not exist here (when it exists only on the execute nodes, "
                     "say transfer_executable = false)"
                 )
@@ -845,7 +846,8 @@ class _SubmitExpander:
             try:
                 check_custom_name(name)
                 if name.lower() in AD_FIELDS:
-                    raise ValueError(f"{name} is set by a submit command; use the command instead")
+                    raise InvalidInput(
+                        f"{name} is set by a submit command; use the command instead")
                 check_value(what, value, is_string=False)
                 result[name] = old_expr(value)
             except ValueError as exc:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from jobstore.errors import JobstoreError
+
 MAX_PROCS = 100_000
 """Largest number of procs one submit file may produce."""
 
 
-class FieldError(ValueError):
+class FieldError(JobstoreError, ValueError):
     """A bad value, with the command or attribute it belongs to."""
 
     def __init__(self, what: str, message: str) -> None:
@@ -14,7 +16,7 @@ class FieldError(ValueError):
         self.what = what
 
 
-class SubmitError(Exception):
+class SubmitError(JobstoreError):
     """A submit description or ClassAd file cannot be turned into jobs."""
 
     def __init__(self, message: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from jobstore.errors import InvalidInput
+
 _V2_SPACE = " \t\n\r\v\f"
 
 
@@ -24,7 +26,7 @@ def split_args_v2(raw: str) -> list[str]:
             i += 1
             while True:
                 if i >= n:
-                    raise ValueError("unterminated single quote")
+                    raise InvalidInput("unterminated single quote")
                 if raw[i] == "'":
                     if raw.startswith("''", i):
                         word.append("'")
@@ -66,11 +68,11 @@ def _v2_unquote(value: str) -> str:
                 i += 2
                 continue
             if value[i + 1 :].strip():
-                raise ValueError("unexpected text after the closing double quote")
+                raise InvalidInput("unexpected text after the closing double quote")
             return "".join(out)
         out.append(c)
         i += 1
-    raise ValueError("missing closing double quote")
+    raise InvalidInput("missing closing double quote")
 
 
 def _split_v1_wacked(value: str) -> list[str]:
@@ -84,7 +86,7 @@ def _split_v1_wacked(value: str) -> list[str]:
                 word.append('"')
                 i += 2
             elif token[i] == '"':
-                raise ValueError(
+                raise InvalidInput(
                     "unescaped double quote in old-syntax arguments "
                     '(write \\" or put the whole value in double quotes)'
                 )
@@ -108,9 +110,9 @@ def env_words_to_v2(entries: Iterable[str]) -> str:
     for entry in entries:
         name, eq, val = entry.partition("=")
         if not eq or not name:
-            raise ValueError(f"entry {entry!r} is not NAME=value")
+            raise InvalidInput(f"entry {entry!r} is not NAME=value")
         if any(c in _V2_SPACE for c in name):
-            raise ValueError(f"variable name {name!r} contains whitespace")
+            raise InvalidInput(f"variable name {name!r} contains whitespace")
         merged[name] = val
     return join_args_v2(f"{k}={v}" for k, v in merged.items())
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import classad2
 
 from jobstore.core.jobs import JobSpec
+from jobstore.errors import InvalidInput
 from jobstore.submit.errors import FieldError, SubmitError
 
 RESERVED_PREFIX = "jobstore"
@@ -38,10 +39,10 @@ _UNITS = {
 def parse_int(value: str, minimum: int | None = None) -> int:
     """An integer literal, optionally with a lower bound."""
     if not INT.fullmatch(value.strip()):
-        raise ValueError(f"{value!r} is not an integer")
+        raise InvalidInput(f"{value!r} is not an integer")
     number = int(value)
     if minimum is not None and number < minimum:
-        raise ValueError(f"must be at least {minimum}, not {number}")
+        raise InvalidInput(f"must be at least {minimum}, not {number}")
     return number
 
 
@@ -49,16 +50,16 @@ def parse_size(value: str, base_bytes: int) -> int:
     """``<number>[unit]`` -> multiples of ``base_bytes`` (rounded up); no unit = base unit."""
     match = _SIZE.fullmatch(value.strip())
     if not match:
-        raise ValueError(f"{value!r} is not a non-negative size like 512, 2G or 1.5GB")
+        raise InvalidInput(f"{value!r} is not a non-negative size like 512, 2G or 1.5GB")
     unit = match.group(2).lower()
     if unit not in _UNITS:
-        raise ValueError(
+        raise InvalidInput(
             f"unknown unit {match.group(2)!r} in {value!r} (use K, KB, M, MB, G, GB, T or TB)"
         )
     try:
         number = Decimal(match.group(1))
     except InvalidOperation as exc:  # pragma: no cover - the regex already checked it
-        raise ValueError(f"{value!r} is not a number") from exc
+        raise InvalidInput(f"{value!r} is not a number") from exc
     unit_bytes = _UNITS[unit]
     size = number if unit_bytes is None else number * unit_bytes / base_bytes
     return math.ceil(size)
@@ -96,7 +97,7 @@ def _parse_expr(text: str) -> classad2.ExprTree:
     try:
         return classad2.ExprTree(text)
     except Exception as exc:
-        raise ValueError(f"{text!r} is not a valid ClassAd expression") from exc
+        raise InvalidInput(f"{text!r} is not a valid ClassAd expression") from exc
 
 
 def old_expr(text: str) -> str:
@@ -171,10 +172,10 @@ def check_spec(spec: JobSpec, names: dict[str, str]) -> None:
 def check_custom_name(name: str) -> None:
     """Custom attribute names must be identifiers and not the job store's own."""
     if not IDENT.fullmatch(name):
-        raise ValueError(f"attribute name {name!r} is not a valid identifier")
+        raise InvalidInput(f"attribute name {name!r} is not a valid identifier")
     lower = name.lower()
     if lower.startswith(RESERVED_PREFIX) or lower in RESERVED_ATTRS:
-        raise ValueError(f"attribute {name} is reserved for the job store")
+        raise InvalidInput(f"attribute {name} is reserved for the job store")
 
 
 def abspath(base: str, path: str) -> str:
