@@ -364,3 +364,18 @@ def test_a_job_whose_claim_lease_expired_wakes_a_waiting_fetch(
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
     row = store.get_job(job_id)
     assert (row.status, row.claims, row.slot) == ("fetched", 2, "slot2@node01")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_timer_wake_reads_and_claims_only_when_a_job_is_idle(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """SQLite announces nothing: the agent wakes a waiting fetch every half second, which
+    reads whether its queue has an idle job and claims only then (an empty queue: no claim
+    after the fetch's first), and still returns the job submitted while it waits."""
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    time.sleep(2)  # four timer wake-ups
+    assert _metric(waiting, "jobstore_agent_claims_total") == 1 and proc.poll() is None
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+    assert _metric(waiting, "jobstore_agent_claims_total") == 2

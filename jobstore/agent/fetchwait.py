@@ -7,8 +7,9 @@ jobs table's triggers in the transaction that makes it so, with the new work's q
 requests); the agent LISTENs on one connection per database and wakes one waiting fetch that the
 work fits per announced shape, and another each time a woken fetch finds a job. Where
 notifications cannot arrive (SQLite, a pooler in transaction mode, a lost connection) it wakes
-one waiting fetch per database every POLL seconds: one claim per node per interval, not one per
-slot. A fetch whose hook is gone (killed, SIGTERM) is dropped at once; one that waited its bound
+one waiting fetch per database every POLL seconds (SAFETY seconds where they can, against a lost
+one), which reads whether its queue has an idle job and claims only then: one indexed read per
+node per interval, not a claim per slot. A fetch whose hook is gone (killed, SIGTERM) is dropped at once; one that waited its bound
 is answered with nothing.
 """
 
@@ -72,6 +73,7 @@ class Parked:
     idle: handlers.IdleSlot
     until: float  # time.monotonic()
     shapes: list[Shape] | None = field(default=None)  # what woke it, if something did
+    polled: bool = False  # woken by a timer (POLL, SAFETY), not by a notification
 
 
 @dataclass
@@ -126,22 +128,21 @@ class FetchWaits:
         with self._lock:
             self._empty[slot_key(stdin)] = (idle, time.monotonic())
 
-    def quiet(self, stdin: bytes) -> handlers.IdleSlot | None:
+    def quiet(self, stdin: bytes) -> tuple[handlers.IdleSlot, bool] | None:
         """The slot's last fetch that found nothing, when nothing can have changed since: its
-        database announces new work (and has not, nor has its LISTEN been re-made), and it was
-        less than QUIET seconds ago (a lost notification is caught by the database's SAFETY
-        wake-up). Such a fetch waits without a claim: an idle node makes none while the queue
-        is empty."""
+        database announces new work (and has not, nor has its LISTEN been re-made). Such a
+        fetch waits without a claim: an idle node makes none while the queue is empty. With
+        it, whether that was less than QUIET seconds ago (else, against a lost notification,
+        the fetch waits only if its queue has no idle job at all)."""
         with self._lock:
             last = self._empty.get(slot_key(stdin))
             if last is None:
                 return None
             idle, when = last
             db = self._dbs.get(idle.database_url)
-            if (db is None or db.listener is None or db.notified >= when
-                    or time.monotonic() - when >= QUIET):
+            if db is None or db.listener is None or db.notified >= when:
                 return None
-            return idle
+            return idle, time.monotonic() - when < QUIET
 
     def found(self, parked: Parked) -> None:
         """A woken fetch found a job: there may be more of what woke it; wake another."""
@@ -280,7 +281,7 @@ class FetchWaits:
         if shapes:
             self._wake(url, shapes)
 
-    def _wake(self, url: str, shapes: list[Shape | None]) -> None:
+    def _wake(self, url: str, shapes: list[Shape | None], polled: bool = False) -> None:
         """Wake one waiting fetch of `url` per shape that it fits (no herd)."""
         woken = []
         with self._lock:
@@ -290,6 +291,7 @@ class FetchWaits:
                 if parked is not None:
                     woken.append(parked)
                     parked.shapes = None if shape is None else [shape]
+                    parked.polled = polled
             for parked in woken:
                 self._parked.remove(parked)
         for parked in woken:
@@ -314,7 +316,7 @@ class FetchWaits:
                     db.next_wake = now + (SAFETY if db.listener is not None else POLL)
                     due.append(url)
         for url in due:
-            self._wake(url, [None])
+            self._wake(url, [None], polled=True)
 
     def _poke(self) -> None:
         try:

@@ -560,6 +560,10 @@ class Agent:
                 if self._quiet_wait(item):
                     waiting = True  # nothing new since this slot's last claim: none now
                     return
+            if (hook == "fetch_job" and item.parked is not None and item.parked.polled
+                    and self._nothing_idle(item)):
+                waiting = True  # woken by a timer, and its queue has no idle job: no claim
+                return
             serve = sandboxcalls.handle if hook in sandboxcalls.CALLS else handlers.handle
             response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
@@ -619,15 +623,39 @@ class Agent:
         """Let the fetch wait without a claim when nothing is new since its slot's last claim
         (FetchWaits.quiet), doing the upkeep a fetch does now and then all the same; whether
         it waits."""
-        quiet = None if self._waits is None else self._waits.quiet(item.stdin)
-        if quiet is None:
+        found = None if self._waits is None else self._waits.quiet(item.stdin)
+        if found is None:
             return False
+        quiet, recent = found
+        if not recent:  # long ago: claim unless the queue has no idle job at all
+            if not self._no_idle_job(quiet):
+                return False
+            assert self._waits is not None
+            self._waits.nothing(item.stdin, quiet)
         try:
             for note in handlers.upkeep(handlers.store_for(quiet.settings), quiet.settings):
                 log.warning("fetch_job: %s", one_line(note))
         except Exception as exc:  # as in a fetch: the upkeep never costs the call
             log.warning("fetch_job: upkeep failed: %s: %s", type(exc).__name__, exc)
         return self._wait(item, HookResponse(idle=quiet), claimed=False)
+
+    def _nothing_idle(self, item: _Work) -> bool:
+        """A waiting fetch woken by a timer (no notification) parks again without a claim when
+        its queue has no idle job (one indexed read instead); whether it does."""
+        assert item.parked is not None
+        if not self._no_idle_job(item.parked.idle):
+            return False
+        item.parked.polled = False
+        return self._wait(item, HookResponse(idle=item.parked.idle), claimed=False)
+
+    @staticmethod
+    def _no_idle_job(idle: handlers.IdleSlot) -> bool:
+        """Does the slot's queue have no idle job at all? (A failed read says it may have.)"""
+        try:
+            return not handlers.store_for(idle.settings).has_idle(idle.queue)
+        except Exception as exc:
+            log.warning("fetch_job: idle jobs not counted: %s: %s", type(exc).__name__, exc)
+            return False
 
     def _wait(self, item: _Work, response: HookResponse, claimed: bool = True) -> bool:
         """Let a fetch that found nothing (`claimed`: by a claim, else known to find nothing)

@@ -163,6 +163,13 @@ class JobReads(Transactions):
             after = ((last.finished_at, last.id) if newest_finished_first
                      else (last.cluster_id, last.proc_id))
 
+    def has_idle(self, queue: str) -> bool:
+        """Is any job of `queue` idle? One indexed read (the idle jobs' partial index): what
+        a waiting fetch asks before it claims on a timer rather than on a notification."""
+        q = select(jobs.c.id).where(status_in([Status.IDLE]), jobs.c.queue == queue).limit(1)
+        with self._tx() as conn:
+            return conn.execute(q).first() is not None
+
     def count_by_status(
         self,
         *,
