@@ -9,8 +9,8 @@ work fits per announced shape, and another each time a woken fetch finds a job. 
 notifications cannot arrive (SQLite, a pooler in transaction mode, a lost connection) it wakes
 one waiting fetch per database every POLL seconds (SAFETY seconds where they can, against a lost
 one), which reads whether its queue has an idle job and claims only then: one indexed read per
-node per interval, not a claim per slot. A fetch whose hook is gone (killed, SIGTERM) is dropped at once; one that waited its bound
-is answered with nothing.
+node per interval, not a claim per slot. A fetch whose hook is gone (killed, SIGTERM) is dropped
+at once; one that waited its bound is answered with nothing.
 """
 
 from __future__ import annotations
