@@ -26,6 +26,8 @@ _PUBLIC = {
     "submit_path": "jobstore.api.submission",
     "SubmitError": "jobstore.submit",
     "load_jobs": "jobstore.submit",
+    "JobstoreError": "jobstore.errors",
+    "InvalidInput": "jobstore.errors",
     "DatabaseError": "jobstore.errors",
     "UnknownJob": "jobstore.errors",
 }
@@ -33,7 +35,17 @@ __all__ = sorted(_PUBLIC)
 
 
 # No imports up here: the hooks import this package first, and `typing` alone would cost them
-# more than the rest of their start (tests/test_layers.py).
+# more than the rest of their start (tests/test_layers.py). Type checkers see the names below.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from jobstore.api.dags import Submit  # noqa: F401
+    from jobstore.api.schedd import JobAction, Schedd, SubmitResult  # noqa: F401
+    from jobstore.api.submission import submit_path  # noqa: F401
+    from jobstore.api.watch import JobFinished, subscribe, watch  # noqa: F401
+    from jobstore.core.jobs import Job, JobEvent, JobSpec  # noqa: F401
+    from jobstore.db.store import JobStore, Outcome  # noqa: F401
+    from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, UnknownJob  # noqa: F401
+    from jobstore.submit import SubmitError, load_jobs  # noqa: F401
 
 
 def __getattr__(name: str) -> object:

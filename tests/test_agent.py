@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -53,8 +54,9 @@ class Node:
 
     def env(self, **extra: str) -> dict[str, str]:
         spool_dir = self.spool or self.base / "spool"
-        return hook_env(self.db_url, self.config, **{
-            "JOBSTORE_AGENT_SOCKET": self.socket, "JOBSTORE_SPOOL": str(spool_dir), **extra})
+        env: dict[str, Any] = {
+            "JOBSTORE_AGENT_SOCKET": self.socket, "JOBSTORE_SPOOL": str(spool_dir), **extra}
+        return hook_env(self.db_url, self.config, **env)
 
     def start(self, **extra: str) -> None:
         self.log.write_text("")
@@ -173,6 +175,7 @@ def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None
     job = fetched.stdout
     node.hook("reply_fetch", job + b"-----\n" + slot_ad("slot1@node01"), ["accept"])
     assert _status(store, job_id) == "accepted"
+    assert node.agent is not None
     node.agent.kill()
     node.agent.wait()
     node.agent = None
@@ -210,7 +213,7 @@ def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) ->
         s.close()
     assert slow.recv(4096) == b""  # dropped after JOBSTORE_AGENT_READ_TIMEOUT
     slow.close()
-    assert node.agent.poll() is None
+    assert node.agent is not None and node.agent.poll() is None
     assert "bad request refused" in node.log.read_text()
 
 
@@ -226,6 +229,7 @@ def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:
     unread = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     assert unread.stdout == b"" and store.get_job(job_id).status == "idle"
     mark = len(node.log.read_text())
+    assert node.agent is not None
     node.agent.send_signal(signal.SIGHUP)
     node.wait_log("configuration reloaded", mark)
     fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
@@ -332,14 +336,14 @@ def test_agent_fetches_share_slots_and_respect_limits(
     second = submit_jobs(store, 4, bob)
     limited = submit_jobs(store, 4, alice, concurrency_limits="lic")
     node.start()
-    env = {"JOBSTORE_HOOK_MODE": "agent"}
-    got = []
+    env: dict[str, Any] = {"JOBSTORE_HOOK_MODE": "agent"}
+    got: list[int] = []
     for n in range(11):
         out = node.hook("fetch_job", slot_ad(f"slot{n}@node01"), **env)
         assert out.returncode == 0 and not out.stderr, out.stderr
         if out.stdout:
             ad = classads.parse_ad(classads.decode(out.stdout))
-            got.append(classads.get_int(ad, "JobstoreJobId"))
+            got.append(classads.get_int(ad, "JobstoreJobId") or 0)
     owners = [store.get_job(i).owner for i in got]
     assert owners[:8] == [alice, bob] * 4 or owners[:8] == [bob, alice] * 4, owners
     assert len(got) == 10  # the 11th slot finds only limited jobs, the limit full
@@ -393,6 +397,7 @@ def test_a_held_running_job_is_ended_by_its_next_update(
     job = store.claim(ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
                                    host="n", keyword="JOBSTORE", claim_lease=600),
                       lambda _j: Verdict(take=True))
+    assert job is not None
     sleeper = subprocess.Popen(["sleep", "300"], user=alice.pw_uid, group=alice.pw_gid,
                                extra_groups=[], start_new_session=True)
     try:
@@ -409,7 +414,7 @@ def test_a_held_running_job_is_ended_by_its_next_update(
         assert sleeper.wait(10) == -signal.SIGTERM
         got = store.get_job(job_id)
         assert (got.status, got.reason, got.hold_code) == ("held", "held by hand", 1)
-        assert store.events(job_id)[-1].reason.startswith("stale:")
+        assert (store.events(job_id)[-1].reason or "").startswith("stale:")
     finally:
         if sleeper.poll() is None:
             sleeper.kill()

@@ -217,8 +217,8 @@ def test_allowed_owners_at_submit_and_at_fetch(
     assert submit(db, sub).returncode == 0
     condor_config.write_text(base + "JOBSTORE_JOBSTORE_ALLOWED_OWNERS = somebody_else\n")
     slot = (TRANSCRIPTS / "01-normal-job/01-FETCH_WORK.stdin").read_bytes()
-    r = run_hook(hook_dir, "fetch_job", slot, env=hook_env(db, condor_config))
-    assert r.stdout == b""
+    fetched = run_hook(hook_dir, "fetch_job", slot, env=hook_env(db, condor_config))
+    assert fetched.stdout == b""
     (job,) = json.loads(cli(db, "q", "--json", "-a").stdout)
     assert job["status"] == "held" and "ALLOWED_OWNERS" in job["reason"]
 
@@ -266,6 +266,7 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
                            slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=60,
                            weight=2.0)
         job = store.claim(req, lambda _j: Verdict(take=True))
+        assert job is not None
     finally:
         store.engine.dispose()
     owner = _owner()

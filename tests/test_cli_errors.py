@@ -15,7 +15,7 @@ from hookseq import ordinary_owner
 
 from jobstore.db.schema import clusters, job_events, jobs
 
-BAD_FILES = {
+BAD_FILES: dict[str, str | bytes] = {
     "bad.sub": "executable = /bin/true\nrequest_memory = lots\nqueue\n",
     "noqueue.sub": "executable = /bin/true\n",
     "reserved.sub": 'executable = /bin/true\n+Owner = "root"\nqueue\n',

@@ -71,7 +71,7 @@ def check_database(url: str, ids: list[int], final: str) -> None:
         with store.engine.connect() as conn:
             states = dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())
             claims = dict(conn.execute(sa.select(jobs.c.id, jobs.c.claims)).all())
-            fetches = dict(
+            fetches: dict[int, int] = dict(
                 conn.execute(
                     sa.select(job_events.c.job_id, sa.func.count())
                     .where(job_events.c.event == "fetch")
@@ -108,8 +108,10 @@ def run_workers(script: Path, url: str, slots: list[str]) -> list[dict]:
     ]
     try:
         for p in procs:  # all imported and connected-ready before anyone claims
+            assert p.stdout is not None and p.stderr is not None and p.stdin is not None
             assert p.stdout.readline().strip() == "ready", p.stderr.read()
         for p in procs:
+            assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
         results = []
@@ -190,6 +192,7 @@ def test_concurrent_fetch_job_hooks(
                     return
                 ad = classads.parse_ad(classads.decode(res.stdout))
                 job_id = classads.get_int(ad, "JobstoreJobId")
+                assert job_id is not None
                 attempt = classads.get_int(ad, "JobstoreAttempt")
                 token = classads.get_str(ad, "JobstoreToken")
                 assert classads.get_str(ad, "Owner") == job_owner

@@ -97,7 +97,7 @@ def test_a_big_cluster_is_acted_on_in_pages(db_url: str) -> None:
         assert _page_times(store, "remove", ids[9:]) == 11  # 1,050 jobs, 100 a page
         assert len(totals.outcomes) == actions.SHOWN
         with store.engine.connect() as conn:
-            statuses = dict(conn.execute(select(jobs.c.status, func.count()).where(
+            statuses: dict[str, int] = dict(conn.execute(select(jobs.c.status, func.count()).where(
                 jobs.c.cluster_id == cluster).group_by(jobs.c.status)).all())
             removes = conn.execute(select(func.count()).select_from(job_events).where(
                 job_events.c.event == "remove", job_events.c.job_id.in_(ids))).scalar()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -159,7 +160,7 @@ def test_service_file(scram_pg: PrivateCluster, tmp_path: Path, hook_dir: Path,
     service.write_text(f"[jobstore]\nhost=127.0.0.1\nport={scram_pg.port}\ndbname={DATABASE}\n"
                        f"user={ROLE}\n")
     passfile = secret_file(tmp_path / "pgpass", f"*:*:*:{ROLE}:{PASSWORD}\n")
-    env = {"PGSERVICEFILE": str(service), "PGPASSFILE": str(passfile)}
+    env: dict[str, Any] = {"PGSERVICEFILE": str(service), "PGPASSFILE": str(passfile)}
     conf = write_config(tmp_path, f"JOBSTORE_DATABASE_URL = {url}\n")
     r = cli(conf, "q", "--json", env=env)
     assert r.returncode == 0, r.stderr

@@ -500,7 +500,7 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
     assert result.clusterad()["JobBatchName"] == "wf"
     assert _states(store, dag_id) == {"prep:0": "queued", "prep:1": "queued",
                                       "work:0": "waiting"}
-    args = sorted(j.ad.get("Args", j.ad.get("Arguments")) for j in store.list_jobs()
+    args = sorted(str(j.ad.get("Args", j.ad.get("Arguments"))) for j in store.list_jobs()
                   if j.ad["DAGNodeName"]["expr"].startswith('"prep'))
     assert args == ["1", "2"]
     assert sorted(_run(store)) == ["prep:0", "prep:1", "work:0"]

@@ -65,7 +65,7 @@ def make_config(env: dict[str, Path], **overrides: object) -> EmulatorConfig:
         "UPDATE_JOB_INFO": write_hook(hooks_dir / "update_job_info", PROBE),
         "JOB_EXIT": write_hook(hooks_dir / "job_exit", PROBE),
     }
-    hooks.update(overrides.pop("hooks", {}))  # type: ignore[arg-type]
+    hooks.update(overrides.pop("hooks", {}))  # type: ignore[arg-type,call-overload]
     values: dict[str, object] = {
         "hooks": hooks,
         "work_dir": str(env["work"]),

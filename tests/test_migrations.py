@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -158,7 +159,7 @@ def test_partial_index_predicates_and_sorting(db_url, tmp_path):
         assert migrated["ix_jobs_claim"][2] == {"priority": ("desc",)}
 
 
-def _plain(reflected: dict) -> str:
+def _plain(reflected: Any) -> str:
     """A reflected index as text (SQLite reflects predicates as TextClause objects)."""
     opts = {k: str(v) for k, v in reflected.get("dialect_options", {}).items()}
     return repr(sorted({**reflected, "dialect_options": opts}.items()))

@@ -107,7 +107,7 @@ def test_concurrency_limit_maximum_from_configuration() -> None:
     assert limits.maximum("undefined", config.get) == 2
     assert limits.maximum("small.license", config.get) == 3
     assert limits.maximum("other.license", config.get) == 2
-    assert limits.maximum("xsw", {}.get) == math.inf
+    assert limits.maximum("xsw", lambda _name: None) == math.inf
     with pytest.raises(ValueError, match="XSW_LIMIT"):
         limits.maximum("xsw", {"XSW_LIMIT": "many"}.get)
 

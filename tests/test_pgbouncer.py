@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -106,7 +107,7 @@ def _admin_show(admin: str, what: str) -> list[dict]:
     # The admin console speaks only the simple query protocol: a ClientCursor uses it.
     with psycopg.connect(admin, autocommit=True, cursor_factory=psycopg.ClientCursor) as conn:
         cur = conn.execute(f"SHOW {what}")
-        names = [d.name for d in cur.description]
+        names = [d.name for d in cur.description or []]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
@@ -121,7 +122,7 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
                        limit=lambda _name: 1000.0)
     try:
         while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
-            kw = {"token": job.token, "attempt": job.claims, "lease": 600}
+            kw: dict[str, Any] = {"token": job.token, "attempt": job.claims, "lease": 600}
             for event, changes in ((Event.PREPARE, {}), (Event.START, {"job_pid": 4242}),
                                    (Event.EXIT, {"exit_code": 0})):
                 out = store.report(job.id, event, changes=changes, **kw)
@@ -238,11 +239,11 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
     try:
         with engine.connect() as conn:
             states = dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())
-            exits = dict(conn.execute(
+            exits: dict[int, int] = dict(conn.execute(
                 sa.select(job_events.c.job_id, sa.func.count())
                 .where(job_events.c.event == "exit", job_events.c.to_status.is_not(None))
                 .group_by(job_events.c.job_id)).all())
-            fetches = dict(conn.execute(
+            fetches: dict[int, int] = dict(conn.execute(
                 sa.select(job_events.c.job_id, sa.func.count())
                 .where(job_events.c.event == "fetch").group_by(job_events.c.job_id)).all())
             stale = [dict(r._mapping) for r in conn.execute(sa.select(job_events).where(

@@ -49,14 +49,22 @@ def test_undefined_or_false_never_fires(expr: str) -> None:
     assert policy.exit_action(ad(ExitCode=0, OnExitHold=expr)) is None
 
 
+def fired(action: policy.Action | None) -> policy.Action:
+    """The action that fired (the test fails where none did)."""
+    assert action is not None
+    return action
+
+
 def test_a_number_other_than_zero_fires() -> None:
-    assert policy.periodic_action(ad(JobStatus=1, PeriodicRemove="2"), now=0).kind == "remove"
+    removed = fired(policy.periodic_action(ad(JobStatus=1, PeriodicRemove="2"), now=0))
+    assert removed.kind == "remove"
 
 
 def test_order_and_states() -> None:
     both = dict(PeriodicHold="true", PeriodicRemove="true")
-    assert policy.periodic_action(ad(JobStatus=1, **both), now=0).kind == "hold"  # hold first
-    assert policy.periodic_action(ad(JobStatus=5, **both), now=0).kind == "remove"  # held
+    first = fired(policy.periodic_action(ad(JobStatus=1, **both), now=0))
+    assert first.kind == "hold"  # hold first
+    assert fired(policy.periodic_action(ad(JobStatus=5, **both), now=0)).kind == "remove"  # held
     for done in (3, 4):  # removed, completed: nothing
         assert policy.periodic_action(ad(JobStatus=done, **both), now=0) is None
 
@@ -64,7 +72,7 @@ def test_order_and_states() -> None:
 def test_periodic_release_never_undoes_a_user_hold() -> None:
     rel = dict(JobStatus=5, PeriodicRelease="true")
     assert policy.periodic_action(ad(HoldReasonCode=1, **rel), now=0) is None
-    assert policy.periodic_action(ad(HoldReasonCode=3, **rel), now=0).kind == "release"
+    assert fired(policy.periodic_action(ad(HoldReasonCode=3, **rel), now=0)).kind == "release"
     assert policy.periodic_action(ad(JobStatus=1, PeriodicRelease="true"), now=0) is None
 
 
@@ -72,12 +80,12 @@ def test_allowed_durations_hold_running_jobs() -> None:
     running = dict(JobStatus=2, ShadowBday=1000, JobCurrentStartExecutingDate=1010)
     job = ad(AllowedJobDuration=100, **running)
     assert policy.periodic_action(job, now=1099) is None
-    fired = policy.periodic_action(job, now=1100)
-    assert (fired.kind, fired.code) == ("hold", holds.JOB_DURATION_EXCEEDED)
-    assert fired.reason == "The job exceeded allowed job duration of 0:01:40"
+    held = fired(policy.periodic_action(job, now=1100))
+    assert (held.kind, held.code) == ("hold", holds.JOB_DURATION_EXCEEDED)
+    assert held.reason == "The job exceeded allowed job duration of 0:01:40"
     exe = ad(AllowedExecuteDuration=60, **running)
     assert policy.periodic_action(exe, now=1070) is None  # not more than 60 s yet
-    assert policy.periodic_action(exe, now=1071).code == holds.JOB_EXECUTE_EXCEEDED
+    assert fired(policy.periodic_action(exe, now=1071)).code == holds.JOB_EXECUTE_EXCEEDED
     idle = ad(JobStatus=1, AllowedJobDuration=1, ShadowBday=0)
     assert policy.periodic_action(idle, now=10**9) is None
 
@@ -115,6 +123,7 @@ def submit(store: JobStore, **custom: str) -> int:
 
 def running(store: JobStore, **changes: Any) -> Any:
     job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
     out = store.report(job.id, Event.START, token=job.token, attempt=job.claims,
                        changes={"job_pid": 42, **changes})
     assert out.after == "running"
@@ -166,6 +175,7 @@ def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
     late = exit_with(store, job, 0)
     assert late.stale and store.get_job(job_id).status == "held"
     ev = store.events(job_id)[-2]
+    assert ev.attrs is not None
     assert (ev.event, ev.to_status, ev.attrs["HoldReasonCode"], ev.attrs["HoldReasonSubCode"]) \
         == ("hold", "held", 3, 9)
 
@@ -268,6 +278,7 @@ def test_prepare_job_holds_a_job_that_cannot_start(
         assert seq.calls[-1].hook == "job_exit" and seq.calls[-1].argv == ["evict"]
         job = store.get_job(job_id)
         assert (job.status, job.hold_code, job.hold_subcode) == ("held", code, sub)
+        assert job.reason is not None
         assert job.reason.startswith("Error from ") and words in job.reason
         assert job.attempts == 0  # a hold, not a failed attempt
     finally:

@@ -104,6 +104,7 @@ def test_foreign_spool_records_do_not_block_a_genuine_one(
         secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd],  # noqa: F811
 ) -> None:
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
+    assert nd.spool is not None
     nd.start()
     job_id, job = _accepted_job(nd, store, alice.pw_name)
     assert nd.stop() == 0

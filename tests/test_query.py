@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from classad2 import ExprTree
@@ -18,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from jobstore.core.jobs import JobSpec
+from jobstore.core.jobs import Job, JobSpec
 from jobstore.db.constraint import ConstraintError, matches, plan
 from jobstore.db.schema import jobs as jobs_table
 from jobstore.db.store import AUTOCLUSTER_KEY, JobStore
 from jobstore.formats import views
 
-KW = {"keyword": "JOBSTORE", "uid_domain": "localdomain"}
+KW: dict[str, Any] = {"keyword": "JOBSTORE", "uid_domain": "localdomain"}
 
 # (owner, queue, cpus, memory, priority, status, exit_code, exit_signal, slot, custom ad)
 ROWS = [
@@ -39,7 +40,7 @@ ROWS = [
 ]
 
 
-def _fill(store: JobStore) -> list[dict]:
+def _fill(store: JobStore) -> list[Job]:
     """One cluster per row, then the row's status and outcome columns set directly."""
     for owner, queue, cpus, mem, prio, status, code, sig, slot, custom in ROWS:
         nj = JobSpec("/bin/true", request_cpus=cpus, request_memory=mem,
@@ -64,7 +65,7 @@ def run_constraint(store: JobStore, text: str) -> set[int]:
     return {j.id for j in found}
 
 
-def classad_truth(all_jobs: list[dict], text: str) -> set[int]:
+def classad_truth(all_jobs: list[Job], text: str) -> set[int]:
     expr = ExprTree(text)
     return {j.id for j in all_jobs if matches(expr, views.job_ad(j, **KW))}
 
@@ -140,7 +141,7 @@ constraint = st.recursive(bool_atom, _combine, max_leaves=5)
 
 
 @pytest.fixture
-def filled(store: JobStore) -> tuple[JobStore, list[dict]]:
+def filled(store: JobStore) -> tuple[JobStore, list[Job]]:
     return store, _fill(store)
 
 
@@ -150,14 +151,14 @@ def filled(store: JobStore) -> tuple[JobStore, list[dict]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(text=constraint)
-def test_constraint_in_sql_equals_classad2(filled: tuple[JobStore, list[dict]], text: str) -> None:
+def test_constraint_in_sql_equals_classad2(filled: tuple[JobStore, list[Job]], text: str) -> None:
     store, all_jobs = filled
     assert run_constraint(store, text) == classad_truth(all_jobs, text), text
     if not any(o in text for o in OPAQUE):
         assert plan(text).residual is None, f"not translated: {text}"
 
 
-def test_case_and_undefined_semantics(filled: tuple[JobStore, list[dict]]) -> None:
+def test_case_and_undefined_semantics(filled: tuple[JobStore, list[Job]]) -> None:
     store, all_jobs = filled
     by_owner = {j.id: j.owner for j in all_jobs}
     alices = run_constraint(store, 'Owner == "ALICE"')
@@ -184,7 +185,7 @@ def test_plan_splits_conjuncts() -> None:
             plan(bad)
 
 
-def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[dict]]) -> None:
+def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[Job]]) -> None:
     store, all_jobs = filled
     where = plan("RequestMemory >= 128").where
     groups = store.autoclusters(include_final=True, where=where)
@@ -255,7 +256,7 @@ def test_cli_af_constraint_autocluster(
 
 
 def test_a_projection_of_columns_reads_no_stored_ad(
-        filled: tuple[JobStore, list[dict]]) -> None:
+        filled: tuple[JobStore, list[Job]]) -> None:
     """Projection in SQL: the attributes of views.COLUMN_ATTRIBUTES are the same whether the
     stored ad is read or not (so a projection of them leaves the `ad` column unread), and
     Schedd.query and history leave it unread exactly then."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -81,7 +82,7 @@ def test_storage_parameters_are_set_on_postgresql(store: JobStore) -> None:
     if store.engine.dialect.name != "postgresql":
         pytest.skip("storage parameters are PostgreSQL's")
     with store.engine.connect() as conn:
-        found = dict(conn.execute(text(
+        found: dict[str, Any] = dict(conn.execute(text(
             "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(:names)"),
             {"names": list(STORAGE_PARAMETERS)}).all())
     for table, params in STORAGE_PARAMETERS.items():
@@ -136,7 +137,7 @@ def test_init_warns_when_the_server_does_not_autovacuum(pg_url: str,
     from conftest import libpq_url
 
     with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
-        on = conn.execute("SHOW autovacuum").fetchone()[0] == "on"
+        on = (conn.execute("SHOW autovacuum").fetchone() or [""])[0] == "on"
     done = cli(pg_url, "init", env={"CONDOR_CONFIG": str(condor_config)})
     assert done.returncode == 0 and done.stdout.startswith("job store ready")
     warned = "jobstore: warning: autovacuum is off on this server" in done.stderr

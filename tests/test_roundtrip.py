@@ -16,6 +16,7 @@ import classad2
 import htcondor2
 import pytest
 import sqlalchemy as sa
+from argsplit import split_v2
 from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
@@ -53,39 +54,6 @@ PER_JOB = {"clusterid", "qdate", "jobstorejobid", "jobstoretoken"}
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-
-def v2_split(raw: str) -> list[str]:
-    """HTCondor's new (V2 raw) argument syntax, written independently of jobstore.submit."""
-    words: list[str] = []
-    word: list[str] | None = None
-    quoted = False
-    i = 0
-    while i < len(raw):
-        c = raw[i]
-        if quoted:
-            if raw.startswith("''", i):
-                word.append("'")
-                i += 1
-            elif c == "'":
-                quoted = False
-            else:
-                word.append(c)
-        elif c in " \t":
-            if word is not None:
-                words.append("".join(word))
-                word = None
-        else:
-            word = [] if word is None else word
-            if c == "'":
-                quoted = True
-            else:
-                word.append(c)
-        i += 1
-    assert not quoted, raw
-    if word is not None:
-        words.append("".join(word))
-    return words
 
 
 def v2_submit_value(words: list[str]) -> str:
@@ -182,7 +150,7 @@ def value_of(ad: classad2.ClassAd, name: str, expected: object) -> object:
     """The attribute as the test expects it: words for Arguments/Environment, else the value."""
     got = ad.eval(name)
     assert type(got) is str, (name, got)
-    return v2_split(got) if isinstance(expected, list) else got
+    return split_v2(got) if isinstance(expected, list) else got
 
 
 def check_exact(stdout: bytes, ad: classad2.ClassAd, expect: dict[str, object]) -> None:
@@ -335,7 +303,7 @@ def test_new_syntax_as_htcondor_manual(node: Node) -> None:
     for command, value, words in cases:
         _, ad = node.fetch()
         attr = "Arguments" if command == "arguments" else "Environment"
-        assert v2_split(ad.eval(attr)) == words, value
+        assert split_v2(ad.eval(attr)) == words, value
 
 
 # ---- arbitrary strings ----------------------------------------------------------------------

@@ -133,6 +133,7 @@ def test_rewritten_report_cannot_change_the_job(
     genuine report could not be: each version is quarantined, and the job's owner, log path and
     state stay as the job store decided; then her genuine report is applied."""
     nd, alice, bob = secure_node, users[JOB_USERS[0]], users[JOB_USERS[1]]
+    assert nd.spool is not None
     nd.start()
     job_id, job = _accepted_job(nd, store, alice.pw_name)
     (bobs_job, _) = _accepted_job(nd, store, bob.pw_name, "slot2@node01")
@@ -166,8 +167,8 @@ def test_rewritten_report_cannot_change_the_job(
     assert row.cmd == "/bin/true" and row.queue == "default"
     assert row.status == "completed"  # the genuine report, after every tampered one
     assert store.get_job(bobs_job).status == "accepted"
-    bad = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
-    assert len(bad) == 11 and _spooled(nd) == []
+    quarantined = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
+    assert len(quarantined) == 11 and _spooled(nd) == []
     assert not Path("/root/owned.log").exists()
 
 
@@ -237,6 +238,7 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
     `jobstore replay` neither blocks nor follows them, removes what is not a file, quarantines
     the record, and sends the genuine report behind them."""
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
+    assert nd.spool is not None
     nd.start()
     job_id, job = _accepted_job(nd, store, alice.pw_name)
     assert nd.stop() == 0

@@ -108,8 +108,8 @@ def test_no_statement_is_written_anywhere_else() -> None:
         if rel.startswith("db/migrations/"):  # Alembic's revisions keep their own DDL
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            is_text = isinstance(node, ast.Constant) and isinstance(node.value, str)
-            if is_text and node.value.lstrip().startswith(SQL_STARTS):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and node.value.lstrip().startswith(SQL_STARTS)):
                 found.append(f"{rel}:{node.lineno}")
     assert not found, f"hand-written SQL outside jobstore/db/queries.sql: {found}"
 

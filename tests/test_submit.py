@@ -6,6 +6,7 @@ from pathlib import Path
 
 import classad2
 import pytest
+from argsplit import split_v2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,39 +23,6 @@ from jobstore.submit import (
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def split_v2(raw: str) -> list[str]:
-    """A small, independent splitter for HTCondor's new (V2 raw) argument syntax."""
-    words: list[str] = []
-    word: list[str] | None = None
-    quoted = False
-    i = 0
-    while i < len(raw):
-        c = raw[i]
-        if quoted:
-            if c == "'" and raw[i + 1 : i + 2] == "'":
-                word.append("'")
-                i += 1
-            elif c == "'":
-                quoted = False
-            else:
-                word.append(c)
-        elif c == " ":
-            if word is not None:
-                words.append("".join(word))
-            word = None
-        else:
-            word = [] if word is None else word
-            if c == "'":
-                quoted = True
-            else:
-                word.append(c)
-        i += 1
-    assert not quoted, f"unterminated quote in {raw!r}"
-    if word is not None:
-        words.append("".join(word))
-    return words
 
 
 def to_v2_quoted(words: list[str]) -> str:
@@ -242,6 +210,7 @@ def test_requirements(tmp_path: Path) -> None:
 
 def test_old_syntax_backslash_in_expression_string(tmp_path: Path) -> None:
     job = one(tmp_path, r'requirements = Path == "C:\dir"')
+    assert job.requirements is not None
     assert classad2.ExprTree(job.requirements.split("== ", 1)[1]).eval() == "C:\\dir"
 
 
@@ -423,7 +392,8 @@ def test_parse_submit_text(tmp_path: Path) -> None:
 
 
 def procs(tmp_path: Path, queue: str, body: str = "arguments = $(Process)") -> list[JobSpec]:
-    return parse_submit_file(write(tmp_path, f"executable = /bin/echo\n{body}\n{queue}\n"))
+    return list(parse_submit_file(
+        write(tmp_path, f"executable = /bin/echo\n{body}\n{queue}\n")))
 
 
 def test_queue_plain_and_count(tmp_path: Path) -> None:
@@ -470,7 +440,7 @@ def test_queue_matching(tmp_path: Path) -> None:
     for name in ("one.txt", "two.txt", "other.dat"):
         (tmp_path / name).write_text("")
     jobs = procs(tmp_path, "queue f matching *.txt", "input = $(f)")
-    assert sorted(j.input for j in jobs) == ["one.txt", "two.txt"]
+    assert sorted(j.input or "" for j in jobs) == ["one.txt", "two.txt"]
 
 
 def test_macros(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_the_table_holds_every_htcondor_25_command() -> None:
         assert (command.kind == "stored") == bool(command.attribute), command
 
 
-@pytest.mark.parametrize("name", sorted(COMMANDS, key=str.lower))
+@pytest.mark.parametrize("name", sorted(COMMANDS, key=lambda name: str(name).lower()))
 def test_each_command_is_handled_stored_or_refused(tmp_path: Path, name: str) -> None:
     command = COMMANDS[name]
     if command.kind == "handled":

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from conftest import TRANSCRIPTS
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
 
-from jobstore.core.jobs import JobSpec
+from jobstore.core.jobs import Job, JobEvent, JobSpec
 from jobstore.core.states import Status
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
@@ -168,7 +168,7 @@ def dump(store: JobStore) -> tuple[list[tuple], list[tuple]]:
     return j, e
 
 
-def check_event_chain(store: JobStore, job_id: int) -> list[dict]:
+def check_event_chain(store: JobStore, job_id: int) -> list[JobEvent]:
     events = store.events(job_id)
     assert events, f"job {job_id} has no events"
     assert events[0].event == "submit" and events[0].from_status is None
@@ -228,7 +228,8 @@ def env_for(db_url: str, condor_config: Path, tmp_path: Path):
     log = tmp_path / "hooks.log"
 
     def make(call_env: dict[str, str] | None = None) -> dict[str, str]:
-        extra = {k: v for k, v in (call_env or {}).items() if k != "CONDOR_CONFIG"}
+        extra: dict[str, Any] = {k: v for k, v in (call_env or {}).items()
+                                 if k != "CONDOR_CONFIG"}
         return hook_env(db_url, condor_config, JOBSTORE_HOOK_LOG=str(log), **extra)
 
     make.log = log  # type: ignore[attr-defined]
@@ -296,6 +297,7 @@ class Replay:
         self.identity[expect_job] = [
             ln for ln in result.stdout.split(b"\n") if ln.split(b" = ")[0].decode() in IDENTITY
         ]
+        assert job.token is not None
         self.secrets.append(job.token.encode())
 
     def report(self, call: Call, job_id: int) -> HookResult:
@@ -328,7 +330,7 @@ def busy(slot_stdin: bytes) -> bool:
     ) is None
 
 
-def fits(job: dict, slot_stdin: bytes) -> bool:
+def fits(job: Job, slot_stdin: bytes) -> bool:
     def num(name: bytes) -> int:
         m = re.search(rb"^" + name + rb" = (\d+)$", slot_stdin, re.M)
         return int(m.group(1)) if m else 0
@@ -417,7 +419,7 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
             assert res.returncode == 0 and res.stdout == b"" and res.stderr == b""
             assert store.get_job(job_id) == row
             last = store.events(job_id)[-1]
-            assert last.to_status is None and last.reason.startswith("stale"), last
+            assert last.to_status is None and (last.reason or "").startswith("stale"), last
 
     # The unmodified recorded stdin names no job of ours: every hook leaves it alone (one call
     # per hook, argv and job of the scenario, to keep the number of processes down).

@@ -29,7 +29,7 @@ from jobstore.agent.protocol import (
     encode,
 )
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
+from jobstore.core.jobs import Job, JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.errors import NotOwner, UnknownJob
@@ -145,7 +145,7 @@ ME = pwd.getpwuid(os.geteuid()).pw_name
 
 
 @pytest.fixture(scope="module")
-def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[str, Any], str]:
+def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, Job, str]:
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'jobstore.db'}"
     upgrade(url)
     s = JobStore.from_url(url)
@@ -162,13 +162,14 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, dict[st
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_nothing_applied_that_a_genuine_report_could_not_apply(
-    claimed: tuple[JobStore, dict[str, Any], str], data: st.DataObject,
+    claimed: tuple[JobStore, Job, str], data: st.DataObject,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Mutated reports of the job's owner and of another account, sent through the same path
     as a replay: the job's decided columns never change; a refusal is all that can come back."""
     s, job, url = claimed
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
+    assert job.token is not None
     base = genuine(job.id, job.token, job.claims, store_identity(url))
     record = data.draw(mutated(base))
     other = 0 if os.geteuid() else 65534  # root, or nobody: not the owner either way
@@ -225,6 +226,6 @@ def test_live_agent_answers_anything_and_stays_up(node: Node, payload: bytes) ->
     if answer:
         items = decode_body(answer[HEADER:], big_item=2)
         assert answer[:4] == MAGIC and items[0] in (b"ok", b"busy", b"refused")
-    assert node.agent.poll() is None
+    assert node.agent is not None and node.agent.poll() is None
     good = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     assert good.returncode == 0 and good.stdout == b"" and good.stderr == b"", good.stderr

@@ -161,7 +161,7 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
         assert (run / "jobs.log").stat().st_uid == owner.pw_uid
 
 
-def _record(event: Event, before: str, after: str, **attrs: object) -> dict[str, object]:
+def _record(event: Event, before: str, after: str | None, **attrs: object) -> dict[str, object]:
     return {
         "event": str(event),
         "from_status": before,

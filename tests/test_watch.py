@@ -54,9 +54,9 @@ class Watcher:
         deadline = time.monotonic() + TIMEOUT
         with psycopg.connect(libpq_url(self.url), autocommit=True) as conn:
             while True:
-                n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                n = (conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                                  "current_database() AND query = %s",
-                                 (f"LISTEN {NOTIFY_CHANNEL}",)).fetchone()[0]
+                                 (f"LISTEN {NOTIFY_CHANNEL}",)).fetchone() or [0])[0]
                 if n:
                     return
                 assert self.proc.poll() is None, "".join(self.err)
@@ -358,8 +358,8 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
         with psycopg.connect(libpq_url(pg_url)) as u, psycopg.connect(libpq_url(pg_url)) as t:
             u.execute("UPDATE jobs SET reason = 'u' WHERE id = %s", (j1,))
             t.execute("UPDATE jobs SET reason = 't' WHERE id = %s", (j2,))
-            a = t.execute(insert, (j2,)).fetchone()[0]
-            b = u.execute(insert, (j1,)).fetchone()[0]
+            a = (t.execute(insert, (j2,)).fetchone() or [0])[0]
+            b = (u.execute(insert, (j1,)).fetchone() or [0])[0]
             assert a < b
             u.commit()
             first, _ = follower.read()
