@@ -166,7 +166,7 @@ class AttemptWatch:
             store = handlers.store_for(settings)
         except config.ConfigError:
             return
-        if store.engine.dialect.name != "postgresql":
+        if not store.can_listen:
             return
         self._relisten_at = time.monotonic() + RELISTEN
         listener = Listener(store, connect_timeout=settings.connect_timeout, channel=STOPS)

@@ -141,7 +141,7 @@ class _Follower:
         # id -> a transaction id newer than any that could still commit it (None: not yet known)
         self.gaps: dict[int, int | None] = {}
         self.silent_upto = silent_upto  # ids read that are at most this are not delivered
-        self.pg = store.engine.dialect.name == "postgresql"
+        self.late_ids = store.ids_commit_out_of_order
 
     def read(self) -> tuple[list[FeedEvent], bool]:
         """New events in id order (late ones first), and whether more are waiting."""
@@ -158,7 +158,7 @@ class _Follower:
                         del self.gaps[i]
         for i in found:
             self.gaps.pop(i, None)
-        if self.pg:
+        if self.late_ids:
             for i in range(self.high + 1, top):
                 if i not in found:
                     self.gaps[i] = None
@@ -244,14 +244,13 @@ class Subscription:
                     raise UnknownJob(str(text))
                 named.extend(found)
             self.job_ids = frozenset(j.id for j in named)
-        pg = store.engine.dialect.name == "postgresql"
         if isinstance(since, datetime):
             high, silent = store.last_event_id(before=since.timestamp()), 0
         elif since is not None:
             high, silent = int(since), 0
         else:  # from now on; on PostgreSQL re-check a window below for late commits
             silent = store.last_event_id()
-            high = max(0, silent - WINDOW) if pg else silent
+            high = max(0, silent - WINDOW) if store.ids_commit_out_of_order else silent
         self.follower = _Follower(store, high, silent)
         if named:
             candidates = [j for j in named if self._matches(j.id, j.owner, j.queue)]
@@ -262,7 +261,7 @@ class Subscription:
         self.tracked = {j.id for j in candidates}
         # finished before the watch: told after the first read, unless that read tells it
         self._done_at_start = [j for j in candidates if j.status in FINAL]
-        if pg and self.poll is not True:
+        if store.can_listen and self.poll is not True:
             listener = Listener(store, connect_timeout=5)
             try:
                 listener.open()

@@ -63,6 +63,17 @@ class Transactions:
         # Commit listeners (see CommitListener); the job event log writer is always one.
         self.listeners: list[CommitListener] = [userlog.on_commit]
 
+
+    @property
+    def can_listen(self) -> bool:
+        """Does the database announce changes (LISTEN/NOTIFY), or must a watcher poll?"""
+        return self._pg
+
+    @property
+    def ids_commit_out_of_order(self) -> bool:
+        """Can a row with a lower id commit after one with a higher id (concurrent writers
+        drawing from one sequence), so that a reader must look back for late ones?"""
+        return self._pg
     def listens_to_every_job(self) -> bool:
         """Does a commit listener want the events of jobs without a user log? (Only the user
         log's own listener is there by default, and it looks at jobs with a `log`.)"""
