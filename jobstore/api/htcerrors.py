@@ -1,5 +1,6 @@
 """Errors of `jobstore.Schedd` as htcondor2 raises them: each is still the package's own type
-(SubmitError, DatabaseError, UnknownJob, NotOwner, ValueError, ...) and also an
+(every JobstoreError: SubmitError, DatabaseError, UnknownJob, NotOwner, InvalidInput, ...; a
+ValueError, PermissionError or LookupError) and also an
 htcondor2.HTCondorException, so that `except htcondor2.HTCondorException` catches it."""
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ from typing import Any, TypeVar, cast
 
 import htcondor2
 
-from jobstore.errors import DatabaseError, NotOwner, UnknownJob
-from jobstore.submit.errors import SubmitError
+from jobstore.errors import JobstoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
-_TRANSLATED = (SubmitError, DatabaseError, UnknownJob, NotOwner, ValueError, PermissionError,
-               LookupError)
+_TRANSLATED = (JobstoreError, ValueError, PermissionError, LookupError)
 
 
 _MIXED: dict[type[BaseException], type[BaseException]] = {}

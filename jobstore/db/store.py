@@ -17,7 +17,7 @@ from itertools import islice
 from typing import Any
 
 from classad2 import ClassAd
-from sqlalchemy import ColumnElement, Connection, Table, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Table, bindparam, insert, select, update
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
@@ -52,7 +52,7 @@ from jobstore.db.sql import NEXT_CLUSTER_IDS, NEXT_JOB_IDS, READ_JOB
 from jobstore.db.transactions import AfterCommit, CommitListener, note_event
 from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
 from jobstore.errors import DatabaseError, InvalidInput, NotOwner, Refused, UnknownJob
-from jobstore.formats import views
+from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_changes, edit_target
 from jobstore.formats.jobads import submitted_ad
 
@@ -165,6 +165,14 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
     # How the periodic policy is evaluated (the agent's is bounded: jobstore.node.bounded).
     periodic_policy: Callable[[ClassAd, float], policy.Action | None] = staticmethod(
         policy.periodic_action)
+
+    def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000, *,
+                 user_log: bool = True) -> None:
+        """The store on `engine`; with `user_log`, its commits write the jobs' HTCondor event
+        logs (formats.userlog)."""
+        super().__init__(engine, statement_timeout_ms)
+        if user_log:
+            self.listen(userlog.on_commit, jobs_with_a_log_only=True)
 
     # ---- submit -------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from jobstore.db.engine import make_engine, safe_url
 from jobstore.db.kept import KeptConnection
 from jobstore.db.sql import opening
 from jobstore.errors import DatabaseError, InvalidInput, Refused
-from jobstore.formats import userlog
 
 # Called just before a transaction that wrote events commits, with those events in order: each a
 # dict of the job_events columns plus "job", the job row before the transition (None when not
@@ -60,9 +59,9 @@ class Transactions:
         # a pooled engine's store keeps one connection between its transactions (db.kept)
         self._kept = (KeptConnection.for_engine(engine)
                       if self._pg and not isinstance(engine.pool, NullPool) else None)
-        # Commit listeners (see CommitListener); the job event log writer is always one.
-        self.listeners: list[CommitListener] = [userlog.on_commit]
-
+        # Commit listeners (see CommitListener), wired where stores are built (JobStore)
+        self.listeners: list[CommitListener] = []
+        self._log_only: set[CommitListener] = set()  # those that look only at jobs with a log
 
     @property
     def can_listen(self) -> bool:
@@ -74,10 +73,17 @@ class Transactions:
         """Can a row with a lower id commit after one with a higher id (concurrent writers
         drawing from one sequence), so that a reader must look back for late ones?"""
         return self._pg
+
+    def listen(self, listener: CommitListener, *, jobs_with_a_log_only: bool = False) -> None:
+        """Call `listener` after each commit (`jobs_with_a_log_only`: it looks only at the
+        events of jobs with a user log, so a bulk path may skip the others')."""
+        self.listeners.append(listener)
+        if jobs_with_a_log_only:
+            self._log_only.add(listener)
+
     def listens_to_every_job(self) -> bool:
-        """Does a commit listener want the events of jobs without a user log? (Only the user
-        log's own listener is there by default, and it looks at jobs with a `log`.)"""
-        return any(listener is not userlog.on_commit for listener in self.listeners)
+        """Does a commit listener want the events of jobs without a user log?"""
+        return any(listener not in self._log_only for listener in self.listeners)
 
     @classmethod
     def from_url(
