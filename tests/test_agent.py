@@ -155,6 +155,7 @@ def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
     assert "stopped" in node.log.read_text()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
     """No socket: the hooks do the work themselves; JOBSTORE_HOOK_MODE=agent says so instead."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
@@ -165,6 +166,7 @@ def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
     assert seq.job_id == job_id and _status(store, job_id) == "completed"
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None:
     """Fetched and accepted through the agent; the agent is SIGKILLed; the starter hooks fall
     back to direct mode and the job completes exactly once."""

@@ -180,6 +180,7 @@ def bad_inputs(hook: str, argv: list[str], identity: list[bytes]) -> dict[str, t
     return cases
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize(("hook", "argv"), HOOKS, ids=HOOK_IDS)
 def test_bad_input(world: World, hook: str, argv: list[str]) -> None:
     cases = bad_inputs(hook, argv, world.identity)
@@ -239,6 +240,7 @@ SETTINGS = settings(
 )
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @SETTINGS
 @given(which=st.sampled_from(HOOKS), data=st.binary(max_size=3000))
 def test_random_bytes(world: World, which: tuple[str, list[str]], data: bytes) -> None:
@@ -247,6 +249,7 @@ def test_random_bytes(world: World, which: tuple[str, list[str]], data: bytes) -
     world.check(hook, world.run(hook, data, argv), before, pos)
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @SETTINGS
 @given(which=st.sampled_from(HOOKS), cut=st.floats(min_value=0.0, max_value=1.0),
        ours=st.booleans())
@@ -280,6 +283,7 @@ def claim_id_parts(stdin: bytes) -> list[bytes]:
     return [value, *parts]
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize(
     "transcript", ["01-normal-job/02-REPLY_FETCH.stdin",
                    "10c-rank-accept-never-runs/02-REPLY_FETCH.stdin"]

@@ -45,6 +45,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
     sub = _write(
         tmp_path,
@@ -73,6 +74,7 @@ def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
                          "0 held, 0 suspended")
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:
     """condor_q's single-dash options (-nobatch -totals -limit -format -json -long -run) and
     condor_history's columns, job ids and -match; `jobstore qedit` as condor_qedit."""
@@ -106,6 +108,7 @@ def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:
         "1.0"]
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue 2\n"))
     assert cli(db, "hold", "1.0", "-r", "maintenance").returncode == 0
@@ -129,6 +132,7 @@ def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
     assert again.returncode == 1 and "no unfinished job 1.0" in again.stderr
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -147,6 +151,7 @@ def test_bad_submit_files_change_nothing(db: str, tmp_path: Path, text: str, mes
     assert json.loads(cli(db, "q", "--json", "--all").stdout) == []
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_errors_are_one_line(db: str, tmp_path: Path) -> None:
     for args in (("q", "42.0"), ("rm", "nope"), ("events", "9"), ("submit", "/nonexistent")):
         r = cli(db, *args)
@@ -202,6 +207,7 @@ def test_fetch_never_hangs_on_a_silent_database(
     assert r.stderr.count(b"\n") <= 1 and b"Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_allowed_owners_at_submit_and_at_fetch(
     db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,
 ) -> None:
@@ -250,6 +256,7 @@ def test_grant_prints_and_applies_least_privilege(db: str) -> None:
         assert f"{decided}," not in update and f"{decided})" not in update
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
     """condor_userprio's table for the submitters of a submit file with accounting_group, a
     factor set by the admin, usage reset; bad input is one line and exit status 1."""
@@ -299,6 +306,7 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
     assert sorted(af) == [f"lic physics.{owner}"] * 3 + ["undefined undefined"] * 2
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> None:
     """`jobstore hold` is HoldReasonCode 1 (UserRequest); a periodic_hold is 3 with the submit
     file's subcode and reason; `q -hold` shows both like condor_q -hold, `reap` runs the pass."""
@@ -331,6 +339,7 @@ def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> 
     assert "release JOB" in out.stderr
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: Path) -> None:
     """A report of an ended attempt and a repeated accept are recorded (JSON, --all) but not
     shown by default; `watch` says what it waits for."""
@@ -364,6 +373,7 @@ def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: 
     assert "waiting for the transitions of 1.0" in waiting.stderr
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
     """Interrupted, `jobstore emulate` evicts what runs, as a startd shut down: no attempt is
     left running in the store (issue 29, item 6). As root the node is the jobs' owner's own

@@ -81,6 +81,7 @@ def counts(db_url: str) -> tuple[int, ...]:
         engine.dispose()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_bad_invocations(sqlite_url: str, condor_config: Path, tmp_path: Path) -> None:
     """Every row: exit status != 0, exactly one line on stderr, no traceback, nothing changed."""
     for name, text in BAD_FILES.items():
@@ -108,6 +109,7 @@ def test_bad_invocations(sqlite_url: str, condor_config: Path, tmp_path: Path) -
     assert not failures, "\n".join(map(repr, failures))
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_reading_before_init_creates_nothing_and_says_init(condor_config: Path,
                                                           tmp_path: Path) -> None:
     """`jobstore q` (and the other reading commands) on a job store that does not exist yet:

@@ -37,6 +37,7 @@ def _q(db_url: str, *args: str) -> list[dict]:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_users_all_and_constraints(db: str, tmp_path: Path) -> None:  # noqa: F811
     me = ordinary_owner()
     assert submit(db, _sub(tmp_path, "arguments = a long argument list\nqueue 3\n")).returncode == 0

@@ -202,6 +202,7 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
 
 # PostgreSQL only: a SQLite job store is one user's, and refuses the hooks of other accounts
 # (test_identity.py::test_sqlite_is_one_users_store)
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("node_db", ["postgresql"], indirect=True)
 def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-untyped-def]
     """As root: startd hooks as the service account, starter hooks and the job as the owner."""
@@ -229,6 +230,7 @@ def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-unt
     assert (tmp / "submit" / "who.out").read_text().strip() == owner.pw_name
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_demo_command_runs() -> None:
     """The README's first command: `jobstore demo` runs its jobs to completion."""
     proc = subprocess.run(
@@ -341,6 +343,7 @@ exec sleep 600
 """
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None:  # type: ignore[no-untyped-def]
     """condor_hold then condor_release of a running job that ignores its KillSig: the agent
     vacates gracefully, the job keeps its hold until the attempt ends (the startd's hard kill
@@ -380,6 +383,7 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
     assert evict.attrs.get("ExitSignal") == signal.SIGKILL  # SIGTERM was ignored
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ignore[no-untyped-def]
     """A running job is removed while the node's agent is down (the hooks work directly
     meanwhile): the agent that starts next finds the attempt in the job store (its node's
@@ -420,6 +424,7 @@ def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ign
             "slot slot1@node01.example.org vacated") in log
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None:  # type: ignore[no-untyped-def]
     """Two nodes with their agents fetch from one job store. A job whose periodic_hold fires
     while it runs (the agent's periodic pass, PERIODIC_EXPR_INTERVAL 1 s) is held with

@@ -91,6 +91,7 @@ def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status:
     return emulator
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     store, tmp = node_db
@@ -180,6 +181,7 @@ def web(tmp_path: Path):  # type: ignore[no-untyped-def]
         silent.close()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """An http:// input is fetched on the node into the sandbox; one that answers 404 and one
     that never answers hold their jobs (HoldReasonCode 13), the latter within the timeout."""
@@ -244,6 +246,7 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
     assert not (tmp / "submit" / "ckpt.txt").exists()  # a checkpoint is not an output
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     store, tmp = node_db
     owner = _job_owner()

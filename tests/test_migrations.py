@@ -232,6 +232,7 @@ def _cli(url: str, condor_config: Path, *args: str) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_cli_init(db_url, condor_config):
     for _ in range(2):  # a second init upgrades nothing and still succeeds
         proc = _cli(db_url, condor_config, "init")

@@ -344,6 +344,7 @@ def test_refused_owner_autocluster_is_held(store):
 SLOT_AD = "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin"
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_fetch_work_hook_applies_limits_from_the_configuration(
     db_url, hook_dir, condor_config, fixtures_dir
 ):

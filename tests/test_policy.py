@@ -239,6 +239,7 @@ def test_user_log_has_the_hold_codes(store: JobStore) -> None:
 # ---- PREPARE_JOB finds what keeps the job from starting ---------------------------------------
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize(
     ("spec", "code", "sub", "words"),
     [
@@ -285,6 +286,7 @@ def test_prepare_job_holds_a_job_that_cannot_start(
         store.engine.dispose()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_launch_check_can_be_turned_off_and_leaves_other_jobs_alone(
     db_url: str, hook_dir: Path, condor_config: Path
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from hookseq import ordinary_owner, slot_ad, submit_jobs
 from test_agent import Node, node, store  # noqa: F401 - fixtures
 
@@ -48,6 +49,7 @@ def test_slot_board_publishes_the_newest_ads_and_expires_stale_ones(db_url: str)
         jobs_db.engine.dispose()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_status_and_better_analyze(db_url: str, tmp_path: Path) -> None:
     upgrade(db_url)
     jobs_db = JobStore.from_url(db_url)
@@ -82,6 +84,7 @@ def test_status_and_better_analyze(db_url: str, tmp_path: Path) -> None:
     assert "1 match and can run it" in why.stdout
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_the_agent_publishes_its_slots(node: Node, store: JobStore) -> None:  # noqa: F811
     with open(node.config, "a") as fh:
         fh.write("PERIODIC_EXPR_INTERVAL = 1\nUPDATE_INTERVAL = 1\nCLASSAD_LIFETIME = 3\n")

@@ -153,6 +153,7 @@ def test_a_refused_job_exit_changes_nothing(
     assert nd.stop() == 0
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_idle_connections_start_no_thread_each(tmp_path: Path) -> None:
     metrics = AgentMetrics(lambda: [], lambda: 0)
     port = _free_port()

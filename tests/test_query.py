@@ -216,6 +216,7 @@ def cli(db_url: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_cli_af_constraint_autocluster(
     db_url: str, tmp_path: Path, condor_config: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 LONG_RUNNING = {"watch", "agent", "demo", "emulate"}  # checked with --help
 
@@ -28,6 +30,7 @@ def _command_lines(block: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_every_day_to_day_command_runs(tmp_path: Path, condor_config: Path) -> None:
     (block,) = [b for b in _blocks("sh") if "jobstore submit job.sub" in b]
     commands = _command_lines(block)

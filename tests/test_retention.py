@@ -98,6 +98,7 @@ def test_durations() -> None:
             parse_duration(bad)
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_prune_command(db: str, tmp_path: Path) -> None:  # noqa: F811
     store = JobStore.from_url(db)
     try:

@@ -290,6 +290,7 @@ MANUAL_ENVIRONMENT = [
 ]
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_new_syntax_as_htcondor_manual(node: Node) -> None:
     """`arguments` and `environment` in the new syntax give the words HTCondor's manual gives."""
     cases = [("arguments", v, w) for v, w in MANUAL_ARGUMENTS]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
@@ -98,6 +99,7 @@ class Life:
         return job
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_secrets_never_shown(pg_url: str, hook_dir: Path, tmp_path: Path) -> None:
     secrets = [URL_PASSWORD.encode(), FILE_PASSWORD.encode(), claim_secret()]
     life = Life(hook_dir, tmp_path, with_password(pg_url, URL_PASSWORD))

@@ -739,6 +739,7 @@ def test_arguments_round_trip(tmp_path: Path, words: list[str]) -> None:
     assert not job.args.endswith("\\")
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_a_big_queue_is_made_one_job_at_a_time(tmp_path: Path) -> None:
     """`queue 100000` parses at once and holds no 100,000 specs: reading them all keeps the
     memory of a few (tracemalloc's peak), and each is the proc it should be."""

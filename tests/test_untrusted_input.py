@@ -80,6 +80,7 @@ def check(report: Report, writer: Caller) -> None:
         assert report.event in STARTER_EVENTS and report.caller_uid is None
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @FUZZ
 @given(record=json_values | mutated(genuine()), trusted=st.booleans())
 def test_report_checker_accepts_only_what_a_hook_could_write(record: Any, trusted: bool) -> None:
@@ -158,6 +159,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, Job, st
     return s, job, url
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -197,6 +199,7 @@ raw = st.binary(max_size=200) | st.builds(
     st.integers(0, 2**32 - 1), st.binary(max_size=200))
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

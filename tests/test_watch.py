@@ -134,6 +134,7 @@ def _start(url: str, extra: list[str], *args: str) -> Watcher:
 # ---- the live stream ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_hook_run_seen_in_order_exactly_once(db_url, hook_dir, condor_config, tmp_path):
     url, extra = db_url, ([] if db_url.startswith("sqlite") else ["--catch-up", "3600"])
     upgrade(url)
@@ -157,6 +158,7 @@ def test_hook_run_seen_in_order_exactly_once(db_url, hook_dir, condor_config, tm
         store.engine.dispose()
 
 
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_burst_complete_no_duplicates(watch_db):
     """500 transitions from 4 writers at once (commit order differs from id order on
     PostgreSQL) arrive complete, each once; removing the jobs ends --until-done with 1."""
