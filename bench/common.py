@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from jobstore.node.hooktable import CONDOR_NAMES, OUTPUT_HOOKS
-from jobstore.testing.support import (
+from jobstore.testing.support import (  # noqa: F401 - first: for the benches
+    first,
     hook_env,
     libpq_url,
     with_database,
@@ -239,9 +240,3 @@ def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
                     **{**HOOK_MODE_ENV, **extra})
 
 
-def first(cursor: Any) -> Any:
-    """The first column of the one row a psycopg query returned."""
-    row = cursor.fetchone()
-    if row is None:
-        raise RuntimeError("the query returned no row")
-    return row[0]

@@ -137,8 +137,10 @@ def test_init_warns_when_the_server_does_not_autovacuum(pg_url: str,
     import psycopg
     from conftest import libpq_url
 
+    from jobstore.testing.support import first
+
     with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
-        on = (conn.execute("SHOW autovacuum").fetchone() or [""])[0] == "on"
+        on = first(conn.execute("SHOW autovacuum")) == "on"
     done = cli(pg_url, "init", env={"CONDOR_CONFIG": str(condor_config)})
     assert done.returncode == 0 and done.stdout.startswith("job store ready")
     warned = "jobstore: warning: autovacuum is off on this server" in done.stderr

@@ -28,18 +28,11 @@ from jobstore.db.store import (
     Verdict,
 )
 from jobstore.errors import DatabaseError
-from jobstore.testing.support import libpq_url
+from jobstore.testing.support import first, libpq_url
 
 FAR_FUTURE = time.time() + 10 * 365 * 86400
 BIG = Offer(cpus=64, memory=1 << 20, disk=1 << 40)
 
-
-
-def _one(cursor: Any) -> Any:
-    """The first column of the one row a psycopg query returned."""
-    row = cursor.fetchone()
-    assert row is not None
-    return row[0]
 
 def new_job(proc_id: int = 0, **kw: Any) -> JobSpec:
     args: dict[str, Any] = dict(cmd="/bin/true", iwd="/tmp")
@@ -710,7 +703,7 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
         with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
             for round_ in range(3):
                 (pid,) = _backends(admin)  # the store's kept connection
-                assert _one(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
+                assert first(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
                 # the backend is gone before the store's next statement
                 assert _until(lambda: not _backends(admin))  # noqa: B023
                 assert store.get_job(job_id).status == ("idle", "held")[round_ % 2]
@@ -742,7 +735,7 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
         with store.engine.connect() as conn:
             pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
-            assert _one(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
+            assert first(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
             while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
                                 (pid,)).fetchone():
                 time.sleep(0.01)
@@ -771,7 +764,7 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
 
         def hot_updates() -> int:
             with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
-                return int(_one(conn.execute("SELECT n_tup_hot_upd FROM pg_stat_user_tables"
+                return int(first(conn.execute("SELECT n_tup_hot_upd FROM pg_stat_user_tables"
                                              " WHERE relname = 'jobs'")))
 
         def settled() -> int:  # a backend's counters reach the view when it ends (NullPool)

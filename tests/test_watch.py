@@ -25,6 +25,7 @@ from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.notify import CHANNEL as NOTIFY_CHANNEL
 from jobstore.db.store import JobStore
+from jobstore.testing.support import first
 
 TIMEOUT = 120
 
@@ -54,9 +55,9 @@ class Watcher:
         deadline = time.monotonic() + TIMEOUT
         with psycopg.connect(libpq_url(self.url), autocommit=True) as conn:
             while True:
-                n = (conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                n = first(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                                  "current_database() AND query = %s",
-                                 (f"LISTEN {NOTIFY_CHANNEL}",)).fetchone() or [0])[0]
+                                 (f"LISTEN {NOTIFY_CHANNEL}",)))
                 if n:
                     return
                 assert self.proc.poll() is None, "".join(self.err)
@@ -360,12 +361,12 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
         with psycopg.connect(libpq_url(pg_url)) as u, psycopg.connect(libpq_url(pg_url)) as t:
             u.execute("UPDATE jobs SET reason = 'u' WHERE id = %s", (j1,))
             t.execute("UPDATE jobs SET reason = 't' WHERE id = %s", (j2,))
-            a = (t.execute(insert, (j2,)).fetchone() or [0])[0]
-            b = (u.execute(insert, (j1,)).fetchone() or [0])[0]
+            a = first(t.execute(insert, (j2,)))
+            b = first(u.execute(insert, (j1,)))
             assert a < b
             u.commit()
-            first, _ = follower.read()
-            assert [r.event.id for r in first] == [b]
+            delivered, _ = follower.read()
+            assert [r.event.id for r in delivered] == [b]
             again, _ = follower.read()  # T still runs: its id must stay a gap
             assert again == [] and a in follower.gaps
             t.commit()

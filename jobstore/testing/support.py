@@ -7,6 +7,7 @@ import os
 import pwd
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -103,3 +104,11 @@ def a_job(**columns: object) -> Job:
     job = Job.queued(JobSpec(cmd="/bin/true"), id=1, cluster_id=1, owner=RECORDED_OWNER,
                      queue="default", ad={"Cmd": "/bin/true"}, max_attempts=1, now=0.0)
     return job.but(**columns)
+
+
+def first(cursor: Any) -> Any:
+    """The first column of the one row a psycopg query returned."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("the query returned no row")
+    return row[0]
