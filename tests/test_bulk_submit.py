@@ -96,7 +96,7 @@ def test_a_big_templated_submit_numbers_its_procs_in_order(
     pg_store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Made in statements of CHUNK procs (here 500, across the item rows' bounds)."""
-    from jobstore.db import bulk
+    from jobstore.db.backends.postgresql import bulk
 
     monkeypatch.setattr(bulk, "CHUNK", 500)
     specs = specs_of(tmp_path, "arguments = $(Process) $(x)\nqueue 700 x in (a, b, c)\n")

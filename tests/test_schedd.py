@@ -301,7 +301,7 @@ def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:
     (epoch,) = schedd.jobEpochHistory(f"ClusterId == {cluster} && ProcId == 1")
     assert (epoch["ProcId"], epoch["NumShadowStarts"], epoch["RemoteHost"]) == (
         1, 1, "slot1@n")
-    if schedd.store._pg:  # one kept connection: the same server process answers every call
+    if schedd.store.can_listen:  # PostgreSQL's kept connection: one server process answers
         pids = set()
         for _ in range(3):
             with schedd.store.engine.connect() as conn:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from jobstore.core.jobs import EVENT_COLUMNS, JOB_COLUMNS, Job, JobEvent, JobSpec, parse_job_id
-from jobstore.core.states import Event, Status, decide
-from jobstore.db import notify, sql
+from jobstore.core.states import Status
+from jobstore.db import channels, sql
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 
@@ -33,14 +33,6 @@ def test_a_statement_without_a_purpose_is_refused() -> None:
         sql.parse("-- name: bare\nSELECT 1;\n")
     with pytest.raises(ValueError, match="one name"):
         sql.parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
-
-
-def test_the_claims_literals_are_the_state_machines() -> None:
-    fetched = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status
-    text = sql.CLAIM_IN_AUTOCLUSTERS
-    assert "status = 'idle'" in text and Status.IDLE.value == "idle"
-    assert f"'{Event.FETCH}', '{Status.IDLE.value}', '{fetched}'" in text
-    assert f"status = '{fetched}'" in text
 
 
 def test_the_holding_statuses_are_the_negotiators() -> None:
@@ -98,7 +90,7 @@ def test_the_database_gives_each_status_its_phase(store: JobStore) -> None:
 
 
 def test_listen_and_notify_use_one_channel() -> None:
-    assert f"LISTEN {notify.CHANNEL}" == sql.LISTEN_EVENTS
+    assert f"LISTEN {channels.CHANNEL}" == sql.LISTEN_EVENTS
 
 
 def test_no_statement_is_written_anywhere_else() -> None:

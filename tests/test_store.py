@@ -726,11 +726,11 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
     import psycopg
     from conftest import libpq_url
 
-    from jobstore.db.notify import STOPS, Listener
+    from jobstore.db.channels import STOPS
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
-    listener = Listener(store, connect_timeout=2, channel=STOPS)
+    listener = store.listener(STOPS, connect_timeout=2)
     try:
         with store.engine.connect() as conn:
             pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
@@ -871,7 +871,7 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     assert len(store.events(job_id)) == events + 1  # nothing happened to the job
 
 
-# ---- PostgreSQL's hot path runs on psycopg (jobstore.db.driver) -------------------------------
+# ---- PostgreSQL's hot path runs on psycopg (jobstore.db.backends.postgresql.driver) ---------
 
 
 def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str) -> None:
@@ -949,8 +949,36 @@ def test_a_column_a_migration_adds_does_not_confuse_the_hot_path(pg_url: str) ->
         store.engine.dispose()
 
 
+def test_a_claim_is_one_transition_on_both_databases(pg_url: str, sqlite_url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """idle -> fetched is defined once (Transitions.fetch_transition): PostgreSQL's
+    one-statement claim and SQLite's row-by-row one write the same row and the same event."""
+    monkeypatch.setattr(time, "time", lambda: 1_000_000.0)
+    monkeypatch.setattr("secrets.token_hex", lambda n: "t" * (2 * n))
+    seen = []
+    for url in (pg_url, sqlite_url):
+        upgrade(url)
+        store = JobStore.from_url(url)
+        try:
+            submit(store, 2)
+            job = claim(store)
+            assert job is not None
+            row = {k: v for k, v in rows(store, jobs)[0].items() if k != "phase"}
+            event = store.events(job.id)[-1]
+            seen.append((row, (event.event, event.from_status, event.to_status, event.attempt,
+                               event.slot, event.host, event.time), job))
+        finally:
+            store.engine.dispose()
+    (pg_row, pg_event, pg_job), (lite_row, lite_event, lite_job) = seen
+    assert pg_row == lite_row and pg_row["status"] == "fetched" and pg_row["token"] == "t" * 32
+    assert pg_event == lite_event == ("fetch", "idle", "fetched", 1, "slot1@node", "node",
+                                      1_000_000.0)
+    assert pg_job == lite_job  # the job the claim returns is the row as written
+    assert {k: getattr(pg_job, k) for k in pg_row} == pg_row
+
+
 def test_a_transition_sets_only_columns_of_jobs() -> None:
-    from jobstore.db.transitions import _transition_sql
+    from jobstore.db.backends.postgresql import _transition_sql
 
     assert "status = %(set_status)s" in _transition_sql(("status", "updated_at"))
     with pytest.raises(ValueError, match="not columns of jobs"):

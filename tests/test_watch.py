@@ -22,8 +22,8 @@ from jobstore.api.watch import JobEvent, JobFinished, subscribe, watch
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
+from jobstore.db.channels import CHANNEL as NOTIFY_CHANNEL
 from jobstore.db.engine import upgrade
-from jobstore.db.notify import CHANNEL as NOTIFY_CHANNEL
 from jobstore.db.store import JobStore
 from jobstore.testing.support import first
 

@@ -15,8 +15,8 @@ from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
+from jobstore.db.channels import STOPS
 from jobstore.db.engine import upgrade
-from jobstore.db.notify import STOPS, Listener
 from jobstore.db.reads import AttemptState
 from jobstore.db.store import JobStore
 from jobstore.formats import views
@@ -151,7 +151,7 @@ def test_attempts_on_a_node_after_a_restart(store: JobStore) -> None:
 def test_a_hold_of_a_handed_out_job_notifies_the_agents(pg_url: str) -> None:
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
-    listener = Listener(store, connect_timeout=5, channel=STOPS)
+    listener = store.listener(STOPS, connect_timeout=5)
     try:
         listener.open()
         assert listener.probe()

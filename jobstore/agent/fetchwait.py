@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobstore.db.notify import WORK, Listener
+from jobstore.db.channels import WORK, Listener
 from jobstore.node import config, handlers
 
 log = logging.getLogger("jobstore.agent")
@@ -204,8 +204,9 @@ class FetchWaits:
             dbs = [(url, db) for url, db in self._dbs.items() if url in settings]
         for url, db in dbs:  # (a new LISTEN and its probe take a moment: not under the lock)
             self._listen(url, db, settings[url])
-            if db.listener is not None and db.listener.conn is not None:
-                want[db.listener.conn.fileno()] = url
+            fileno = None if db.listener is None else db.listener.fileno()
+            if fileno is not None:
+                want[fileno] = url
         for fd in [fd for fd in watched if fd not in want or watched[fd] is not want[fd]]:
             sel.unregister(fd)
             del watched[fd]
@@ -224,7 +225,7 @@ class FetchWaits:
         since = time.monotonic()  # what came before it was not heard: claim again
         try:
             store = handlers.store_for(settings)
-            listener = Listener(store, self._connect_timeout, WORK)
+            listener = store.listener(WORK, self._connect_timeout)
             listener.open()
             if not listener.probe():
                 listener.close()

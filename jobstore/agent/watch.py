@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from jobstore.agent.attempts import Attempt, Attempts
 from jobstore.core.states import FINAL, HANDED_OUT, Status
-from jobstore.db.notify import STOPS, Listener
+from jobstore.db.channels import STOPS, Listener
 from jobstore.db.reads import AttemptState, NodeAttempt
 from jobstore.errors import DatabaseError
 from jobstore.node import config, handlers
@@ -169,7 +169,7 @@ class AttemptWatch:
         if not store.can_listen:
             return
         self._relisten_at = time.monotonic() + RELISTEN
-        listener = Listener(store, connect_timeout=settings.connect_timeout, channel=STOPS)
+        listener = store.listener(STOPS, settings.connect_timeout)
         try:
             listener.open()
             ok = listener.probe()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jobstore.core.jobs import Job
-from jobstore.db.grants import Identity
+from jobstore.db.backends import Identity
 from jobstore.db.store import JobStore
 from jobstore.formats.classads import AdError
 from jobstore.formats.jobads import render_job

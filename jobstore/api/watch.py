@@ -33,8 +33,8 @@ from typing import Any
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent, JobRecord, parse_job_id
 from jobstore.core.states import FINAL, Status
+from jobstore.db.channels import CHANNEL, Listener
 from jobstore.db.engine import make_engine
-from jobstore.db.notify import Listener
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, InvalidInput, UnknownJob
 from jobstore.formats import views
@@ -262,7 +262,7 @@ class Subscription:
         # finished before the watch: told after the first read, unless that read tells it
         self._done_at_start = [j for j in candidates if j.status in FINAL]
         if store.can_listen and self.poll is not True:
-            listener = Listener(store, connect_timeout=5)
+            listener = store.listener(CHANNEL, connect_timeout=5)
             try:
                 listener.open()
                 ok = listener.probe()
@@ -338,7 +338,7 @@ class Subscription:
         first = True
         while not self._closed.is_set() and not (self.done and not first):
             try:
-                if self._listener is not None and self._listener.conn is None:
+                if self._listener is not None and self._listener.fileno() is None:
                     self._listener.open()
                 rows, more = self.follower.read()
             except Exception as exc:  # noqa: BLE001 - database away: retry, resume from high
@@ -403,13 +403,7 @@ class Subscription:
 
 
 def _is_db_error(exc: Exception) -> bool:
-    if isinstance(exc, DatabaseError | OSError):
-        return True
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        return False
-    return isinstance(exc, psycopg.Error)
+    return isinstance(exc, DatabaseError | OSError)  # a listener's are DatabaseErrors too
 
 
 def _first_line(exc: Exception) -> str:

@@ -21,14 +21,12 @@ from jobstore.core import holds
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, FINAL_VALUES, STATUS_OF, Event, Status, decide
 from jobstore.db.phases import status_not_in
+from jobstore.db.rows import RowChanged, event_row, note_event
 from jobstore.db.schema import jobs
-from jobstore.db.transactions import note_event
 from jobstore.db.transitions import (
     Outcome,
-    RowChanged,
     Transitions,
     event_reason,
-    event_row,
     transition_values,
     winding_down,
 )
@@ -145,7 +143,7 @@ class PagedActions(Transitions):
         """The jobs of `ids` this session may change, locked (those another transaction holds
         are left out with `skip_locked`; the database's policies hide the others)."""
         q = select(jobs).where(self._id_in(ids)).order_by(jobs.c.id)
-        q = q.with_for_update(skip_locked=skip_locked) if self._pg else q
+        q = q.with_for_update(skip_locked=skip_locked)
         return {r.id: Job.from_row(r._mapping) for r in conn.execute(q)}
 
     def _act_page(self, conn: Connection, page: list[Job], event: Event, reason: str | None,

@@ -90,7 +90,7 @@ def _lower_default(element: Any, compiler: Any, **kw: Any) -> str:
 
 
 @compiles(ascii_lower, "postgresql")
-def _lower_pg(element: Any, compiler: Any, **kw: Any) -> str:
+def _lower_on_postgresql(element: Any, compiler: Any, **kw: Any) -> str:
     upper = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     return f"translate({compiler.process(element.clauses, **kw)}, '{upper}', '{upper.lower()}')"
 

@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Table, and_, case, func, insert, select, upda
 
 from jobstore.core.jobs import Job, NodeJobs
 from jobstore.core.states import FINAL_VALUES, Event, Status
+from jobstore.db.rows import event_row
 from jobstore.db.schema import (
     clusters,
     dag_categories,
@@ -31,7 +32,7 @@ from jobstore.db.schema import (
     job_events,
     jobs,
 )
-from jobstore.db.transitions import Transitions, event_row
+from jobstore.db.transitions import Transitions
 from jobstore.submit.dag import Dag
 
 # dag_nodes.status

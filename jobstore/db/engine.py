@@ -42,6 +42,15 @@ def safe_url(url: str) -> str:
         return "<unparseable database URL>"
 
 
+def database_message(exc: BaseException, url: Any) -> str:
+    """A failed statement in one line, naming the database (never its password)."""
+    orig = getattr(exc, "orig", None) or exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if "no such table" in first or ("relation" in first and "does not exist" in first):
+        first += " (not a job store yet? create it with `jobstore init`)"
+    return f"database {safe_url(str(url))}: {first}"
+
+
 def make_engine(
     url: str,
     *,

@@ -12,7 +12,6 @@ from sqlalchemy import func, select
 from jobstore.core.states import FINAL, Event
 from jobstore.db.phases import status_not_in
 from jobstore.db.schema import job_events, jobs, submitters
-from jobstore.db.sql import TABLE_ROWS_ESTIMATE
 from jobstore.db.transactions import Transactions
 
 CLAIM_SCAN = 100_000  # newest events looked at for the claims of the last window
@@ -64,6 +63,5 @@ class Gauges(Transactions):
                 )).scalar_one())
             users = [SubmitterGauge(r.name, r.priority, r.factor, r.usage, r.in_use)
                      for r in conn.execute(select(submitters).order_by(submitters.c.name))]
-            estimate = (max(int(conn.execute(TABLE_ROWS_ESTIMATE).scalar_one()), 0)
-                        if self._pg else None)
+            estimate = self.backend.rows_estimate(conn)
         return StoreGauges(queues, users, claims, window, last, estimate)

@@ -22,7 +22,8 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from jobstore.core.jobs import CHANGE_COLUMNS
-from jobstore.db.sql import GRANT_TARGETS, QUERIES, SESSION_IDENTITY
+from jobstore.db.backends import backend_for
+from jobstore.db.sql import GRANT_TARGETS, QUERIES
 from jobstore.errors import InvalidInput
 
 # Columns of `jobs` written by the claim, the state transitions and the reports; nothing else.
@@ -85,15 +86,6 @@ ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 
 
 @dataclass(frozen=True)
-class Identity:
-    """Who a database session is, as the database decides it (never the client)."""
-
-    account: str  # the OS account it submits as
-    trusted: bool  # the store's owner (the role of `jobstore init`): may do anything
-    super_user: bool  # QUEUE_SUPER_USERS: may act on every job
-
-
-@dataclass(frozen=True)
 class UserRights:
     """What `jobstore grant-user` gives a role."""
 
@@ -103,17 +95,9 @@ class UserRights:
     admin: bool = False
 
 
-def session_identity(conn: Connection) -> Identity:
-    """The identity of `conn`'s session on PostgreSQL (migration 0012's functions)."""
-    row = conn.execute(SESSION_IDENTITY).one()
-    return Identity(str(row.account), bool(row.trusted), bool(row.super_user))
-
-
 def hook_role_statements(engine: Engine, role: str) -> list[str]:
     """The statements that give `role` what the agent and the hooks need and nothing else."""
-    if engine.dialect.name != "postgresql":
-        raise InvalidInput("database roles exist on PostgreSQL only")
-    quote = engine.dialect.identifier_preparer.quote
+    quote = backend_for(engine).quote()
     with engine.connect() as conn:
         found = conn.execute(GRANT_TARGETS).mappings().one()
     if found["sequence"] is None:
@@ -140,14 +124,11 @@ def grant_hook_role(engine: Engine, role: str) -> list[str]:
 
 def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[str]:
     """The statements that let `role` submit, read, and act on what its rights allow."""
-    if engine.dialect.name != "postgresql":
-        raise InvalidInput("database roles exist on PostgreSQL only: a SQLite job store is one "
-                           "user's")
+    quote = backend_for(engine).quote()
     if not ROLE_NAME.fullmatch(role):
         raise InvalidInput(f"{role!r} is not a role name jobstore grants")
     if rights.may_impersonate is not None and not rights.super_user:
         raise InvalidInput("--may-impersonate is for a queue super user (--super-user)")
-    quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
         schema = conn.execute(GRANT_TARGETS).mappings().one()["schema"]
         found = conn.execute(QUERIES["user_sequences"].clause).mappings().one()
@@ -192,9 +173,7 @@ def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
 
 def revoke_user_role(engine: Engine, role: str) -> None:
     """Take every right on the job store's tables from `role` and forget its rights."""
-    if engine.dialect.name != "postgresql":
-        raise InvalidInput("database roles exist on PostgreSQL only")
-    quote = engine.dialect.identifier_preparer.quote
+    quote = backend_for(engine).quote()
     with engine.begin() as conn:
         conn.execute(text(QUERIES["user_revoke"].sql.format(role=quote(role))))
         conn.execute(QUERIES["user_forget"].clause, {"role": role})

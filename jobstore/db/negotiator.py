@@ -24,9 +24,8 @@ from jobstore.core.autoclusters import signature
 from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job
-from jobstore.core.states import HANDED_OUT, Event, Status, decide
-from jobstore.db import driver
-from jobstore.db.notify import CHANNEL
+from jobstore.core.states import HANDED_OUT, Event, Status
+from jobstore.db.backends import MENU
 from jobstore.db.phases import status_in
 from jobstore.db.schema import (
     autocluster_limits,
@@ -35,25 +34,10 @@ from jobstore.db.schema import (
     jobs,
     submitters,
 )
-from jobstore.db.sql import (
-    CLAIM_IN_AUTOCLUSTERS,
-    IDLE_AUTOCLUSTERS,
-    IDLE_AUTOCLUSTERS_PORTABLE,
-    JOB_HEADS,
-    LIMITS_IN_USE,
-    LOCK_LIMITS,
-    SUBMITTER_USAGE,
-)
-from jobstore.db.transactions import note_event
+from jobstore.db.sql import LIMITS_IN_USE, SUBMITTER_USAGE
 from jobstore.db.transitions import Transitions
 from jobstore.errors import InvalidInput
 
-# The statuses in which a job holds a slot (and its concurrency limits).
-# The status the claim hands a job out in.
-_FETCHED = str(decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1).to_status)
-# Autoclusters one claim statement tries, in order (the next ones only if none of those has an
-# idle, unlocked job).
-CLAIM_CHUNK = 64
 # Jobs of an autocluster a refused owner's claim puts on hold at once (the rest next time).
 HOLD_BATCH = 100
 
@@ -144,18 +128,7 @@ class Negotiator(Transitions):
     ) -> bool:
         """INSERT, or nothing when a row with the same key exists (a concurrent submit); whether
         the row was inserted."""
-        # imported here: a hook, which never submits, does not pay for them
-        if self._pg:
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            stmt: Any = pg_insert(table).values(**values).on_conflict_do_nothing(
-                index_elements=keys)
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(
-                index_elements=keys)
-        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+        return self.backend.insert_missing(conn, table, values, keys)
 
     # ---- the claim ------------------------------------------------------------------------
 
@@ -180,11 +153,9 @@ class Negotiator(Transitions):
         # starts again, so that no lock or connection waits for an expression (node.bounded)
         judged_outside = req.shape is None
         while True:
-            # PostgreSQL: the menu is read in the round trip that opens the transaction
-            with self._opened(IDLE_AUTOCLUSTERS if self._pg else None, params) as (conn, read):
-                found = (conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, params).all() if read is None
-                         else read.fetchall())
-                menu = list(starmap(IdleCluster, found))
+            # the menu is read in the round trip that opens the transaction where it can be
+            with self._opened(MENU, params) as (conn, opened):
+                menu = list(starmap(IdleCluster, self.backend.menu(conn, opened, params)))
                 heads = self._unjudged(conn, req, menu)
                 if not heads or judged_outside:
                     matching = self._matching(conn, req, judge, menu, heads, now) if menu else []
@@ -201,12 +172,7 @@ class Negotiator(Transitions):
         """The first jobs of the autoclusters of `menu` without a remembered verdict (one
         query), by id."""
         unknown = [m.head_id for m in menu if self.verdicts.get(req.shape, m.id) is None]
-        if unknown and self._pg:
-            return {r["id"]: r.job() for r in driver.every(conn, JOB_HEADS, {"ids": unknown})}
-        if unknown:
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(unknown)))
-            return {r.id: Job.from_row(r._mapping) for r in rows}
-        return {}
+        return {job.id: job for job in self.backend.jobs_of(conn, unknown)} if unknown else {}
 
     def _judge_outside(self, req: ClaimRequest, judge: Callable[[Job], Verdict],
                        menu: list[IdleCluster], heads: dict[int, Job], now: float) -> None:
@@ -317,8 +283,7 @@ class Negotiator(Transitions):
         rest = group[free:]
         needed = {m.id: limits.parse(m.concurrency_limits) for m in rest}
         names = sorted({name for need in needed.values() for name in need})
-        if self._pg:  # claims of jobs using one limit go one at a time, until commit
-            conn.execute(LOCK_LIMITS, {"names": names}).all()
+        self.backend.lock_limits(conn, names)  # claims of jobs using one limit: one at a time
         in_use = {r.name: float(r.in_use) for r in conn.execute(LIMITS_IN_USE, {"names": names})}
         allowed = [m for m in rest if limits.over(needed[m.id], in_use, req.limit) is None]
         return self._take(conn, req, allowed, now) if allowed else None
@@ -327,60 +292,18 @@ class Negotiator(Transitions):
         self, conn: Connection, req: ClaimRequest, group: Sequence[IdleCluster], now: float
     ) -> Job | None:
         """Hand out the first idle, unlocked job of the first autocluster of `group` that has
-        one; PostgreSQL in one statement, SQLite (writes serialised) row by row."""
+        one: the backend's take, with the state machine's idle -> fetched (`claim`)."""
         if not group:
             return None
         changes = _claim_changes(req, now)
-        if self._pg:
-            for start in range(0, len(group), CLAIM_CHUNK):
-                job = self._take_pg(conn, req, group[start : start + CLAIM_CHUNK], changes, now)
-                if job is not None:
-                    return job
-            return None
-        for m in group:
-            row = conn.execute(
-                select(jobs)
-                .where(
-                    status_in([Status.IDLE]),
-                    jobs.c.queue == req.queue,
-                    jobs.c.autocluster_id == m.id,
-                )
-                .order_by(jobs.c.priority.desc(), jobs.c.id)
-                .limit(1)
-            ).first()
-            if row is None:
-                continue
-            job = Job.from_row(row._mapping)
-            weight = float(job.request_cpus) if req.partitionable else req.weight
-            all_changes = {**changes, "claims": job.claims + 1, "slot_weight": weight}
-            self._apply(
-                conn, job, Event.FETCH, decide_args={}, now=now, changes=all_changes,
-                slot=req.slot, host=req.host, attempt=job.claims + 1,
-            )
-            return job.but(**all_changes, status=_FETCHED)
-        return None
 
-    def _take_pg(
-        self, conn: Connection, req: ClaimRequest, group: Sequence[IdleCluster],
-        changes: dict[str, Any], now: float,
-    ) -> Job | None:
-        """claim_in_autoclusters over `group`: lock, hand out, event, notify; one round trip."""
-        params = {
-            **changes,
-            "autoclusters": [m.id for m in group],
-            "queue": req.queue,
-            "partitionable": req.partitionable,
-            "weight": req.weight,
-            "now": now,
-            "channel": CHANNEL,
-        }
-        found = driver.first(conn, CLAIM_IN_AUTOCLUSTERS, params)
-        if found is None:
-            return None
-        attempt = found["claims"] + 1
-        note_event(conn, _fetch_event(found["id"], attempt, req, now), found.job())
-        return found.job(**changes, claims=attempt, status=_FETCHED,
-                         slot_weight=found["claimed_weight"])
+        def hand_out(conn: Connection, job: Job, extra: Mapping[str, Any]) -> None:
+            self._apply(conn, job, Event.FETCH, decide_args={}, now=now,
+                        changes={**changes, **extra}, slot=req.slot, host=req.host,
+                        attempt=job.claims + 1)
+
+        return self.backend.take(conn, req, [m.id for m in group],
+                                 self.fetch_transition(changes, now), now, hand_out)
 
     # ---- the accountant and condor_userprio ------------------------------------------------
 
@@ -464,18 +387,3 @@ class Negotiator(Transitions):
         with self._tx() as conn:
             return int(conn.execute(q).rowcount)
 
-
-def _fetch_event(job_id: int, attempt: int, req: ClaimRequest, now: float) -> dict[str, Any]:
-    """The `fetch` event claim_in_autoclusters wrote, as the commit listeners see events."""
-    return {
-        "job_id": job_id,
-        "time": now,
-        "event": str(Event.FETCH),
-        "from_status": Status.IDLE.value,
-        "to_status": _FETCHED,
-        "attempt": attempt,
-        "slot": req.slot,
-        "host": req.host,
-        "reason": None,
-        "attrs": None,
-    }

@@ -11,7 +11,6 @@ from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
 from jobstore.db.phases import status_in, status_not_in
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.sql import SNAPSHOT_BOUNDS, XACT_HORIZON
 from jobstore.db.transactions import Transactions
 from jobstore.errors import UnknownJob
 
@@ -279,11 +278,10 @@ class JobReads(Transactions):
         """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events
         knows when every transaction that could still add a lower event id has ended. SQLite:
         None (one writer at a time, so event ids become visible in order)."""
-        if not self._pg:
+        if not self.backend.ids_commit_out_of_order:
             return None
         with self._tx() as conn:
-            xmin, xmax = conn.execute(SNAPSHOT_BOUNDS).one()
-        return int(xmin), int(xmax)
+            return self.backend.snapshot_bounds(conn)
 
     def xact_horizon(self) -> int | None:
         """PostgreSQL: a transaction id assigned now (its transaction commits at once). Every
@@ -291,10 +289,10 @@ class JobReads(Transactions):
         xmin is at or past it they have all ended. (A snapshot's xmax is no such bound: it is
         one past the highest *completed* id, and a transaction still running may have a larger
         one.) SQLite: None."""
-        if not self._pg:
+        if not self.backend.ids_commit_out_of_order:
             return None
         with self._tx() as conn:
-            return int(conn.execute(XACT_HORIZON).scalar_one())
+            return self.backend.xact_horizon(conn)
 
     def stats(self) -> list[tuple[str, str, int]]:
         q = (

@@ -6,15 +6,13 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, BinaryIO, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO, NamedTuple
 
 from sqlalchemy import Connection, insert, or_, select
 
 from jobstore.core.jobs import Job
-from jobstore.db import driver
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files, store_limits
-from jobstore.db.sql import FILE_CHUNKS
 from jobstore.db.transactions import Transactions
 from jobstore.errors import JobstoreError
 
@@ -78,12 +76,8 @@ class SandboxFiles(Transactions):
     def _insert_missing_file(self, conn: Connection, owner: str, sha: str, size: int) -> bool:
         """Insert the file's row unless it is there (a concurrent submit's, once committed):
         whether it was inserted."""
-        from sqlalchemy.dialects import postgresql, sqlite
-
-        dialect: Any = postgresql if self._pg else sqlite
-        stmt = dialect.insert(sandbox_files).values(
-            owner=owner, sha256=sha, size=size, created_at=time.time()).on_conflict_do_nothing()
-        return conn.execute(stmt.returning(sandbox_files.c.sha256)).first() is not None
+        return self.backend.insert_file(conn, sandbox_files, {
+            "owner": owner, "sha256": sha, "size": size, "created_at": time.time()})
 
     def _store_files(self, conn: Connection, *, cluster_id: int, proc_id: int | None,
                      owner: str, direction: str, sources: Iterable[FileSource],
@@ -188,16 +182,7 @@ class SandboxFiles(Transactions):
         none when the session may not see it)."""
         first, last = _chunk_range(offset, length)
         with self._tx() as conn:
-            rows: Sequence[Any]
-            if self._pg:
-                rows = driver.execute_binary(conn, FILE_CHUNKS, {
-                    "owner": owner, "sha256": sha256, "first": first, "last": last}).fetchall()
-            else:
-                rows = conn.execute(
-                    select(sandbox_chunks.c.data)
-                    .where(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
-                           sandbox_chunks.c.seq.between(first, last))
-                    .order_by(sandbox_chunks.c.seq)).all()
+            rows = self.backend.file_chunks(conn, owner, sha256, first, last)
             data = b"".join(bytes(r[0]) for r in rows)
         start = offset - first * CHUNK
         return data[start:start + length]

@@ -34,18 +34,8 @@ class SlotAds(Transactions):
             return
         values = [row._asdict() for row in rows]
         with self._tx() as conn:
-            if self._pg:
-                from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-                stmt = pg_insert(slots).values(values)
-            else:
-                from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-                stmt = sqlite_insert(slots).values(values)  # type: ignore[assignment]
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=[slots.c.name],
-                set_={c: stmt.excluded[c] for c in ("machine", "ad", "updated_at",
-                                                    "expires_at")}))
+            self.backend.upsert(conn, slots, values, "name",
+                                ("machine", "ad", "updated_at", "expires_at"))
 
     def live_slots(self, *, now: float | None = None) -> list[SlotRow]:
         """The slots whose ads have not expired, by name."""

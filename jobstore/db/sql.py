@@ -51,7 +51,7 @@ def parse(source: str) -> dict[str, Statement]:
 
 
 QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding="utf-8"))
-# PostgreSQL's hot path, run with psycopg (jobstore.db.driver)
+# PostgreSQL's hot path, run with psycopg (jobstore.db.backends.postgresql.driver)
 CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
 IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
 BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql
@@ -75,8 +75,8 @@ SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 SESSION_IDENTITY = QUERIES["session_identity"].clause
-NEXT_JOB_IDS = QUERIES["next_job_ids"].clause
-NEXT_CLUSTER_IDS = QUERIES["next_cluster_ids"].clause
+# ids reserved from a table's sequence (PostgreSQL's COPY of numbered rows), by table
+NEXT_IDS = {"jobs": QUERIES["next_job_ids"].clause, "clusters": QUERIES["next_cluster_ids"].clause}
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
 AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
 
@@ -84,7 +84,7 @@ AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
 @lru_cache(maxsize=16)
 def opening(first: str | None) -> str:
     """BEGIN_TRANSACTION followed by the transaction's `first` statement, if any: one simple
-    query, one round trip (jobstore.db.driver.begin)."""
+    query, one round trip (jobstore.db.backends.postgresql.driver.begin)."""
     return BEGIN_TRANSACTION if first is None else f"{BEGIN_TRANSACTION}; {first}"
 
 

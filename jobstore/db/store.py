@@ -7,8 +7,6 @@ recorded as an event and changes nothing (fencing).
 
 from __future__ import annotations
 
-import os
-import pwd
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,22 +33,20 @@ from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import HANDED_OUT, Event, Status
 from jobstore.db.actions import PAGE as ACT_PAGE
 from jobstore.db.actions import ActTotals, PagedActions
-from jobstore.db.bulk import insert_procs
-from jobstore.db.copy import copy_rows
+from jobstore.db.backends import READ_JOB, Identity
+from jobstore.db.channels import CHANNEL
 from jobstore.db.dags import DagStore
 from jobstore.db.gauges import Gauges
-from jobstore.db.grants import Identity, session_identity
 from jobstore.db.negotiator import Negotiator
-from jobstore.db.notify import notify
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
+from jobstore.db.rows import RowChanged, as_read, event_row, note_event
 from jobstore.db.sandbox import IN, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
-from jobstore.db.sql import NEXT_CLUSTER_IDS, NEXT_JOB_IDS, READ_JOB
-from jobstore.db.transactions import AfterCommit, CommitListener, note_event
-from jobstore.db.transitions import Outcome, RowChanged, as_read, event_row
+from jobstore.db.transactions import AfterCommit, CommitListener
+from jobstore.db.transitions import Outcome
 from jobstore.errors import DatabaseError, InvalidInput, NotOwner, Refused, UnknownJob
 from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_changes, edit_target
@@ -281,8 +277,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                                            f"{'some' if shared else 'none'}: give every proc of a"
                                            " cluster its own or none")
             self._hold_at_submit(conn, held, now)
-            if self._pg and ids:  # one wake-up for the followers (jobstore watch), not one per job
-                notify(conn, f"cluster:{cluster_id}")
+            if ids:  # one wake-up for the followers (jobstore watch), not one per job
+                self.backend.notify(conn, f"cluster:{cluster_id}", CHANNEL)
         return cluster_id, ids
 
     def _submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
@@ -315,31 +311,21 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         return clusters_of
 
     def _insert_clusters(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert cluster rows, their ids in order: COPY on PostgreSQL (ids reserved from the
-        sequence first)."""
-        if not self._pg:
-            made = conn.execute(insert(clusters).returning(
-                clusters.c.id, sort_by_parameter_order=True), rows)
-            return [int(i) for i in made.scalars()]
-        ids = [int(i) for i in conn.execute(NEXT_CLUSTER_IDS, {"n": len(rows)}).scalars()]
-        self._insert_rows(conn, clusters, [{"id": i, **row} for i, row in zip(
-            ids, rows, strict=True)])
-        return ids
+        """Insert cluster rows, their ids in order."""
+        return self.backend.insert_numbered(conn, clusters, rows,
+                                            staged=not self._identity_on(conn, True).trusted)
 
     def _insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-        """Insert many rows of one shape: COPY on PostgreSQL, through a staging table when the
-        session is under row-level security."""
-        if not rows:
-            return
-        if self._pg:
-            copy_rows(conn, table, rows, staged=not self._identity_on(conn, True).trusted)
-        else:
-            conn.execute(insert(table), rows)
+        """Insert many rows of one shape (checked row by row by the database's policies when
+        the session is under row-level security)."""
+        if rows:
+            self.backend.insert_rows(conn, table, rows,
+                                     staged=not self._identity_on(conn, True).trusted)
 
     def _node_template(self, group: NodeJobs) -> ProcTemplate | None:
         """A group's template, when the server can make its nodes' rows (as _template)."""
         template = group.template
-        if not self._pg or template is None or self.listens_to_every_job():
+        if not self.backend.makes_rows_on_server or template is None or self.listens_to_every_job():
             return None
         return None if template.spec.user_log or template.spec.inputs else template
 
@@ -390,9 +376,11 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                            ActTotals())
 
     def _template(self, specs: Sequence[JobSpec]) -> ProcTemplate | None:
-        """The specs as one ProcTemplate when the server can make their rows (PostgreSQL; no
-        commit listener needs a record per job: no user log, nobody listening to every job)."""
-        if not self._pg or not isinstance(specs, Templated) or self.listens_to_every_job():
+        """The specs as one ProcTemplate when the server can make their rows (the backend
+        can; no commit listener needs a record per job: no user log, nobody listening to every
+        job)."""
+        if (not self.backend.makes_rows_on_server or not isinstance(specs, Templated)
+                or self.listens_to_every_job()):
             return None
         template = specs.template()
         if template is None or template.spec.user_log or template.spec.inputs:
@@ -403,9 +391,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                          cluster_id: int | list[int], owner: str, queue: str,
                          max_attempts: int, now: float, check: Callable[[Job], None] | None,
                          callers: bool, status: Status = Status.IDLE) -> list[int]:
-        """Insert the procs of `template` (jobstore.db.bulk); `check` sees proc 0 and a proc
-        with every placeholder at its longest. `cluster_id`: the cluster, or each proc's own
-        (a DAG's nodes: each a proc 0)."""
+        """Insert the procs of `template` (the backend makes their rows); `check` sees proc 0
+        and a proc with every placeholder at its longest. `cluster_id`: the cluster, or each
+        proc's own (a DAG's nodes: each a proc 0)."""
         first = cluster_id if isinstance(cluster_id, int) else cluster_id[0]
 
         def queued(spec: JobSpec) -> Job:
@@ -419,29 +407,19 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         job = queued(template.spec)
         (autocluster,) = self._register(conn, [job], now)
         job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
-        return insert_procs(conn, job, template, now,
-                            events_after=not self._identity_on(conn, callers).trusted,
-                            clusters=None if isinstance(cluster_id, int) else cluster_id)
+        return self.backend.insert_procs(
+            conn, job, template, now, events_after=not self._identity_on(conn, callers).trusted,
+            clusters=None if isinstance(cluster_id, int) else cluster_id)
 
     def _insert_jobs(self, conn: Connection, batch: list[Job], now: float, callers: bool,
                      ) -> list[int]:
-        """Insert `batch` and their submit events: COPY on PostgreSQL (ids reserved from the
-        sequence first), multi-row INSERTs on SQLite."""
-        staged = self._pg and not self._identity_on(conn, callers).trusted
-        if self._pg:
-            ids = [int(i) for i in conn.execute(NEXT_JOB_IDS, {"n": len(batch)}).scalars()]
-            copy_rows(conn, jobs, [{"id": i, **_job_row(job)} for i, job in zip(
-                ids, batch, strict=True)], staged=staged)
-        else:
-            inserted = conn.execute(insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True),
-                                    [_job_row(job) for job in batch])
-            ids = [int(i) for i in inserted.scalars()]
+        """Insert `batch` and their submit events (the backend's bulk insert)."""
+        staged = not self._identity_on(conn, callers).trusted
+        ids = self.backend.insert_numbered(conn, jobs, [_job_row(job) for job in batch],
+                                           staged=staged)
         events = [event_row(i, Event.SUBMIT, None, job.status, now, attempt=0)
                   for i, job in zip(ids, batch, strict=True)]
-        if self._pg:
-            copy_rows(conn, job_events, events, staged=staged)
-        else:
-            conn.execute(insert(job_events), events)
+        self.backend.insert_rows(conn, job_events, events, staged=staged)
         every = self.listens_to_every_job()
         for values, job, job_id in zip(events, batch, ids, strict=True):
             if every or job.user_log:  # a bulk submit keeps no record per job otherwise
@@ -477,15 +455,15 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             raise InvalidInput(f"a report may not change {sorted(wrong)}")
         r = AttemptReport(event, token, attempt, changes, attrs, lease, slot, host, exit_policy,
                           now or time.time(), reason, owner)
-        # PostgreSQL: the row read unlocked, in the round trip that opens the transaction, and
-        # written only if it is still the version read (no lock to log); one that changed
-        # meanwhile is read again under a lock
-        with self._opened(READ_JOB if self._pg else None, {"job_id": job_id}) as (conn, read):
-            for locked in (False, True) if self._pg else (True,):
-                if locked or read is None:
+        # where the backend can, the row is read unlocked in the round trip that opens the
+        # transaction, and written only if it is still the version read (no lock to log); one
+        # that changed meanwhile is read again under a lock
+        with self._opened(READ_JOB, {"job_id": job_id}) as (conn, opened):
+            for locked in self.backend.report_reads:
+                if locked:
                     job, version = self._lock(conn, job_id), None
                 else:
-                    job, version = self._version_read(read)
+                    job, version = self.backend.read_job(conn, opened, job_id)
                 if job is None:
                     raise UnknownJob(job_id)
                 if r.owner is not None and job.owner != r.owner:
@@ -604,26 +582,26 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
 
     def identity(self) -> Identity:
         """Who this store's sessions are, as the database decides (PostgreSQL: the session's
-        role, migration 0012). A SQLite store is one user's (the file's owner, or root:
-        engine.make_engine), so its session is the invoking account, trusted."""
+        role, migration 0012). A database without sessions of its own (SQLite) is one user's
+        (the file's owner, or root: engine.make_engine), so its session is the invoking
+        account, trusted."""
         if self._identity is None:
-            if self._pg:
-                with self._tx() as conn:
-                    self._identity = session_identity(conn)
-            else:
-                name = pwd.getpwuid(os.getuid()).pw_name
-                self._identity = Identity(name, trusted=True, super_user=True)
+            self._identity = self.backend.local_identity()
+        if self._identity is None:
+            with self._tx() as conn:
+                self._identity = self.backend.session_identity(conn)
         return self._identity
 
     def _identity_on(self, conn: Connection, callers: bool) -> Identity:
         """`identity`, read on `conn` if it is not known yet; a caller's connection
         (`callers`) may be another role's: read on it every time."""
-        if not self._pg:
-            return self.identity()
+        local = self.backend.local_identity()
+        if local is not None:
+            return local
         if callers:
-            return session_identity(conn)
+            return self.backend.session_identity(conn)
         if self._identity is None:
-            self._identity = session_identity(conn)
+            self._identity = self.backend.session_identity(conn)
         return self._identity
 
     def _acted_on(self, conn: Connection, job_id: int, what: str) -> Job:

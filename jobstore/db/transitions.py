@@ -4,27 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-import psycopg
-from sqlalchemy import (
-    ARRAY,
-    JSON,
-    BigInteger,
-    ColumnElement,
-    Connection,
-    Update,
-    any_,
-    bindparam,
-    insert,
-    literal_column,
-    select,
-    update,
-)
+from sqlalchemy import ColumnElement, Connection, update
 
 from jobstore.core import holds
-from jobstore.core.jobs import Job
+from jobstore.core.jobs import JOB_COLUMNS, Job
 from jobstore.core.states import (
     FINAL,
     FINAL_VALUES,
@@ -36,68 +21,18 @@ from jobstore.core.states import (
     Status,
     decide,
 )
-from jobstore.db import driver
-from jobstore.db.engine import json_text
-from jobstore.db.notify import CHANNEL, STOPS, notify
-from jobstore.db.schema import job_events, jobs
-from jobstore.db.sql import (
-    INSERT_EVENTS,
-    LOCK_JOB,
-    READ_JOB,
-    RECORD_EVENT,
-    RECORD_TRANSITION,
-    opening,
-)
-from jobstore.db.transactions import Transactions, note_event
-from jobstore.errors import DatabaseError, InvalidInput
+from jobstore.db.backends import Claim
+from jobstore.db.channels import STOPS
+from jobstore.db.rows import RowChange, event_row, note_event
+from jobstore.db.schema import jobs
+from jobstore.db.transactions import Transactions
 from jobstore.formats import views
 
 # The store's own events that take a job from its slot while its processes may still run there.
 STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
 DAG_NODE = "DAGNodeName"  # in the ad of a DAG node's job (jobstore.db.dags)
-
-
-def row_version() -> ColumnElement[str]:
-    """The version of a job row as PostgreSQL keeps it (the transaction that wrote it)."""
-    return literal_column("jobs.xmin::text")
-
-
-def as_read(change: Update, version: str | None) -> Update:
-    """`change` of a job row, made only to the row as it was read at `version`
-    (`_version_read`): it finds nothing if the row changed since. None: the row is locked,
-    nothing to check."""
-    return change if version is None else change.where(row_version() == version)
-
-
-class RowChanged(DatabaseError):
-    """The job row changed between its read and the write that depended on it."""
-
-
-@dataclass(frozen=True)
-class RowChange:
-    """A transition's UPDATE of one job row: `values`, made only if the row is still in
-    `status` and attempt `claims` and, with a `version` (`_version_read`), still that
-    version."""
-
-    job_id: int
-    status: str
-    claims: int
-    values: Mapping[str, Any]
-    version: str | None = None
-
-    def update(self) -> Update:
-        """The UPDATE as SQLAlchemy runs it."""
-        return as_read(update(jobs).where(jobs.c.id == self.job_id,
-                                          jobs.c.status == self.status,
-                                          jobs.c.claims == self.claims)
-                       .values(**self.values), self.version)
-
-    def params(self) -> dict[str, Any]:
-        """record_transition's parameters for the row (the event's are added to them; no
-        column a transition sets is JSON: `_transition_sql`)."""
-        out = {f"set_{name}": value for name, value in self.values.items()}
-        out.update(claims=self.claims, version=self.version)
-        return out
+# An idle job whose other columns are not known: fetch_transition reads none
+_ANY_IDLE_JOB = Job.from_row({**dict.fromkeys(JOB_COLUMNS), "status": Status.IDLE.value})
 
 
 @dataclass(frozen=True)
@@ -147,7 +82,8 @@ class Transitions(Transactions):
         event comes from the attempt's own end report) leaves the attempt winding down on its
         slot until its end is reported, at the latest until its lease would have run out; a
         release meanwhile is pending (`release_pending`) and takes effect then. With `version`
-        (`_version_read`), the row is written only if it is still that version (else RowChanged)."""
+        (a backend's `read_job`), the row is written only if it is still that version (else
+        RowChanged)."""
         before = STATUS_OF[job.status]
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
@@ -188,8 +124,7 @@ class Transitions(Transactions):
         stops = event in STOPS_ATTEMPT and not attempt_ended
         if d.ends_attempt and before in HANDED_OUT and stops:
             values["winding_down_until"] = max(job.lease_ends_at or now, now)
-            if self._pg:  # the node's agent vacates the slot (jobstore.agent)
-                notify(conn, str(job.id), STOPS)
+            self.backend.notify(conn, str(job.id), STOPS)  # the node's agent vacates the slot
         change = RowChange(job.id, before.value, job.claims, values, version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
@@ -225,20 +160,8 @@ class Transitions(Transactions):
         """Append the event `values` and notify the followers (sent on commit, never for a
         rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
         given: it must hit the row (it cannot miss while the row is locked; refuse to guess).
-        On PostgreSQL the three are one statement."""
-        if not self._pg:
-            if change is not None and conn.execute(change.update()).rowcount != 1:
-                raise RowChanged(f"job {values['job_id']} changed under its transition")
-            conn.execute(insert(job_events).values(**values))
-        else:
-            params = {**values, "attrs": _json(values["attrs"]), "channel": CHANNEL,
-                      "payload": str(values["job_id"])}
-            if change is None:
-                driver.execute(conn, RECORD_EVENT, params)
-            else:
-                sql = _transition_sql(tuple(change.values))
-                if driver.execute(conn, sql, {**params, **change.params()}).rowcount != 1:
-                    raise RowChanged(f"job {values['job_id']} changed under its transition")
+        (On PostgreSQL the three are one statement.)"""
+        self.backend.record(conn, values, change)
         note_event(conn, values, job)
 
     def _insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
@@ -248,23 +171,15 @@ class Transitions(Transactions):
         carried forward (`_jobs_ended`), unless `dags_too` is false (the DAGs' own moves)."""
         if not rows:
             return
-        if not self._pg:
-            conn.execute(insert(job_events), rows)
-        else:
-            columns = {name: [row[name] for row in rows] for name in rows[0]}
-            columns["attrs"] = [_json(value) for value in columns["attrs"]]
-            driver.execute(conn, INSERT_EVENTS, columns)
-            notify(conn, "page")
+        self.backend.insert_events(conn, rows)
         if dags_too:
             ended = [row["job_id"] for row in rows if row["to_status"] in FINAL_VALUES]
             if ended:
                 self._jobs_ended(conn, ended, rows[0]["time"])
 
     def _id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
-        """`jobs.id IN ids`: on PostgreSQL one array parameter (`= ANY`), not one a job."""
-        if self._pg:
-            return jobs.c.id == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
-        return jobs.c.id.in_(list(ids))
+        """`jobs.id IN ids`, as the backend takes a long list best."""
+        return self.backend.id_in(jobs.c.id, ids)
 
     def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
                     nodes: bool = False) -> None:
@@ -289,18 +204,17 @@ class Transitions(Transactions):
         return self._apply(conn, job, Event.RELEASE, decide_args={}, now=now, reason=why)
 
     def _lock(self, conn: Connection, job_id: int) -> Job | None:
-        if self._pg:
-            found = driver.first(conn, LOCK_JOB, {"job_id": job_id})
-            return None if found is None else found.job()
-        row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
-        return None if row is None else Job.from_row(row._mapping)
+        return self.backend.lock_job(conn, job_id)
 
     @staticmethod
-    def _version_read(cursor: psycopg.Cursor[Any]) -> tuple[Job | None, str | None]:
-        """The job row read_job left in `cursor` (`_opened`, PostgreSQL) and its version, for
-        a write that checks nothing changed since (`as_read`), instead of a lock."""
-        found = driver.first_of(cursor, opening(READ_JOB))
-        return (None, None) if found is None else (found.job(), found["row_version"])
+    def fetch_transition(changes: Mapping[str, Any], now: float) -> Claim:
+        """A claim's idle -> fetched for a backend that hands out a job in one statement: the
+        columns `transition_values` sets (`changes` first) and the event, the same for every
+        idle job (what depends on the row, `claims` and the slot's weight, the backend adds)."""
+        d = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1)
+        assert d.to_status is not None and not (d.counts_attempt or d.ends_attempt)
+        values, _ = transition_values(_ANY_IDLE_JOB, d, now, None, changes=changes)
+        return Claim(values, str(Event.FETCH), Status.IDLE.value, d.to_status.value)
 
 
 def event_reason(reason: str | None, d: Decision) -> str | None:
@@ -349,53 +263,6 @@ def transition_values(
     elif before == Status.HELD:
         values.update(hold_code=None, hold_subcode=None)
     return values, attrs
-
-
-def event_row(
-    job_id: int,
-    event: Event | str,
-    before: Status | str | None,
-    after: Status | str | None,
-    now: float,
-    *,
-    attempt: int | None = None,
-    slot: str | None = None,
-    host: str | None = None,
-    reason: str | None = None,
-    attrs: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The `job_events` row of one event (also what the commit listeners get)."""
-    return dict(
-        job_id=job_id,
-        time=now,
-        event=str(event),
-        from_status=None if before is None else str(before),
-        to_status=None if after is None else str(after),
-        attempt=attempt,
-        slot=slot,
-        host=host,
-        reason=reason,
-        attrs=dict(attrs) if attrs else None,
-    )
-
-
-@lru_cache(maxsize=512)
-def _transition_sql(columns: tuple[str, ...]) -> str:
-    """record_transition with the SET list of `columns` (columns of jobs, nothing else; none
-    of them JSON, which psycopg would need wrapped)."""
-    unknown = [name for name in columns if name not in jobs.c]
-    if unknown:
-        raise InvalidInput(f"not columns of jobs: {unknown}")
-    json = [name for name in columns if isinstance(jobs.c[name].type, JSON)]
-    if json:
-        raise InvalidInput(f"a transition does not set JSON columns: {json}")
-    return RECORD_TRANSITION.format(
-        assignments=", ".join(f"{name} = %(set_{name})s" for name in columns))
-
-
-def _json(value: Any) -> str | None:
-    """A JSON column's value as psycopg binds it: its compact text."""
-    return None if value is None else json_text(value)
 
 
 def winding_down(job: Job, now: float) -> bool:

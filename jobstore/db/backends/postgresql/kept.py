@@ -19,7 +19,7 @@ from psycopg import pq
 from sqlalchemy import Connection, Engine, event, exc
 from sqlalchemy.pool import Pool, QueuePool
 
-from jobstore.db import driver
+from jobstore.db.backends.postgresql import driver
 
 _ATTR = "_jobstore_kept"  # the engine's KeptConnection: one per engine, shared by its stores
 _OPENING = object()  # lent while it is being made

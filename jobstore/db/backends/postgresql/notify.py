@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from sqlalchemy import Connection
+import psycopg
+from sqlalchemy import Connection, Engine
 
+from jobstore.db.channels import CHANNEL, STOPS, WORK
+from jobstore.db.engine import database_message
 from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, LISTEN_WORK, NOTIFY_EVENT
-from jobstore.db.transactions import Transactions
+from jobstore.errors import DatabaseError
 
-CHANNEL = "jobstore_events"  # as listen_events in queries.sql; payload: the job id, or
-# "cluster:N" once for all the submit events of cluster N
-STOPS = "jobstore_stops"  # as listen_stops; payload: the id of a handed-out job held or removed
-# as listen_work; payload: the shapes of new claimable work, `queue cpus memory disk`, comma
-# separated, or `*` (migration 0018's triggers)
-WORK = "jobstore_work"
 _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}
 
 
@@ -27,24 +26,27 @@ def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
     conn.execute(NOTIFY_EVENT, {"channel": channel, "payload": payload})
 
 
-class Listener:
-    """A dedicated autocommit psycopg connection that LISTENs on one of the store's channels."""
+class PgListener:
+    """A dedicated autocommit psycopg connection that LISTENs on one of the store's channels
+    (jobstore.db.channels.Listener); `transaction` opens one of the store's transactions."""
 
-    def __init__(self, store: Transactions, connect_timeout: int, channel: str = CHANNEL) -> None:
-        self.store = store
+    def __init__(self, engine: Engine,
+                 transaction: Callable[[], AbstractContextManager[Connection]],
+                 connect_timeout: int, channel: str = CHANNEL) -> None:
+        self.engine = engine
+        self.transaction = transaction
         self.connect_timeout = connect_timeout
         self.channel = channel
         self.conn: Any = None
 
     def open(self) -> None:
-        import psycopg
-
-        engine = self.store.engine
+        engine = self.engine
         _, params = engine.dialect.create_connect_args(engine.url)
         params = {k: v for k, v in params.items() if k != "context"}
         params.setdefault("connect_timeout", self.connect_timeout)
-        self.conn = psycopg.connect(**params, autocommit=True)
-        self.conn.execute(_LISTEN[self.channel])
+        with self._errors():
+            self.conn = psycopg.connect(**params, autocommit=True)
+            self.conn.execute(_LISTEN[self.channel])
 
     def probe(self, timeout: float = 3.0) -> bool:
         """Does a notification sent from another connection arrive? (Not behind a pooler in
@@ -52,7 +54,7 @@ class Listener:
         the store's own transaction, which replaces a pooled connection the server dropped (a
         restart) instead of failing the probe."""
         token = "probe:" + secrets.token_hex(8)
-        with self.store._tx() as conn:
+        with self.transaction() as conn:
             notify(conn, token, self.channel)
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
@@ -62,10 +64,23 @@ class Listener:
 
     def wait(self, timeout: float) -> list[str]:
         """Payloads of the notifications that arrive within `timeout` (all that are queued)."""
-        got = [n.payload for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
-        if got:
-            got += [n.payload for n in self.conn.notifies(timeout=0.001)]
+        with self._errors():
+            got = [n.payload
+                   for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
+            if got:
+                got += [n.payload for n in self.conn.notifies(timeout=0.001)]
         return got
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """psycopg's errors as the store's: one DatabaseError line."""
+        try:
+            yield
+        except psycopg.Error as exc:
+            raise DatabaseError(database_message(exc, self.engine.url)) from None
+
+    def fileno(self) -> int | None:
+        return None if self.conn is None else int(self.conn.fileno())
 
     def close(self) -> None:
         if self.conn is not None:

@@ -1,0 +1,293 @@
+"""The job store on PostgreSQL: the hot path (claim, reports) straight on psycopg in one round
+trip each (driver), one kept connection per pooled engine (kept), COPY for bulk inserts (copy,
+bulk), LISTEN/NOTIFY (notify), and the session's identity from its role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from sqlalchemy import (
+    ARRAY,
+    JSON,
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Engine,
+    Table,
+    any_,
+    bindparam,
+    event,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
+from sqlalchemy.pool import NullPool
+
+from jobstore.core.claims import ClaimRequest
+from jobstore.core.jobs import Job, ProcTemplate
+from jobstore.db.backends.base import MENU, READ_JOB, Claim, HandOut, Identity
+from jobstore.db.backends.postgresql import driver
+from jobstore.db.backends.postgresql.bulk import insert_procs
+from jobstore.db.backends.postgresql.copy import copy_rows
+from jobstore.db.backends.postgresql.kept import KeptConnection
+from jobstore.db.backends.postgresql.notify import PgListener, notify
+from jobstore.db.channels import CHANNEL, Listener
+from jobstore.db.engine import database_message, json_text
+from jobstore.db.rows import RowChange, RowChanged, event_row, note_event
+from jobstore.db.schema import jobs
+from jobstore.db.sql import (
+    CLAIM_IN_AUTOCLUSTERS,
+    FILE_CHUNKS,
+    IDLE_AUTOCLUSTERS,
+    INSERT_EVENTS,
+    JOB_HEADS,
+    LOCK_JOB,
+    LOCK_LIMITS,
+    NEXT_IDS,
+    RECORD_EVENT,
+    RECORD_TRANSITION,
+    SESSION_IDENTITY,
+    SNAPSHOT_BOUNDS,
+    TABLE_ROWS_ESTIMATE,
+    XACT_HORIZON,
+    opening,
+)
+from jobstore.db.sql import READ_JOB as READ_JOB_SQL
+from jobstore.errors import DatabaseError, InvalidInput, Refused
+
+CLAIM_CHUNK = 64  # autoclusters per claim statement
+_FIRST = {MENU: IDLE_AUTOCLUSTERS, READ_JOB: READ_JOB_SQL}
+
+
+class PostgreSQL:
+    """jobstore.db.backends.Backend on PostgreSQL (psycopg 3)."""
+
+    can_listen = True
+    ids_commit_out_of_order = True
+    makes_rows_on_server = True
+    # a report reads its row unlocked in the round trip that opens the transaction and writes it
+    # only if it is still that version (no lock to log); one that changed is read again locked
+    report_reads: tuple[bool, ...] = (False, True)
+    lost: tuple[type[BaseException], ...] = (
+        OperationalError, DBAPIError, PendingRollbackError, psycopg.Error)
+
+    def __init__(self, engine: Engine) -> None:
+        if engine.dialect.driver != "psycopg":  # the hot path is psycopg's (driver)
+            raise InvalidInput(f"a job store on PostgreSQL needs psycopg (postgresql+psycopg://),"
+                               f" not {engine.dialect.driver}")
+        if not event.contains(engine, "checkin", driver.end_autocommit):
+            event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
+        self.engine = engine
+        # a pooled engine's store keeps one connection between its transactions (kept)
+        self._kept = (None if isinstance(engine.pool, NullPool)
+                      else KeptConnection.for_engine(engine))
+
+    # ---- transactions --------------------------------------------------------------------
+
+    def connect(self) -> Connection:
+        return self.engine.connect() if self._kept is None else self._kept.lend()
+
+    def release(self, conn: Connection) -> None:
+        if self._kept is None:
+            conn.close()
+        else:
+            self._kept.end(conn)
+
+    def begin(self, conn: Connection, first: str | None, params: Mapping[str, Any],
+              timeout_ms: int | None) -> Any:
+        """BEGIN, set_config local to the transaction (begin_transaction; '0' for no timeout)
+        and `first`, in one round trip; the cursor of `first`'s result."""
+        cursor = driver.begin(conn, opening(None if first is None else _FIRST[first]), {
+            "milliseconds": str(int(timeout_ms or 0)), **params})
+        return None if first is None else cursor
+
+    def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
+        return driver.DriverTransaction(conn)  # no SQLAlchemy Transaction on the hot path
+
+    def error(self, exc: BaseException, url: Any) -> DatabaseError:
+        orig = getattr(exc, "orig", None) or exc
+        if isinstance(orig, psycopg.errors.InsufficientPrivilege):
+            first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
+            return Refused(f"the job store's database refused it: {first}")
+        return DatabaseError(database_message(exc, url))
+
+    # ---- reading and locking -------------------------------------------------------------
+
+    def read_job(self, conn: Connection, opened: Any, job_id: int,
+                 ) -> tuple[Job | None, str | None]:
+        found = driver.first_of(opened, opening(READ_JOB_SQL))
+        return (None, None) if found is None else (found.job(), found["row_version"])
+
+    def lock_job(self, conn: Connection, job_id: int) -> Job | None:
+        found = driver.first(conn, LOCK_JOB, {"job_id": job_id})
+        return None if found is None else found.job()
+
+    def jobs_of(self, conn: Connection, ids: Sequence[int]) -> list[Job]:
+        return [r.job() for r in driver.every(conn, JOB_HEADS, {"ids": list(ids)})]
+
+    def id_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+        """One array parameter (`= ANY`), not one a job."""
+        return column == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
+
+    # ---- the negotiator ------------------------------------------------------------------
+
+    def menu(self, conn: Connection, opened: Any, params: Mapping[str, Any]) -> list[Any]:
+        return list(opened.fetchall())  # read in the round trip that opened the transaction
+
+    def lock_limits(self, conn: Connection, names: Sequence[str]) -> None:
+        conn.execute(LOCK_LIMITS, {"names": list(names)}).all()
+
+    def take(self, conn: Connection, req: ClaimRequest, autoclusters: Sequence[int],
+             claim: Claim, now: float, hand_out: HandOut) -> Job | None:
+        """claim_in_autoclusters, CLAIM_CHUNK autoclusters at a time: lock, hand out, event,
+        notify; one round trip each."""
+        sql = _claim_sql(tuple(claim.values))
+        params = {
+            **{f"set_{name}": value for name, value in claim.values.items()},
+            "queue": req.queue,
+            "slot": req.slot,
+            "host": req.host,
+            "partitionable": req.partitionable,
+            "weight": req.weight,
+            "now": now,
+            "event": claim.event,
+            "from_status": claim.from_status,
+            "to_status": claim.to_status,
+            "channel": CHANNEL,
+        }
+        for start in range(0, len(autoclusters), CLAIM_CHUNK):
+            params["autoclusters"] = list(autoclusters[start : start + CLAIM_CHUNK])
+            found = driver.first(conn, sql, params)
+            if found is not None:
+                attempt = found["claims"] + 1
+                note_event(conn, event_row(found["id"], claim.event, claim.from_status,
+                                           claim.to_status, now, attempt=attempt, slot=req.slot,
+                                           host=req.host), found.job())
+                return found.job(**claim.values, claims=attempt,
+                                 slot_weight=found["claimed_weight"])
+        return None
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
+               ) -> None:
+        """The row's UPDATE, the event and the notification: one statement."""
+        params = {**values, "attrs": _json(values["attrs"]), "channel": CHANNEL,
+                  "payload": str(values["job_id"])}
+        if change is None:
+            driver.execute(conn, RECORD_EVENT, params)
+            return
+        params.update({f"set_{name}": value for name, value in change.values.items()},
+                      claims=change.claims, version=change.version)
+        if driver.execute(conn, _transition_sql(tuple(change.values)), params).rowcount != 1:
+            raise RowChanged(f"job {values['job_id']} changed under its transition")
+
+    def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        columns = {name: [row[name] for row in rows] for name in rows[0]}
+        columns["attrs"] = [_json(value) for value in columns["attrs"]]
+        driver.execute(conn, INSERT_EVENTS, columns)
+        notify(conn, "page")
+
+    def notify(self, conn: Connection, payload: str, channel: str) -> None:
+        notify(conn, payload, channel)
+
+    def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
+                       keys: Sequence[str] | None) -> bool:
+        stmt = pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+
+    def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
+               key: str, columns: Sequence[str]) -> None:
+        stmt = pg_insert(table).values(rows)
+        conn.execute(stmt.on_conflict_do_update(
+            index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
+
+    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+                    staged: bool) -> None:
+        """COPY, through a staging table under row-level security."""
+        copy_rows(conn, table, rows, staged=staged)
+
+    def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+                        staged: bool) -> list[int]:
+        """COPY, the ids reserved from the table's sequence first."""
+        ids = [int(i) for i in conn.execute(NEXT_IDS[table.name], {"n": len(rows)}).scalars()]
+        copy_rows(conn, table, [{"id": i, **row} for i, row in zip(ids, rows, strict=True)],
+                  staged=staged)
+        return ids
+
+    def insert_procs(self, conn: Connection, job: Job, template: ProcTemplate, now: float, *,
+                     events_after: bool, clusters: list[int] | None) -> list[int]:
+        return insert_procs(conn, job, template, now, events_after=events_after,
+                            clusters=clusters)
+
+    def insert_file(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        stmt = pg_insert(table).values(**values).on_conflict_do_nothing()
+        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+
+    def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
+                    ) -> list[Any]:
+        """Read in binary: bytea as stored, no hex text to decode."""
+        return list(driver.execute_binary(conn, FILE_CHUNKS, {
+            "owner": owner, "sha256": sha256, "first": first, "last": last}).fetchall())
+
+    # ---- the session and the server ------------------------------------------------------
+
+    def local_identity(self) -> None:
+        return None  # the session's role decides: session_identity
+
+    def session_identity(self, conn: Connection) -> Identity:
+        """Migration 0012's functions: the session's role decides."""
+        row = conn.execute(SESSION_IDENTITY).one()
+        return Identity(str(row.account), bool(row.trusted), bool(row.super_user))
+
+    def snapshot_bounds(self, conn: Connection) -> tuple[int, int]:
+        xmin, xmax = conn.execute(SNAPSHOT_BOUNDS).one()
+        return int(xmin), int(xmax)
+
+    def xact_horizon(self, conn: Connection) -> int:
+        return int(conn.execute(XACT_HORIZON).scalar_one())
+
+    def rows_estimate(self, conn: Connection) -> int:
+        return max(int(conn.execute(TABLE_ROWS_ESTIMATE).scalar_one()), 0)
+
+    def listener(self, channel: str, connect_timeout: int,
+                 transaction: Callable[[], AbstractContextManager[Connection]]) -> Listener:
+        return PgListener(self.engine, transaction, connect_timeout, channel)
+
+    def quote(self) -> Callable[[str], str]:
+        return self.engine.dialect.identifier_preparer.quote
+
+
+@lru_cache(maxsize=512)
+def _transition_sql(columns: tuple[str, ...]) -> str:
+    """record_transition with the SET list of `columns`."""
+    return RECORD_TRANSITION.format(assignments=_assignments(columns))
+
+
+@lru_cache(maxsize=16)
+def _claim_sql(columns: tuple[str, ...]) -> str:
+    """claim_in_autoclusters with the SET list of the claim's transition (Claim.values)."""
+    return CLAIM_IN_AUTOCLUSTERS.format(assignments=_assignments(columns))
+
+
+def _assignments(columns: tuple[str, ...]) -> str:
+    """`column = %(set_column)s` per column: columns of jobs, none of them JSON (which psycopg
+    would need wrapped)."""
+    unknown = [name for name in columns if name not in jobs.c]
+    if unknown:
+        raise InvalidInput(f"not columns of jobs: {unknown}")
+    json = [name for name in columns if isinstance(jobs.c[name].type, JSON)]
+    if json:
+        raise InvalidInput(f"a transition does not set JSON columns: {json}")
+    return ", ".join(f"{name} = %(set_{name})s" for name in columns)
+
+
+def _json(value: Any) -> str | None:
+    """A JSON column's value as psycopg binds it: its compact text."""
+    return None if value is None else json_text(value)
+
+
+__all__ = ["PostgreSQL"]

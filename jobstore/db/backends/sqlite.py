@@ -1,0 +1,186 @@
+"""The job store on SQLite: SQLAlchemy Core throughout, one writer at a time (BEGIN IMMEDIATE:
+jobstore.db.engine), so that a claim takes its job row by row and nothing needs a lock of its
+own; no sessions, notifications or server-side rows."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, Table, insert, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
+
+from jobstore.core.claims import ClaimRequest
+from jobstore.core.jobs import Job, ProcTemplate
+from jobstore.core.states import Status
+from jobstore.db.backends.base import Claim, HandOut, Identity
+from jobstore.db.channels import Listener
+from jobstore.db.engine import database_message
+from jobstore.db.phases import status_in
+from jobstore.db.rows import RowChange, RowChanged
+from jobstore.db.schema import job_events, jobs, sandbox_chunks
+from jobstore.db.sql import IDLE_AUTOCLUSTERS_PORTABLE
+from jobstore.errors import DatabaseError, InvalidInput
+
+
+class SQLite:
+    """jobstore.db.backends.Backend on SQLite."""
+
+    can_listen = False
+    ids_commit_out_of_order = False  # one writer at a time: ids become visible in order
+    makes_rows_on_server = False
+    # the transaction holds the write lock from its start: a report reads its row locked at once
+    report_reads: tuple[bool, ...] = (True,)
+    lost: tuple[type[BaseException], ...] = (OperationalError, DBAPIError, PendingRollbackError)
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # ---- transactions --------------------------------------------------------------------
+
+    def connect(self) -> Connection:
+        return self.engine.connect()
+
+    def release(self, conn: Connection) -> None:
+        conn.close()
+
+    def begin(self, conn: Connection, first: str | None, params: Mapping[str, Any],
+              timeout_ms: int | None) -> None:
+        """Nothing yet: SQLAlchemy's transaction (`transaction`) begins it."""
+        return None
+
+    def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
+        return conn.begin()  # BEGIN IMMEDIATE (jobstore.db.engine)
+
+    def error(self, exc: BaseException, url: Any) -> DatabaseError:
+        return DatabaseError(database_message(exc, url))
+
+    # ---- reading and locking -------------------------------------------------------------
+
+    def read_job(self, conn: Connection, opened: Any, job_id: int,
+                 ) -> tuple[Job | None, str | None]:
+        return self.lock_job(conn, job_id), None
+
+    def lock_job(self, conn: Connection, job_id: int) -> Job | None:
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        return None if row is None else Job.from_row(row._mapping)
+
+    def jobs_of(self, conn: Connection, ids: Sequence[int]) -> list[Job]:
+        rows = conn.execute(select(jobs).where(jobs.c.id.in_(list(ids))))
+        return [Job.from_row(r._mapping) for r in rows]
+
+    def id_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+        return column.in_(list(ids))  # type: ignore[no-any-return]
+
+    # ---- the negotiator ------------------------------------------------------------------
+
+    def menu(self, conn: Connection, opened: Any, params: Mapping[str, Any]) -> list[Any]:
+        return list(conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, dict(params)).all())
+
+    def lock_limits(self, conn: Connection, names: Sequence[str]) -> None:
+        return  # the write transaction is serialised already
+
+    def take(self, conn: Connection, req: ClaimRequest, autoclusters: Sequence[int],
+             claim: Claim, now: float, hand_out: HandOut) -> Job | None:
+        """Row by row: the first idle job of each autocluster in turn, handed out by
+        `hand_out` (the state machine's own transition)."""
+        for autocluster in autoclusters:
+            row = conn.execute(
+                select(jobs)
+                .where(status_in([Status.IDLE]), jobs.c.queue == req.queue,
+                       jobs.c.autocluster_id == autocluster)
+                .order_by(jobs.c.priority.desc(), jobs.c.id)
+                .limit(1)
+            ).first()
+            if row is None:
+                continue
+            job = Job.from_row(row._mapping)
+            weight = float(job.request_cpus) if req.partitionable else req.weight
+            extra = {"claims": job.claims + 1, "slot_weight": weight}
+            hand_out(conn, job, extra)
+            return job.but(**claim.values, **extra)
+        return None
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
+               ) -> None:
+        if change is not None and conn.execute(change.update()).rowcount != 1:
+            raise RowChanged(f"job {values['job_id']} changed under its transition")
+        conn.execute(insert(job_events).values(**values))
+
+    def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        conn.execute(insert(job_events), rows)
+
+    def notify(self, conn: Connection, payload: str, channel: str) -> None:
+        return  # no one can listen: watchers poll
+
+    def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
+                       keys: Sequence[str] | None) -> bool:
+        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
+        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+
+    def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
+               key: str, columns: Sequence[str]) -> None:
+        stmt = sqlite_insert(table).values(rows)
+        conn.execute(stmt.on_conflict_do_update(
+            index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
+
+    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+                    staged: bool) -> None:
+        conn.execute(insert(table), rows)
+
+    def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+                        staged: bool) -> list[int]:
+        made = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
+                            rows)
+        return [int(i) for i in made.scalars()]
+
+    def insert_procs(self, conn: Connection, job: Job, template: ProcTemplate, now: float, *,
+                     events_after: bool, clusters: list[int] | None) -> list[int]:
+        raise InvalidInput("SQLite does not make a cluster's rows itself (makes_rows_on_server)")
+
+    def insert_file(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
+        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
+        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+
+    def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
+                    ) -> list[Any]:
+        return list(conn.execute(
+            select(sandbox_chunks.c.data)
+            .where(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
+                   sandbox_chunks.c.seq.between(first, last))
+            .order_by(sandbox_chunks.c.seq)).all())
+
+    # ---- the session and the server ------------------------------------------------------
+
+    def local_identity(self) -> Identity:
+        """A SQLite job store is one account's (the file's owner, or root:
+        jobstore.db.engine.make_engine): its session is the invoking account, trusted."""
+        return Identity(pwd.getpwuid(os.getuid()).pw_name, trusted=True, super_user=True)
+
+    def session_identity(self, conn: Connection) -> Identity:
+        return self.local_identity()
+
+    def snapshot_bounds(self, conn: Connection) -> None:
+        return None
+
+    def xact_horizon(self, conn: Connection) -> None:
+        return None
+
+    def rows_estimate(self, conn: Connection) -> None:
+        return None
+
+    def listener(self, channel: str, connect_timeout: int,
+                 transaction: Callable[[], AbstractContextManager[Connection]]) -> Listener:
+        raise InvalidInput("a SQLite job store announces nothing: watch it by polling")
+
+    def quote(self) -> Callable[[str], str]:
+        raise InvalidInput("database roles exist on PostgreSQL only")
+
+
+__all__ = ["SQLite"]
