@@ -30,12 +30,12 @@ def test_files_are_stored_once_and_read_back_in_chunks(
     monkeypatch.setattr(sandbox, "CHUNKS_READ", 3)  # read back 3 chunks a transaction
     big = os.urandom(10 * sandbox.CHUNK + sandbox.CHUNK // 2)
     with store.engine.begin() as conn:
-        first = store._store_files(conn, cluster_id=7, proc_id=None, owner="alice",
+        first = store.files.store_files(conn, cluster_id=7, proc_id=None, owner="alice",
                                    direction=IN, sources=[_file(tmp_path, "big.bin", big),
                                                           _file(tmp_path, "copy.bin", big)])
-        store._store_files(conn, cluster_id=7, proc_id=2, owner="alice", direction=IN,
+        store.files.store_files(conn, cluster_id=7, proc_id=2, owner="alice", direction=IN,
                            sources=[_file(tmp_path, "mine.txt", b"proc 2 only")])
-        store._store_files(conn, cluster_id=8, proc_id=None, owner="bob", direction=IN,
+        store.files.store_files(conn, cluster_id=8, proc_id=None, owner="bob", direction=IN,
                            sources=[_file(tmp_path, "big.bin", big)])
     sha = hashlib.sha256(big).hexdigest()
     assert [(f.name, f.sha256, f.size) for f in first] == [("big.bin", sha, len(big)),
@@ -74,7 +74,7 @@ def test_a_file_that_changes_while_stored_is_refused(
     monkeypatch.setattr(sandbox, "_digest", digest_then_change)
     with (pytest.raises(FileChanged, match="changed while it was being stored"),
           store.engine.begin() as conn):
-        store._store_files(conn, cluster_id=1, proc_id=None, owner="alice", direction=IN,
+        store.files.store_files(conn, cluster_id=1, proc_id=None, owner="alice", direction=IN,
                            sources=[source])
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(sandbox_files)).scalar() == 0
@@ -94,7 +94,7 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
         bob = stores["bob"]
         job = bob.get_job(bob_job)
         with bob.engine.begin() as conn:
-            bob._store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
+            bob.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
                              direction=IN, sources=[_file(tmp_path, "secret.txt", secret)])
         for part in ("bob", "super", "agent"):
             assert b"".join(stores[part].file_content(BOB, sha)) == secret, part
@@ -104,11 +104,11 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
         assert alice.job_files_of(job) == []
         with (pytest.raises(Exception, match="row-level security"),
               alice.engine.begin() as conn):
-            alice._store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
+            alice.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
                                direction=OUT, sources=[_file(tmp_path, "x.txt", b"x")])
         # her own copy of the same bytes is her own row: it shows her nothing of bob's
         with alice.engine.begin() as conn:
-            alice._store_files(conn, cluster_id=999, proc_id=None, owner=ALICE,
+            alice.files.store_files(conn, cluster_id=999, proc_id=None, owner=ALICE,
                                direction=IN, sources=[_file(tmp_path, "same.txt", secret)])
         assert b"".join(alice.file_content(ALICE, sha)) == secret
         assert alice.job_files_of(job) == []
@@ -135,7 +135,7 @@ def test_retention_removes_a_jobs_files_with_it(store: JobStore, tmp_path: Path)
     keep = JobSpec("/bin/true", inputs=(InputFile("shared.txt", shared.path),))
     store.submit([keep], owner="alice", queue="default", max_attempts=1)
     with store.engine.begin() as conn:
-        store._store_files(conn, cluster_id=old, proc_id=0, owner="alice", direction=OUT,
+        store.files.store_files(conn, cluster_id=old, proc_id=0, owner="alice", direction=OUT,
                            attempt=1, sources=[_file(tmp_path, "out.txt", b"result")])
         conn.execute(update(jobs).where(jobs.c.id == old_job).values(
             status="completed", finished_at=time.time() - 10))

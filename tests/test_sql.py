@@ -126,7 +126,7 @@ def test_a_queued_job_is_the_row_the_database_holds(store: JobStore) -> None:
     def listener(events):  # type: ignore[no-untyped-def]
         seen.extend(e["job"] for e in events)
 
-    store.listeners.append(listener)
+    store.listen(listener)
     spec = JobSpec(cmd="/bin/true", iwd="/tmp", max_retries=2, custom={"Project": '"x"'})
     _, (job_id,) = store.submit([spec], owner="alice", queue="q", max_attempts=5)
     assert seen == [store.get_job(job_id)]

@@ -681,7 +681,8 @@ def test_a_connection_lost_mid_transaction_is_a_database_error(
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
     try:
-        with pytest.raises(DatabaseError, match="terminating connection"), store._tx() as conn:
+        with (pytest.raises(DatabaseError, match="terminating connection"),
+              store.db.transaction() as conn):
             pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
             with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -989,8 +990,9 @@ def test_a_transition_sets_only_columns_of_jobs() -> None:
 
 def _fail_after_an_event(store: JobStore, job_id: int) -> None:
     """A store transaction that writes an event of `job_id` and then fails: nothing is kept."""
-    with pytest.raises(RuntimeError, match="after the event"), store._tx() as conn:
-        store._event(conn, job_id, "note", "idle", None, time.time(), reason="never kept")
+    with pytest.raises(RuntimeError, match="after the event"), store.db.transaction() as conn:
+        store.transitions.record_event(conn, job_id, "note", "idle", None, time.time(),
+                                       reason="never kept")
         raise RuntimeError("after the event")
     assert [e.event for e in store.events(job_id)] == ["submit"]
 
@@ -1072,7 +1074,7 @@ def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> Non
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True)
     try:
-        with store._tx():  # lends the kept connection: what follows takes the pool's one
+        with store.db.transaction():  # lends the kept connection: what follows takes the pool's one
             submit(store)
             report(store, claim(store), Event.EXIT)
         with store.engine.connect() as conn, conn.begin() as tx:
@@ -1094,7 +1096,7 @@ def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url:
     try:
         (job_id,) = submit(store)
         _fail_after_an_event(store, job_id)  # on the kept connection
-        with store._tx():
+        with store.db.transaction():
             _fail_after_an_event(store, job_id)  # on the pool's
         with store.engine.connect() as conn:
             assert getattr(conn.connection.dbapi_connection, "autocommit", False)
@@ -1135,7 +1137,7 @@ def test_a_pooled_store_keeps_one_connection_out_of_its_pool(pg_url: str) -> Non
             with store.engine.connect() as conn:  # the pool's capacity is untouched
                 pooled = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
             assert pooled not in kept and len(_backends(admin)) == 2
-            with store._tx():
+            with store.db.transaction():
                 job = claim(store)
                 assert job is not None and report(store, job, Event.EXIT).after == "completed"
             # the server ends a closed session's backend a moment after the client closed it
@@ -1163,7 +1165,7 @@ def test_while_its_connection_is_lent_a_store_waits_or_takes_the_overflow(
     holding, release, done = threading.Event(), threading.Event(), threading.Event()
 
     def hold() -> None:
-        with store._tx():
+        with store.db.transaction():
             holding.set()
             release.wait(20)
 

@@ -23,6 +23,7 @@ from jobstore.core.states import FINAL, FINAL_VALUES, STATUS_OF, Event, Status, 
 from jobstore.db.phases import status_not_in
 from jobstore.db.rows import RowChanged, event_row, note_event
 from jobstore.db.schema import jobs
+from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import (
     Outcome,
     Transitions,
@@ -75,8 +76,12 @@ def total_kind(outcome: Outcome, event: Event) -> str:
     return "bad_status"
 
 
-class PagedActions(Transitions):
+class PagedActions:
     """Hold, release or remove every job of a selection, PAGE jobs a transaction."""
+
+    def __init__(self, db: Transactions, transitions: Transitions) -> None:
+        self.db = db
+        self.transitions = transitions
 
     def act_where(
         self,
@@ -95,12 +100,12 @@ class PagedActions(Transitions):
         totals = ActTotals()
 
         def act(conn: Connection, locked: list[Job], now: float) -> None:
-            self._act_page(conn, locked, event, reason, hold, keep, now, totals)
+            self.act_page(conn, locked, event, reason, hold, keep, now, totals)
 
-        self._in_pages(where, keep, act, totals, page=page, connection=connection)
+        self.in_pages(where, keep, act, totals, page=page, connection=connection)
         return totals
 
-    def _in_pages(
+    def in_pages(
         self,
         where: ColumnElement[bool],
         keep: Callable[[Job], bool] | None,
@@ -117,7 +122,7 @@ class PagedActions(Transitions):
         selected = [where, status_not_in(FINAL)]
         last, skipped = 0, list[int]()
         while True:
-            with self._tx(connection) as conn:
+            with self.db.transaction(connection) as conn:
                 ids = list(conn.execute(select(jobs.c.id).where(*selected, jobs.c.id > last)
                                         .order_by(jobs.c.id).limit(page)).scalars())
                 if not ids:
@@ -128,11 +133,12 @@ class PagedActions(Transitions):
                 work(conn, _unfinished(locked), time.time())
         for start in range(0, len(skipped), page):  # taken by someone else: wait for them
             chunk = skipped[start:start + page]
-            with self._tx(connection) as conn:
+            with self.db.transaction(connection) as conn:
                 locked = self._lock_page(conn, chunk, skip_locked=False)
                 rest = [i for i in chunk if i not in locked]  # hidden by the policies
                 hidden = [Job.from_row(r._mapping) for r in conn.execute(
-                    select(jobs).where(self._id_in(rest), *selected).order_by(jobs.c.id))]
+                    select(jobs).where(self.transitions.id_in(rest), *selected)
+                    .order_by(jobs.c.id))]
                 names = [views.job_id(j) for j in hidden if keep is None or keep(j)]
                 totals.denied += len(names)
                 totals.denied_names += names[:SHOWN - len(totals.denied_names)]
@@ -142,22 +148,22 @@ class PagedActions(Transitions):
                    ) -> dict[int, Job]:
         """The jobs of `ids` this session may change, locked (those another transaction holds
         are left out with `skip_locked`; the database's policies hide the others)."""
-        q = select(jobs).where(self._id_in(ids)).order_by(jobs.c.id)
+        q = select(jobs).where(self.transitions.id_in(ids)).order_by(jobs.c.id)
         q = q.with_for_update(skip_locked=skip_locked)
         return {r.id: Job.from_row(r._mapping) for r in conn.execute(q)}
 
-    def _act_page(self, conn: Connection, page: list[Job], event: Event, reason: str | None,
+    def act_page(self, conn: Connection, page: list[Job], event: Event, reason: str | None,
                   hold: tuple[int, int], keep: Callable[[Job], bool] | None, now: float,
                   totals: ActTotals) -> None:
         groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Job]] = {}
         events: list[dict[str, Any]] = []
-        every = self.listens_to_every_job()
+        every = self.db.listens_to_every_job()
         for job in page:
             if keep is not None and not keep(job):
                 continue
             before = STATUS_OF[job.status]
             if before not in _WAITING or winding_down(job, now) or job.release_pending:
-                totals.add(self._apply(conn, job, event, decide_args={}, now=now,
+                totals.add(self.transitions.apply(conn, job, event, decide_args={}, now=now,
                                        reason=reason, record_ignored=False, hold=hold), event)
                 continue
             d = decide(event, before, attempts=job.attempts, max_attempts=job.max_attempts)
@@ -177,11 +183,11 @@ class PagedActions(Transitions):
                                name=views.job_id(job)), event)
         for (status, columns), group in groups.items():
             ids = [j.id for j in group]
-            change = (update(jobs).where(self._id_in(ids), jobs.c.status == status)
+            change = (update(jobs).where(self.transitions.id_in(ids), jobs.c.status == status)
                       .values(dict(columns)))
             if conn.execute(change).rowcount != len(ids):
                 raise RowChanged(f"{len(ids)} jobs changed under their {event}")
-        self._insert_events(conn, events)
+        self.transitions.insert_events(conn, events)
 
 
 def _unfinished(locked: dict[int, Job]) -> list[Job]:

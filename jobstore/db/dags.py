@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, Table, and_, case, func, insert, select, update
 
@@ -32,6 +32,7 @@ from jobstore.db.schema import (
     job_events,
     jobs,
 )
+from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Transitions
 from jobstore.submit.dag import Dag
 
@@ -77,18 +78,33 @@ class NodeEvent(NamedTuple):
     proc_id: int
 
 
-class DagStore(Transitions):
-    """Queue a DAG and carry its nodes forward; the store mixes it in."""
+class NodeJobsQueue(Protocol):
+    """What the DAGs need of the store's submit: their nodes' jobs queued and removed, and
+    their rows inserted as a bulk submit inserts them."""
 
-    def _submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
-                      queue: str, max_attempts: int, now: float,
-                      check: Callable[[Job], None] | None) -> dict[str, int]:
-        """The nodes' jobs, waiting, in `conn`: each node's cluster (the store's submit)."""
-        raise NotImplementedError
+    def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
+                     queue: str, max_attempts: int, now: float,
+                     check: Callable[[Job], None] | None) -> dict[str, int]:
+        """The nodes' jobs, waiting, in `conn`: each node's cluster."""
 
-    def _insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-        """Insert many rows of one shape (the store's bulk insert)."""
-        raise NotImplementedError
+    def remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
+                         why: str) -> None:
+        """The unfinished jobs of `cluster_ids` removed in `conn` (as `jobstore rm`)."""
+
+    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+        """Insert many rows of one shape."""
+
+
+class DagStore:
+    """Queue a DAG and carry its nodes forward (their jobs ended or started: Transitions tells
+    it, `follow_dags`); `nodes` queues and removes the nodes' jobs."""
+
+    def __init__(self, db: Transactions, transitions: Transitions, nodes: NodeJobsQueue,
+                 ) -> None:
+        self.db = db
+        self.transitions = transitions
+        self.nodes = nodes
+        transitions.follow_dags(self)
 
     def submit_dag(self, dag: Dag, specs_of: NodeSpecs, *, owner: str, queue: str,
                    max_attempts: int, batch_name: str | None = None,
@@ -100,7 +116,7 @@ class DagStore(Transitions):
         macros) for the DAG's id. The nodes without parents (or whose parents are DONE) are
         released at once."""
         now = time.time()
-        with self._tx(connection) as conn:
+        with self.db.transaction(connection) as conn:
             dag_id = conn.execute(insert(clusters).values(
                 owner=owner, queue=queue, submit_file=dag.path, num_procs=0,
                 submitted_at=now).returning(clusters.c.id)).scalar_one()
@@ -112,7 +128,7 @@ class DagStore(Transitions):
                 status="running", created_at=now, attrs=json.dumps(dag.job_attrs) or None,
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle))
-            clusters_of = self._submit_nodes(
+            clusters_of = self.nodes.submit_nodes(
                 conn, specs_of(dag_id), owner=owner, queue=queue, max_attempts=max_attempts,
                 now=now, check=check)
             rows = []
@@ -126,8 +142,8 @@ class DagStore(Transitions):
                     "category": node.category, "abort_exit": node.abort_exit,
                     "abort_return": node.abort_return, "final": node.final,
                     "updated_at": now})
-            self._insert_rows(conn, dag_nodes, rows)
-            self._insert_rows(conn, dag_edges, [
+            self.nodes.insert_rows(conn, dag_nodes, rows)
+            self.nodes.insert_rows(conn, dag_edges, [
                 {"dag_id": dag_id, "parent": p, "child": n.name, "owner": owner}
                 for n in dag.nodes.values() for p in n.parents])
             if dag.maxjobs:
@@ -142,7 +158,7 @@ class DagStore(Transitions):
 
     # ---- a node's jobs ended -------------------------------------------------------------
 
-    def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
+    def jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
                     nodes: bool = False) -> None:
         """Decide the nodes whose jobs `job_ids` just ended (in this transaction), and carry
         their DAGs forward. `nodes`: they are DAG nodes' jobs (their ads say so)."""
@@ -152,7 +168,7 @@ class DagStore(Transitions):
         found = conn.execute(
             select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.cluster_id)
             .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
-            .where(self._id_in(ids), dag_nodes.c.status == QUEUED).distinct()).all()
+            .where(self.transitions.id_in(ids), dag_nodes.c.status == QUEUED).distinct()).all()
         for dag_id, name, cluster_id in found:
             verdict = self._node_verdict(conn, cluster_id)
             if verdict is None:
@@ -160,7 +176,7 @@ class DagStore(Transitions):
             self._node_ended(conn, dag_id, name, verdict, now)
             self._advance(conn, dag_id, now)
 
-    def _node_job_started(self, conn: Connection, job: Job, now: float) -> None:
+    def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
         """A node's job left the idle ones: a DAG with -maxidle may release more nodes."""
         dag_id = job.ad.get("DAGManJobId")
         text = dag_id.get("expr") if isinstance(dag_id, dict) else dag_id
@@ -269,9 +285,9 @@ class DagStore(Transitions):
             values.update(finished_at=now, reason=why)
         conn.execute(update(jobs).where(jobs.c.cluster_id.in_(cluster_ids),
                                         jobs.c.status == Status.WAITING).values(values))
-        self._insert_events(conn, [event_row(job_id, event, Status.WAITING, to, now,
-                                             attempt=claims, reason=why)
-                                   for job_id, claims in moved], dags_too=False)
+        self.transitions.insert_events(conn, [
+            event_row(job_id, event, Status.WAITING, to, now, attempt=claims, reason=why)
+            for job_id, claims in moved], dags_too=False)
 
     def _abort(self, conn: Connection, dag_id: int, now: float, why: str, dag_status: int,
                code: int | None) -> None:
@@ -287,12 +303,7 @@ class DagStore(Transitions):
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.status == QUEUED,
             dag_nodes.c.final.is_(False))).scalars())
         if queued:
-            self._remove_node_jobs(conn, queued, now, why)
-
-    def _remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
-                          why: str) -> None:
-        """The unfinished jobs of `cluster_ids` removed in `conn` (the store's rm)."""
-        raise NotImplementedError
+            self.nodes.remove_node_jobs(conn, queued, now, why)
 
     # ---- releasing ready nodes -----------------------------------------------------------
 
@@ -408,14 +419,14 @@ class DagStore(Transitions):
 
     def dag_of(self, dag_id: int) -> Any | None:
         """The `dags` row of a DAGManJobId (None: not a DAG this session sees)."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return conn.execute(select(dags).where(dags.c.id == dag_id)).first()
 
     def dag_batches(self, ids: Sequence[int] | None = None) -> list[DagBatch]:
         """The unfinished DAGs this session sees (or the DAGs `ids`, ended or not), with their
         nodes and their jobs counted."""
         which = dags.c.status.in_(LIVE) if ids is None else dags.c.id.in_(list(ids))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(select(dags).where(which).order_by(dags.c.id)).all()
             ids = [r.id for r in rows]
             if not ids:
@@ -451,7 +462,7 @@ class DagStore(Transitions):
     def dag_node_jobs(self, dag_id: int) -> dict[str, dict[str, int]]:
         """Each node's jobs of a DAG, counted by status."""
         out: dict[str, dict[str, int]] = {}
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             for name, status, n in conn.execute(
                     select(dag_nodes.c.name, jobs.c.status, func.count())
                     .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
@@ -462,7 +473,7 @@ class DagStore(Transitions):
 
     def dag_events(self, dag_id: int) -> list[NodeEvent]:
         """The events of a DAG's node jobs, in the order they happened."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(
                 select(job_events.c.time, dag_nodes.c.name, job_events.c.event,
                        jobs.c.cluster_id, jobs.c.proc_id)
@@ -473,7 +484,7 @@ class DagStore(Transitions):
 
     def dag_nodes_of(self, dag_id: int) -> list[Any]:
         """The nodes of a DAG, in their file's order of names."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return list(conn.execute(select(dag_nodes).where(dag_nodes.c.dag_id == dag_id)
                                      .order_by(dag_nodes.c.name)))
 
@@ -481,7 +492,7 @@ class DagStore(Transitions):
         """Hold (no node released until it is released) or release a running DAG, as
         condor_hold and condor_release of DAGMan's job do; whether it changed."""
         now = time.time()
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             before, after = ("running", "held") if held else ("held", "running")
             changed = conn.execute(update(dags).where(dags.c.id == dag_id,
                                                       dags.c.status == before)
@@ -494,7 +505,7 @@ class DagStore(Transitions):
         """condor_rm of DAGMan's job: the nodes that have not run never will, the queued ones'
         jobs are removed, and the DAG ends (removed; its FINAL node still runs)."""
         now = time.time()
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             dag = conn.execute(select(dags).where(dags.c.id == dag_id)).first()
             if dag is None or dag.status not in ("running", "held"):
                 return False

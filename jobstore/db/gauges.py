@@ -41,8 +41,11 @@ class StoreGauges(NamedTuple):
     rows_estimate: int | None  # the jobs table's rows, as the planner estimates (PostgreSQL)
 
 
-class Gauges(Transactions):
+class Gauges:
     """The store's metrics."""
+
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
 
     def gauges(self, now: float, *, window: float = 60.0) -> StoreGauges:
         active = (
@@ -51,7 +54,7 @@ class Gauges(Transactions):
             .group_by(jobs.c.queue, jobs.c.status)
             .order_by(jobs.c.queue, jobs.c.status)
         )
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             queues = [QueueGauge(r[0], r[1], int(r[2]), r[3]) for r in conn.execute(active)]
             last = int(conn.execute(select(func.coalesce(func.max(job_events.c.id), 0)))
                        .scalar_one())
@@ -63,5 +66,5 @@ class Gauges(Transactions):
                 )).scalar_one())
             users = [SubmitterGauge(r.name, r.priority, r.factor, r.usage, r.in_use)
                      for r in conn.execute(select(submitters).order_by(submitters.c.name))]
-            estimate = self.backend.rows_estimate(conn)
+            estimate = self.db.backend.rows_estimate(conn)
         return StoreGauges(queues, users, claims, window, last, estimate)

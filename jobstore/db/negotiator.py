@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from itertools import starmap
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, func, select, update
 
 from jobstore.core import fairshare, limits
 from jobstore.core.autoclusters import signature
@@ -35,6 +35,7 @@ from jobstore.db.schema import (
     submitters,
 )
 from jobstore.db.sql import LIMITS_IN_USE, SUBMITTER_USAGE
+from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Transitions
 from jobstore.errors import InvalidInput
 
@@ -72,16 +73,17 @@ def _claim_changes(req: ClaimRequest, now: float) -> dict[str, Any]:
     }
 
 
-class Negotiator(Transitions):
+class Negotiator:
     """Matching, fair share and limits in the claim; the accountant; userprio's table."""
 
-    def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
-        super().__init__(engine, statement_timeout_ms)
+    def __init__(self, db: Transactions, transitions: Transitions) -> None:
+        self.db = db
+        self.transitions = transitions
         self.verdicts = VerdictCache()
 
     # ---- submit: the autocluster and submitter of new jobs --------------------------------
 
-    def _register(self, conn: Connection, queued: Sequence[Job], now: float) -> list[int]:
+    def register(self, conn: Connection, queued: Sequence[Job], now: float) -> list[int]:
         """The autocluster id of each job (created when new), with its limits and submitter
         rows."""
         ids: dict[str, int] = {}
@@ -92,7 +94,7 @@ class Negotiator(Transitions):
                 ids[sig] = self._autocluster(conn, sig, job, now)
             out.append(ids[sig])
         for name in {job.submitter for job in queued}:
-            self._insert_missing(conn, submitters, {"name": name, "updated_at": now})
+            self.db.backend.insert_missing(conn, submitters, {"name": name, "updated_at": now})
         return out
 
     def _autocluster(self, conn: Connection, sig: str, job: Job, now: float) -> int:
@@ -113,22 +115,14 @@ class Negotiator(Transitions):
             "concurrency_limits": job.concurrency_limits,
             "created_at": now,
         }
-        self._insert_missing(conn, autoclusters, values, ["owner", "signature"])
+        self.db.backend.insert_missing(conn, autoclusters, values, ["owner", "signature"])
         ac = int(conn.execute(select(autoclusters.c.id).where(*mine)).scalar_one())
         for name, amount in limits.parse(job.concurrency_limits).items():
-            self._insert_missing(conn, concurrency_limits, {"name": name})
-            self._insert_missing(
+            self.db.backend.insert_missing(conn, concurrency_limits, {"name": name})
+            self.db.backend.insert_missing(
                 conn, autocluster_limits, {"autocluster_id": ac, "name": name, "amount": amount}
             )
         return ac
-
-    def _insert_missing(
-        self, conn: Connection, table: Any, values: Mapping[str, Any],
-        keys: Sequence[str] | None = None,
-    ) -> bool:
-        """INSERT, or nothing when a row with the same key exists (a concurrent submit); whether
-        the row was inserted."""
-        return self.backend.insert_missing(conn, table, values, keys)
 
     # ---- the claim ------------------------------------------------------------------------
 
@@ -154,8 +148,8 @@ class Negotiator(Transitions):
         judged_outside = req.shape is None
         while True:
             # the menu is read in the round trip that opens the transaction where it can be
-            with self._opened(MENU, params) as (conn, opened):
-                menu = list(starmap(IdleCluster, self.backend.menu(conn, opened, params)))
+            with self.db.opened(MENU, params) as (conn, opened):
+                menu = list(starmap(IdleCluster, self.db.backend.menu(conn, opened, params)))
                 heads = self._unjudged(conn, req, menu)
                 if not heads or judged_outside:
                     matching = self._matching(conn, req, judge, menu, heads, now) if menu else []
@@ -172,7 +166,7 @@ class Negotiator(Transitions):
         """The first jobs of the autoclusters of `menu` without a remembered verdict (one
         query), by id."""
         unknown = [m.head_id for m in menu if self.verdicts.get(req.shape, m.id) is None]
-        return {job.id: job for job in self.backend.jobs_of(conn, unknown)} if unknown else {}
+        return {job.id: job for job in self.db.backend.jobs_of(conn, unknown)} if unknown else {}
 
     def _judge_outside(self, req: ClaimRequest, judge: Callable[[Job], Verdict],
                        menu: list[IdleCluster], heads: dict[int, Job], now: float) -> None:
@@ -184,8 +178,8 @@ class Negotiator(Transitions):
                 continue
             verdict = judge(head)
             if verdict.hold_reason:
-                with self._tx() as conn:
-                    self._hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
+                with self.db.transaction() as conn:
+                    self.hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
                                     slot=req.slot, host=req.host)
             else:
                 self.verdicts.put(req.shape, m.id, verdict)
@@ -211,7 +205,7 @@ class Negotiator(Transitions):
                     continue
                 verdict = judge(head)
                 if verdict.hold_reason:
-                    self._hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
+                    self.hold_idle(conn, m.id, verdict.hold_reason, verdict.hold_code, now,
                                     slot=req.slot, host=req.host)
                     continue
                 self.verdicts.put(req.shape, m.id, verdict)
@@ -219,7 +213,7 @@ class Negotiator(Transitions):
                 out.append(m)
         return out
 
-    def _hold_idle(
+    def hold_idle(
         self, conn: Connection, autocluster: int, reason: str, code: int, now: float, *,
         slot: str | None = None, host: str | None = None,
     ) -> None:
@@ -233,7 +227,7 @@ class Negotiator(Transitions):
             .with_for_update(skip_locked=True)
         )
         for row in conn.execute(q).all():
-            self._apply(
+            self.transitions.apply(
                 conn, Job.from_row(row._mapping), Event.HOLD, decide_args={}, now=now,
                 reason=reason, slot=slot, host=host,
                 hold=(code, 0),
@@ -283,7 +277,7 @@ class Negotiator(Transitions):
         rest = group[free:]
         needed = {m.id: limits.parse(m.concurrency_limits) for m in rest}
         names = sorted({name for need in needed.values() for name in need})
-        self.backend.lock_limits(conn, names)  # claims of jobs using one limit: one at a time
+        self.db.backend.lock_limits(conn, names)  # claims of jobs using one limit: one at a time
         in_use = {r.name: float(r.in_use) for r in conn.execute(LIMITS_IN_USE, {"names": names})}
         allowed = [m for m in rest if limits.over(needed[m.id], in_use, req.limit) is None]
         return self._take(conn, req, allowed, now) if allowed else None
@@ -298,12 +292,12 @@ class Negotiator(Transitions):
         changes = _claim_changes(req, now)
 
         def hand_out(conn: Connection, job: Job, extra: Mapping[str, Any]) -> None:
-            self._apply(conn, job, Event.FETCH, decide_args={}, now=now,
+            self.transitions.apply(conn, job, Event.FETCH, decide_args={}, now=now,
                         changes={**changes, **extra}, slot=req.slot, host=req.host,
                         attempt=job.claims + 1)
 
-        return self.backend.take(conn, req, [m.id for m in group],
-                                 self.fetch_transition(changes, now), now, hand_out)
+        return self.db.backend.take(conn, req, [m.id for m in group],
+                                 self.transitions.fetch_transition(changes, now), now, hand_out)
 
     # ---- the accountant and condor_userprio ------------------------------------------------
 
@@ -315,7 +309,7 @@ class Negotiator(Transitions):
         usage, for the rows not updated in the last `interval` seconds (the negotiator's
         accountant); concurrent callers never update a row twice. Returns the rows updated."""
         now = time.time() if now is None else now
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             due = conn.execute(
                 select(submitters)
                 .where(submitters.c.updated_at <= now - interval)
@@ -353,7 +347,7 @@ class Negotiator(Transitions):
     def usage_table(self) -> list[tuple[Usage, float | None]]:
         """Every submitter's accounting row with what it holds now, and its first usage
         (condor_userprio's table; `jobstore.core.fairshare` computes the priorities)."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(select(submitters).order_by(submitters.c.name)).all()
             held = self._held(conn)
         return [
@@ -369,7 +363,7 @@ class Negotiator(Transitions):
         """condor_userprio -setfactor; False when the submitter is unknown."""
         if not factor >= 1.0:
             raise InvalidInput("a priority factor must be at least 1")
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             done = conn.execute(
                 update(submitters).where(submitters.c.name == name).values(factor=factor)
             )
@@ -384,6 +378,6 @@ class Negotiator(Transitions):
         )
         if name is not None:
             q = q.where(submitters.c.name == name)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return int(conn.execute(q).rowcount)
 

@@ -51,11 +51,14 @@ class NodeAttempt(NamedTuple):
     token: str | None = None  # the attempt's secret, while it is handed out
 
 
-class JobReads(Transactions):
+class JobReads:
     """Queries of the job store (JobStore adds the writes)."""
 
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
+
     def get_job(self, job_id: int) -> Job:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise UnknownJob(job_id)
@@ -67,7 +70,7 @@ class JobReads(Transactions):
             return {}
         q = select(jobs.c.id, jobs.c.status, jobs.c.claims, jobs.c.winding_down_until).where(
             jobs.c.id.in_(list(job_ids)))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return {r.id: AttemptState(r.status, r.claims, r.winding_down_until is not None)
                     for r in conn.execute(q)}
 
@@ -81,7 +84,7 @@ class JobReads(Transactions):
         handed_out = q.where(status_in(HANDED_OUT),
                              jobs.c.host.in_(list(hosts)))
         winding = q.where(jobs.c.winding_down_until.is_not(None), jobs.c.host.in_(list(hosts)))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = {r.id: r for r in conn.execute(handed_out)}
             rows.update({r.id: r for r in conn.execute(winding)})
         return sorted(
@@ -95,7 +98,7 @@ class JobReads(Transactions):
         q = select(jobs).where(jobs.c.cluster_id == cluster_id)
         if proc_id is not None:
             q = q.where(jobs.c.proc_id == proc_id)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [Job.from_row(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
 
     def list_jobs(
@@ -118,7 +121,7 @@ class JobReads(Transactions):
         q = q.order_by(jobs.c.cluster_id, jobs.c.proc_id)
         if limit:
             q = q.limit(limit)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [Job.from_row(r._mapping) for r in conn.execute(q)]
 
     def iter_jobs(
@@ -152,7 +155,7 @@ class JobReads(Transactions):
             if after is not None:
                 q = q.where(tuple_(*key) < tuple_(*after) if newest_finished_first
                             else tuple_(*key) > tuple_(*after))
-            with self._tx() as conn:
+            with self.db.transaction() as conn:
                 rows = [Job.from_row(r._mapping)
                         for r in conn.execute(q.order_by(*order).limit(page))]
             yield from rows
@@ -166,7 +169,7 @@ class JobReads(Transactions):
         """Is any job of `queue` idle? One indexed read (the idle jobs' partial index): what
         a waiting fetch asks before it claims on a timer rather than on a notification."""
         q = select(jobs.c.id).where(status_in([Status.IDLE]), jobs.c.queue == queue).limit(1)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return conn.execute(q).first() is not None
 
     def count_by_status(
@@ -183,7 +186,7 @@ class JobReads(Transactions):
         q = (select(jobs.c.status, func.count())
              .where(*_job_filter(statuses, owners, queues, include_final, final_only, where))
              .group_by(jobs.c.status))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return {status: int(n) for status, n in conn.execute(q)}
 
     def autoclusters(
@@ -208,7 +211,7 @@ class JobReads(Transactions):
             .group_by(*(jobs.c[k] for k in key))
             .order_by(*(jobs.c[k] for k in key))
         )
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = [r._mapping for r in conn.execute(q)]
         return [
             {
@@ -229,7 +232,7 @@ class JobReads(Transactions):
         )
         if job_id is not None:
             q = q.where(job_events.c.job_id == job_id)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(q.order_by(job_events.c.id))
             return [JobEvent.from_row(r._mapping) for r in rows]
 
@@ -240,7 +243,7 @@ class JobReads(Transactions):
         q = select(func.max(job_events.c.id))
         if before is not None:
             q = q.where(job_events.c.time < before)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return int(conn.execute(q).scalar() or 0)
 
     def event_feed(
@@ -271,17 +274,17 @@ class JobReads(Transactions):
             .order_by(job_events.c.id)
             .limit(limit)
         )
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [FeedEvent.from_row(r._mapping) for r in conn.execute(q)]
 
     def snapshot_bounds(self) -> tuple[int, int] | None:
         """PostgreSQL: (xmin, xmax) of a snapshot taken now, so that a follower of job_events
         knows when every transaction that could still add a lower event id has ended. SQLite:
         None (one writer at a time, so event ids become visible in order)."""
-        if not self.backend.ids_commit_out_of_order:
+        if not self.db.backend.ids_commit_out_of_order:
             return None
-        with self._tx() as conn:
-            return self.backend.snapshot_bounds(conn)
+        with self.db.transaction() as conn:
+            return self.db.backend.snapshot_bounds(conn)
 
     def xact_horizon(self) -> int | None:
         """PostgreSQL: a transaction id assigned now (its transaction commits at once). Every
@@ -289,10 +292,10 @@ class JobReads(Transactions):
         xmin is at or past it they have all ended. (A snapshot's xmax is no such bound: it is
         one past the highest *completed* id, and a transaction still running may have a larger
         one.) SQLite: None."""
-        if not self.backend.ids_commit_out_of_order:
+        if not self.db.backend.ids_commit_out_of_order:
             return None
-        with self._tx() as conn:
-            return self.backend.xact_horizon(conn)
+        with self.db.transaction() as conn:
+            return self.db.backend.xact_horizon(conn)
 
     def stats(self) -> list[tuple[str, str, int]]:
         q = (
@@ -300,7 +303,7 @@ class JobReads(Transactions):
             .group_by(jobs.c.queue, jobs.c.status)
             .order_by(jobs.c.queue, jobs.c.status)
         )
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
 
 

@@ -55,8 +55,11 @@ def _prunable(before: float):  # type: ignore[no-untyped-def]
             jobs.c.winding_down_until.is_(None))
 
 
-class Retention(Transactions):
+class Retention:
     """Removes history older than a cutoff."""
+
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
 
     def prune(
         self,
@@ -82,7 +85,7 @@ class Retention(Transactions):
                 return done
 
     def _prune_batch(self, before: float, batch: int) -> Pruned:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.cluster_id, jobs.c.proc_id)
                 .where(*_prunable(before))
@@ -107,7 +110,7 @@ class Retention(Transactions):
             return Pruned(len(ids), events, len(emptied), more=len(ids) == batch)
 
     def _count(self, before: float) -> Pruned:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             old = select(jobs.c.id).where(*_prunable(before)).subquery()
             found = conn.execute(select(func.count()).select_from(old)).scalar_one()
             events = conn.execute(

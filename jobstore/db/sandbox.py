@@ -50,8 +50,11 @@ class FileChanged(JobstoreError, ValueError):
     """A file changed while it was being stored (its bytes no longer have the hash read)."""
 
 
-class SandboxFiles(Transactions):
+class SandboxFiles:
     """Writes and reads of sandbox_files, sandbox_chunks and job_files."""
+
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
 
     def _store_content(self, conn: Connection, owner: str, path: str) -> tuple[str, int]:
         """Store the file at `path` as `owner`'s, once: (sha256, size). FileChanged when it
@@ -76,10 +79,10 @@ class SandboxFiles(Transactions):
     def _insert_missing_file(self, conn: Connection, owner: str, sha: str, size: int) -> bool:
         """Insert the file's row unless it is there (a concurrent submit's, once committed):
         whether it was inserted."""
-        return self.backend.insert_file(conn, sandbox_files, {
+        return self.db.backend.insert_file(conn, sandbox_files, {
             "owner": owner, "sha256": sha, "size": size, "created_at": time.time()})
 
-    def _store_files(self, conn: Connection, *, cluster_id: int, proc_id: int | None,
+    def store_files(self, conn: Connection, *, cluster_id: int, proc_id: int | None,
                      owner: str, direction: str, sources: Iterable[FileSource],
                      attempt: int | None = None) -> list[SandboxFile]:
         """Store `sources` as `owner`'s and list them as the files of a cluster (`proc_id`
@@ -101,7 +104,7 @@ class SandboxFiles(Transactions):
 
     def input_limits(self, conn: Connection | None = None) -> dict[str, int]:
         """The store's limits on a submit's inputs, in MB (LIMIT_DEFAULTS where unset)."""
-        with self._tx(conn) as c:
+        with self.db.transaction(conn) as c:
             rows = dict(c.execute(select(store_limits.c.name, store_limits.c.value)).all())
         return {name: int(rows.get(name, default)) for name, default in LIMIT_DEFAULTS.items()}
 
@@ -109,7 +112,7 @@ class SandboxFiles(Transactions):
         """Set the store's limits (MB) by name, as `jobstore init` does from the configuration."""
         from sqlalchemy import delete
 
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             conn.execute(delete(store_limits).where(store_limits.c.name.in_(list(limits))))
             conn.execute(insert(store_limits), [{"name": n, "value": v}
                                                 for n, v in limits.items()])
@@ -145,7 +148,7 @@ class SandboxFiles(Transactions):
                     job_files.c.owner == job.owner,
                     or_(job_files.c.proc_id.is_(None), job_files.c.proc_id == job.proc_id))
              .order_by(job_files.c.id))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(q).all()
         own = [r for r in rows if r[0] is not None]
         return [SandboxFile(*r[1:]) for r in (own or rows)]
@@ -157,7 +160,7 @@ class SandboxFiles(Transactions):
             job_files.c.cluster_id == job.cluster_id, job_files.c.proc_id == job.proc_id,
             job_files.c.owner == job.owner, job_files.c.direction == direction,
             job_files.c.attempt == job.claims)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return set(conn.execute(q).scalars())
 
     def sandbox_start(self, job: Job) -> list[SandboxFile]:
@@ -170,7 +173,7 @@ class SandboxFiles(Transactions):
                     job_files.c.proc_id == job.proc_id, job_files.c.owner == job.owner,
                     job_files.c.direction == CHECKPOINT)
              .order_by(job_files.c.id))
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(q).all()
         newest = max((r[0] or 0 for r in rows), default=None)
         saved = {r[1]: SandboxFile(*r[1:]) for r in rows if (r[0] or 0) == newest}
@@ -181,8 +184,8 @@ class SandboxFiles(Transactions):
         """At most `length` bytes of `owner`'s file `sha256` from `offset` (fewer at its end;
         none when the session may not see it)."""
         first, last = _chunk_range(offset, length)
-        with self._tx() as conn:
-            rows = self.backend.file_chunks(conn, owner, sha256, first, last)
+        with self.db.transaction() as conn:
+            rows = self.db.backend.file_chunks(conn, owner, sha256, first, last)
             data = b"".join(bytes(r[0]) for r in rows)
         start = offset - first * CHUNK
         return data[start:start + length]

@@ -25,29 +25,32 @@ class SlotRow(NamedTuple):
     expires_at: float
 
 
-class SlotAds(Transactions):
+class SlotAds:
     """Writes and reads of the `slots` table."""
+
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
 
     def publish_slots(self, rows: Sequence[SlotRow]) -> None:
         """Upsert `rows` in one transaction (one statement per row on SQLite)."""
         if not rows:
             return
         values = [row._asdict() for row in rows]
-        with self._tx() as conn:
-            self.backend.upsert(conn, slots, values, "name",
+        with self.db.transaction() as conn:
+            self.db.backend.upsert(conn, slots, values, "name",
                                 ("machine", "ad", "updated_at", "expires_at"))
 
     def live_slots(self, *, now: float | None = None) -> list[SlotRow]:
         """The slots whose ads have not expired, by name."""
         now = time.time() if now is None else now
         q = select(slots).where(slots.c.expires_at > now).order_by(slots.c.name)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [SlotRow(**r._mapping) for r in conn.execute(q)]
 
     def expire_slots(self, *, now: float | None = None) -> int:
         """Delete the slots whose ads expired; how many."""
         now = time.time() if now is None else now
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return int(conn.execute(delete(slots).where(slots.c.expires_at <= now)).rowcount)
 
 

@@ -1,8 +1,9 @@
-"""The write side of the job store: submit, claim, reports, admin events, lease recovery.
+"""The job store: a façade that composes its parts (JobStore), and its own paths: submit,
+reports, admin events, periodic policy, lease recovery.
 
-Every change of a job's state goes through `_apply`, which updates the row and appends its event
-in the same transaction. Reports carry the attempt's token; a report from a superseded attempt is
-recorded as an event and changes nothing (fencing).
+Every change of a job's state goes through `Transitions.apply`, which updates the row and appends
+its event in the same transaction. Reports carry the attempt's token; a report from a superseded
+attempt is recorded as an event and changes nothing (fencing).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from classad2 import ClassAd
 from sqlalchemy import ColumnElement, Connection, Engine, Table, bindparam, insert, select, update
@@ -36,6 +37,7 @@ from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.backends import READ_JOB, Identity
 from jobstore.db.channels import CHANNEL
 from jobstore.db.dags import DagStore
+from jobstore.db.engine import make_engine
 from jobstore.db.gauges import Gauges
 from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
@@ -45,8 +47,8 @@ from jobstore.db.rows import RowChanged, as_read, event_row, note_event
 from jobstore.db.sandbox import IN, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
-from jobstore.db.transactions import AfterCommit, CommitListener
-from jobstore.db.transitions import Outcome
+from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
+from jobstore.db.transitions import Outcome, Transitions
 from jobstore.errors import DatabaseError, InvalidInput, NotOwner, Refused, UnknownJob
 from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_changes, edit_target
@@ -92,6 +94,8 @@ class AttemptReport:
     reason: str | None = None
     owner: str | None = None
 # Statuses the periodic pass looks at, and its page size.
+P = ParamSpec("P")
+R = TypeVar("R")
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
 PAGE = 500
@@ -151,11 +155,25 @@ def _text(attrs: Mapping[str, Any], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retention, Gauges,
-               DagStore):
-    """The job database. Thread-safe as far as the engine is; holds no session state but the
-    remembered verdicts of the claim (Negotiator.verdicts) and who its sessions are
-    (`identity`)."""
+def _to(part: str, method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """A method of the store that is `method` of its part `part` (the façade's delegation)."""
+
+    def delegated(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(getattr(self, part), *args, **kwargs)
+
+    delegated.__name__ = delegated.__qualname__ = method.__name__
+    delegated.__doc__ = method.__doc__
+    return delegated
+
+
+class JobStore:
+    """The job database: a façade over its parts, each with one job, composed here
+    (`db`: transactions on the backend; `transitions`: the state machine's writes;
+    `negotiator`: the claim and the accountant; `actions`: set-based hold, release, rm;
+    `reads`; `slots`; `files`: the sandboxes; `retention`; `metrics`: the gauges; `dags`). Its own
+    methods are the submit, report, admin and policy paths; the rest are its parts', named
+    below. Thread-safe as far as the engine is; holds no session state but the remembered
+    verdicts of the claim (Negotiator.verdicts) and who its sessions are (`identity`)."""
 
     _identity: Identity | None = None
     # How the periodic policy is evaluated (the agent's is bounded: jobstore.node.bounded).
@@ -166,9 +184,98 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                  user_log: bool = True) -> None:
         """The store on `engine`; with `user_log`, its commits write the jobs' HTCondor event
         logs (formats.userlog)."""
-        super().__init__(engine, statement_timeout_ms)
+        self.db = Transactions(engine, statement_timeout_ms)
+        self.transitions = Transitions(self.db)
+        self.negotiator = Negotiator(self.db, self.transitions)
+        self.actions = PagedActions(self.db, self.transitions)
+        self.dags = DagStore(self.db, self.transitions, self)
+        self.reads = JobReads(self.db)
+        self.slots = SlotAds(self.db)
+        self.files = SandboxFiles(self.db)
+        self.retention = Retention(self.db)
+        self.metrics = Gauges(self.db)
         if user_log:
-            self.listen(userlog.on_commit, jobs_with_a_log_only=True)
+            self.db.listen(userlog.on_commit, jobs_with_a_log_only=True)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        connect_timeout: int = 5,
+        statement_timeout_ms: int | None = 5000,
+        pool: bool = False,
+        max_overflow: int = 0,
+        user_log: bool = True,
+    ) -> Self:
+        """A store on `url`: one short connection per transaction, or (`pool`, for a
+        long-running caller) one kept connection plus at most `max_overflow` more."""
+        engine = make_engine(
+            url, connect_timeout=connect_timeout, pool=pool, max_overflow=max_overflow
+        )
+        return cls(engine, statement_timeout_ms, user_log=user_log)
+
+    # ---- the parts' methods -------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        return self.db.engine
+
+    @property
+    def statement_timeout_ms(self) -> int | None:
+        return self.db.statement_timeout_ms
+
+    @property
+    def can_listen(self) -> bool:
+        return self.db.can_listen
+
+    @property
+    def ids_commit_out_of_order(self) -> bool:
+        return self.db.ids_commit_out_of_order
+
+    listen = _to("db", Transactions.listen)
+    listener = _to("db", Transactions.listener)
+    claim = _to("negotiator", Negotiator.claim)
+    update_priorities = _to("negotiator", Negotiator.update_priorities)
+    usage_table = _to("negotiator", Negotiator.usage_table)
+    set_factor = _to("negotiator", Negotiator.set_factor)
+    reset_usage = _to("negotiator", Negotiator.reset_usage)
+    act_where = _to("actions", PagedActions.act_where)
+    get_job = _to("reads", JobReads.get_job)
+    attempt_states = _to("reads", JobReads.attempt_states)
+    attempts_on = _to("reads", JobReads.attempts_on)
+    find_jobs = _to("reads", JobReads.find_jobs)
+    list_jobs = _to("reads", JobReads.list_jobs)
+    iter_jobs = _to("reads", JobReads.iter_jobs)
+    has_idle = _to("reads", JobReads.has_idle)
+    count_by_status = _to("reads", JobReads.count_by_status)
+    autoclusters = _to("reads", JobReads.autoclusters)
+    events = _to("reads", JobReads.events)
+    last_event_id = _to("reads", JobReads.last_event_id)
+    event_feed = _to("reads", JobReads.event_feed)
+    snapshot_bounds = _to("reads", JobReads.snapshot_bounds)
+    xact_horizon = _to("reads", JobReads.xact_horizon)
+    stats = _to("reads", JobReads.stats)
+    publish_slots = _to("slots", SlotAds.publish_slots)
+    live_slots = _to("slots", SlotAds.live_slots)
+    expire_slots = _to("slots", SlotAds.expire_slots)
+    input_limits = _to("files", SandboxFiles.input_limits)
+    set_input_limits = _to("files", SandboxFiles.set_input_limits)
+    job_files_of = _to("files", SandboxFiles.job_files_of)
+    sent_names = _to("files", SandboxFiles.sent_names)
+    sandbox_start = _to("files", SandboxFiles.sandbox_start)
+    file_range = _to("files", SandboxFiles.file_range)
+    file_content = _to("files", SandboxFiles.file_content)
+    prune = _to("retention", Retention.prune)
+    gauges = _to("metrics", Gauges.gauges)
+    submit_dag = _to("dags", DagStore.submit_dag)
+    dag_of = _to("dags", DagStore.dag_of)
+    dag_batches = _to("dags", DagStore.dag_batches)
+    dag_node_jobs = _to("dags", DagStore.dag_node_jobs)
+    dag_events = _to("dags", DagStore.dag_events)
+    dag_nodes_of = _to("dags", DagStore.dag_nodes_of)
+    pause_dag = _to("dags", DagStore.pause_dag)
+    remove_dag = _to("dags", DagStore.remove_dag)
 
     # ---- submit -------------------------------------------------------------------------
 
@@ -213,14 +320,14 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                 submit_file: str | None, now: float, connection: Connection | None,
                 idempotency_key: str | None, check: Callable[[Job], None] | None,
                 ) -> tuple[int, list[int]]:
-        with self._tx(connection) as conn:
+        with self.db.transaction(connection) as conn:
             cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
                            num_procs=len(specs), submitted_at=now)
             if idempotency_key is None:
                 cluster_id = conn.execute(
                     insert(clusters).values(cluster).returning(clusters.c.id)).scalar_one()
             else:
-                new = self._insert_missing(conn, clusters, {**cluster,
+                new = self.db.backend.insert_missing(conn, clusters, {**cluster,
                                                             "idempotency_key": idempotency_key},
                                            ["idempotency_key"])
                 cluster_id, queued_by = conn.execute(
@@ -254,7 +361,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                 if check is not None:
                     for job in queued:
                         check(job)
-                groups = self._register(conn, queued, now)
+                groups = self.negotiator.register(conn, queued, now)
                 new_ids = self._insert_jobs(conn, [
                     job.but(autocluster_id=autocluster,
                             periodic=policy.has_periodic(job.ad) or None)
@@ -266,7 +373,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     if shared is None:
                         shared = spec.inputs
                     if spec.inputs and (spec.proc_id == 0 or spec.inputs != shared):
-                        self._store_files(
+                        self.files.store_files(
                             conn, cluster_id=cluster_id,
                             proc_id=None if spec.inputs == shared else spec.proc_id,
                             owner=owner, direction=IN,
@@ -278,10 +385,10 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                                            " cluster its own or none")
             self._hold_at_submit(conn, held, now)
             if ids:  # one wake-up for the followers (jobstore watch), not one per job
-                self.backend.notify(conn, f"cluster:{cluster_id}", CHANNEL)
+                self.db.backend.notify(conn, f"cluster:{cluster_id}", CHANNEL)
         return cluster_id, ids
 
-    def _submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
+    def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
                       queue: str, max_attempts: int, now: float,
                       check: Callable[[Job], None] | None) -> dict[str, int]:
         """The jobs of a DAG's nodes, waiting, in the DAG's transaction (jobstore.db.dags): a
@@ -312,20 +419,21 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
 
     def _insert_clusters(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert cluster rows, their ids in order."""
-        return self.backend.insert_numbered(conn, clusters, rows,
+        return self.db.backend.insert_numbered(conn, clusters, rows,
                                             staged=not self._identity_on(conn, True).trusted)
 
-    def _insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
         """Insert many rows of one shape (checked row by row by the database's policies when
         the session is under row-level security)."""
         if rows:
-            self.backend.insert_rows(conn, table, rows,
+            self.db.backend.insert_rows(conn, table, rows,
                                      staged=not self._identity_on(conn, True).trusted)
 
     def _node_template(self, group: NodeJobs) -> ProcTemplate | None:
         """A group's template, when the server can make its nodes' rows (as _template)."""
         template = group.template
-        if not self.backend.makes_rows_on_server or template is None or self.listens_to_every_job():
+        if (not self.db.backend.makes_rows_on_server or template is None
+                or self.db.listens_to_every_job()):
             return None
         return None if template.spec.user_log or template.spec.inputs else template
 
@@ -343,7 +451,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                     check(job)
                 queued.append(job)
             self._store_node_files(conn, cluster_id, owner, specs)
-        groups = self._register(conn, queued, now)
+        groups = self.negotiator.register(conn, queued, now)
         self._insert_jobs(conn, [job.but(autocluster_id=autocluster,
                                          periodic=policy.has_periodic(job.ad) or None)
                                  for job, autocluster in zip(queued, groups, strict=True)],
@@ -355,23 +463,24 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         shared = all(spec.inputs == specs[0].inputs for spec in specs)
         for spec in specs[:1] if shared else specs:
             if spec.inputs:
-                self._store_files(conn, cluster_id=cluster_id,
+                self.files.store_files(conn, cluster_id=cluster_id,
                                   proc_id=None if shared else spec.proc_id, owner=owner,
                                   direction=IN, sources=[FileSource(f.name, f.source, f.mode)
                                                          for f in spec.inputs])
 
-    def _remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
+    def remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
                           why: str) -> None:
         """The unfinished jobs of DAG nodes removed, as `jobstore rm` would, in `conn`."""
-        self.act_where(jobs.c.cluster_id.in_(cluster_ids), Event.REMOVE, why, connection=conn)
+        self.actions.act_where(jobs.c.cluster_id.in_(cluster_ids), Event.REMOVE, why,
+                               connection=conn)
 
     def _hold_at_submit(self, conn: Connection, held: list[int], now: float) -> None:
         """condor_submit's `hold = true`: the new jobs held (HoldReasonCode 15), a page at a
         time, each with its hold event after its submit event."""
         for start in range(0, len(held), ACT_PAGE):
             chunk = held[start:start + ACT_PAGE]
-            rows = conn.execute(select(jobs).where(self._id_in(chunk)))
-            self._act_page(conn, [Job.from_row(r._mapping) for r in rows], Event.HOLD,
+            rows = conn.execute(select(jobs).where(self.transitions.id_in(chunk)))
+            self.actions.act_page(conn, [Job.from_row(r._mapping) for r in rows], Event.HOLD,
                            HELD_AT_SUBMIT, (holds.SUBMITTED_ON_HOLD, 0), None, now,
                            ActTotals())
 
@@ -379,8 +488,8 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         """The specs as one ProcTemplate when the server can make their rows (the backend
         can; no commit listener needs a record per job: no user log, nobody listening to every
         job)."""
-        if (not self.backend.makes_rows_on_server or not isinstance(specs, Templated)
-                or self.listens_to_every_job()):
+        if (not self.db.backend.makes_rows_on_server or not isinstance(specs, Templated)
+                or self.db.listens_to_every_job()):
             return None
         template = specs.template()
         if template is None or template.spec.user_log or template.spec.inputs:
@@ -405,9 +514,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             check(queued(template.spec_of(0)))
             check(queued(template.widest()))
         job = queued(template.spec)
-        (autocluster,) = self._register(conn, [job], now)
+        (autocluster,) = self.negotiator.register(conn, [job], now)
         job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
-        return self.backend.insert_procs(
+        return self.db.backend.insert_procs(
             conn, job, template, now, events_after=not self._identity_on(conn, callers).trusted,
             clusters=None if isinstance(cluster_id, int) else cluster_id)
 
@@ -415,12 +524,12 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                      ) -> list[int]:
         """Insert `batch` and their submit events (the backend's bulk insert)."""
         staged = not self._identity_on(conn, callers).trusted
-        ids = self.backend.insert_numbered(conn, jobs, [_job_row(job) for job in batch],
+        ids = self.db.backend.insert_numbered(conn, jobs, [_job_row(job) for job in batch],
                                            staged=staged)
         events = [event_row(i, Event.SUBMIT, None, job.status, now, attempt=0)
                   for i, job in zip(ids, batch, strict=True)]
-        self.backend.insert_rows(conn, job_events, events, staged=staged)
-        every = self.listens_to_every_job()
+        self.db.backend.insert_rows(conn, job_events, events, staged=staged)
+        every = self.db.listens_to_every_job()
         for values, job, job_id in zip(events, batch, ids, strict=True):
             if every or job.user_log:  # a bulk submit keeps no record per job otherwise
                 note_event(conn, values, job.but(id=job_id))
@@ -458,12 +567,12 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         # where the backend can, the row is read unlocked in the round trip that opens the
         # transaction, and written only if it is still the version read (no lock to log); one
         # that changed meanwhile is read again under a lock
-        with self._opened(READ_JOB, {"job_id": job_id}) as (conn, opened):
-            for locked in self.backend.report_reads:
+        with self.db.opened(READ_JOB, {"job_id": job_id}) as (conn, opened):
+            for locked in self.db.backend.report_reads:
                 if locked:
-                    job, version = self._lock(conn, job_id), None
+                    job, version = self.transitions.lock(conn, job_id), None
                 else:
-                    job, version = self.backend.read_job(conn, opened, job_id)
+                    job, version = self.db.backend.read_job(conn, opened, job_id)
                 if job is None:
                     raise UnknownJob(job_id)
                 if r.owner is not None and job.owner != r.owner:
@@ -497,7 +606,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             reason = f"report from attempt {attempt}, current attempt is {job.claims}"
             if job.token is None:
                 reason = f"report from attempt {attempt}; the job is {job.status}"
-            self._event(
+            self.transitions.record_event(
                 conn,
                 job_id,
                 event,
@@ -512,7 +621,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             )
             if (job.winding_down_until is not None and attempt == job.claims
                     and event in ENDS_ATTEMPT):
-                released = self._wound_down(
+                released = self.transitions.wound_down(
                     conn, job, now, f"released: attempt {attempt} ended ({event})")
                 if released is not None:
                     return released
@@ -540,7 +649,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             decide_args = {"exit_succeeded": verdict.succeeded, "retry_wanted": verdict.retry}
         if lease is not None and not _lease_holds(job, lease, now):
             all_changes["lease_renewed_until"] = now + lease
-        outcome = self._apply(
+        outcome = self.transitions.apply(
             conn,
             job,
             event,
@@ -564,7 +673,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                          now: float) -> None:
         """A job's expression took too long to evaluate (jobstore.node.bounded): the other idle
         jobs of its autocluster share it, and are held before they cost a node as much."""
-        self._hold_idle(conn, autocluster, reason, holds.JOB_POLICY_UNDEFINED, now)
+        self.negotiator.hold_idle(conn, autocluster, reason, holds.JOB_POLICY_UNDEFINED, now)
 
     def _renew(self, conn: Connection, job: Job, event: Event, lease: int | None,
                now: float, version: str | None) -> Outcome:
@@ -586,28 +695,28 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         (the file's owner, or root: engine.make_engine), so its session is the invoking
         account, trusted."""
         if self._identity is None:
-            self._identity = self.backend.local_identity()
+            self._identity = self.db.backend.local_identity()
         if self._identity is None:
-            with self._tx() as conn:
-                self._identity = self.backend.session_identity(conn)
+            with self.db.transaction() as conn:
+                self._identity = self.db.backend.session_identity(conn)
         return self._identity
 
     def _identity_on(self, conn: Connection, callers: bool) -> Identity:
         """`identity`, read on `conn` if it is not known yet; a caller's connection
         (`callers`) may be another role's: read on it every time."""
-        local = self.backend.local_identity()
+        local = self.db.backend.local_identity()
         if local is not None:
             return local
         if callers:
-            return self.backend.session_identity(conn)
+            return self.db.backend.session_identity(conn)
         if self._identity is None:
-            self._identity = self.backend.session_identity(conn)
+            self._identity = self.db.backend.session_identity(conn)
         return self._identity
 
     def _acted_on(self, conn: Connection, job_id: int, what: str) -> Job:
         """The job, locked for an owner's or a super user's action (UnknownJob; NotOwner when
         the database's policies hide it from this session's changes)."""
-        job = self._lock(conn, job_id)
+        job = self.transitions.lock(conn, job_id)
         if job is not None:
             return job
         if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
@@ -618,9 +727,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         """An owner's or a queue super user's hold (HoldReasonCode 1, UserRequest), release or
         rm of one job (NotOwner for anyone else, decided by the database on PostgreSQL)."""
         now = time.time()
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             job = self._acted_on(conn, job_id, str(event))
-            return self._apply(
+            return self.transitions.apply(
                 conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False,
                 hold=(holds.USER_REQUEST, 0),
             )
@@ -634,7 +743,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         if totals.denied:
             raise NotOwner(job_id, self.identity().account, "edit")
         if not totals.success:
-            self.get_job(job_id)  # UnknownJob when there is none
+            self.reads.get_job(job_id)  # UnknownJob when there is none
         return bool(totals.success)
 
     def edit_where(self, where: ColumnElement[bool], attr: str, value: str, *,
@@ -651,7 +760,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         def edit(conn: Connection, locked: list[Job], at: float) -> None:
             self._edit_page(conn, locked, name, text, keep, now or at, totals)
 
-        self._in_pages(where, keep, edit, totals, page=page)
+        self.actions.in_pages(where, keep, edit, totals, page=page)
         return totals
 
     def _edit_page(self, conn: Connection, page: list[Job], name: str, text: str,
@@ -664,9 +773,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         changes = [edit_changes(job, name, text) for job in waiting]
         edited = [job.but(**c) for job, c in zip(waiting, changes, strict=True)]
         rows, events = [], []
-        every = self.listens_to_every_job()
+        every = self.db.listens_to_every_job()
         for job, change, new, ac in zip(waiting, changes, edited,
-                                        self._register(conn, edited, now), strict=True):
+                                        self.negotiator.register(conn, edited, now), strict=True):
             change.update(autocluster_id=ac, updated_at=now,
                           periodic=policy.has_periodic(new.ad) or None)
             rows.append({"edited_id": job.id, **{f"new_{k}": v for k, v in change.items()}})
@@ -678,7 +787,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         columns = {k: bindparam(f"new_{k}", type_=jobs.c[k].type) for k in changes[0]}
         conn.execute(update(jobs).where(jobs.c.id == bindparam("edited_id"))
                      .values(columns), rows)
-        self._insert_events(conn, events)
+        self.transitions.insert_events(conn, events)
         totals.success += len(waiting)
 
     # ---- the job's own policy: the periodic pass ---------------------------------------
@@ -694,7 +803,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         after, seen = 0, 0
         while limit is None or seen < limit:
             size = PAGE if limit is None else min(PAGE, limit - seen)
-            with self._tx() as conn:
+            with self.db.transaction() as conn:
                 rows = [Job.from_row(r._mapping) for r in conn.execute(
                     select(jobs)
                     .where(jobs.c.periodic.is_(True), jobs.c.id > after,
@@ -711,7 +820,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
 
     def _police_job(self, job_id: int, now: float) -> None:
         """`police` one job (after a report that left it handed out)."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
         if row is not None:
             self._act_on([Job.from_row(row._mapping)], now)
@@ -732,9 +841,9 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         out: list[Outcome] = []
         if not fired:
             return out
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             for job, action in fired:
-                locked = self._lock(conn, job.id)
+                locked = self.transitions.lock(conn, job.id)
                 if locked is None or (locked.status, locked.claims, locked.updated_at) != (
                         job.status, job.claims, job.updated_at):
                     continue
@@ -757,11 +866,11 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         now = time.time() if now is None else now
         if not self._take_pass("prune", interval, now):
             return None
-        return self.prune(now - retention, budget=budget)
+        return self.retention.prune(now - retention, budget=budget)
 
     def _take_pass(self, name: str, interval: float, now: float) -> bool:
-        with self._tx() as conn:
-            self._insert_missing(conn, passes, {"name": name, "last_run_at": 0.0})
+        with self.db.transaction() as conn:
+            self.db.backend.insert_missing(conn, passes, {"name": name, "last_run_at": 0.0})
             done = conn.execute(
                 update(passes)
                 .where(passes.c.name == name, passes.c.last_run_at <= now - interval)
@@ -774,7 +883,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         """Act on `action`, what the periodic policy of `job` (locked) asked for."""
         event = {policy.HOLD: Event.HOLD, policy.RELEASE: Event.RELEASE,
                  policy.REMOVE: Event.REMOVE}[action.kind]
-        outcome = self._apply(
+        outcome = self.transitions.apply(
             conn, job, event, decide_args={}, now=now, reason=action.reason,
             hold=(action.code, action.subcode), attrs={"PolicyAction": action.kind},
         )
@@ -788,7 +897,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
         takes effect)."""
         now = now or time.time()
         out = self._reap_leases(now, limit)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             gone = conn.execute(
                 select(jobs)
                 .where(jobs.c.winding_down_until < now)
@@ -798,7 +907,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             for row in gone:
                 job = Job.from_row(row._mapping)
                 why = f"released: attempt {job.claims} did not report its end in time"
-                released = self._wound_down(conn, job, now, why)
+                released = self.transitions.wound_down(conn, job, now, why)
                 if released is not None:
                     out.append(released)
         return out
@@ -816,7 +925,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
             .order_by(jobs.c.lease_expires_at)
             .limit(limit)
         )
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = []
             for r in conn.execute(q.with_for_update(skip_locked=True)).all():
                 job = Job.from_row(r._mapping)
@@ -827,7 +936,7 @@ class JobStore(Negotiator, PagedActions, JobReads, SlotAds, SandboxFiles, Retent
                 else:
                     rows.append(job)
             return [
-                self._apply(
+                self.transitions.apply(
                     conn,
                     row,
                     Event.LEASE_EXPIRED,

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Self
+from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 
 from jobstore.db.backends import Backend, backend_for
 from jobstore.db.channels import Listener
-from jobstore.db.engine import make_engine
 from jobstore.db.rows import PENDING
 from jobstore.errors import InvalidInput
 
@@ -53,7 +52,7 @@ class Transactions:
 
     def listener(self, channel: str, connect_timeout: int) -> Listener:
         """A listener on one of the store's channels (jobstore.db.channels; `can_listen`)."""
-        return self.backend.listener(channel, connect_timeout, self._tx)
+        return self.backend.listener(channel, connect_timeout, self.transaction)
 
     def listen(self, listener: CommitListener, *, jobs_with_a_log_only: bool = False) -> None:
         """Call `listener` after each commit (`jobs_with_a_log_only`: it looks only at the
@@ -66,25 +65,8 @@ class Transactions:
         """Does a commit listener want the events of jobs without a user log?"""
         return any(listener not in self._log_only for listener in self.listeners)
 
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        connect_timeout: int = 5,
-        statement_timeout_ms: int | None = 5000,
-        pool: bool = False,
-        max_overflow: int = 0,
-    ) -> Self:
-        """A store on `url`: one short connection per transaction, or (`pool`, for a
-        long-running caller) one kept connection plus at most `max_overflow` more."""
-        engine = make_engine(
-            url, connect_timeout=connect_timeout, pool=pool, max_overflow=max_overflow
-        )
-        return cls(engine, statement_timeout_ms)
-
     @contextmanager
-    def _tx(self, outer: Connection | None = None) -> Iterator[Connection]:
+    def transaction(self, outer: Connection | None = None) -> Iterator[Connection]:
         """One transaction; with `outer`, the caller's own open transaction on that connection
         instead (nothing committed here: the caller commits or rolls back, and the commit
         listeners run as it commits)."""
@@ -92,11 +74,11 @@ class Transactions:
             with self._joined(outer) as conn:
                 yield conn
             return
-        with self._opened() as (conn, _):
+        with self.opened() as (conn, _):
             yield conn
 
     @contextmanager
-    def _opened(self, first: str | None = None, params: Mapping[str, Any] | None = None,
+    def opened(self, first: str | None = None, params: Mapping[str, Any] | None = None,
                 ) -> Iterator[tuple[Connection, Any]]:
         """One transaction, and what the backend read of its `first` read (backends.MENU,
         READ_JOB; `params`) in the round trip that opened it, for the backend's `menu` or
@@ -128,7 +110,7 @@ class Transactions:
     def _connect(self, first: str | None = None, params: Mapping[str, Any] | None = None,
                  ) -> tuple[Connection, Any]:
         """A connection in a transaction with its statement timeout, and what the backend
-        read of `first` as it opened it (`_opened`). A connection the server dropped (a
+        read of `first` as it opened it (`opened`). A connection the server dropped (a
         restart, an idle timeout) is found by the statement that opens the transaction and
         replaced once: no ping precedes every transaction."""
         for retry in (True, False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Connection, update
 
@@ -50,12 +50,33 @@ class Outcome:
     name: str = ""  # the job as condor_q numbers it, CLUSTER.PROC
 
 
-class Transitions(Transactions):
-    """Writes a transition (`_apply`) or a recorded event (`_event`) on a locked job row."""
+class DagFollower(Protocol):
+    """Told of the jobs that ended or started in a transition's transaction (the DAGs carry
+    their nodes forward: jobstore.db.dags)."""
+
+    def jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
+                   nodes: bool = False) -> None:
+        """Jobs `job_ids` ended (`nodes`: their ads say they are DAG nodes' jobs)."""
+
+    def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
+        """A DAG node's job started: no longer idle."""
+
+
+class Transitions:
+    """Writes a transition (`apply`) or a recorded event (`record_event`) on a locked job
+    row."""
+
+    def __init__(self, db: Transactions) -> None:
+        self.db = db
+        self._dags: DagFollower | None = None
+
+    def follow_dags(self, dags: DagFollower) -> None:
+        """Tell `dags` of the jobs that end or start in each transition."""
+        self._dags = dags
 
     # ---- the one place a transition is written ------------------------------------------
 
-    def _apply(
+    def apply(
         self,
         conn: Connection,
         job: Job,
@@ -90,7 +111,7 @@ class Transitions(Transactions):
             if not job.release_pending:
                 conn.execute(update(jobs).where(jobs.c.id == job.id)
                              .values(release_pending=True, updated_at=now))
-                self._event(conn, job.id, event, before, None, now, attempt=job.claims,
+                self.record_event(conn, job.id, event, before, None, now, attempt=job.claims,
                             slot=job.slot, host=job.host, reason=pending)
             return Outcome(job.id, event, before, before, False, reason=pending, pending=True,
                            name=views.job_id(job))
@@ -105,7 +126,7 @@ class Transitions(Transactions):
         why = event_reason(reason, d)
         if d.to_status is None:
             if record_ignored:
-                self._event(
+                self.record_event(
                     conn,
                     job.id,
                     event,
@@ -124,7 +145,7 @@ class Transitions(Transactions):
         stops = event in STOPS_ATTEMPT and not attempt_ended
         if d.ends_attempt and before in HANDED_OUT and stops:
             values["winding_down_until"] = max(job.lease_ends_at or now, now)
-            self.backend.notify(conn, str(job.id), STOPS)  # the node's agent vacates the slot
+            self.db.backend.notify(conn, str(job.id), STOPS)  # the node's agent vacates the slot
         change = RowChange(job.id, before.value, job.claims, values, version)
         self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
@@ -136,7 +157,7 @@ class Transitions(Transactions):
                 self._node_job_started(conn, job, now)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
-    def _event(
+    def record_event(
         self,
         conn: Connection,
         job_id: int,
@@ -161,38 +182,36 @@ class Transitions(Transactions):
         rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
         given: it must hit the row (it cannot miss while the row is locked; refuse to guess).
         (On PostgreSQL the three are one statement.)"""
-        self.backend.record(conn, values, change)
+        self.db.backend.record(conn, values, change)
         note_event(conn, values, job)
 
-    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
+    def insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
                        dags_too: bool = True) -> None:
         """Append many events (`event_row`s) in one statement, and notify the followers once
         (on commit): a page of a set-based action. The DAG nodes of the jobs that ended are
         carried forward (`_jobs_ended`), unless `dags_too` is false (the DAGs' own moves)."""
         if not rows:
             return
-        self.backend.insert_events(conn, rows)
+        self.db.backend.insert_events(conn, rows)
         if dags_too:
             ended = [row["job_id"] for row in rows if row["to_status"] in FINAL_VALUES]
             if ended:
                 self._jobs_ended(conn, ended, rows[0]["time"])
 
-    def _id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
+    def id_in(self, ids: Sequence[int]) -> ColumnElement[bool]:
         """`jobs.id IN ids`, as the backend takes a long list best."""
-        return self.backend.id_in(jobs.c.id, ids)
+        return self.db.backend.id_in(jobs.c.id, ids)
 
     def _jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
                     nodes: bool = False) -> None:
-        """Jobs `job_ids` ended in this transaction (the store's DAGs carry their nodes on;
-        `nodes`: their ads say they are DAG nodes' jobs)."""
-        return
+        if self._dags is not None:
+            self._dags.jobs_ended(conn, job_ids, now, nodes=nodes)
 
     def _node_job_started(self, conn: Connection, job: Job, now: float) -> None:
-        """A DAG node's job started in this transaction: no longer idle (the DAG's -maxidle
-        may release more nodes)."""
-        return
+        if self._dags is not None:
+            self._dags.node_job_started(conn, job, now)
 
-    def _wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
+    def wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran
         out): forget it, and carry out a release that waited for it."""
         conn.execute(update(jobs).where(jobs.c.id == job.id)
@@ -201,10 +220,10 @@ class Transitions(Transactions):
         job = job.but(winding_down_until=None, release_pending=None)
         if not pending:
             return None
-        return self._apply(conn, job, Event.RELEASE, decide_args={}, now=now, reason=why)
+        return self.apply(conn, job, Event.RELEASE, decide_args={}, now=now, reason=why)
 
-    def _lock(self, conn: Connection, job_id: int) -> Job | None:
-        return self.backend.lock_job(conn, job_id)
+    def lock(self, conn: Connection, job_id: int) -> Job | None:
+        return self.db.backend.lock_job(conn, job_id)
 
     @staticmethod
     def fetch_transition(changes: Mapping[str, Any], now: float) -> Claim:
@@ -230,7 +249,7 @@ def transition_values(
     hold: tuple[int, int] = (holds.UNSPECIFIED, 0),
 ) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
     """The columns a transition of `job` to `d.to_status` sets (`changes` first), and its
-    event's attrs, but the stop of a handed-out attempt (Transitions._apply adds that)."""
+    event's attrs, but the stop of a handed-out attempt (Transitions.apply adds that)."""
     assert d.to_status is not None
     before = STATUS_OF[job.status]
     values: dict[str, Any] = {**(changes or {}), "status": d.to_status.value, "updated_at": now}

@@ -141,7 +141,7 @@ def _write(settings: config.Settings, store: JobStore, job: Job, argv: list[str]
         return HookResponse()
     try:
         with store.engine.begin() as conn:
-            store._store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
+            store.files.store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
                                owner=job.owner, direction=direction, attempt=job.claims,
                                sources=[FileSource(name, str(path), mode & 0o755)])
     finally:

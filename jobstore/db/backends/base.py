@@ -115,7 +115,7 @@ class Backend(Protocol):
         """Announce `payload` on `channel` at commit (nothing where no one can listen)."""
 
     def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
-                       keys: Sequence[str] | None) -> bool:
+                       keys: Sequence[str] | None = None) -> bool:
         """INSERT, or nothing when a row with the same key exists: whether it inserted."""
 
     def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],

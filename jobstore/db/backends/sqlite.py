@@ -120,7 +120,7 @@ class SQLite:
         return  # no one can listen: watchers poll
 
     def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
-                       keys: Sequence[str] | None) -> bool:
+                       keys: Sequence[str] | None = None) -> bool:
         stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
         return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
 

@@ -195,7 +195,7 @@ class PostgreSQL:
         notify(conn, payload, channel)
 
     def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
-                       keys: Sequence[str] | None) -> bool:
+                       keys: Sequence[str] | None = None) -> bool:
         stmt = pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
         return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
 
