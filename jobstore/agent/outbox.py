@@ -21,8 +21,9 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from classad2 import ClassAd
 
@@ -48,9 +49,19 @@ class _Later(Exception):  # noqa: N818 - not a failure of the job's: try again
 class Outbox:
     """Takes hand-offs (handlers.use_outbox) and sends them, one at a time, in a thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Callable[[str | None], config.Settings] | None = None,
+                 services: Callable[[], frozenset[int]] | None = None) -> None:
+        """`settings` and `services`: the agent's readings (HookRequest), None to read them
+        at each call."""
         self._queue: queue.Queue[Path] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._settings = settings
+        self._services = services
+
+    def _read(self) -> dict[str, Any]:
+        """What a HookRequest of this outbox carries of the agent's readings."""
+        return {"settings": self._settings,
+                "services": None if self._services is None else self._services()}
 
     def start(self, roots: Iterable[str]) -> None:
         """Go on with what a previous run left in the outboxes of `roots`, and serve."""
@@ -78,7 +89,8 @@ class Outbox:
             why = f"not sent in JOB_EXIT's time, and not handed to the agent: {exc}"
             return handlers.handle(HookRequest(
                 hook="job_exit", argv=request.argv, stdin=failed("job_exit", stdin, why),
-                env=request.env, caller=request.caller))
+                env=request.env, caller=request.caller, settings=request.settings,
+                services=request.services))
         self._queue.put(record)
         return HookResponse(log=[f"job {get_int(ad, 'ClusterId')}.{get_int(ad, 'ProcId')}: "
                                  "outputs not all sent in JOB_EXIT's time, handed to the agent"])
@@ -88,7 +100,8 @@ class Outbox:
         who = [keyword or "", str(get_int(ad, ATTR_JOB_ID)), str(get_int(ad, ATTR_ATTEMPT)),
                get_str(ad, ATTR_TOKEN) or ""]
         settings, _store, job = sandboxcalls.current_attempt(HookRequest(
-            hook="sandbox_list", argv=who, stdin=b"", caller=request.caller))
+            hook="sandbox_list", argv=who, stdin=b"", caller=request.caller,
+            settings=request.settings))
         sandbox = handlers.sandbox_dir(job, settings)
         if sandbox is None:
             raise HookError("the job has no sandbox")
@@ -133,7 +146,7 @@ class Outbox:
         sandbox = record.with_name(record.name[:-len(EXIT_SUFFIX)])
         stdin = _without(base64.b64decode(kept["stdin"]), (b"Iwd",))
         stdin += b'Iwd = "' + os.fsencode(sandbox) + b'"\n'
-        files = _OutboxFiles(stdin, kept["who"], kept["owner"], kept["renew"])
+        files = _OutboxFiles(stdin, kept["who"], kept["owner"], kept["renew"], self._read())
         if sandbox.is_dir():
             stdin = transfer("job_exit", stdin, kept["argv"], files)
         else:
@@ -141,7 +154,7 @@ class Outbox:
         caller = SERVICE if kept["caller"] is None else Caller(kept["caller"])
         env = {"_CONDOR_SLOT": kept["slot"]} if kept["slot"] else {}
         response = handlers.handle(HookRequest(hook="job_exit", argv=kept["argv"], stdin=stdin,
-                                               env=env, caller=caller))
+                                               env=env, caller=caller, **self._read()))
         if response.database_error and not response.spooled:
             raise _Later(response.error)
         for note in response.log:
@@ -156,9 +169,11 @@ class _OutboxFiles(Files):
     """A handed-off sandbox's transport: the calls served in the agent's own process, for the
     attempt the hook named; only the job owner's own files are sent, none already stored."""
 
-    def __init__(self, ad: bytes, who: list[str], owner: int | None, renew: float) -> None:
+    def __init__(self, ad: bytes, who: list[str], owner: int | None, renew: float,
+                 read: dict[str, Any]) -> None:
         super().__init__(ad)
         self.who, self.ad, self.owner, self.renew = who, ad, owner, renew
+        self.readings = read  # the agent's readings (Outbox._read)
         self.renewed = time.monotonic()
         self.stored: dict[str, set[str]] | None = None
 
@@ -166,7 +181,7 @@ class _OutboxFiles(Files):
         if time.monotonic() - self.renewed > self.renew:
             self._renew_lease()
         response = sandboxcalls.handle(HookRequest(hook=name, argv=[*self.who, *argv],
-                                                   stdin=data, caller=SERVICE))
+                                                   stdin=data, caller=SERVICE, **self.readings))
         if response.database_error:
             raise _Later(response.error)
         if response.error:
@@ -185,7 +200,8 @@ class _OutboxFiles(Files):
         if self.stored is None:
             try:
                 _settings, store, job = sandboxcalls.current_attempt(HookRequest(
-                    hook="sandbox_list", argv=self.who, stdin=b"", caller=SERVICE))
+                    hook="sandbox_list", argv=self.who, stdin=b"", caller=SERVICE,
+                    **self.readings))
                 self.stored = {d: store.sent_names(job, d) for d in (OUT, CHECKPOINT)}
             except DatabaseError as exc:
                 raise _Later(str(exc)) from None
@@ -196,7 +212,8 @@ class _OutboxFiles(Files):
     def _renew_lease(self) -> None:
         self.renewed = time.monotonic()
         handlers.handle(HookRequest(hook="update_job_info", argv=[],
-                                    stdin=_without(self.ad, (b"JobPid",)), caller=SERVICE))
+                                    stdin=_without(self.ad, (b"JobPid",)), caller=SERVICE,
+                                    **self.readings))
 
 
 def _without(ad: bytes, names: tuple[bytes, ...]) -> bytes:

@@ -170,7 +170,6 @@ class Agent:
         self._policing = threading.Event()
         self._attempts = Attempts()
         self._pruner = Pruner()
-        self._outbox = Outbox()
         self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
@@ -178,6 +177,7 @@ class Agent:
         self._log_budget = _LogBudget()
         self._waits: FetchWaits | None = None
         self._settings = config.SettingsCache()  # each keyword's, read once (again on SIGHUP)
+        self._outbox = Outbox(self._settings.get, lambda: self.services)
         self._fetched = threading.Event()  # the startd's first fetch was served
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -568,6 +568,7 @@ class Agent:
             response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services), settings=self._settings.get,
+                services=self.services,
             ))
             claimed = hook == "fetch_job" and (response.stdout or response.idle is not None)
             if claimed and self._metrics is not None:
@@ -738,7 +739,8 @@ class Agent:
         instead of waiting for the claim lease."""
         job = fetched.stdout if fetched.stdout.endswith(b"\n") else fetched.stdout + b"\n"
         back = handlers.handle(HookRequest(
-            hook="reply_fetch", argv=["reject"], stdin=job + b"-----\n" + slot_ad, env={}
+            hook="reply_fetch", argv=["reject"], stdin=job + b"-----\n" + slot_ad, env={},
+            settings=self._settings.get, services=self.services,
         ))
         log.warning("fetch_job: the hook left before its answer; job given back (%s)",
                     back.error or "; ".join(back.log))

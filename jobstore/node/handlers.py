@@ -78,10 +78,19 @@ class HookRequest:
     # A keyword's settings as the caller read them (the agent: once, and again on SIGHUP);
     # None: read them now (a hook process serves one call).
     settings: Callable[[str | None], config.Settings] | None = None
+    # The service accounts' uids as the caller resolved them (the agent: at start and on
+    # SIGHUP); None: resolve them now.
+    services: frozenset[int] | None = None
 
     def settings_for(self, keyword: str | None) -> config.Settings:
         """The settings of `keyword`, from the caller's reading if it made one."""
         return (self.settings or config.load_settings)(keyword)
+
+    def service_uids(self) -> frozenset[int]:
+        """The service accounts' uids, from the caller's reading if it made one."""
+        if self.services is not None:
+            return self.services
+        return config.service_uids(config.startd_users())
 
 
 @dataclass(frozen=True)
@@ -531,7 +540,7 @@ def _report(
     log: list[str] = []
     spool_dir = Path(settings.spool)
     try:
-        send = spool_sender(config.service_uids(config.startd_users()))
+        send = spool_sender(request.service_uids())
         replayed = spool.replay(spool_dir, send, limit=20, group=record_group)
         if replayed.sent or replayed.left or replayed.bad:
             log.append(

@@ -1,0 +1,87 @@
+"""Settings and service accounts are read where they enter (issue 33): a report the agent serves
+takes the keyword's settings and the service accounts' uids the agent read at start (and again
+on SIGHUP), and reads neither the configuration nor the account database itself; a hook process
+in direct mode, which serves one call, reads both once. In process, on real databases."""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.jobs import JobSpec
+from jobstore.db.store import JobStore
+from jobstore.formats.jobads import render_job
+from jobstore.node import config, handlers
+from jobstore.node.handlers import HookRequest
+
+REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
+                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+
+
+@pytest.fixture
+def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
+    handlers.drop_stores()
+    yield
+    handlers.drop_stores()
+
+
+def _exit_ad(store: JobStore) -> tuple[int, bytes]:
+    """A claimed job of this account and its JOB_EXIT ad."""
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    store.submit([JobSpec(proc_id=0, cmd="/bin/true", iwd="/tmp")], owner=me,
+                 queue="default", max_attempts=3)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    ad = render_job(job, sandbox="/tmp", keyword="JOBSTORE", uid_domain="localdomain",
+                    job_lease_duration=2400)
+    return job.id, (ad + "ExitCode = 0\nExitBySignal = false\n").encode()
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the reads of the configuration and of the service accounts."""
+    calls = {"settings": 0, "services": 0}
+    load, resolve = config.load_settings, config.service_uids
+
+    def counted_load(keyword: str | None) -> Any:
+        calls["settings"] += 1
+        return load(keyword)
+
+    def counted_resolve(names: tuple[str, ...]) -> frozenset[int]:
+        calls["services"] += 1
+        return resolve(names)
+
+    monkeypatch.setattr(config, "load_settings", counted_load)
+    monkeypatch.setattr(config, "service_uids", counted_resolve)
+    return calls
+
+
+def test_a_report_the_agent_serves_reads_neither_settings_nor_accounts(
+        store: JobStore, node: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id, ad = _exit_ad(store)
+    cache = config.SettingsCache()
+    cache.get("JOBSTORE")  # the agent's reading at start
+    calls = _counting(monkeypatch)
+    response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad,
+                                           settings=cache.get, services=frozenset({0})))
+    assert response.error is None, response.error
+    assert store.get_job(job_id).status == "completed"
+    assert calls == {"settings": 0, "services": 0}
+
+
+def test_a_hook_process_reads_them_once_for_its_one_call(
+        store: JobStore, node: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id, ad = _exit_ad(store)
+    calls = _counting(monkeypatch)
+    response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad))
+    assert response.error is None, response.error
+    assert store.get_job(job_id).status == "completed"
+    assert calls["services"] == 1 and calls["settings"] >= 1
