@@ -85,3 +85,35 @@ def test_a_hook_process_reads_them_once_for_its_one_call(
     assert response.error is None, response.error
     assert store.get_job(job_id).status == "completed"
     assert calls["services"] == 1 and calls["settings"] >= 1
+
+
+def test_the_environment_wins_over_the_configuration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One precedence rule (README): $JOBSTORE_<X> over JOBSTORE_<X> in the configuration, for
+    each setting that has a variable of its own; the configuration where the variable is unset."""
+    import htcondor2
+
+    configured = {name: str(tmp_path / f"configured-{name.lower()}")
+                  for name in ("SPOOL", "SANDBOX_ROOT", "HOOK_LOG")}
+    path = tmp_path / "condor_config"
+    path.write_text("".join(f"JOBSTORE_{k} = {v}\n" for k, v in configured.items())
+                    + f"JOBSTORE_DATABASE_URL = sqlite:///{tmp_path}/configured.db\n")
+    monkeypatch.setenv("CONDOR_CONFIG", str(path))
+    for name in (*configured, "DATABASE_URL"):
+        monkeypatch.delenv(f"JOBSTORE_{name}", raising=False)
+    htcondor2.reload_config()
+    try:
+        read = config.load_settings(None)
+        assert (read.spool, read.sandbox_root, read.hook_log) == tuple(configured.values())
+        assert read.database_url == f"sqlite:///{tmp_path}/configured.db"
+        for name in configured:
+            monkeypatch.setenv(f"JOBSTORE_{name}", f"/from/environment/{name.lower()}")
+        monkeypatch.setenv("JOBSTORE_DATABASE_URL", f"sqlite:///{tmp_path}/environment.db")
+        read = config.load_settings(None)
+        assert (read.spool, read.sandbox_root, read.hook_log) == (
+            "/from/environment/spool", "/from/environment/sandbox_root",
+            "/from/environment/hook_log")
+        assert read.database_url == f"sqlite:///{tmp_path}/environment.db"
+    finally:
+        monkeypatch.undo()
+        htcondor2.reload_config()

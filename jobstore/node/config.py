@@ -116,6 +116,18 @@ def _setting(keyword: str, name: str) -> str | None:
     return _param(f"{keyword}_JOBSTORE_{name}") or _param(f"JOBSTORE_{name}")
 
 
+# The settings an environment variable of their own may give (a node without HTCondor's
+# configuration: the tests, a personal store); it wins over the configuration, as HTCondor's
+# own _CONDOR_<NAME> variables win over its files (htcondor2.param reads those).
+FROM_ENVIRONMENT = ("DATABASE_URL", "SPOOL", "SANDBOX_ROOT", "HOOK_LOG", "AGENT_SOCKET")
+
+
+def _environment_first(keyword: str, name: str) -> str | None:
+    """$JOBSTORE_<name>, else the setting (`<KEYWORD>_JOBSTORE_<name>`, `JOBSTORE_<name>`)."""
+    assert name in FROM_ENVIRONMENT
+    return os.environ.get(f"JOBSTORE_{name}") or _setting(keyword, name)
+
+
 def _fetch_wait(keyword: str) -> float:
     """JOBSTORE_FETCH_WAIT, at most FETCH_WAIT_LIMIT: the agent moves the waiting hook's
     deadline on by as much (its `hold`)."""
@@ -237,7 +249,7 @@ def database_url(keyword: str | None = None, override: str | None = None) -> str
 def _database_url(keyword: str | None, override: str | None) -> tuple[str, str | None]:
     """(URL, None), or (URL without the password, why the password file cannot be read)."""
     kw = keyword or DEFAULT_KEYWORD
-    url = override or os.environ.get("JOBSTORE_DATABASE_URL") or _setting(kw, "DATABASE_URL")
+    url = override or _environment_first(kw, "DATABASE_URL")
     url = url or default_sqlite_url()
     password_file = _setting(kw, "DATABASE_PASSWORD_FILE")
     if password_file and url.startswith("postgresql"):
@@ -271,11 +283,10 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         fetch_wait=_fetch_wait(kw),
         connect_timeout=_int(kw, "CONNECT_TIMEOUT", 3),
         statement_timeout_ms=_int(kw, "STATEMENT_TIMEOUT_MS", 5000, minimum=100),
-        hook_log=_setting(kw, "HOOK_LOG"),
+        hook_log=_environment_first(kw, "HOOK_LOG"),
         job_lease_duration=_int(kw, "JOB_LEASE_DURATION", 2400, minimum=60),
-        spool=_setting(kw, "SPOOL") or os.environ.get("JOBSTORE_SPOOL") or Settings.spool,
-        sandbox_root=(_setting(kw, "SANDBOX_ROOT") or os.environ.get("JOBSTORE_SANDBOX_ROOT")
-                      or Settings.sandbox_root),
+        spool=_environment_first(kw, "SPOOL") or Settings.spool,
+        sandbox_root=_environment_first(kw, "SANDBOX_ROOT") or Settings.sandbox_root,
         max_output_mb=_int(kw, "MAX_OUTPUT_FILE_MB", Settings.max_output_mb),
         input_cache_mb=_int(kw, "INPUT_CACHE_MB", Settings.input_cache_mb, minimum=0),
         max_input_file_mb=_int(kw, "MAX_INPUT_FILE_MB", Settings.max_input_file_mb, minimum=0),
