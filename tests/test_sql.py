@@ -4,6 +4,7 @@ the state machine."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,19 @@ def test_a_statement_without_a_purpose_is_refused() -> None:
         sql.parse("-- name: bare\nSELECT 1;\n")
     with pytest.raises(ValueError, match="one name"):
         sql.parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
+
+
+def test_each_statement_takes_one_parameter_style() -> None:
+    """PostgreSQL's own statements take psycopg's %(name)s, the portable ones :name (both
+    backends run them through SQLAlchemy); no statement mixes the two."""
+    psycopg_style = re.compile(r"%\(\w+\)s")
+    colon_style = re.compile(r"(?<![:\w]):[a-z_]+\b")
+    for name, statement in sql.QUERIES.items():
+        text = statement.sql
+        if name in sql.PORTABLE:
+            assert colon_style.search(text) and not psycopg_style.search(text), name
+        else:
+            assert not colon_style.search(text), name
 
 
 def test_the_holding_statuses_are_the_negotiators() -> None:

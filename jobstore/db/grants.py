@@ -152,7 +152,7 @@ def _check_pattern(conn: Connection, pattern: str) -> None:
     """ValueError unless the database takes `pattern` as jobstore_may_submit_as will use it
     (PostgreSQL's regular expressions, not Python's)."""
     try:
-        conn.execute(QUERIES["user_check_pattern"].clause, {"pattern": pattern})
+        conn.exec_driver_sql(QUERIES["user_check_pattern"].sql, {"pattern": pattern})
     except DBAPIError as exc:
         first = str(exc.orig).strip().splitlines()[0]
         raise InvalidInput(f"--may-impersonate is not a regular expression PostgreSQL takes: "
@@ -165,7 +165,7 @@ def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
     with engine.begin() as conn:
         for sql in statements:
             conn.execute(text(sql))
-        conn.execute(QUERIES["user_register"].clause, {
+        conn.exec_driver_sql(QUERIES["user_register"].sql, {
             "role": role, "account": rights.account, "super_user": rights.super_user,
             "may_impersonate": rights.may_impersonate, "admin": rights.admin})
     return statements
@@ -176,4 +176,4 @@ def revoke_user_role(engine: Engine, role: str) -> None:
     quote = backend_for(engine).quote()
     with engine.begin() as conn:
         conn.execute(text(QUERIES["user_revoke"].sql.format(role=quote(role))))
-        conn.execute(QUERIES["user_forget"].clause, {"role": role})
+        conn.exec_driver_sql(QUERIES["user_forget"].sql, {"role": role})

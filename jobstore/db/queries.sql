@@ -56,7 +56,7 @@ FROM submitters AS s WHERE s.name IN :names;
 -- name: lock_limits
 -- Serialise the claims of jobs that use these concurrency limits (PostgreSQL; a SQLite write
 -- transaction is serialised already), in name order so that two claims never deadlock.
-SELECT name FROM concurrency_limits WHERE name IN :names ORDER BY name FOR UPDATE;
+SELECT name FROM concurrency_limits WHERE name = ANY(%(names)s) ORDER BY name FOR UPDATE;
 
 -- name: limits_in_use
 -- The units of each named concurrency limit that handed-out jobs hold, across all nodes: the
@@ -161,10 +161,10 @@ SELECT * FROM unnest(%(job_id)s::bigint[], %(time)s::float8[], %(event)s::text[]
 -- name: notify_event
 -- Wake the followers of job_events (jobstore watch) when this transaction commits; never sent
 -- for one that rolls back.
-SELECT pg_notify(:channel, :payload);
+SELECT pg_notify(%(channel)s, %(payload)s);
 
 -- name: listen_events
--- Follow the job store's notification channel (jobstore.db.notify.CHANNEL) on this connection.
+-- Follow the job store's notification channel (jobstore.db.channels.CHANNEL) on this connection.
 LISTEN jobstore_events;
 
 -- name: listen_work
@@ -195,12 +195,13 @@ SELECT current_setting('autovacuum') AS autovacuum;
 SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobs'::regclass;
 
 -- name: next_job_ids
--- Reserve :n job ids from the jobs table's sequence, in order (a bulk submit COPYs its rows).
-SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(1, :n) ORDER BY 1;
+-- Reserve n job ids from the jobs table's sequence, in order (a bulk submit COPYs its rows).
+SELECT nextval(pg_get_serial_sequence('jobs', 'id')) AS id FROM generate_series(1, %(n)s)
+ORDER BY 1;
 
 -- name: next_cluster_ids
--- Reserve :n cluster ids from the clusters table's sequence, in order (a DAG's nodes).
-SELECT nextval(pg_get_serial_sequence('clusters', 'id')) AS id FROM generate_series(1, :n)
+-- Reserve n cluster ids from the clusters table's sequence, in order (a DAG's nodes).
+SELECT nextval(pg_get_serial_sequence('clusters', 'id')) AS id FROM generate_series(1, %(n)s)
 ORDER BY 1;
 
 -- name: copy_rows
@@ -429,18 +430,18 @@ GRANT UPDATE ON submitters TO {role};
 -- name: user_check_pattern
 -- Whether the database takes a --may-impersonate pattern, anchored as jobstore_may_submit_as
 -- anchors it (an invalid one raises).
-SELECT '' ~ ('^(?:' || :pattern || ')$') AS matched;
+SELECT '' ~ ('^(?:' || %(pattern)s || ')$') AS matched;
 
 -- name: user_register
 -- Record the role's rights (read by the database's functions: jobstore_account, ...).
 INSERT INTO queue_roles (role, account, super_user, may_impersonate, admin)
-VALUES (:role, :account, :super_user, :may_impersonate, :admin)
+VALUES (%(role)s, %(account)s, %(super_user)s, %(may_impersonate)s, %(admin)s)
 ON CONFLICT (role) DO UPDATE SET account = excluded.account, super_user = excluded.super_user,
     may_impersonate = excluded.may_impersonate, admin = excluded.admin;
 
 -- name: user_forget
 -- Forget a role's rights (jobstore revoke-user).
-DELETE FROM queue_roles WHERE role = :role;
+DELETE FROM queue_roles WHERE role = %(role)s;
 
 -- name: session_identity
 -- Who this session is, as the database decides (migration 0012): its OS account, whether it

@@ -51,8 +51,11 @@ def parse(source: str) -> dict[str, Statement]:
 
 
 QUERIES = parse(files("jobstore.db").joinpath("queries.sql").read_text(encoding="utf-8"))
-# PostgreSQL's hot path, run with psycopg (jobstore.db.backends.postgresql.driver)
-CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql
+# One parameter style per statement: PostgreSQL's own take psycopg's %(name)s and run on the
+# psycopg connection (jobstore.db.backends.postgresql.driver); the portable ones, which both
+# backends run through SQLAlchemy, take :name ({name} is never a value: an identifier or a SET
+# list, filled in before).
+CLAIM_IN_AUTOCLUSTERS = QUERIES["claim_in_autoclusters"].sql  # str.format(assignments=...)
 IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
 BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql
 JOB_HEADS = QUERIES["job_heads"].sql
@@ -62,23 +65,25 @@ RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=.
 RECORD_EVENT = QUERIES["record_event"].sql
 INSERT_EVENTS = QUERIES["insert_events"].sql
 FILE_CHUNKS = QUERIES["file_chunks"].sql
-# run with SQLAlchemy
-IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
-SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")
-LOCK_LIMITS = QUERIES["lock_limits"].expanding("names")
-LIMITS_IN_USE = QUERIES["limits_in_use"].expanding("names")
-NOTIFY_EVENT = QUERIES["notify_event"].clause
+LOCK_LIMITS = QUERIES["lock_limits"].sql
+NOTIFY_EVENT = QUERIES["notify_event"].sql
+# ids reserved from a table's sequence (PostgreSQL's COPY of numbered rows), by table
+NEXT_IDS = {"jobs": QUERIES["next_job_ids"].sql, "clusters": QUERIES["next_cluster_ids"].sql}
 LISTEN_EVENTS = QUERIES["listen_events"].sql
 LISTEN_STOPS = QUERIES["listen_stops"].sql
 LISTEN_WORK = QUERIES["listen_work"].sql
+# without parameters, run through SQLAlchemy
 SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 SESSION_IDENTITY = QUERIES["session_identity"].clause
-# ids reserved from a table's sequence (PostgreSQL's COPY of numbered rows), by table
-NEXT_IDS = {"jobs": QUERIES["next_job_ids"].clause, "clusters": QUERIES["next_cluster_ids"].clause}
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
 AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
+# portable
+IDLE_AUTOCLUSTERS_PORTABLE = QUERIES["idle_autoclusters_portable"].clause
+SUBMITTER_USAGE = QUERIES["submitter_usage"].expanding("names")
+LIMITS_IN_USE = QUERIES["limits_in_use"].expanding("names")
+PORTABLE = frozenset({"idle_autoclusters_portable", "submitter_usage", "limits_in_use"})
 
 
 @lru_cache(maxsize=16)

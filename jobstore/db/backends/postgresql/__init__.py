@@ -138,7 +138,7 @@ class PostgreSQL:
         return list(opened.fetchall())  # read in the round trip that opened the transaction
 
     def lock_limits(self, conn: Connection, names: Sequence[str]) -> None:
-        conn.execute(LOCK_LIMITS, {"names": list(names)}).all()
+        driver.execute(conn, LOCK_LIMITS, {"names": list(names)}).fetchall()
 
     def take(self, conn: Connection, req: ClaimRequest, autoclusters: Sequence[int],
              claim: Claim, now: float, hand_out: HandOut) -> Job | None:
@@ -213,7 +213,8 @@ class PostgreSQL:
     def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
                         staged: bool) -> list[int]:
         """COPY, the ids reserved from the table's sequence first."""
-        ids = [int(i) for i in conn.execute(NEXT_IDS[table.name], {"n": len(rows)}).scalars()]
+        reserved = driver.execute(conn, NEXT_IDS[table.name], {"n": len(rows)}).fetchall()
+        ids = [int(row[0]) for row in reserved]
         copy_rows(conn, table, [{"id": i, **row} for i, row in zip(ids, rows, strict=True)],
                   staged=staged)
         return ids

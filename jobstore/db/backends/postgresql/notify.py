@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Connection, Engine
 
+from jobstore.db.backends.postgresql import driver
 from jobstore.db.channels import CHANNEL, STOPS, WORK
 from jobstore.db.engine import database_message
 from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, LISTEN_WORK, NOTIFY_EVENT
@@ -23,7 +24,7 @@ _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}
 
 def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
     """Notify the followers when `conn`'s transaction commits (never if it rolls back)."""
-    conn.execute(NOTIFY_EVENT, {"channel": channel, "payload": payload})
+    driver.execute(conn, NOTIFY_EVENT, {"channel": channel, "payload": payload})
 
 
 class PgListener:
