@@ -217,6 +217,10 @@ class JobStore:
 
     # ---- the parts' methods -------------------------------------------------------------
 
+    def claim(self, req: ClaimRequest, judge: Callable[[Job], Verdict]) -> Job | None:
+        """Hand the best matching idle job of `req.queue` to a slot (Negotiator.claim)."""
+        return self.negotiator.claim(req, judge)
+
     @property
     def engine(self) -> Engine:
         return self.db.engine
@@ -235,7 +239,6 @@ class JobStore:
 
     listen = _to("db", Transactions.listen)
     listener = _to("db", Transactions.listener)
-    claim = _to("negotiator", Negotiator.claim)
     update_priorities = _to("negotiator", Negotiator.update_priorities)
     usage_table = _to("negotiator", Negotiator.usage_table)
     set_factor = _to("negotiator", Negotiator.set_factor)

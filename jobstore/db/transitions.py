@@ -33,6 +33,10 @@ STOPS_ATTEMPT = frozenset({Event.HOLD, Event.REMOVE})
 DAG_NODE = "DAGNodeName"  # in the ad of a DAG node's job (jobstore.db.dags)
 # An idle job whose other columns are not known: fetch_transition reads none
 _ANY_IDLE_JOB = Job.from_row({**dict.fromkeys(JOB_COLUMNS), "status": Status.IDLE.value})
+# ... and its decision, which depends on nothing the row holds
+_FETCH = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1)
+assert _FETCH.to_status is not None and not (_FETCH.counts_attempt or _FETCH.ends_attempt)
+_FETCHED, _FETCH_EVENT = _FETCH.to_status.value, str(Event.FETCH)
 
 
 @dataclass(frozen=True)
@@ -230,10 +234,8 @@ class Transitions:
         """A claim's idle -> fetched for a backend that hands out a job in one statement: the
         columns `transition_values` sets (`changes` first) and the event, the same for every
         idle job (what depends on the row, `claims` and the slot's weight, the backend adds)."""
-        d = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1)
-        assert d.to_status is not None and not (d.counts_attempt or d.ends_attempt)
-        values, _ = transition_values(_ANY_IDLE_JOB, d, now, None, changes=changes)
-        return Claim(values, str(Event.FETCH), Status.IDLE.value, d.to_status.value)
+        values, _ = transition_values(_ANY_IDLE_JOB, _FETCH, now, None, changes=changes)
+        return Claim(values, _FETCH_EVENT, Status.IDLE.value, _FETCHED)
 
 
 def event_reason(reason: str | None, d: Decision) -> str | None:
