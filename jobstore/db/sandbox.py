@@ -79,7 +79,7 @@ class SandboxFiles:
     def _insert_missing_file(self, conn: Connection, owner: str, sha: str, size: int) -> bool:
         """Insert the file's row unless it is there (a concurrent submit's, once committed):
         whether it was inserted."""
-        return self.db.backend.insert_file(conn, sandbox_files, {
+        return self.db.backend.insert_missing(conn, sandbox_files, {
             "owner": owner, "sha256": sha, "size": size, "created_at": time.time()})
 
     def store_files(self, conn: Connection, *, cluster_id: int, proc_id: int | None,

@@ -134,9 +134,6 @@ class Backend(Protocol):
                      events_after: bool, clusters: list[int] | None) -> list[int]:
         """Make a templated cluster's rows on the server (only where `makes_rows_on_server`)."""
 
-    def insert_file(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
-        """Insert a stored file's row unless it is there: whether it inserted."""
-
     def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
                     ) -> list[Any]:
         """Chunks `first` to `last` of a stored file, rows of (data,)."""

@@ -144,10 +144,6 @@ class SQLite:
                      events_after: bool, clusters: list[int] | None) -> list[int]:
         raise InvalidInput("SQLite does not make a cluster's rows itself (makes_rows_on_server)")
 
-    def insert_file(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
-        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing()
-        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
-
     def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
                     ) -> list[Any]:
         return list(conn.execute(

@@ -224,10 +224,6 @@ class PostgreSQL:
         return insert_procs(conn, job, template, now, events_after=events_after,
                             clusters=clusters)
 
-    def insert_file(self, conn: Connection, table: Table, values: Mapping[str, Any]) -> bool:
-        stmt = pg_insert(table).values(**values).on_conflict_do_nothing()
-        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
-
     def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
                     ) -> list[Any]:
         """Read in binary: bytea as stored, no hex text to decode."""
