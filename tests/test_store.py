@@ -988,6 +988,17 @@ def test_a_transition_sets_only_columns_of_jobs() -> None:
         _transition_sql(("status", "ad"))
 
 
+def test_a_claims_statement_takes_only_the_state_machines_names() -> None:
+    from jobstore.db.backends.postgresql import _claim_sql
+
+    sql = _claim_sql(("status", "token"), "fetch", "idle", "fetched")
+    assert "SET status = 'fetched', token = %(set_token)s" in sql
+    with pytest.raises(ValueError, match="not a status or event name"):
+        _claim_sql(("status", "token"), "fetch", "idle'; DROP TABLE jobs; --", "fetched")
+    with pytest.raises(ValueError, match="sets the job's status"):
+        _claim_sql(("token",), "fetch", "idle", "fetched")
+
+
 def _fail_after_an_event(store: JobStore, job_id: int) -> None:
     """A store transaction that writes an event of `job_id` and then fails: nothing is kept."""
     with pytest.raises(RuntimeError, match="after the event"), store.db.transaction() as conn:

@@ -72,9 +72,10 @@ GROUP BY l.name;
 -- name: claim_in_autoclusters
 -- The claim on PostgreSQL in one round trip: lock the first idle job (claim order) of the first
 -- of the given autoclusters that has one unlocked, hand it out, append its `fetch` event and
--- notify followers; returns the row as it was before (or nothing). {assignments} is the SET list
--- of the state machine's idle -> fetched, `column = %(set_column)s` per column it sets
--- (jobstore.db.transitions.Transitions.fetch_transition); the row decides claims and slot_weight.
+-- notify followers; returns the row as it was before (or nothing). The state machine's idle ->
+-- fetched (jobstore.db.transitions.Transitions.fetch_transition) fills in {assignments}, the
+-- SET list (`column = %(set_column)s` per column it sets but the status), and the statuses and
+-- event as literals ({from_status}, {to_status}, {event}); the row decides claims and slot_weight.
 WITH cand AS (
     SELECT j.* FROM unnest(%(autoclusters)s::bigint[]) AS a(id)
     CROSS JOIN LATERAL (
@@ -86,13 +87,13 @@ WITH cand AS (
     ) AS j
     LIMIT 1
 ), upd AS (
-    UPDATE jobs SET {assignments}, claims = jobs.claims + 1,
+    UPDATE jobs SET status = {to_status}, {assignments}, claims = jobs.claims + 1,
         slot_weight = CASE WHEN %(partitionable)s THEN cand.request_cpus ELSE %(weight)s END
-    FROM cand WHERE jobs.id = cand.id AND jobs.status = %(from_status)s
+    FROM cand WHERE jobs.id = cand.id AND jobs.status = {from_status}
     RETURNING jobs.id, jobs.claims, jobs.slot_weight
 ), ev AS (
     INSERT INTO job_events (job_id, time, event, from_status, to_status, attempt, slot, host)
-    SELECT id, %(now)s, %(event)s, %(from_status)s, %(to_status)s, claims, %(slot)s, %(host)s
+    SELECT id, %(now)s, {event}, {from_status}, {to_status}, claims, %(slot)s, %(host)s
     FROM upd
 )
 SELECT cand.*, upd.slot_weight AS claimed_weight, pg_notify(%(channel)s, cand.id::text) AS notified

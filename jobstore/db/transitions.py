@@ -36,7 +36,7 @@ _ANY_IDLE_JOB = Job.from_row({**dict.fromkeys(JOB_COLUMNS), "status": Status.IDL
 # ... and its decision, which depends on nothing the row holds
 _FETCH = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1)
 assert _FETCH.to_status is not None and not (_FETCH.counts_attempt or _FETCH.ends_attempt)
-_FETCHED, _FETCH_EVENT = _FETCH.to_status.value, str(Event.FETCH)
+_IDLE, _FETCHED, _FETCH_EVENT = Status.IDLE.value, _FETCH.to_status.value, str(Event.FETCH)
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,7 @@ class Transitions:
         columns `transition_values` sets (`changes` first) and the event, the same for every
         idle job (what depends on the row, `claims` and the slot's weight, the backend adds)."""
         values, _ = transition_values(_ANY_IDLE_JOB, _FETCH, now, None, changes=changes)
-        return Claim(values, _FETCH_EVENT, Status.IDLE.value, _FETCHED)
+        return Claim(values, _FETCH_EVENT, _IDLE, _FETCHED)
 
 
 def event_reason(reason: str | None, d: Decision) -> str | None:

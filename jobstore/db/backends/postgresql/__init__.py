@@ -4,6 +4,7 @@ bulk), LISTEN/NOTIFY (notify), and the session's identity from its role."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import lru_cache
@@ -144,18 +145,15 @@ class PostgreSQL:
              claim: Claim, now: float, hand_out: HandOut) -> Job | None:
         """claim_in_autoclusters, CLAIM_CHUNK autoclusters at a time: lock, hand out, event,
         notify; one round trip each."""
-        sql = _claim_sql(tuple(claim.values))
+        sql = _claim_sql(tuple(claim.values), claim.event, claim.from_status, claim.to_status)
         params = {
-            **{f"set_{name}": value for name, value in claim.values.items()},
+            **{f"set_{name}": value for name, value in claim.values.items() if name != "status"},
             "queue": req.queue,
             "slot": req.slot,
             "host": req.host,
             "partitionable": req.partitionable,
             "weight": req.weight,
             "now": now,
-            "event": claim.event,
-            "from_status": claim.from_status,
-            "to_status": claim.to_status,
             "channel": CHANNEL,
         }
         for start in range(0, len(autoclusters), CLAIM_CHUNK):
@@ -265,9 +263,22 @@ def _transition_sql(columns: tuple[str, ...]) -> str:
 
 
 @lru_cache(maxsize=16)
-def _claim_sql(columns: tuple[str, ...]) -> str:
-    """claim_in_autoclusters with the SET list of the claim's transition (Claim.values)."""
-    return CLAIM_IN_AUTOCLUSTERS.format(assignments=_assignments(columns))
+def _claim_sql(columns: tuple[str, ...], event: str, from_status: str, to_status: str) -> str:
+    """claim_in_autoclusters with the claim's transition (Transitions.fetch_transition): its
+    SET list (`columns`, the status a literal as the event and the statuses are: the same for
+    every claim, no parameters to bind)."""
+    if "status" not in columns:
+        raise InvalidInput("a claim sets the job's status")
+    return CLAIM_IN_AUTOCLUSTERS.format(
+        assignments=_assignments(tuple(c for c in columns if c != "status")),
+        event=_literal(event), from_status=_literal(from_status), to_status=_literal(to_status))
+
+
+def _literal(name: str) -> str:
+    """A status's or an event's name as an SQL literal (the state machine's names only)."""
+    if not re.fullmatch(r"[a-z_]+", name):
+        raise InvalidInput(f"not a status or event name: {name!r}")
+    return f"'{name}'"
 
 
 def _assignments(columns: tuple[str, ...]) -> str:
