@@ -992,7 +992,7 @@ def test_a_claims_statement_takes_only_the_state_machines_names() -> None:
     from jobstore.db.backends.postgresql import _claim_sql
 
     sql = _claim_sql(("status", "token"), "fetch", "idle", "fetched")
-    assert "SET status = 'fetched', token = %(set_token)s" in sql
+    assert "SET status = 'fetched', token = %(token)s" in sql
     with pytest.raises(ValueError, match="not a status or event name"):
         _claim_sql(("status", "token"), "fetch", "idle'; DROP TABLE jobs; --", "fetched")
     with pytest.raises(ValueError, match="sets the job's status"):

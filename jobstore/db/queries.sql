@@ -74,7 +74,7 @@ GROUP BY l.name;
 -- of the given autoclusters that has one unlocked, hand it out, append its `fetch` event and
 -- notify followers; returns the row as it was before (or nothing). The state machine's idle ->
 -- fetched (jobstore.db.transitions.Transitions.fetch_transition) fills in {assignments}, the
--- SET list (`column = %(set_column)s` per column it sets but the status), and the statuses and
+-- SET list (`column = %(column)s` per column it sets but the status), and the statuses and
 -- event as literals ({from_status}, {to_status}, {event}); the row decides claims and slot_weight.
 WITH cand AS (
     SELECT j.* FROM unnest(%(autoclusters)s::bigint[]) AS a(id)

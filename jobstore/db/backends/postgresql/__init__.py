@@ -146,8 +146,9 @@ class PostgreSQL:
         """claim_in_autoclusters, CLAIM_CHUNK autoclusters at a time: lock, hand out, event,
         notify; one round trip each."""
         sql = _claim_sql(tuple(claim.values), claim.event, claim.from_status, claim.to_status)
+        # the SET list's parameters are the columns' own names (the event's slot and host are
+        # the row's)
         params = {
-            **{f"set_{name}": value for name, value in claim.values.items() if name != "status"},
             "queue": req.queue,
             "slot": req.slot,
             "host": req.host,
@@ -155,6 +156,7 @@ class PostgreSQL:
             "weight": req.weight,
             "now": now,
             "channel": CHANNEL,
+            **claim.values,
         }
         for start in range(0, len(autoclusters), CLAIM_CHUNK):
             params["autoclusters"] = list(autoclusters[start : start + CLAIM_CHUNK])
@@ -270,7 +272,7 @@ def _claim_sql(columns: tuple[str, ...], event: str, from_status: str, to_status
     if "status" not in columns:
         raise InvalidInput("a claim sets the job's status")
     return CLAIM_IN_AUTOCLUSTERS.format(
-        assignments=_assignments(tuple(c for c in columns if c != "status")),
+        assignments=_assignments(tuple(c for c in columns if c != "status"), prefix=""),
         event=_literal(event), from_status=_literal(from_status), to_status=_literal(to_status))
 
 
@@ -281,16 +283,16 @@ def _literal(name: str) -> str:
     return f"'{name}'"
 
 
-def _assignments(columns: tuple[str, ...]) -> str:
-    """`column = %(set_column)s` per column: columns of jobs, none of them JSON (which psycopg
-    would need wrapped)."""
+def _assignments(columns: tuple[str, ...], prefix: str = "set_") -> str:
+    """`column = %(<prefix>column)s` per column: columns of jobs, none of them JSON (which
+    psycopg would need wrapped)."""
     unknown = [name for name in columns if name not in jobs.c]
     if unknown:
         raise InvalidInput(f"not columns of jobs: {unknown}")
     json = [name for name in columns if isinstance(jobs.c[name].type, JSON)]
     if json:
         raise InvalidInput(f"a transition does not set JSON columns: {json}")
-    return ", ".join(f"{name} = %(set_{name})s" for name in columns)
+    return ", ".join(f"{name} = %({prefix}{name})s" for name in columns)
 
 
 def _json(value: Any) -> str | None:
