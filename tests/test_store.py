@@ -18,6 +18,7 @@ from jobstore.core.jobs import JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
+from jobstore.db.rows import event_row
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.sql import without_begin
 from jobstore.db.store import (
@@ -1002,8 +1003,8 @@ def test_a_claims_statement_takes_only_the_state_machines_names() -> None:
 def _fail_after_an_event(store: JobStore, job_id: int) -> None:
     """A store transaction that writes an event of `job_id` and then fails: nothing is kept."""
     with pytest.raises(RuntimeError, match="after the event"), store.db.transaction() as conn:
-        store.transitions.record_event(conn, job_id, "note", "idle", None, time.time(),
-                                       reason="never kept")
+        store.transitions.record(conn, event_row(job_id, "note", "idle", None, time.time(),
+                                                 reason="never kept"))
         raise RuntimeError("after the event")
     assert [e.event for e in store.events(job_id)] == ["submit"]
 

@@ -1,5 +1,5 @@
 """What a transition writes, as values any backend can write: the job row's change
-(RowChange) and the event's row (event_row)."""
+(RowChange) and the event's row (event_row); the events a transaction wrote (note_event)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Update, literal_column, update
+from sqlalchemy import Connection
 
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
-from jobstore.db.schema import jobs
 from jobstore.errors import DatabaseError
 
 PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
@@ -22,18 +21,6 @@ def note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> 
     pending = conn.info.get(PENDING)
     if pending is not None:
         pending.append({**values, "job": job})
-
-
-def row_version() -> ColumnElement[str]:
-    """The version of a job row as PostgreSQL keeps it (the transaction that wrote it)."""
-    return literal_column("jobs.xmin::text")
-
-
-def as_read(change: Update, version: str | None) -> Update:
-    """`change` of a job row, made only to the row as it was read at `version` (a backend's
-    `read_job`): it finds nothing if the row changed since. None: the row is locked, nothing
-    to check."""
-    return change if version is None else change.where(row_version() == version)
 
 
 class RowChanged(DatabaseError):
@@ -51,13 +38,6 @@ class RowChange:
     claims: int
     values: Mapping[str, Any]
     version: str | None = None
-
-    def update(self) -> Update:
-        """The UPDATE as SQLAlchemy runs it."""
-        return as_read(update(jobs).where(jobs.c.id == self.job_id,
-                                          jobs.c.status == self.status,
-                                          jobs.c.claims == self.claims)
-                       .values(**self.values), self.version)
 
 
 def event_row(

@@ -43,7 +43,7 @@ from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
-from jobstore.db.rows import RowChanged, as_read, event_row, note_event
+from jobstore.db.rows import RowChanged, event_row, note_event
 from jobstore.db.sandbox import IN, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, job_events, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
@@ -93,9 +93,11 @@ class AttemptReport:
     now: float = 0.0
     reason: str | None = None
     owner: str | None = None
-# Statuses the periodic pass looks at, and its page size.
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
+# Statuses the periodic pass looks at, and its page size.
 POLICED = tuple(s.value for s in (Status.IDLE, Status.HELD, Status.FETCHED, Status.ACCEPTED,
                                   Status.RUNNING))
 PAGE = 500
@@ -609,19 +611,9 @@ class JobStore:
             reason = f"report from attempt {attempt}, current attempt is {job.claims}"
             if job.token is None:
                 reason = f"report from attempt {attempt}; the job is {job.status}"
-            self.transitions.record_event(
-                conn,
-                job_id,
-                event,
-                job.status,
-                None,
-                now,
-                attempt=attempt,
-                slot=slot,
-                host=host,
-                reason="stale: " + reason,
-                attrs=attrs,
-            )
+            self.transitions.record(conn, event_row(
+                job_id, event, job.status, None, now, attempt=attempt, slot=slot, host=host,
+                reason="stale: " + reason, attrs=attrs))
             if (job.winding_down_until is not None and attempt == job.claims
                     and event in ENDS_ATTEMPT):
                 released = self.transitions.wound_down(
@@ -685,8 +677,9 @@ class JobStore:
         if lease is None or _lease_holds(job, lease, now):
             return Outcome(job.id, event, job.status, job.status, False,
                            reason="nothing new", name=views.job_id(job))
-        renew = as_read(update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
-                        .values(lease_renewed_until=now + lease, updated_at=now), version)
+        renew = self.db.backend.as_read(
+            update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
+            .values(lease_renewed_until=now + lease, updated_at=now), version)
         if conn.execute(renew).rowcount != 1:
             raise RowChanged(f"job {job.id} changed while its report was applied")
         return Outcome(job.id, event, job.status, job.status, False,

@@ -67,8 +67,7 @@ class DagFollower(Protocol):
 
 
 class Transitions:
-    """Writes a transition (`apply`) or a recorded event (`record_event`) on a locked job
-    row."""
+    """Writes a transition (`apply`) or a recorded event (`record`) on a locked job row."""
 
     def __init__(self, db: Transactions) -> None:
         self.db = db
@@ -115,8 +114,8 @@ class Transitions:
             if not job.release_pending:
                 conn.execute(update(jobs).where(jobs.c.id == job.id)
                              .values(release_pending=True, updated_at=now))
-                self.record_event(conn, job.id, event, before, None, now, attempt=job.claims,
-                            slot=job.slot, host=job.host, reason=pending)
+                self.record(conn, event_row(job.id, event, before, None, now, attempt=job.claims,
+                                            slot=job.slot, host=job.host, reason=pending))
             return Outcome(job.id, event, before, before, False, reason=pending, pending=True,
                            name=views.job_id(job))
         d: Decision = decide(
@@ -130,19 +129,8 @@ class Transitions:
         why = event_reason(reason, d)
         if d.to_status is None:
             if record_ignored:
-                self.record_event(
-                    conn,
-                    job.id,
-                    event,
-                    before,
-                    None,
-                    now,
-                    attempt=attempt,
-                    slot=slot,
-                    host=host,
-                    reason=why,
-                    attrs=attrs,
-                )
+                self.record(conn, event_row(job.id, event, before, None, now, attempt=attempt,
+                                            slot=slot, host=host, reason=why, attrs=attrs))
             return Outcome(job.id, event, before, before, False, reason=why, name=views.job_id(job))
         values, attrs = transition_values(job, d, now, why, changes=changes, attrs=attrs,
                                           hold=hold)
@@ -151,7 +139,7 @@ class Transitions:
             values["winding_down_until"] = max(job.lease_ends_at or now, now)
             self.db.backend.notify(conn, str(job.id), STOPS)  # the node's agent vacates the slot
         change = RowChange(job.id, before.value, job.claims, values, version)
-        self._record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
+        self.record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
         if DAG_NODE in job.ad:
@@ -161,27 +149,8 @@ class Transitions:
                 self._node_job_started(conn, job, now)
         return Outcome(job.id, event, before, d.to_status, True, reason=why, name=views.job_id(job))
 
-    def record_event(
-        self,
-        conn: Connection,
-        job_id: int,
-        event: Event | str,
-        before: Status | str | None,
-        after: Status | str | None,
-        now: float,
-        *,
-        attempt: int | None = None,
-        slot: str | None = None,
-        host: str | None = None,
-        reason: str | None = None,
-        attrs: Mapping[str, Any] | None = None,
-        job: Job | None = None,
-    ) -> None:
-        self._record(conn, event_row(job_id, event, before, after, now, attempt=attempt,
-                                     slot=slot, host=host, reason=reason, attrs=attrs), job)
-
-    def _record(self, conn: Connection, values: dict[str, Any], job: Job | None,
-                change: RowChange | None = None) -> None:
+    def record(self, conn: Connection, values: dict[str, Any], job: Job | None = None,
+               change: RowChange | None = None) -> None:
         """Append the event `values` and notify the followers (sent on commit, never for a
         rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
         given: it must hit the row (it cannot miss while the row is locked; refuse to guess).

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Connection, Table
+from sqlalchemy import ColumnElement, Connection, Table, Update
 
 from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
@@ -78,6 +78,10 @@ class Backend(Protocol):
     def read_job(self, conn: Connection, opened: Any, job_id: int,
                  ) -> tuple[Job | None, str | None]:
         """The job row `begin` read unlocked and its version (None, None if there is none)."""
+
+    def as_read(self, change: Update, version: str | None) -> Update:
+        """`change` of a job row, made only to the row as `read_job` read it at `version`: it
+        finds nothing if the row changed since. None: the row is locked, nothing to check."""
 
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         """The job row, locked until the transaction ends."""
@@ -163,4 +167,24 @@ class Backend(Protocol):
         """How this database quotes an identifier, where it has roles (InvalidInput if not)."""
 
 
-__all__ = ["MENU", "READ_JOB", "Backend", "Claim", "HandOut", "Identity"]
+# INSERT ... ON CONFLICT, which both databases write alike: `insert` is the dialect's INSERT of
+# the table (sqlalchemy.dialects.postgresql.insert or sqlite.insert)
+
+
+def insert_missing(conn: Connection, insert: Any, values: Mapping[str, Any],
+                   keys: Sequence[str] | None) -> bool:
+    """Backend.insert_missing, with the dialect's `insert`."""
+    stmt = insert.values(**values).on_conflict_do_nothing(index_elements=keys)
+    return conn.execute(stmt.returning(*insert.table.primary_key.columns)).first() is not None
+
+
+def upsert(conn: Connection, insert: Any, rows: list[dict[str, Any]], key: str,
+           columns: Sequence[str]) -> None:
+    """Backend.upsert, with the dialect's `insert`."""
+    stmt = insert.values(rows)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=[insert.table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
+
+
+__all__ = ["MENU", "READ_JOB", "Backend", "Claim", "HandOut", "Identity", "insert_missing",
+           "upsert"]

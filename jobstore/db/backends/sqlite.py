@@ -10,14 +10,14 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, insert, select
+from sqlalchemy import ColumnElement, Connection, Engine, Table, Update, insert, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.core.states import Status
-from jobstore.db.backends.base import Claim, HandOut, Identity
+from jobstore.db.backends.base import Claim, HandOut, Identity, insert_missing, upsert
 from jobstore.db.channels import Listener
 from jobstore.db.engine import database_message
 from jobstore.db.phases import status_in
@@ -39,6 +39,7 @@ class SQLite:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._identity: Identity | None = None
 
     # ---- transactions --------------------------------------------------------------------
 
@@ -64,6 +65,11 @@ class SQLite:
     def read_job(self, conn: Connection, opened: Any, job_id: int,
                  ) -> tuple[Job | None, str | None]:
         return self.lock_job(conn, job_id), None
+
+    def as_read(self, change: Update, version: str | None) -> Update:
+        if version is not None:  # read_job reads none: the transaction holds the write lock
+            raise InvalidInput("a SQLite job row has no version")
+        return change
 
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
@@ -109,7 +115,10 @@ class SQLite:
 
     def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
                ) -> None:
-        if change is not None and conn.execute(change.update()).rowcount != 1:
+        if change is not None and conn.execute(self.as_read(
+                update(jobs).where(jobs.c.id == change.job_id, jobs.c.status == change.status,
+                                   jobs.c.claims == change.claims).values(**change.values),
+                change.version)).rowcount != 1:
             raise RowChanged(f"job {values['job_id']} changed under its transition")
         conn.execute(insert(job_events).values(**values))
 
@@ -121,14 +130,11 @@ class SQLite:
 
     def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
                        keys: Sequence[str] | None = None) -> bool:
-        stmt = sqlite_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+        return insert_missing(conn, sqlite_insert(table), values, keys)
 
     def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
                key: str, columns: Sequence[str]) -> None:
-        stmt = sqlite_insert(table).values(rows)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
+        upsert(conn, sqlite_insert(table), rows, key, columns)
 
     def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
                     staged: bool) -> None:
@@ -156,8 +162,12 @@ class SQLite:
 
     def local_identity(self) -> Identity:
         """A SQLite job store is one account's (the file's owner, or root:
-        jobstore.db.engine.make_engine): its session is the invoking account, trusted."""
-        return Identity(pwd.getpwuid(os.getuid()).pw_name, trusted=True, super_user=True)
+        jobstore.db.engine.make_engine): its session is the invoking account, trusted (looked
+        up once)."""
+        if self._identity is None:
+            self._identity = Identity(pwd.getpwuid(os.getuid()).pw_name, trusted=True,
+                                      super_user=True)
+        return self._identity
 
     def session_identity(self, conn: Connection) -> Identity:
         return self.local_identity()

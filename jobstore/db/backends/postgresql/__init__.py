@@ -19,9 +19,11 @@ from sqlalchemy import (
     Connection,
     Engine,
     Table,
+    Update,
     any_,
     bindparam,
     event,
+    literal_column,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
@@ -29,7 +31,15 @@ from sqlalchemy.pool import NullPool
 
 from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
-from jobstore.db.backends.base import MENU, READ_JOB, Claim, HandOut, Identity
+from jobstore.db.backends.base import (
+    MENU,
+    READ_JOB,
+    Claim,
+    HandOut,
+    Identity,
+    insert_missing,
+    upsert,
+)
 from jobstore.db.backends.postgresql import driver
 from jobstore.db.backends.postgresql.bulk import insert_procs
 from jobstore.db.backends.postgresql.copy import copy_rows
@@ -122,6 +132,12 @@ class PostgreSQL:
         found = driver.first_of(opened, opening(READ_JOB_SQL))
         return (None, None) if found is None else (found.job(), found["row_version"])
 
+    def as_read(self, change: Update, version: str | None) -> Update:
+        """The version is the transaction that wrote the row, as read_job reads it (xmin)."""
+        if version is None:
+            return change
+        return change.where(literal_column("jobs.xmin::text") == version)
+
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         found = driver.first(conn, LOCK_JOB, {"job_id": job_id})
         return None if found is None else found.job()
@@ -196,14 +212,11 @@ class PostgreSQL:
 
     def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
                        keys: Sequence[str] | None = None) -> bool:
-        stmt = pg_insert(table).values(**values).on_conflict_do_nothing(index_elements=keys)
-        return conn.execute(stmt.returning(*table.primary_key.columns)).first() is not None
+        return insert_missing(conn, pg_insert(table), values, keys)
 
     def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
                key: str, columns: Sequence[str]) -> None:
-        stmt = pg_insert(table).values(rows)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=[table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
+        upsert(conn, pg_insert(table), rows, key, columns)
 
     def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
                     staged: bool) -> None:
