@@ -26,6 +26,10 @@ class UnknownJob(JobstoreError, LookupError):
     """No job with that id."""
 
 
+class UnknownCluster(JobstoreError, LookupError):
+    """No cluster (or DAG) with that id."""
+
+
 class NotOwner(JobstoreError, PermissionError):
     """An account acts on, or reports on, a job it does not own."""
 

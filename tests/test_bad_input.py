@@ -126,7 +126,7 @@ def world(store: JobStore, hook_dir: Path, condor_config: Path, db_url: str, tmp
     _, (idle_job,) = store.submit(new, owner="alice", queue="default", max_attempts=5)
     req = ClaimRequest(
         queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@node01.example.org",
-        host="node01.example.org", keyword="JOBSTORE", claim_lease=600,
+        host="node01.example.org", keyword="TEST", claim_lease=600,  # the samples' keyword
     )
     job = store.claim(req, lambda row: Verdict(take=True))
     assert job is not None and job.id != idle_job

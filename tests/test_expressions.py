@@ -141,3 +141,116 @@ def test_a_costly_periodic_policy_holds_its_autocluster(db_url: str, evaluator: 
         assert js.get_job(plain).status == "idle"
     finally:
         js.engine.dispose()
+
+
+# ---- values no reader can take, and what kills libclassad ----------------------------------
+
+DEEP = "+".join(["1"] * 60_000)  # the probe's: overflows libclassad's stack as it prints
+
+
+def _planted(js: JobStore, owner: str, **custom: str) -> int:
+    """A job whose ad got a value past the database's checks (a row of old, or written by the
+    store's owner with them off): what no reader may crash on."""
+    from sqlalchemy import text
+
+    from jobstore.db.schema import jobs
+
+    _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
+                             max_attempts=3)
+    with js.engine.begin() as conn:
+        ad = conn.execute(jobs.select().where(jobs.c.id == job_id)).one().ad
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SET LOCAL jobstore.checked = 'on'"))
+        conn.execute(jobs.update().where(jobs.c.id == job_id).values(
+            ad={**ad, **{k: {"expr": v} for k, v in custom.items()}}))
+    return job_id
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
+def test_a_stored_value_no_reader_takes_holds_its_job_and_crashes_nothing(
+        node: Node, store: JobStore) -> None:  # noqa: F811
+    """The probe's 60,000-term expression, planted past the database's checks: the agent
+    never hands it to libclassad (it holds the job, saying why) and serves the next job;
+    `jobstore q -l` shows the job."""
+    import subprocess
+    import sys
+
+    owner = ordinary_owner()
+    bomb = _planted(store, owner, Requirements=DEEP)
+    (other,) = submit_jobs(store, 1, owner)
+    node.start()
+    fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert b"JobstoreJobId = %d" % other in fetched.stdout, (fetched, node.log.read_text())
+    held = store.get_job(bomb)
+    assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED), held.reason
+    assert "cannot be read" in (held.reason or "") and "Requirements" in (held.reason or "")
+    q = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, "q", "-l"],
+                       capture_output=True, text=True, timeout=60,
+                       env=node.env(PATH="/usr/bin:/bin"))
+    assert q.returncode == 0 and f"ClusterId = {held.cluster_id}" in q.stdout, q.stderr
+    assert node.stop() == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
+def test_a_stored_account_or_keyword_never_reaches_the_startd(
+        node: Node, store: JobStore) -> None:  # noqa: F811
+    """`OsUser`, `User`, `Owner` and `HookKeyword` planted in a job's stored ad past the
+    database's checks: the agent hands the job out with its owner's account and the slot's
+    keyword, whatever the row says."""
+    from jobstore.formats.classads import parse_ad
+
+    owner = ordinary_owner()
+    job_id = _planted(store, owner, OsUser='"condor"', User='"root@example.org"',
+                      Owner='"root"', HookKeyword='"EVIL"')
+    node.start()
+    fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    ad = parse_ad(fetched.stdout.decode())
+    assert ad.get("JobstoreJobId") == job_id, (fetched, node.log.read_text())
+    assert "OsUser" not in ad and ad.get("Owner") == owner
+    assert str(ad.get("User")).startswith(f"{owner}@") and ad.get("HookKeyword") != "EVIL"
+    assert node.stop() == 0
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_job_the_agent_died_reading_twice_is_held(node: Node, store: JobStore) -> None:  # noqa: F811
+    """What a crash of libclassad leaves in the agent's journal (the job a thread was reading)
+    counts at the next start; the second time, the job is held with the reason, and nothing
+    reads it again."""
+    from jobstore.node.sandboxroot import INFLIGHT
+
+    root = node.base / "sandboxes"
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    for crashes in (1, 2):
+        node.start()
+        assert node.stop() == 0
+        journal = root / INFLIGHT / "reading"
+        journal.write_bytes(f"JOBSTORE {job_id}".encode().ljust(95) + b"\n")  # as a crash
+        node.start()
+        assert node.stop() == 0
+        job = store.get_job(job_id)
+        assert job.status == ("idle" if crashes == 1 else "held"), (job, node.log.read_text())
+    assert "died 2 times while it read this job's ad" in (job.reason or "")
+    assert job.hold_code == holds.JOB_POLICY_UNDEFINED
+
+
+def test_an_expression_that_kills_its_worker_twice_holds_the_job(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that dies evaluating an expression is replaced and asked once more; dead again,
+    the expression holds its job (periodic policy) and fails its match, with the reason."""
+    from jobstore.node import bounded
+    from jobstore.node.evalworker import READY
+
+    monkeypatch.setattr(bounded, "_START", (
+        "import os, sys; sys.stdout.buffer.write(" + repr(READY) + "); sys.stdout.flush();"
+        " sys.stdin.buffer.read(4); os._exit(139)  # {root}"))
+    ev = Bounded(timeout=5, workers=1)
+    try:
+        action = ev.periodic_action(ClassAd("[JobStatus = 2; PeriodicHold = true]"), time.time())
+        assert action is not None and action.code == holds.JOB_POLICY_UNDEFINED
+        assert "made the job store's expression worker die twice" in action.reason
+        with pytest.raises(TooCostly):
+            ev.matches(ClassAd("[Requirements = true]"), SLOT)
+    finally:
+        ev.close()

@@ -379,3 +379,31 @@ def test_a_timer_wake_reads_and_claims_only_when_a_job_is_idle(
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
     assert _metric(waiting, "jobstore_agent_claims_total") == 2
+
+
+def test_forged_notifications_wake_no_fetch(waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """Anyone who may connect may NOTIFY: 2,000 unsigned shapes that fit the waiting slot, and
+    a real one of the database's replayed, wake nothing (no claim, the wait goes on, the agent
+    says what it dropped); the next real job still reaches the waiting fetch at once."""
+    if not waiting.db_url.startswith("postgresql"):
+        pytest.skip("SQLite announces nothing to forge")
+    import psycopg
+    from conftest import libpq_url
+
+    proc = _fetch(waiting, "slot1@node01")
+    _parked(waiting, 1)
+    claims = _metric(waiting, "jobstore_agent_claims_total")
+    with psycopg.connect(libpq_url(waiting.db_url), autocommit=True) as conn:
+        conn.execute("LISTEN jobstore_work")
+        submit_jobs(store, 1, ordinary_owner(), queue="elsewhere")  # a real one, not for us
+        (real,) = [n.payload for n in conn.notifies(timeout=10, stop_after=1)]
+        with conn.transaction():
+            conn.execute("SELECT pg_notify('jobstore_work', 'default 1 ' || i || ' 1')"
+                         " FROM generate_series(1, 2000) AS i")
+        for _ in range(3):  # signed, but replayed: the agent saw it already
+            conn.execute("SELECT pg_notify('jobstore_work', %s)", (real,))
+    waiting.wait_log("dropped: not signed by the database, or replayed")
+    time.sleep(1)  # a woken fetch would claim now
+    assert _metric(waiting, "jobstore_agent_claims_total") == claims and proc.poll() is None
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)

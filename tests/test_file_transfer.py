@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from test_end_to_end import _agent, _give_node, _job_owner, _node, _submit, node_db  # noqa: F401
 
 from jobstore.api.query import Shown
@@ -368,3 +368,28 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
     cluster = store.get_job(ids["file"]).cluster_id
     got = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(cluster)])
     assert all(not g.written for g in got) and not (sub / "count.txt").exists()
+
+
+def test_a_flood_of_outputs_is_refused_at_its_request_disk(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """The probe's flood: 200 outputs of 512 KiB from a job whose RequestDisk is 1024 KiB. The
+    agent and (PostgreSQL) the database refuse what goes past it: the job is held as one whose
+    outputs could not be sent, and the store has grown by about its RequestDisk, not by
+    100 MB."""
+    store, tmp = node_db
+    owner = _job_owner()
+    _script(tmp, owner, "#!/bin/sh\nfor i in $(seq 200); do head -c 524288 /dev/zero"
+                        " > out.$i; done\n")
+    (job_id,) = _submit(store, tmp, "executable = count.sh\nshould_transfer_files = YES\n"
+                        "request_disk = 1024\nqueue\n", owner)
+
+    def stored() -> int:
+        with store.engine.connect() as conn:
+            return int(conn.execute(select(func.coalesce(func.sum(func.length(
+                sandbox_chunks.c.data)), 0))).scalar_one())
+
+    before = stored()
+    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    job = store.get_job(job_id)
+    assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
+    assert "1024 KiB" in (job.reason or "")
+    assert stored() - before <= 1024 * 1024

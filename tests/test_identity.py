@@ -5,6 +5,7 @@ test; as root, the CLI runs as separate OS accounts too."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -172,13 +173,16 @@ def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
             alice.submit(SPEC, owner=BOB, queue="default", max_attempts=3)
         with pytest.raises(Refused, match=f"{ALICE} may not submit jobs as {BOB}"):
             Schedd(store=alice, owner=BOB).submit({"executable": "/bin/true"})
-        with pytest.raises(ValueError, match="another owner"):  # her key, bob's cluster
-            bob = pool.store("bob")
-            bob.submit(SPEC, owner=BOB, queue="default", max_attempts=3, idempotency_key="k1")
-            bob.engine.dispose()
-            before = _snapshot(owner)
-            alice.submit(SPEC, owner=ALICE, queue="default", max_attempts=3,
-                         idempotency_key="k1")
+        # a key is its owner's: bob's cluster under "k1" is never hers, nor hers his
+        bob = pool.store("bob")
+        bobs = bob.submit(SPEC, owner=BOB, queue="default", max_attempts=3,
+                          idempotency_key="k1")
+        bob.engine.dispose()
+        hers = alice.submit(SPEC, owner=ALICE, queue="default", max_attempts=3,
+                            idempotency_key="k1")
+        assert hers[0] != bobs[0] and owner.get_job(hers[1][0]).owner == ALICE
+        assert owner.get_job(bobs[1][0]).owner == BOB
+        before = _snapshot(owner)
     finally:
         alice.engine.dispose()
     sub = _users_file(ALICE, tmp_path, "job.sub", "executable = /bin/true\nqueue\n")
@@ -204,9 +208,8 @@ def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
                 conn.execute(sql)
             refused += 1
         assert conn.execute(attempts[-1]).fetchone() == (False,)
-        # hers to act on: bob's job is invisible to her changes
-        cur = conn.execute(f"UPDATE jobs SET cmd = '/tmp/evil.sh' WHERE id = {bob_job}")
-        assert cur.rowcount == 0
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # not even her own
+            conn.execute(f"UPDATE jobs SET cmd = '/tmp/evil.sh' WHERE id = {bob_job}")
     assert refused == len(attempts) - 1
     assert _snapshot(owner) == before
 
@@ -236,11 +239,14 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
         for sql in attempts:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(sql)
-        # an autocluster row under bob's signature is hers, and bob's jobs never join it
-        conn.execute("INSERT INTO autoclusters (signature, queue, owner, submitter,"
-                     " request_cpus, request_memory, request_disk, created_at)"
-                     f" VALUES ('{bob_sig}', 'default', '{ALICE}', '{ALICE}', 9999, 1, 1, 0)")
-    assert _snapshot(owner) == before
+        # an autocluster under bob's signature is hers (the door makes it as hers), and bob's
+        # jobs never join it
+        conn.execute("SELECT jobstore_queue_jobs(%s, %s, 0)", (job.cluster_id, json.dumps([{
+            "proc_id": 1, "ad": job.ad, "cmd": "/bin/true", "request_cpus": 9999,
+            "request_memory": 1, "request_disk": 1, "max_attempts": 1,
+            "signature": bob_sig}])))
+    alice_ac = owner.find_jobs(job.cluster_id, 1)[0].autocluster_id
+    assert _snapshot(owner)[:2] != before[:2]  # her new job
     bob_job = _submitted(pool, "bob")
     with owner.engine.connect() as conn:
         from jobstore.db.schema import autoclusters
@@ -249,7 +255,8 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
                                   autoclusters.c.signature)
                            .where(autoclusters.c.id == owner.get_job(bob_job).autocluster_id)
                            ).one()
-    assert tuple(row) == (BOB, 1, bob_sig)  # the signature she forged, and still his own row
+    assert tuple(row) == (BOB, 1, bob_sig)  # the signature she used, and still his own row
+    assert owner.get_job(bob_job).autocluster_id != alice_ac
 
 
 def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:
@@ -352,7 +359,8 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
         r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role, "--account",
                             "jsdave"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        assert "GRANT INSERT ON clusters" in r.stdout
+        assert "GRANT EXECUTE ON FUNCTION jobstore_new_cluster" in r.stdout
+        assert "GRANT INSERT" not in r.stdout and "GRANT UPDATE" not in r.stdout
         dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
                                  .render_as_string(False))
         try:
@@ -369,7 +377,7 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
                             "--super-user", "--may-impersonate", "(?P<name>a)"],
                            capture_output=True, text=True, timeout=60)  # Python's, not PG's
         assert r.returncode == 1
-        assert "not a regular expression PostgreSQL takes" in _one_line(r.stderr)
+        assert "not one regular expression PostgreSQL takes" in _one_line(r.stderr)
         r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "revoke-user", role],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -400,7 +408,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
     try:
         owner = JobStore.from_url(db_url)
         new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
-               " dags", "ON dag_")
+               " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys")
         old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.engine.begin() as conn:
@@ -434,27 +442,34 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
 
 def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: JobStore) -> None:
     """A submitter's client that skips the store's check cannot store more than the limits
-    (migration 0016's triggers): a file over max_input_file_mb, a job's inputs over
-    max_input_mb, bytes beyond their file's declared size; the agent may store a larger
-    output."""
+    (migration 0016's triggers, through the door's functions): a file over
+    max_input_file_mb, a job's inputs over max_input_mb, bytes beyond their file's declared
+    size; the agent may store a larger output. Her raw INSERTs are refused outright."""
     owner.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
+    cluster = owner.get_job(_submitted(pool, "alice")).cluster_id
     sha = "a" * 64
     refused = [
-        f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{sha}', 2097152, 0)",
-        f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{'b' * 64}', 0, 'x')",  # no such file
-        "INSERT INTO job_files (cluster_id, proc_id, direction, name, owner, sha256, size,"
-        f" mode, created_at) VALUES (1, NULL, 'in', 'a', '{ALICE}', '{sha}', 1048576, 420, 0),"
-        f" (1, NULL, 'in', 'b', '{ALICE}', '{sha}', 1048576, 420, 0),"
-        f" (1, NULL, 'in', 'c', '{ALICE}', '{sha}', 1, 420, 0)",
+        f"SELECT jobstore_store_file('{ALICE}', '{sha}', 2097152)",
+        f"SELECT jobstore_store_chunk('{ALICE}', '{'b' * 64}', 0, 'x')",  # no such file
     ]
     with psycopg.connect(libpq_url(pool.url("alice")), autocommit=True) as conn:
         for sql in refused:
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute(sql)
-        conn.execute(f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{sha}', 3, 0)")
+        for sql in (f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{sha}', 3, 0)",
+                    f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{sha}', 0, 'abc')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
+        conn.execute(f"SELECT jobstore_store_file('{ALICE}', '{sha}', 3)")
         with pytest.raises(psycopg.errors.CheckViolation):  # 4 bytes of a 3-byte file
-            conn.execute(f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{sha}', 0, 'abcd')")
-        conn.execute(f"INSERT INTO sandbox_chunks VALUES ('{ALICE}', '{sha}', 0, 'abc')")
+            conn.execute(f"SELECT jobstore_store_chunk('{ALICE}', '{sha}', 0, 'abcd')")
+        conn.execute(f"SELECT jobstore_store_chunk('{ALICE}', '{sha}', 0, 'abc')")
+        big = "d" * 64
+        with conn.transaction():
+            conn.execute(f"SELECT jobstore_store_file('{ALICE}', '{big}', 1048576)")
+        with pytest.raises(psycopg.errors.CheckViolation):  # 3 x 1 MB over the job's 2 MB
+            conn.execute("SELECT jobstore_add_inputs(%s, NULL, %s)", (cluster, json.dumps(
+                [{"name": n, "sha256": big, "mode": 420} for n in ("a", "b", "c")])))
     with psycopg.connect(libpq_url(pool.url("agent")), autocommit=True) as conn:
         conn.execute(f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{'c' * 64}', 2097152, 0)")
 
@@ -525,7 +540,8 @@ def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owne
         assert {n.name: n.status for n in alice.dag_nodes_of(dag_id)} == {
             "A": "done", "B": "done", "C": "queued"}
         assert bob.dag_of(dag_id) is None and bob.dag_nodes_of(dag_id) == []
-        assert not bob.remove_dag(dag_id)
+        with pytest.raises(Refused, match="not its owner"):
+            bob.remove_dag(dag_id)
         assert alice.remove_dag(dag_id)
         dag = owner.dag_of(dag_id)
         assert dag is not None and dag.status == "removed"

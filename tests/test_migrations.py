@@ -239,13 +239,24 @@ def test_cli_init(db_url, condor_config):
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("job store ready: ")
     assert "at most 1024 MB a file, 4096 MB a job" in proc.stdout
-    with open(condor_config, "a") as fh:  # the configured limits go into the store
-        fh.write("JOBSTORE_MAX_INPUT_FILE_MB = 8\nJOBSTORE_MAX_INPUT_MB = 16\n")
+    with open(condor_config, "a") as fh:  # the configured limits and rules go into the store
+        fh.write("JOBSTORE_MAX_INPUT_FILE_MB = 8\nJOBSTORE_MAX_INPUT_MB = 16\n"
+                 "JOBSTORE_MAX_OUTPUT_MB = 32\nIMMUTABLE_JOB_ATTRS = ProjectName\n"
+                 "SECURE_JOB_ATTRS = Site\nPROTECTED_JOB_ATTRS = Budget Owner\n")
     assert _cli(db_url, condor_config, "init").returncode == 0
+    from sqlalchemy import select
+
+    from jobstore.db.schema import job_attr_rules
     from jobstore.db.store import JobStore
 
     store = JobStore.from_url(db_url)
-    assert store.input_limits() == {"max_input_file_mb": 8, "max_input_mb": 16}
+    assert store.input_limits() == {"max_input_file_mb": 8, "max_input_mb": 16,
+                                    "max_output_mb": 32}
+    with store.engine.connect() as conn:
+        rules = dict(conn.execute(select(job_attr_rules.c.name, job_attr_rules.c.rule)).all())
+    assert (rules["projectname"], rules["site"], rules["budget"]) == (
+        "immutable", "immutable", "protected")
+    assert rules["owner"] == "immutable"  # the job store's own stays as it is
     store.engine.dispose()
     engine = make_engine(db_url)
     try:

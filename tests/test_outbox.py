@@ -118,3 +118,52 @@ def test_a_hand_off_of_another_attempt_is_refused(store: JobStore, node: Path,
     assert store.get_job(job.id).status == job.status
     assert not (node / OUTBOX).exists() or not any((node / OUTBOX).iterdir())
     assert Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").is_dir()
+
+
+def test_a_forged_hand_off_takes_no_path_or_name_from_the_hook(store: JobStore, node: Path,
+                                                                tmp_path: Path) -> None:
+    """The probe's attack: the job's user runs JOB_EXIT herself with a hand-off whose ad says
+    where outputs go (a file:// destination, remaps, her own output list and stdout path, a
+    checkpoint exit code). The agent sends what the job's row says, into the store, and writes
+    nothing anywhere."""
+    job, ad = _exited(store, tmp_path)
+    target = tmp_path / "etc"
+    target.mkdir()
+    forged = ad + (f'OutputDestination = "file://{target}"\n'
+                   f'TransferOutputRemaps = "job.out={target}/evil"\n'
+                   f'TransferOutput = "../../x,made.txt"\nOut = "{target}/out"\n'
+                   'WhenToTransferOutput = "ON_EXIT_OR_EVICT"\n'
+                   f'Iwd = "{target}"\nHookKeyword = "JOBSTORE"\n').encode()
+    taken = Outbox().hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
+    assert taken.error is None and "handed to the agent" in taken.log[0]
+    Outbox().start([str(node)])
+    done = _wait(store, job, "completed")
+    assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
+    assert list(target.iterdir()) == []
+
+
+def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, node: Path,
+                                                               tmp_path: Path) -> None:
+    """Its outputs go where its row says, by its JOB_EXIT as the job's user: the agent takes
+    none of them (the job is held, as one whose outputs could not be sent)."""
+    (tmp_path / "in.txt").write_text("input")
+    specs = parse_submit_text(
+        "executable = /bin/cat\ntransfer_executable = false\ntransfer_input_files = in.txt\n"
+        f"output = job.out\noutput_destination = file://{tmp_path}/dest\nqueue\n",
+        base_dir=tmp_path)
+    store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
+                 max_attempts=3)
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None
+    sandbox = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
+    sandbox.mkdir(mode=0o700)
+    (sandbox / "job.out").write_text("out\n")
+    ad = (render_job(job, sandbox=str(sandbox), keyword="JOBSTORE", uid_domain="localdomain",
+                     job_lease_duration=2400)
+          + "ExitCode = 0\nExitBySignal = false\nJobstoreHandOff = true\n").encode()
+    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    assert taken.error is None
+    held = store.get_job(job.id)
+    assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
+    assert "never handed to the agent" in (held.reason or "")
+    assert sandbox.is_dir() and not (node / OUTBOX / sandbox.name).exists()

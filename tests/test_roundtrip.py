@@ -254,6 +254,8 @@ def test_database_values(node: Node, value: str) -> None:
     node.submit('executable = /bin/true\n+Note = "x"\nqueue\n')
     with node.store.engine.begin() as conn:
         ad = conn.execute(sa.select(jobs.c.ad)).scalar_one()
+        if conn.dialect.name == "postgresql":  # past the database's own checks (a row of old)
+            conn.execute(sa.text("SET LOCAL jobstore.checked = 'on'"))
         conn.execute(sa.update(jobs).values(ad={**ad, "Note": value, "Arguments": value}))
     slot = (SLOT / SLOT_AD).read_bytes()
     r = run_hook(node.hook_dir, "fetch_job", slot, env=node.env)

@@ -16,6 +16,7 @@ from jobstore.db import sandbox
 from jobstore.db.sandbox import IN, OUT, FileChanged, FileSource
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files
 from jobstore.db.store import JobStore
+from jobstore.errors import Refused
 from jobstore.submit.description import parse_submit_text
 
 
@@ -94,22 +95,27 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
         bob = stores["bob"]
         job = bob.get_job(bob_job)
         with bob.engine.begin() as conn:
-            bob.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
-                             direction=IN, sources=[_file(tmp_path, "secret.txt", secret)])
+            bob.files.store_inputs(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
+                                   sources=[_file(tmp_path, "secret.txt", secret)])
         for part in ("bob", "super", "agent"):
             assert b"".join(stores[part].file_content(BOB, sha)) == secret, part
             assert [f.name for f in stores[part].job_files_of(job)] == ["secret.txt"], part
         alice = stores["alice"]
         assert list(alice.file_content(BOB, sha)) == []
         assert alice.job_files_of(job) == []
-        with (pytest.raises(Exception, match="row-level security"),
-              alice.engine.begin() as conn):
+        with (pytest.raises(Refused, match=f"may not submit jobs as {BOB}"),
+              alice.db.transaction() as conn):
+            alice.files.store_inputs(conn, cluster_id=job.cluster_id, proc_id=None,
+                                     owner=BOB, sources=[_file(tmp_path, "x.txt", b"x")])
+        with (pytest.raises(Exception, match="permission denied"),
+              alice.engine.begin() as conn):  # an output is the agent's to store
             alice.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
-                               direction=OUT, sources=[_file(tmp_path, "x.txt", b"x")])
+                                    direction=OUT, sources=[_file(tmp_path, "x.txt", b"x")])
         # her own copy of the same bytes is her own row: it shows her nothing of bob's
-        with alice.engine.begin() as conn:
-            alice.files.store_files(conn, cluster_id=999, proc_id=None, owner=ALICE,
-                               direction=IN, sources=[_file(tmp_path, "same.txt", secret)])
+        mine = alice.get_job(_submitted(pool, "alice")).cluster_id
+        with alice.db.transaction() as conn:
+            alice.files.store_inputs(conn, cluster_id=mine, proc_id=None, owner=ALICE,
+                                     sources=[_file(tmp_path, "same.txt", secret)])
         assert b"".join(alice.file_content(ALICE, sha)) == secret
         assert alice.job_files_of(job) == []
     finally:
@@ -154,7 +160,8 @@ def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
     from the submitting process: one line that names URLs, and nothing written."""
     from jobstore.db.sandbox import InputTooLarge
 
-    assert store.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096}
+    assert store.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096,
+                                   "max_output_mb": 0}
     store.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
     for name in ("a.bin", "b.bin", "c.bin"):
         (tmp_path / name).write_bytes(b"x" * (900 << 10))
@@ -168,4 +175,4 @@ def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
             store.submit(specs, owner="alice", queue="default", max_attempts=3)
         assert "give" in str(exc.value) and "URL" in str(exc.value)
     assert store.list_jobs(include_final=True) == []
-    assert store.input_limits() == {"max_input_file_mb": 1, "max_input_mb": 2}
+    assert store.input_limits() == {"max_input_file_mb": 1, "max_input_mb": 2, "max_output_mb": 0}

@@ -28,7 +28,7 @@ from jobstore.db.store import (
     UnknownJob,
     Verdict,
 )
-from jobstore.errors import DatabaseError
+from jobstore.errors import DatabaseError, InvalidInput
 from jobstore.testing.support import first, libpq_url
 
 FAR_FUTURE = time.time() + 10 * 365 * 86400
@@ -310,6 +310,10 @@ def test_report_with_a_wrong_token_is_stale(store, event):
     _stale_check(store, job_id, before, out, n + 1)
     out = store.report(job_id, event, token=job.token, attempt=job.claims + 1)
     _stale_check(store, job_id, before, out, n + 2)
+    # the right token and attempt from a hook of another keyword (another node's settings)
+    out = store.report(job_id, event, token=job.token, attempt=job.claims,
+                       keyword=f"NOT{job.keyword}")
+    _stale_check(store, job_id, before, out, n + 3)
 
 
 def test_report_from_an_old_attempt_is_stale(store):
@@ -917,16 +921,20 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
 
 def test_the_opening_round_trip_quotes_what_it_binds(pg_url: str) -> None:
     """The opening round trip binds its parameters on the client, as literals: a queue named
-    like SQL is a name, matched as one, and injects nothing."""
+    like SQL is a name, matched as one, and injects nothing (no submit makes such a queue:
+    the database refuses the name)."""
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True)
     try:
         queue = "o'brien'; DELETE FROM jobs; --"
-        (job_id,) = submit(store, queue=queue)
+        with pytest.raises(InvalidInput, match="not a queue name"):
+            submit(store, queue=queue)
+        (job_id,) = submit(store, queue="o.brien")
         (other,) = submit(store)
         assert claim(store, queue="o") is None
-        job = claim(store, queue=queue)
-        assert job is not None and job.id == job_id and job.queue == queue
+        assert claim(store, queue=queue) is None
+        job = claim(store, queue="o.brien")
+        assert job is not None and job.id == job_id
         assert store.get_job(other).status == "idle"
     finally:
         store.engine.dispose()

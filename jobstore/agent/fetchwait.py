@@ -1,4 +1,4 @@
-"""Waiting fetches (issue 32): a FETCH_WORK that found nothing waits in the agent, its hook's
+"""Waiting fetches: a FETCH_WORK that found nothing waits in the agent, its hook's
 connection open, for work that fits its slot, up to JOBSTORE_FETCH_WAIT seconds, without holding
 a worker thread.
 
@@ -11,6 +11,14 @@ one waiting fetch per database every POLL seconds (SAFETY seconds where they can
 one), which reads whether its queue has an idle job and claims only then: one indexed read per
 node per interval, not a claim per slot. A fetch whose hook is gone (killed, SIGTERM) is dropped
 at once; one that waited its bound is answered with nothing.
+
+Anyone who may connect can NOTIFY: the database signs what it sends (migration 0019), and the
+listener drops what is not signed with its key, or is a replay. What is left is still a hint:
+what arrives for a database is gathered and acted on at most once per CHECK interval, which
+doubles (up to MAX_CHECK) each time the fetches it woke found nothing and falls back as soon as
+one finds a job; once it has grown, a woken fetch reads whether its queue has an idle job
+before it claims. So notifications cost a node a bounded number of reads, never a claim each,
+and real work after a quiet spell is acted on at once.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ POLL = 0.5  # seconds between two wake-ups of a database no notification can com
 SAFETY = 30.0  # and of one that notifies, should a notification be lost
 QUIET = 600.0  # seconds a slot's fetch may wait without a claim since its last one found nothing
 RELISTEN = 60.0  # seconds before trying LISTEN on a database again after it failed
+CHECK = 0.05  # seconds between two acts on a database's notifications, at least
+MAX_CHECK = 1.0  # ... and at most, while what they announce is never there
+FORGED_LOG = 60.0  # seconds between two lines about dropped (unsigned, replayed) notifications
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class Shape:
     cpus: int
     memory: int
     disk: int
+
+
+MAX_SHAPES = 64  # distinct shapes gathered between two acts (more: any shape)
 
 
 def parse_shapes(payload: str) -> list[Shape] | None:
@@ -81,7 +95,12 @@ class _Database:
     listener: Listener | None = None
     retry_at: float = 0.0  # when to try LISTEN again
     next_wake: float = 0.0  # the next poll (or safety) wake-up
-    notified: float = 0.0  # when work was last announced
+    notified: float = 0.0  # when announced work was last acted on
+    pending: list[Shape | None] = field(default_factory=list)  # announced, not acted on yet
+    next_check: float = 0.0  # when announced work may be acted on next
+    check: float = CHECK  # the interval between two acts, while nothing is found
+    forged_logged: int = 0  # the listener's dropped notifications already told of
+    forged_log_at: float = 0.0  # when they may be told of again
 
 
 # the slot ad's lines that say what a slot could take (its key in FetchWaits.quiet)
@@ -145,7 +164,12 @@ class FetchWaits:
             return idle, time.monotonic() - when < QUIET
 
     def found(self, parked: Parked) -> None:
-        """A woken fetch found a job: there may be more of what woke it; wake another."""
+        """A woken fetch found a job: there may be more of what woke it; wake another (and
+        act on the next notification at once)."""
+        with self._lock:
+            db = self._dbs.get(parked.idle.database_url)
+            if db is not None:
+                db.check = CHECK
         shapes: list[Shape | None] = [*parked.shapes] if parked.shapes else [None]
         self._wake(parked.idle.database_url, shapes)
 
@@ -193,6 +217,7 @@ class FetchWaits:
             else:
                 self._notified(key.data)
         self._expire()
+        self._act()
         self._poll()
 
     def _watch(self, sel: selectors.BaseSelector, watched: dict[int, Any]) -> None:
@@ -244,6 +269,7 @@ class FetchWaits:
             times = [p.until for p in self._parked]
             urls = {p.idle.database_url for p in self._parked}
             times += [db.next_wake for url, db in self._dbs.items() if url in urls]
+            times += [db.next_check for db in self._dbs.values() if db.pending]
         return max(0.01, min([t - now for t in times], default=POLL))
 
     def _drain_wake(self) -> None:
@@ -272,15 +298,41 @@ class FetchWaits:
             db.listener.close()
             db.listener = None
             return
-        shapes: list[Shape | None] = []
-        for payload in payloads:
-            if payload.startswith("probe:"):
-                continue
-            db.notified = time.monotonic()
-            found = parse_shapes(payload)
-            shapes.extend([None] if found is None else found)
-        if shapes:
-            self._wake(url, shapes)
+        forged = db.listener.forged
+        if forged > db.forged_logged and time.monotonic() >= db.forged_log_at:
+            log.warning("waiting fetches: %d notification(s) on %s dropped: not signed by the "
+                        "database, or replayed (someone who may connect sends them)",
+                        forged - db.forged_logged, WORK)
+            db.forged_logged, db.forged_log_at = forged, time.monotonic() + FORGED_LOG
+        with self._lock:
+            for payload in payloads:
+                if payload.startswith("probe:"):
+                    continue
+                found = parse_shapes(payload)
+                for shape in [None] if found is None else found:
+                    if shape not in db.pending:  # a few distinct shapes, however many arrive
+                        db.pending.append(shape)
+                if len(db.pending) > MAX_SHAPES:
+                    db.pending = [None]
+        self._act()
+
+    def _act(self) -> None:
+        """Act on the notifications of each database that is due: wake the fetches the
+        announced work fits; the next act no sooner than its interval, which doubles until a
+        woken fetch finds a job (`found`)."""
+        now = time.monotonic()
+        due = []
+        with self._lock:
+            for url, db in self._dbs.items():
+                if db.pending and db.next_check <= now:
+                    shapes, db.pending = db.pending, []
+                    verify = db.check > CHECK  # what came before was not there: read first
+                    db.notified = now
+                    db.next_check = now + db.check
+                    db.check = min(db.check * 2, MAX_CHECK)
+                    due.append((url, shapes, verify))
+        for url, shapes, verify in due:
+            self._wake(url, shapes, polled=verify)
 
     def _wake(self, url: str, shapes: list[Shape | None], polled: bool = False) -> None:
         """Wake one waiting fetch of `url` per shape that it fits (no herd)."""

@@ -1,4 +1,4 @@
-"""The outputs a JOB_EXIT could not send in its time (issue 30), sent by the agent after the
+"""The outputs a JOB_EXIT could not send in its time, sent by the agent after the
 hook has gone.
 
 The hook stops sending when its time is up and says so (JobstoreHandOff); the agent then moves
@@ -7,6 +7,12 @@ the job's user's reach), sends what the hook had not sent, as the hook would hav
 records the exit the hook reported. The report waits beside the sandbox, so an agent that
 restarts goes on where it stopped; both are removed once the exit is recorded. While it sends,
 the agent renews the attempt's lease, so that the job is not given to another slot meanwhile.
+
+The hook's input is the job's user's: the agent takes from it only which attempt (checked
+against the job's row: its token, its keyword, its owner's uid) and the exit's values. Which
+files are sent, their names, the sandbox and where outputs go come from the job's row as the
+store holds it; a job whose outputs go to output_destination is never handed over (its JOB_EXIT
+sends them, as the job's user).
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from classad2 import ClassAd
 
 from jobstore.db.sandbox import CHECKPOINT, OUT
 from jobstore.errors import DatabaseError, UnknownJob
-from jobstore.formats.classads import get_int, get_str
-from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN
+from jobstore.formats.classads import AdError, get_int, get_str
+from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, render_job
 from jobstore.node import config, handlers, sandboxcalls
 from jobstore.node.handlers import HookError, HookRequest, HookResponse
 from jobstore.node.reports import SERVICE, Caller
@@ -102,6 +108,9 @@ class Outbox:
         settings, _store, job = sandboxcalls.current_attempt(HookRequest(
             hook="sandbox_list", argv=who, stdin=b"", caller=request.caller,
             settings=request.settings))
+        if any(name.lower() == "outputdestination" for name in job.ad or {}):
+            raise HookError("its outputs go to its output_destination, which JOB_EXIT sends "
+                            "them to as the job's user: they are never handed to the agent")
         sandbox = handlers.sandbox_dir(job, settings)
         if sandbox is None:
             raise HookError("the job has no sandbox")
@@ -138,19 +147,27 @@ class Outbox:
                 log.error("outbox %s: %s: %s", record.name, type(exc).__name__, exc)
 
     def _send(self, record: Path) -> None:
-        """Send one hand-off's outputs, record its exit, remove both."""
+        """Send one hand-off's outputs, as the job's row says them, record its exit, remove
+        both."""
         try:
             kept = json.loads(record.read_text())
         except FileNotFoundError:
             return  # done already
         sandbox = record.with_name(record.name[:-len(EXIT_SUFFIX)])
-        stdin = _without(base64.b64decode(kept["stdin"]), (b"Iwd",))
-        stdin += b'Iwd = "' + os.fsencode(sandbox) + b'"\n'
-        files = _OutboxFiles(stdin, kept["who"], kept["owner"], kept["renew"], self._read())
-        if sandbox.is_dir():
-            stdin = transfer("job_exit", stdin, kept["argv"], files)
+        stdin = _without(base64.b64decode(kept["stdin"]), _SENDING)
+        try:
+            ad = self._row_ad(kept["who"], sandbox, stdin)
+        except (HookError, UnknownJob, config.ConfigError, AdError) as exc:
+            stdin = failed("job_exit", stdin, f"its attempt is not the job's current one: {exc}")
+        except DatabaseError as exc:
+            raise _Later(str(exc)) from None
         else:
-            stdin = failed("job_exit", stdin, f"{sandbox} vanished from the agent's outbox")
+            files = _OutboxFiles(ad, kept["who"], kept["owner"], kept["renew"], self._read())
+            if sandbox.is_dir():
+                sent = transfer("job_exit", ad, kept["argv"], files)
+                stdin += sent[len(ad):]  # what the sending says: an output error, a checkpoint
+            else:
+                stdin = failed("job_exit", stdin, f"{sandbox} vanished from the agent's outbox")
         caller = SERVICE if kept["caller"] is None else Caller(kept["caller"])
         env = {"_CONDOR_SLOT": kept["slot"]} if kept["slot"] else {}
         response = handlers.handle(HookRequest(hook="job_exit", argv=kept["argv"], stdin=stdin,
@@ -163,6 +180,34 @@ class Outbox:
             log.warning("job_exit (outbox) %s", response.error)
         _remove(sandbox)
         record.unlink(missing_ok=True)
+
+    def _row_ad(self, who: list[str], sandbox: Path, stdin: bytes) -> bytes:
+        """The job ad the sending reads: the job's current attempt as its row says it (what
+        it sends, under which names, in the sandbox the agent holds), and the exit code the
+        hook reported (which says whether the exit was a checkpoint)."""
+        settings, _store, job = sandboxcalls.current_attempt(HookRequest(
+            hook="sandbox_list", argv=who, stdin=b"", caller=SERVICE, **self._read()))
+        text = render_job(job, sandbox=os.fsdecode(sandbox), keyword=settings.keyword,
+                          uid_domain=settings.uid_domain,
+                          job_lease_duration=settings.job_lease_duration)
+        code = _int_attr(stdin, b"exitcode")
+        return text.encode("utf-8", "surrogateescape") + (
+            b"" if code is None else b"ExitCode = %d\n" % code)
+
+
+# What the sending adds to a JOB_EXIT's ad (and a hook's ad may not say for it)
+_SENDING = (b"Iwd", b"JobstoreOutputError", b"JobstoreCheckpointed", ATTR_HAND_OFF)
+
+
+def _int_attr(ad: bytes, name: bytes) -> int | None:
+    """An integer attribute of an old-syntax ad (None when it is not one)."""
+    for line in ad.split(b"\n"):
+        key, sep, value = line.partition(b"=")
+        if sep and key.strip().lower() == name:
+            text = value.strip()
+            if text.lstrip(b"-").isdigit() and len(text) < 12:
+                return int(text)
+    return None
 
 
 class _OutboxFiles(Files):

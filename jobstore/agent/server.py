@@ -56,7 +56,8 @@ from jobstore.node import bounded, config, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import DEADLINES, NAMES
-from jobstore.node.sandboxroot import ensure_root, sweep
+from jobstore.node.inflight import CRASHES_BEFORE_HOLD, InFlight
+from jobstore.node.sandboxroot import INFLIGHT, ensure_private, ensure_root, sweep
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
@@ -232,6 +233,8 @@ class Agent:
                                     self.settings.expression_workers)
         handlers.use_evaluator(evaluator)
         handlers.use_outbox(self._outbox.hand_off)
+        self._sandbox_roots()
+        self._hold_what_crashed_it()
         listener = self._listen()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -254,7 +257,6 @@ class Agent:
             t.start()
         log.info("jobstore agent %d listening on %s (service uids %s)", os.getpid(), self.path,
                  sorted(self.services))
-        self._sandbox_roots()
         self._start_metrics()
         waits = self._waits = FetchWaits(
             lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
@@ -333,6 +335,9 @@ class Agent:
             if self._metrics is not None:
                 self._metrics.close()
             handlers.drop_stores()
+            journal = handlers.use_inflight(None)
+            if journal is not None:
+                journal.clear()  # an orderly stop: whatever was being read did not crash it
             handlers.use_evaluator(bounded.Inline())
             evaluator.close()
             signal.set_wakeup_fd(old_wakeup)
@@ -341,6 +346,32 @@ class Agent:
             sel.close()
         log.info("jobstore agent %d stopped", os.getpid())
         return 0
+
+    def _hold_what_crashed_it(self) -> None:
+        """Keep a journal of the jobs whose stored ads this process reads (node.inflight);
+        hold those a run before this one died reading, twice."""
+        node = self._node()
+        if not node:
+            return
+        try:
+            journal = InFlight(ensure_private(node[0].sandbox_root, INFLIGHT))
+            due = journal.crashed()
+        except OSError as exc:
+            log.error("the journal of jobs read cannot be kept: %s", exc)
+            return
+        handlers.use_inflight(journal)
+        for keyword, job_id in due:
+            why = (f"the jobstore agent died {CRASHES_BEFORE_HOLD} times while it read this "
+                   "job's ad (its expressions): held so that no node reads it again")
+            try:
+                settings = self._settings.get(keyword)
+                held = handlers.store_for(settings).hold_unreadable(job_id, why)
+            except (JobstoreError, config.ConfigError) as exc:
+                log.error("job id %d, which the agent died reading, cannot be held: %s",
+                          job_id, exc)
+                continue
+            if held is not None and held.changed:
+                log.warning("job %s held: %s", held.name, why)
 
     def _node(self) -> list[config.Settings]:
         """The settings of each keyword this node uses, as read at start (or the last SIGHUP)."""

@@ -29,6 +29,8 @@ from jobstore.node import config, handlers
 log = logging.getLogger("jobstore.agent")
 ENDED_VALUES = frozenset(s.value for s in (*FINAL, Status.HELD))
 LISTEN_POLL = 30.0  # seconds between two polls while notifications arrive
+NOTIFIED = 0.25  # seconds between two checks a notification asks for, at least (anyone may
+# NOTIFY: what arrives meanwhile is one check)
 RELISTEN = 60.0  # seconds before trying LISTEN again after it failed
 
 # vacate(attempt, fast, why) -> whether the startd took the request
@@ -109,6 +111,8 @@ class AttemptWatch:
                         woke = self._wait(left)
                     else:
                         time.sleep(left)
+                if woke and (early := last + NOTIFIED - time.monotonic()) > 0:
+                    time.sleep(early)
                 if woke or time.monotonic() >= last + interval:
                     last = time.monotonic()
                     self.check(stores)

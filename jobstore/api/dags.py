@@ -1,4 +1,4 @@
-"""condor_submit_dag for the job store (issue 31): a DAG file read (jobstore.submit.dag), each
+"""condor_submit_dag for the job store: a DAG file read (jobstore.submit.dag), each
 node's submit description read with DAGMan's macros and VARS, and the whole DAG queued in one
 transaction (jobstore.db.dags), where the store does DAGMan's work from then on."""
 

@@ -1,4 +1,4 @@
-"""condor_transfer_data for fetched jobs (issue 30): a finished job's outputs, which its
+"""condor_transfer_data for fetched jobs: a finished job's outputs, which its
 JOB_EXIT sent back into the store, written where condor_submit's commands say they go on the
 submit side (transfer_output_remaps, output and error, else the job's Iwd)."""
 
@@ -17,7 +17,7 @@ from jobstore.core.jobs import Job
 from jobstore.db.sandbox import OUT
 from jobstore.db.store import JobStore
 from jobstore.formats.classads import Expr
-from jobstore.formats.jobads import from_json
+from jobstore.formats.jobads import stored_attrs
 from jobstore.submit.transfer import output_destination, parse_remaps
 
 
@@ -39,7 +39,7 @@ def retrieve(store: JobStore, shown: Shown, ids: Sequence[str] = (),
         files = {f.name: f for f in store.job_files_of(job, OUT)}  # the newest attempt's
         if not files:
             continue
-        ad = {k: from_json(v) for k, v in (job.ad or {}).items()}
+        ad = stored_attrs(job.ad, strict=False)
         iwd = str(ad.get("Iwd") or "/")
         remaps = parse_remaps(_string(ad.get("TransferOutputRemaps")))
         written = []

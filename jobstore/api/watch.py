@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 WINDOW = 1000  # PostgreSQL: ids below the start that are re-checked for late commits
+NOTIFIED = 0.05  # seconds between two reads notifications ask for, at least (anyone may NOTIFY)
 BATCH = 1000
 MAX_GAP_RANGES = 100
 
@@ -225,6 +226,7 @@ class Subscription:
         self.outcomes: dict[int, JobFinished] = {}
         self._closed = threading.Event()
         self._listener: Listener | None = None
+        self._read_at = 0.0  # when a notification last led to a read
         try:
             self._start(jobs, since)
         except BaseException:
@@ -393,6 +395,10 @@ class Subscription:
                 self._listener.close()
                 return
             if payloads and not self._irrelevant(payloads):
+                early = self._read_at + NOTIFIED - time.monotonic()
+                if early > 0:  # what arrives meanwhile is read with it
+                    self._closed.wait(early)
+                self._read_at = time.monotonic()
                 return
 
     def _irrelevant(self, payloads: list[str]) -> bool:

@@ -10,7 +10,7 @@ import click
 
 from jobstore.cli.context import Context, fail, guard, pass_ctx
 from jobstore.db.engine import safe_url, server_warnings, upgrade
-from jobstore.db.sandbox import MAX_INPUT_FILE_MB, MAX_INPUT_MB
+from jobstore.db.sandbox import MAX_INPUT_FILE_MB, MAX_INPUT_MB, MAX_OUTPUT_MB
 from jobstore.node import config
 
 
@@ -19,12 +19,17 @@ from jobstore.node import config
 @guard
 def init(ctx: Context) -> None:
     """Create or upgrade the job database schema (runs the Alembic migrations), and store the
-    configured limits on a submit's inputs (JOBSTORE_MAX_INPUT_FILE_MB, JOBSTORE_MAX_INPUT_MB),
-    which every submit then reads from the database."""
+    configured limits on a submit's inputs and a job's outputs (JOBSTORE_MAX_INPUT_FILE_MB,
+    JOBSTORE_MAX_INPUT_MB, JOBSTORE_MAX_OUTPUT_MB) and the admin's rules on job attributes
+    (IMMUTABLE_JOB_ATTRS, SECURE_JOB_ATTRS, PROTECTED_JOB_ATTRS), which the database enforces
+    from then on."""
     upgrade(ctx.database_url)
     settings = ctx.settings
     ctx.store.set_input_limits({MAX_INPUT_FILE_MB: settings.max_input_file_mb,
-                                MAX_INPUT_MB: settings.max_input_mb})
+                                MAX_INPUT_MB: settings.max_input_mb,
+                                MAX_OUTPUT_MB: settings.max_job_output_mb})
+    ctx.store.set_attr_rules(immutable=settings.immutable_attrs,
+                             protected=settings.protected_attrs)
     click.echo(f"job store ready: {safe_url(ctx.database_url)} (inputs: at most "
                f"{settings.max_input_file_mb} MB a file, {settings.max_input_mb} MB a job)")
     for warning in server_warnings(ctx.database_url):
@@ -76,11 +81,16 @@ def _show_grants(role: str, make: Callable[[], list[str]]) -> None:
 @click.option("--admin", is_flag=True,
               help="May change the submitters' factors and usage (condor_userprio -setfactor, "
                    "-resetusage).")
+@click.option("--accounting-group", "groups", multiple=True, metavar="GROUP",
+              help="An accounting group the account's jobs may be charged to (accounting_group "
+                   "= GROUP; repeat for more): HTCondor's is free text, the job store's is "
+                   "what the admin grants.")
 @click.option("--print", "print_only", is_flag=True, help="Only print the grants.")
 @pass_ctx
 @guard
 def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_user: bool,
-               may_impersonate: str | None, admin: bool, print_only: bool) -> None:
+               may_impersonate: str | None, admin: bool, groups: tuple[str, ...],
+               print_only: bool) -> None:
     """Let PostgreSQL roles submit, read the queue, and act on their own jobs (run as the owner).
 
     The database decides who a session is: a job's owner is the account of the role that
@@ -92,7 +102,7 @@ def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_
     if account is not None and len(roles) > 1:
         raise click.UsageError("--account names the account of one role")
     rights = UserRights(account=account, super_user=super_user,
-                        may_impersonate=may_impersonate, admin=admin)
+                        may_impersonate=may_impersonate, admin=admin, accounting_groups=groups)
     engine = ctx.store.engine
     make = user_role_statements if print_only else grant_user_role
     for role in roles:

@@ -1,42 +1,40 @@
-"""condor_rm, condor_hold and condor_release of many jobs at once: set-based statements in
-pages, each page one transaction.
+"""condor_rm, condor_hold, condor_release and condor_qedit of many jobs at once, in pages, each
+page one transaction and one call of the door (backends.Door: on PostgreSQL the database's own
+functions, which decide which of them the session may act on).
 
-A page locks up to PAGE jobs of the selection (SKIP LOCKED: a job a claim holds is taken in a
-later pass, which waits for it). Its waiting jobs (idle or held, no attempt still ending) change
-with one UPDATE per kind of change and one multi-row INSERT of their events; a job handed out
-to a slot goes through the one-job transition, which stops its attempt and tells its node's
-agent. Every job still gets its own event, and the followers (`jobstore watch`) are woken once
-per page."""
+A page reads up to PAGE jobs of the selection, keeps those `keep` keeps (the part of a
+constraint SQL cannot say), and hands their ids to the door, which locks the ones the session
+may act on (SKIP LOCKED: a job a claim holds is taken in a later pass, which waits for it),
+changes them and writes an event for each; a job handed out to a slot has its attempt stopped
+and its node's agent told."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, select, update
+from sqlalchemy import ColumnElement, Connection
 
 from jobstore.core import holds
 from jobstore.core.jobs import Job
-from jobstore.core.states import FINAL, FINAL_VALUES, STATUS_OF, Event, Status, decide
+from jobstore.core.states import FINAL, FINAL_VALUES, Event, Status
+from jobstore.db.backends import ACTED, DENIED, SKIPPED, Change, Door
 from jobstore.db.phases import status_not_in
-from jobstore.db.rows import RowChanged, event_row, note_event
+from jobstore.db.reads import public_jobs
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import Transactions
-from jobstore.db.transitions import (
-    Outcome,
-    Transitions,
-    event_reason,
-    transition_values,
-    winding_down,
-)
+from jobstore.db.transitions import Outcome
 from jobstore.formats import views
+from jobstore.formats.edits import edit_changes
 
 PAGE = 1000
 SHOWN = 50  # outcomes kept for a caller to print, the failures first
-_WAITING = (Status.IDLE, Status.HELD)
+EDITABLE = (Status.IDLE.value, Status.HELD.value)
 _DONE = {Event.HOLD: Status.HELD.value, Event.REMOVE: Status.REMOVED.value}
+
+# One page's work: the door's call on these ids (skip_locked), what it did to each
+PageWork = Callable[[Connection, list[Job], float, bool], list[Change]]
 
 
 @dataclass
@@ -65,6 +63,11 @@ class ActTotals:
                     self.outcomes[i] = outcome
                     break
 
+    def deny(self, name: str) -> None:
+        self.denied += 1
+        if len(self.denied_names) < SHOWN:
+            self.denied_names.append(name)
+
 
 def total_kind(outcome: Outcome, event: Event) -> str:
     """success, already_done or bad_status, as htcondor2's act() counts an outcome."""
@@ -76,12 +79,19 @@ def total_kind(outcome: Outcome, event: Event) -> str:
     return "bad_status"
 
 
-class PagedActions:
-    """Hold, release or remove every job of a selection, PAGE jobs a transaction."""
+def outcome_of(change: Change, name: str = "") -> Outcome:
+    """What the door did to a job the caller named, as the one-job transition says it."""
+    after = change.to_status if change.changed else change.from_status
+    return Outcome(change.job_id, change.event, change.from_status, after, change.changed,
+                   reason=change.reason, pending=change.pending, name=name)
 
-    def __init__(self, db: Transactions, transitions: Transitions) -> None:
+
+class PagedActions:
+    """Hold, release, remove or edit every job of a selection, PAGE jobs a transaction."""
+
+    def __init__(self, db: Transactions, door: Door) -> None:
         self.db = db
-        self.transitions = transitions
+        self.door = door
 
     def act_where(
         self,
@@ -94,102 +104,88 @@ class PagedActions:
         page: int = PAGE,
         connection: Connection | None = None,
     ) -> ActTotals:
-        """Apply `event` to the unfinished jobs `where` selects (and `keep` keeps: the part of
-        a constraint SQL cannot say) that this session may act on; those it may not are
-        counted in `denied`. With `connection`, all in the caller's transaction."""
+        """Apply `event` to the unfinished jobs `where` selects (and `keep` keeps) that this
+        session may act on; those it may not are counted in `denied`. With `connection`, all
+        in the caller's transaction."""
         totals = ActTotals()
 
-        def act(conn: Connection, locked: list[Job], now: float) -> None:
-            self.act_page(conn, locked, event, reason, hold, keep, now, totals)
+        def act(conn: Connection, chosen: list[Job], now: float, skip: bool) -> list[Change]:
+            return self.door.act(conn, [j.id for j in chosen], event.value, reason, hold,
+                                 skip_locked=skip, now=now)
 
-        self.in_pages(where, keep, act, totals, page=page, connection=connection)
+        self.in_pages(where, keep, act, totals, event, page=page, connection=connection)
         return totals
 
-    def in_pages(
-        self,
-        where: ColumnElement[bool],
-        keep: Callable[[Job], bool] | None,
-        work: Callable[[Connection, list[Job], float], None],
-        totals: ActTotals,
-        *,
-        page: int = PAGE,
-        connection: Connection | None = None,
-    ) -> None:
-        """Call `work` with each page of the unfinished jobs `where` selects that this session
-        may change, locked, in a transaction of its own: first the pages of the jobs nobody
-        else holds (SKIP LOCKED), then the skipped ones, waiting for them. The jobs the
-        policies hide (and `keep` keeps) are counted in `totals.denied`."""
+    def edit_where(self, where: ColumnElement[bool], name: str, text: str, *,
+                   keep: Callable[[Job], bool] | None = None, page: int = PAGE,
+                   now: float | None = None) -> ActTotals:
+        """condor_qedit `name` = `text` (checked: formats.edits.edit_target) of the jobs `where`
+        selects (and `keep` keeps), in pages: the waiting ones that this session may change
+        are edited (`success`), the others counted (`bad_status`: not waiting; `denied`: not
+        this session's)."""
+        totals = ActTotals()
+
+        def edit(conn: Connection, chosen: list[Job], at: float, skip: bool) -> list[Change]:
+            edited = [job.but(**edit_changes(job, name, text)) for job in chosen
+                      if job.status in EDITABLE]
+            return self.door.edit(conn, [j.id for j in chosen], name, text, edited,
+                                  skip_locked=skip, now=now or at)
+
+        self.in_pages(where, keep, edit, totals, None, page=page)
+        return totals
+
+    def in_pages(self, where: ColumnElement[bool], keep: Callable[[Job], bool] | None,
+                 work: PageWork, totals: ActTotals, event: Event | None, *, page: int = PAGE,
+                 connection: Connection | None = None) -> None:
+        """Call `work` with each page of the unfinished jobs `where` selects (and `keep`
+        keeps), in a transaction of its own: first every page, the jobs another transaction
+        holds skipped; then those, waiting for them. `totals` counts what the door did."""
         selected = [where, status_not_in(FINAL)]
         last, skipped = 0, list[int]()
         while True:
             with self.db.transaction(connection) as conn:
-                ids = list(conn.execute(select(jobs.c.id).where(*selected, jobs.c.id > last)
-                                        .order_by(jobs.c.id).limit(page)).scalars())
-                if not ids:
+                rows = self._page(conn, [*selected, jobs.c.id > last], page)
+                if not rows:
                     break
-                last = ids[-1]
-                locked = self._lock_page(conn, ids, skip_locked=True)
-                skipped.extend(i for i in ids if i not in locked)
-                work(conn, _unfinished(locked), time.time())
+                last = rows[-1].id
+                chosen = [job for job in rows if keep is None or keep(job)]
+                if chosen:
+                    changes = work(conn, chosen, time.time(), True)
+                    skipped += _count(changes, chosen, totals, event)
         for start in range(0, len(skipped), page):  # taken by someone else: wait for them
             chunk = skipped[start:start + page]
             with self.db.transaction(connection) as conn:
-                locked = self._lock_page(conn, chunk, skip_locked=False)
-                rest = [i for i in chunk if i not in locked]  # hidden by the policies
-                hidden = [Job.from_row(r._mapping) for r in conn.execute(
-                    select(jobs).where(self.transitions.id_in(rest), *selected)
-                    .order_by(jobs.c.id))]
-                names = [views.job_id(j) for j in hidden if keep is None or keep(j)]
-                totals.denied += len(names)
-                totals.denied_names += names[:SHOWN - len(totals.denied_names)]
-                work(conn, _unfinished(locked), time.time())
+                rows = self._page(conn, [*selected, jobs.c.id.in_(chunk)], page)
+                chosen = [job for job in rows if keep is None or keep(job)]
+                if chosen:
+                    _count(work(conn, chosen, time.time(), False), chosen, totals, event)
 
-    def _lock_page(self, conn: Connection, ids: Sequence[int], *, skip_locked: bool,
-                   ) -> dict[int, Job]:
-        """The jobs of `ids` this session may change, locked (those another transaction holds
-        are left out with `skip_locked`; the database's policies hide the others)."""
-        q = select(jobs).where(self.transitions.id_in(ids)).order_by(jobs.c.id)
-        q = q.with_for_update(skip_locked=skip_locked)
-        return {r.id: Job.from_row(r._mapping) for r in conn.execute(q)}
-
-    def act_page(self, conn: Connection, page: list[Job], event: Event, reason: str | None,
-                  hold: tuple[int, int], keep: Callable[[Job], bool] | None, now: float,
-                  totals: ActTotals) -> None:
-        groups: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Job]] = {}
-        events: list[dict[str, Any]] = []
-        every = self.db.listens_to_every_job()
-        for job in page:
-            if keep is not None and not keep(job):
-                continue
-            before = STATUS_OF[job.status]
-            if before not in _WAITING or winding_down(job, now) or job.release_pending:
-                totals.add(self.transitions.apply(conn, job, event, decide_args={}, now=now,
-                                       reason=reason, record_ignored=False, hold=hold), event)
-                continue
-            d = decide(event, before, attempts=job.attempts, max_attempts=job.max_attempts)
-            why = event_reason(reason, d)
-            if d.to_status is None:
-                totals.add(Outcome(job.id, event, before, before, False, reason=why,
-                                   name=views.job_id(job)), event)
-                continue
-            values, attrs = transition_values(job, d, now, why, hold=hold)
-            groups.setdefault((before.value, tuple(sorted(values.items()))), []).append(job)
-            row = event_row(job.id, event, before, d.to_status, now, attempt=job.claims,
-                            reason=why, attrs=attrs)
-            events.append(row)
-            if job.user_log or every:
-                note_event(conn, row, job)
-            totals.add(Outcome(job.id, event, before, d.to_status, True, reason=why,
-                               name=views.job_id(job)), event)
-        for (status, columns), group in groups.items():
-            ids = [j.id for j in group]
-            change = (update(jobs).where(self.transitions.id_in(ids), jobs.c.status == status)
-                      .values(dict(columns)))
-            if conn.execute(change).rowcount != len(ids):
-                raise RowChanged(f"{len(ids)} jobs changed under their {event}")
-        self.transitions.insert_events(conn, events)
+    @staticmethod
+    def _page(conn: Connection, where: Sequence[ColumnElement[bool]], page: int) -> list[Job]:
+        return [Job.from_row(r._mapping) for r in conn.execute(
+            public_jobs().where(*where).order_by(jobs.c.id).limit(page))]
 
 
-def _unfinished(locked: dict[int, Job]) -> list[Job]:
-    """The jobs of a page that have not finished since the page was read."""
-    return [job for job in locked.values() if job.status not in FINAL_VALUES]
+def _count(changes: list[Change], chosen: list[Job], totals: ActTotals,
+           event: Event | None) -> list[int]:
+    """Count what the door did to the jobs of a page; the ids it skipped."""
+    names = {job.id: views.job_id(job) for job in chosen}
+    skipped = []
+    for change in changes:
+        if change.kind == SKIPPED:
+            skipped.append(change.job_id)
+        elif change.kind == DENIED:
+            totals.deny(names.get(change.job_id, str(change.job_id)))
+        elif change.kind == ACTED:
+            outcome = outcome_of(change, names.get(change.job_id, ""))
+            if event is None:  # an edit: success, or not waiting
+                if change.pending:
+                    totals.success += 1
+                else:
+                    totals.bad_status += 1
+            else:
+                totals.add(outcome, event)
+    return skipped
+
+
+__all__ = ["PAGE", "SHOWN", "ActTotals", "PagedActions", "outcome_of", "total_kind"]

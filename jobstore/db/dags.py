@@ -1,14 +1,12 @@
-"""DAGs in the store (issue 31): DAGMan's work done in the transactions that change the jobs.
+"""DAGs in the store: DAGMan's work done by the job store itself.
 
-A DAG is queued whole, in one transaction: its own cluster id (the nodes' DAGManJobId), a
-`dags` row, a `dag_nodes` row per node and its jobs, which wait (status `waiting`, never
-claimable) until the node is released. The transaction that ends a node's last job decides the
-node (done: every job completed with exit code 0), releases the children whose parents are all
-done (within the DAG's throttles: -maxjobs, -maxidle, MAXJOBS per CATEGORY), makes the
-descendants of a failed node futile (their jobs removed, never run), stops the DAG on an
-ABORT-DAG-ON exit, releases the FINAL node once nothing else can run, and ends the DAG with
-DAGMan's result. The same happens whoever ends the job: a hook, the agent, `jobstore rm`, the
-policy pass or the reaper.
+A DAG is queued whole, in one transaction, through the door (backends.Door): its own cluster id
+(the nodes' DAGManJobId), a `dags` row, a `dag_nodes` row per node with a cluster of its own
+for its jobs, which wait (status `waiting`, never claimable) until the node is released. The
+transaction that ends a node's last job carries its DAG forward (the door's engine: the
+database's own on PostgreSQL, jobstore.db.dagengine on SQLite), whoever ends the job: a hook,
+the agent, `jobstore rm`, the policy pass or the reaper. This module queues DAGs and reads
+them.
 """
 
 from __future__ import annotations
@@ -18,32 +16,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import Connection, Table, and_, case, func, insert, select, update
+from sqlalchemy import Connection, func, select
 
 from jobstore.core.jobs import Job, NodeJobs
-from jobstore.core.states import FINAL_VALUES, Event, Status
-from jobstore.db.rows import event_row
-from jobstore.db.schema import (
-    clusters,
-    dag_categories,
-    dag_edges,
-    dag_nodes,
-    dags,
-    job_events,
-    jobs,
-)
+from jobstore.core.states import FINAL_VALUES
+from jobstore.db.backends import DAG, Door
+from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
+from jobstore.db.schema import dag_nodes, dags, job_events, jobs
 from jobstore.db.transactions import Transactions
-from jobstore.db.transitions import Transitions
 from jobstore.submit.dag import Dag
-
-# dag_nodes.status
-WAITING, READY, QUEUED, DONE, FAILED, FUTILE = (
-    "waiting", "ready", "queued", "done", "failed", "futile")
-UNFINISHED_NODES = (WAITING, READY, QUEUED)
-# DAGMan's DAG_Status
-DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
-# a DAG that has not ended
-LIVE = ("running", "held", "removing")
 
 # the jobs of the nodes to queue (those not DONE, not NOOP), for the DAG's id
 NodeSpecs = Callable[[int], Sequence[NodeJobs]]
@@ -79,32 +60,23 @@ class NodeEvent(NamedTuple):
 
 
 class NodeJobsQueue(Protocol):
-    """What the DAGs need of the store's submit: their nodes' jobs queued and removed, and
-    their rows inserted as a bulk submit inserts them."""
+    """What the DAGs need of the store's submit: their nodes' jobs queued into the clusters
+    made for them (jobstore.db.submissions)."""
 
-    def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
-                     queue: str, max_attempts: int, now: float,
-                     check: Callable[[Job], None] | None) -> dict[str, int]:
-        """The nodes' jobs, waiting, in `conn`: each node's cluster."""
-
-    def remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
-                         why: str) -> None:
-        """The unfinished jobs of `cluster_ids` removed in `conn` (as `jobstore rm`)."""
-
-    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-        """Insert many rows of one shape."""
+    def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs],
+                     clusters_of: dict[str, int], *, owner: str, queue: str,
+                     max_attempts: int, now: float,
+                     check: Callable[[Job], None] | None) -> None:
+        """The nodes' jobs, waiting, in `conn`."""
 
 
 class DagStore:
-    """Queue a DAG and carry its nodes forward (their jobs ended or started: Transitions tells
-    it, `follow_dags`); `nodes` queues and removes the nodes' jobs."""
+    """Queue, hold, release and remove DAGs through the door; read them."""
 
-    def __init__(self, db: Transactions, transitions: Transitions, nodes: NodeJobsQueue,
-                 ) -> None:
+    def __init__(self, db: Transactions, door: Door, nodes: NodeJobsQueue) -> None:
         self.db = db
-        self.transitions = transitions
+        self.door = door
         self.nodes = nodes
-        transitions.follow_dags(self)
 
     def submit_dag(self, dag: Dag, specs_of: NodeSpecs, *, owner: str, queue: str,
                    max_attempts: int, batch_name: str | None = None,
@@ -117,305 +89,29 @@ class DagStore:
         released at once."""
         now = time.time()
         with self.db.transaction(connection) as conn:
-            dag_id = conn.execute(insert(clusters).values(
-                owner=owner, queue=queue, submit_file=dag.path, num_procs=0,
-                submitted_at=now).returning(clusters.c.id)).scalar_one()
             config_jobs = _config_int(dag.config.get("DAGMAN_MAX_JOBS_SUBMITTED"))
             config_idle = _config_int(dag.config.get("DAGMAN_MAX_JOBS_IDLE"))
-            conn.execute(insert(dags).values(
-                id=dag_id, owner=owner, path=dag.path,
-                batch_name=batch_name or f"{dag.path.rsplit('/', 1)[-1]}+{dag_id}",
-                status="running", created_at=now, attrs=json.dumps(dag.job_attrs) or None,
+            dag_id = self.door.new_dag(
+                conn, owner=owner, queue=queue, path=dag.path, batch_name=batch_name,
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
-                max_idle=max_idle if max_idle is not None else config_idle))
-            clusters_of = self.nodes.submit_nodes(
-                conn, specs_of(dag_id), owner=owner, queue=queue, max_attempts=max_attempts,
-                now=now, check=check)
-            rows = []
-            for node in dag.nodes.values():
-                undone = [p for p in node.parents if not dag.nodes[p].done]
-                rows.append({
-                    "dag_id": dag_id, "name": node.name, "owner": owner,
-                    "cluster_id": clusters_of.get(node.name),
-                    "status": DONE if node.done else WAITING,
-                    "pending": len(undone), "priority": node.priority,
-                    "category": node.category, "abort_exit": node.abort_exit,
-                    "abort_return": node.abort_return, "final": node.final,
-                    "updated_at": now})
-            self.nodes.insert_rows(conn, dag_nodes, rows)
-            self.nodes.insert_rows(conn, dag_edges, [
-                {"dag_id": dag_id, "parent": p, "child": n.name, "owner": owner}
-                for n in dag.nodes.values() for p in n.parents])
-            if dag.maxjobs:
-                conn.execute(insert(dag_categories), [
-                    {"dag_id": dag_id, "name": name, "owner": owner, "maxjobs": n}
-                    for name, n in dag.maxjobs.items()])
-            conn.execute(update(dag_nodes).where(
-                dag_nodes.c.dag_id == dag_id, dag_nodes.c.status == WAITING,
-                dag_nodes.c.pending == 0, dag_nodes.c.final.is_(False)).values(status=READY))
-            self._advance(conn, dag_id, now)
+                max_idle=max_idle if max_idle is not None else config_idle,
+                attrs=dag.job_attrs, now=now)
+            groups = specs_of(dag_id)
+            procs = {}  # a node's jobs (a template's nodes are one each: none is read)
+            for group in groups:
+                for i, name in enumerate(group.names):
+                    procs[name] = 1 if group.template is not None else len(group.specs[i])
+            nodes = [{"name": node.name, "procs": procs.get(node.name, 0),
+                      "done": node.done, "priority": node.priority, "category": node.category,
+                      "abort_exit": node.abort_exit, "abort_return": node.abort_return,
+                      "final": node.final} for node in dag.nodes.values()]
+            edges = [(parent, node.name) for node in dag.nodes.values()
+                     for parent in node.parents]
+            clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)
+            self.nodes.submit_nodes(conn, groups, clusters_of, owner=owner, queue=queue,
+                                    max_attempts=max_attempts, now=now, check=check)
+            self.door.start_dag(conn, dag_id, now)
         return dag_id, clusters_of
-
-    # ---- a node's jobs ended -------------------------------------------------------------
-
-    def jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
-                    nodes: bool = False) -> None:
-        """Decide the nodes whose jobs `job_ids` just ended (in this transaction), and carry
-        their DAGs forward. `nodes`: they are DAG nodes' jobs (their ads say so)."""
-        ids = list(job_ids)
-        if not ids or not (nodes or self._any_dag(conn)):
-            return
-        found = conn.execute(
-            select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.cluster_id)
-            .join(jobs, jobs.c.cluster_id == dag_nodes.c.cluster_id)
-            .where(self.transitions.id_in(ids), dag_nodes.c.status == QUEUED).distinct()).all()
-        for dag_id, name, cluster_id in found:
-            verdict = self._node_verdict(conn, cluster_id)
-            if verdict is None:
-                continue  # other jobs of the node still run
-            self._node_ended(conn, dag_id, name, verdict, now)
-            self._advance(conn, dag_id, now)
-
-    def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
-        """A node's job left the idle ones: a DAG with -maxidle may release more nodes."""
-        dag_id = job.ad.get("DAGManJobId")
-        text = dag_id.get("expr") if isinstance(dag_id, dict) else dag_id
-        if not str(text).isdigit():
-            return
-        throttled = conn.execute(select(dags.c.id).where(
-            dags.c.id == int(str(text)), dags.c.status == "running",
-            dags.c.max_idle.is_not(None))).first()
-        if throttled is not None:
-            self._advance(conn, int(str(text)), now)
-
-    @staticmethod
-    def _any_dag(conn: Connection) -> bool:
-        """Is there a running DAG at all (one indexed read, so that a store without DAGs pays
-        nothing more per page of an rm)?"""
-        return conn.execute(select(dags.c.id).where(
-            dags.c.status.in_(LIVE)).limit(1)).first() is not None
-
-    @staticmethod
-    def _node_verdict(conn: Connection, cluster_id: int) -> int | None:
-        """None while a job of the node's cluster is unfinished; else the node's exit: 0 when
-        every job completed with exit code 0, else the first failing job's code (1 when it
-        has none: removed, held out, killed by a signal)."""
-        rows = conn.execute(select(jobs.c.status, jobs.c.exit_code, jobs.c.exit_by_signal)
-                            .where(jobs.c.cluster_id == cluster_id)
-                            .order_by(jobs.c.proc_id)).all()
-        if any(status not in FINAL_VALUES for status, _code, _signal in rows):
-            return None
-        for status, code, by_signal in rows:
-            if status != Status.COMPLETED or by_signal or code != 0:
-                return code if status == Status.COMPLETED and code and not by_signal else 1
-        return 0
-
-    def _node_ended(self, conn: Connection, dag_id: int, name: str, code: int,
-                    now: float) -> None:
-        node = conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                                    dag_nodes.c.name == name)
-                            .values(status=DONE if code == 0 else FAILED, exit_code=code,
-                                    updated_at=now)
-                            .returning(dag_nodes.c.abort_exit, dag_nodes.c.abort_return)).one()
-        if code == 0:
-            self._parents_done(conn, dag_id, [name], now)
-            return
-        self._make_futile(conn, dag_id, self._descendants(conn, dag_id, [name]), now,
-                          f"never run: its ancestor node {name} failed")
-        if node.abort_exit is not None and node.abort_exit == code:
-            self._abort(conn, dag_id, now, f"ABORT-DAG-ON: node {name} exited with {code}",
-                        DAG_ABORTED, node.abort_return if node.abort_return is not None
-                        else code)
-
-    def _parents_done(self, conn: Connection, dag_id: int, names: list[str],
-                      now: float) -> None:
-        """One parent fewer to wait for, for each child of `names`; those with none left are
-        ready."""
-        for name in names:
-            children = select(dag_edges.c.child).where(dag_edges.c.dag_id == dag_id,
-                                                        dag_edges.c.parent == name)
-            conn.execute(update(dag_nodes).where(
-                dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(children),
-                dag_nodes.c.status == WAITING).values(
-                pending=dag_nodes.c.pending - 1, updated_at=now,
-                status=case((dag_nodes.c.pending <= 1, READY), else_=WAITING)))
-
-    def _descendants(self, conn: Connection, dag_id: int, names: list[str]) -> list[str]:
-        edges: dict[str, list[str]] = {}
-        for parent, child in conn.execute(select(dag_edges.c.parent, dag_edges.c.child)
-                                          .where(dag_edges.c.dag_id == dag_id)):
-            edges.setdefault(parent, []).append(child)
-        seen: dict[str, None] = {}  # in the order found
-        todo = list(names)
-        while todo:
-            for child in edges.get(todo.pop(), []):
-                if child not in seen:
-                    seen[child] = None
-                    todo.append(child)
-        return list(seen)
-
-    def _make_futile(self, conn: Connection, dag_id: int, names: list[str], now: float,
-                     why: str) -> None:
-        """Nodes that will never run (not the FINAL node): their waiting jobs removed."""
-        if not names:
-            return
-        futile = list(conn.execute(select(dag_nodes.c.name, dag_nodes.c.cluster_id).where(
-            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(names),
-            dag_nodes.c.status.in_((WAITING, READY)), dag_nodes.c.final.is_(False))))
-        if not futile:
-            return
-        conn.execute(update(dag_nodes).where(
-            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_([n for n, _ in futile]))
-            .values(status=FUTILE, updated_at=now))
-        self._move_jobs(conn, [c for _, c in futile if c is not None], Event.NODE_FUTILE,
-                        Status.REMOVED, now, why)
-
-    def _move_jobs(self, conn: Connection, cluster_ids: list[int], event: Event, to: Status,
-                   now: float, why: str) -> None:
-        """Waiting jobs of `cluster_ids` to `to`, each with its event."""
-        if not cluster_ids:
-            return
-        moved = conn.execute(
-            select(jobs.c.id, jobs.c.claims).where(jobs.c.cluster_id.in_(cluster_ids),
-                                                    jobs.c.status == Status.WAITING)).all()
-        if not moved:
-            return
-        values: dict[str, Any] = {"status": to.value, "updated_at": now}
-        if to == Status.REMOVED:
-            values.update(finished_at=now, reason=why)
-        conn.execute(update(jobs).where(jobs.c.cluster_id.in_(cluster_ids),
-                                        jobs.c.status == Status.WAITING).values(values))
-        self.transitions.insert_events(conn, [
-            event_row(job_id, event, Status.WAITING, to, now, attempt=claims, reason=why)
-            for job_id, claims in moved], dags_too=False)
-
-    def _abort(self, conn: Connection, dag_id: int, now: float, why: str, dag_status: int,
-               code: int | None) -> None:
-        """Stop a DAG: what has not run never will (the FINAL node still runs), its queued
-        nodes' unfinished jobs are removed."""
-        conn.execute(update(dags).where(dags.c.id == dag_id).values(
-            dag_status=dag_status, exit_code=code))
-        waiting = list(conn.execute(select(dag_nodes.c.name).where(
-            dag_nodes.c.dag_id == dag_id, dag_nodes.c.status.in_((WAITING, READY)),
-            dag_nodes.c.final.is_(False))).scalars())
-        self._make_futile(conn, dag_id, waiting, now, f"never run: {why}")
-        queued = list(conn.execute(select(dag_nodes.c.cluster_id).where(
-            dag_nodes.c.dag_id == dag_id, dag_nodes.c.status == QUEUED,
-            dag_nodes.c.final.is_(False))).scalars())
-        if queued:
-            self.nodes.remove_node_jobs(conn, queued, now, why)
-
-    # ---- releasing ready nodes -----------------------------------------------------------
-
-    def _advance(self, conn: Connection, dag_id: int, now: float) -> None:
-        """Release the ready nodes the DAG's throttles allow (a NOOP node is done at once),
-        then release the FINAL node or end the DAG when nothing else can run."""
-        dag = conn.execute(select(dags).where(dags.c.id == dag_id)).one()
-        if dag.status not in ("running", "removing"):
-            return  # held: nothing released until it is released; or ended
-        while dag.status == "running" and self._release_ready(conn, dag, now):
-            pass
-        left = conn.execute(select(dag_nodes.c.final, dag_nodes.c.status, func.count())
-                            .where(dag_nodes.c.dag_id == dag_id,
-                                   dag_nodes.c.status.in_(UNFINISHED_NODES))
-                            .group_by(dag_nodes.c.final, dag_nodes.c.status)).all()
-        if any(not final for final, _status, _n in left):
-            return
-        if any(s in (WAITING, READY) for _final, s, _n in left):  # the FINAL node's turn
-            conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                                 dag_nodes.c.final.is_(True))
-                         .values(status=READY, pending=0))
-            self._release_ready(conn, dag, now, final=True)
-            if self._unfinished(conn, dag_id):
-                return
-        elif left:
-            return  # the FINAL node runs
-        self._end(conn, dag, now)
-
-    @staticmethod
-    def _unfinished(conn: Connection, dag_id: int) -> bool:
-        return conn.execute(select(func.count()).where(
-            dag_nodes.c.dag_id == dag_id,
-            dag_nodes.c.status.in_(UNFINISHED_NODES))).scalar_one() > 0
-
-    def _release_ready(self, conn: Connection, dag: Any, now: float, *,
-                       final: bool = False) -> bool:
-        """Release what the throttles allow of the ready nodes, best priority first; whether a
-        NOOP node was done (its children may be ready now)."""
-        ready = conn.execute(select(dag_nodes).where(
-            dag_nodes.c.dag_id == dag.id, dag_nodes.c.status == READY,
-            dag_nodes.c.final.is_(final)).order_by(
-            dag_nodes.c.priority.desc(), dag_nodes.c.name)).all()
-        if not ready:
-            return False
-        queued: dict[str | None, int] = dict(conn.execute(select(dag_nodes.c.category,
-                                                                 func.count()).where(
-            dag_nodes.c.dag_id == dag.id, dag_nodes.c.status == QUEUED)
-            .group_by(dag_nodes.c.category)).all())
-        total = sum(queued.values())
-        limits = dict(conn.execute(select(dag_categories.c.name, dag_categories.c.maxjobs)
-                                   .where(dag_categories.c.dag_id == dag.id)).all())
-        idle = 0
-        if dag.max_idle is not None:
-            idle = conn.execute(select(func.count()).select_from(jobs).join(
-                dag_nodes, and_(dag_nodes.c.cluster_id == jobs.c.cluster_id,
-                                dag_nodes.c.dag_id == dag.id))
-                .where(jobs.c.status == Status.IDLE)).scalar_one()
-        released, noop_done = [], []
-        for node in ready:
-            if node.cluster_id is None:
-                noop_done.append(node.name)
-                continue
-            if not final:
-                if dag.max_jobs is not None and total >= dag.max_jobs:
-                    break
-                if dag.max_idle is not None and idle >= dag.max_idle:
-                    break
-                if node.category in limits and queued.get(node.category, 0) >= limits[
-                        node.category]:
-                    continue
-            released.append(node)
-            total += 1
-            queued[node.category] = queued.get(node.category, 0) + 1
-            if dag.max_idle is not None:
-                idle += self._count_jobs(conn, node.cluster_id)
-        if released:
-            conn.execute(update(dag_nodes).where(
-                dag_nodes.c.dag_id == dag.id, dag_nodes.c.status == READY,
-                dag_nodes.c.name.in_([n.name for n in released]))
-                .values(status=QUEUED, updated_at=now))
-            self._move_jobs(conn, [n.cluster_id for n in released], Event.NODE_READY,
-                            Status.IDLE, now, "its parents are done")
-        if noop_done:
-            conn.execute(update(dag_nodes).where(
-                dag_nodes.c.dag_id == dag.id, dag_nodes.c.name.in_(noop_done))
-                .values(status=DONE, exit_code=0, updated_at=now))
-            self._parents_done(conn, dag.id, noop_done, now)
-        return bool(noop_done)
-
-    @staticmethod
-    def _count_jobs(conn: Connection, cluster_id: int) -> int:
-        return conn.execute(select(func.count()).where(
-            jobs.c.cluster_id == cluster_id)).scalar_one()
-
-    def _end(self, conn: Connection, dag: Any, now: float) -> None:
-        """DAGMan's result: the FINAL node's when there is one, else failed when any node
-        failed or never ran."""
-        nodes = conn.execute(select(dag_nodes.c.status, dag_nodes.c.final,
-                                    dag_nodes.c.exit_code)
-                             .where(dag_nodes.c.dag_id == dag.id)).all()
-        final = [n for n in nodes if n.final]
-        ok = (final[0].status == DONE) if final else all(n.status == DONE for n in nodes)
-        dag_status = dag.dag_status or (DAG_OK if ok else DAG_NODE_FAILED)
-        if final and ok and dag.status != "removing":
-            dag_status = DAG_OK
-        code = 0 if ok and dag.status != "removing" else (
-            dag.exit_code if dag.exit_code is not None else 1)
-        status = "removed" if dag.status == "removing" else "completed" if ok else "failed"
-        conn.execute(update(dags).where(dags.c.id == dag.id).values(
-            status=status, dag_status=dag_status, exit_code=code, finished_at=now))
-
-    # ---- the DAG as a whole (hold, release, rm) ------------------------------------------
 
     def dag_of(self, dag_id: int) -> Any | None:
         """The `dags` row of a DAGManJobId (None: not a DAG this session sees)."""
@@ -491,28 +187,16 @@ class DagStore:
     def pause_dag(self, dag_id: int, held: bool) -> bool:
         """Hold (no node released until it is released) or release a running DAG, as
         condor_hold and condor_release of DAGMan's job do; whether it changed."""
-        now = time.time()
         with self.db.transaction() as conn:
-            before, after = ("running", "held") if held else ("held", "running")
-            changed = conn.execute(update(dags).where(dags.c.id == dag_id,
-                                                      dags.c.status == before)
-                                   .values(status=after)).rowcount == 1
-            if changed and not held:
-                self._advance(conn, dag_id, now)
-        return changed
+            changes = self.door.pause_dag(conn, dag_id, held, time.time())
+        return any(c.kind == DAG for c in changes)
 
     def remove_dag(self, dag_id: int, why: str = "the DAG was removed") -> bool:
         """condor_rm of DAGMan's job: the nodes that have not run never will, the queued ones'
         jobs are removed, and the DAG ends (removed; its FINAL node still runs)."""
-        now = time.time()
         with self.db.transaction() as conn:
-            dag = conn.execute(select(dags).where(dags.c.id == dag_id)).first()
-            if dag is None or dag.status not in ("running", "held"):
-                return False
-            conn.execute(update(dags).where(dags.c.id == dag_id).values(status="removing"))
-            self._abort(conn, dag_id, now, why, DAG_REMOVED, 1)
-            self._advance(conn, dag_id, now)
-        return True
+            changes = self.door.remove_dag(conn, dag_id, why, time.time())
+        return any(c.kind == DAG for c in changes)
 
 
 def _config_int(text: str | None) -> int | None:

@@ -6,10 +6,11 @@ far less: read the queue, write events, and change only the columns a claim, a t
 report changes. Never the owner, the command, the queue, the submitted ad, the user log path or
 any other column that submit decides: even an agent that was talked into it cannot.
 
-A submitter (`jobstore grant-user`) connects as her own role: she may read everything, queue
-jobs and act on jobs, and the row-level security of migration 0012 limits which: only as the
-account the database says she is (or those a queue super user may impersonate), only her own
-jobs (or every job, for a super user).
+A submitter (`jobstore grant-user`) connects as her own role: she may read everything but an
+attempt's token, and write nothing but through the door's functions (migration 0019), which
+take her account from the session and check every value she stores: only as the account the
+database says she is (or those a queue super user may impersonate), only her own jobs (or
+every job, for a super user), only the accounting groups the admin's map grants her.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import CHANGE_COLUMNS
 from jobstore.db.backends import backend_for
+from jobstore.db.schema import jobs
 from jobstore.db.sql import GRANT_TARGETS, QUERIES
 from jobstore.errors import InvalidInput
 
@@ -57,7 +60,8 @@ HOOK_UPDATE_COLUMNS = (
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
           "grant_accountant", "grant_passes", "grant_slots", "grant_events", "grant_sequence",
-          "grant_files", "grant_files_sequence", "grant_store_limits",
+          "grant_files", "grant_files_sequence", "grant_store_limits", "grant_dag_engine",
+          "grant_notify_key",
           "grant_agent_drop_update_policy", "grant_agent_update_policy",
           "grant_agent_drop_event_policy", "grant_agent_event_policy",
           "grant_agent_drop_files_policy", "grant_agent_files_policy",
@@ -66,21 +70,29 @@ GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_l
           *(f"grant_agent{drop}_{table}_policy" for table in (
               "dags", "dag_nodes", "dag_edges", "dag_categories") for drop in ("_drop", "")))
 
-# Columns of `jobs` a submitter may change on the jobs she may act on: what hold, release, rm
-# and condor_qedit write (a hold or rm ends an attempt: its token, lease and wall clock). Never
-# the ids, the owner, the queue, the claim (claims, slot, host, keyword), the slot's weight that
-# fair share counts, or the usage and exit a slot reported.
-USER_UPDATE_COLUMNS = (
-    "priority", "ad", "cmd", "request_cpus", "request_memory", "request_disk",
-    "requirements", "max_attempts", "success_exit_code", "retry_until", "max_retries",
-    "user_log", "submitter", "concurrency_limits", "autocluster_id", "periodic",
-    "reason", "hold_code", "hold_subcode", "num_holds", "release_pending",
-    "winding_down_until", "attempts", "token", "finished_at", "wall_clock",
-    "lease_expires_at", "updated_at", "status", "lease_renewed_until",
+# What `jobstore grant-user` gives a submitter's role, in order: reads, and the door.
+USER_GRANTS = ("user_revoke", "user_revoke_sequences", "grant_schema", "user_read",
+               "user_read_jobs", "user_door")
+# The door's functions (migration 0019): every write a submitter makes is one of them.
+DOOR_FUNCTIONS = (
+    "jobstore_new_cluster(text, text, text, integer, text, double precision)",
+    "jobstore_queue_jobs(bigint, json, double precision)",
+    "jobstore_queue_procs(bigint, bigint[], json, integer, json, json, integer, integer,"
+    " double precision)",
+    "jobstore_store_file(text, text, bigint)",
+    "jobstore_store_chunk(text, text, integer, bytea)",
+    "jobstore_add_inputs(bigint, integer, json)",
+    "jobstore_act(bigint[], text, text, integer, integer, boolean, double precision)",
+    "jobstore_edit(bigint[], text, text, text[], boolean, double precision)",
+    "jobstore_set_factor(text, double precision)",
+    "jobstore_reset_usage(text, double precision)",
+    "jobstore_new_dag(text, text, text, text, integer, integer, json, double precision)",
+    "jobstore_dag_nodes(bigint, json, json, json, double precision)",
+    "jobstore_start_dag(bigint, double precision)",
+    "jobstore_pause_dag(bigint, boolean, double precision)",
+    "jobstore_remove_dag(bigint, text, double precision)",
 )
-USER_GRANTS = ("user_revoke", "grant_schema", "user_read", "user_submit", "user_files",
-               "user_store_limits", "user_dags", "user_submitters", "user_act",
-               "user_sequences_grant")
+SECRET_COLUMNS = ("token",)  # of jobs: never a submitter's to read
 # A role name as PostgreSQL takes it unquoted or quoted; nothing that needs escaping in a message.
 ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@-]{0,62}")
 
@@ -93,6 +105,8 @@ class UserRights:
     super_user: bool = False
     may_impersonate: str | None = None  # a regular expression, as QUEUE_SUPER_USER_MAY_IMPERSONATE
     admin: bool = False
+    # the accounting groups its account's jobs may be charged to (`accounting_group = G`)
+    accounting_groups: tuple[str, ...] = ()
 
 
 def hook_role_statements(engine: Engine, role: str) -> list[str]:
@@ -123,40 +137,43 @@ def grant_hook_role(engine: Engine, role: str) -> list[str]:
 
 
 def user_role_statements(engine: Engine, role: str, rights: UserRights) -> list[str]:
-    """The statements that let `role` submit, read, and act on what its rights allow."""
+    """The statements that let `role` read the queue and write through the door (what it may
+    do there, its rights say: `user_register`)."""
     quote = backend_for(engine).quote()
     if not ROLE_NAME.fullmatch(role):
         raise InvalidInput(f"{role!r} is not a role name jobstore grants")
     if rights.may_impersonate is not None and not rights.super_user:
         raise InvalidInput("--may-impersonate is for a queue super user (--super-user)")
+    for group in rights.accounting_groups:
+        check_group_name("--accounting-group", group)
     with engine.connect() as conn:
-        schema = conn.execute(GRANT_TARGETS).mappings().one()["schema"]
-        found = conn.execute(QUERIES["user_sequences"].clause).mappings().one()
+        found = conn.execute(GRANT_TARGETS).mappings().one()
         if rights.may_impersonate is not None:
             _check_pattern(conn, rights.may_impersonate)
-    if any(v is None for v in found.values()):
+    if found["sequence"] is None:
         raise InvalidInput("the job store's tables are missing: run `jobstore init` first")
     names = {
         "role": quote(role),
-        "schema": quote(schema),
-        "sequences": ", ".join(str(v) for v in found.values()),
-        "columns": ", ".join(quote(c) for c in USER_UPDATE_COLUMNS),
+        "schema": quote(found["schema"]),
+        "readable": ", ".join(quote(c.name) for c in jobs.c if c.name not in SECRET_COLUMNS),
+        "door": ", ".join(DOOR_FUNCTIONS),
     }
-    out = [QUERIES[name].sql.format(**names) for name in USER_GRANTS]
-    if rights.admin:
-        out.append(QUERIES["user_admin"].sql.format(**names))
-    return out
+    return [QUERIES[name].sql.format(**names) for name in USER_GRANTS]
 
 
 def _check_pattern(conn: Connection, pattern: str) -> None:
-    """ValueError unless the database takes `pattern` as jobstore_may_submit_as will use it
-    (PostgreSQL's regular expressions, not Python's)."""
+    """InvalidInput unless `pattern` is one regular expression PostgreSQL takes, alone and
+    as the whole-name match jobstore_may_submit_as makes of it."""
     try:
-        conn.exec_driver_sql(QUERIES["user_check_pattern"].sql, {"pattern": pattern})
+        valid = conn.exec_driver_sql(QUERIES["user_check_pattern"].sql,
+                                     {"pattern": pattern}).scalar()
     except DBAPIError as exc:
         first = str(exc.orig).strip().splitlines()[0]
-        raise InvalidInput(f"--may-impersonate is not a regular expression PostgreSQL takes: "
-                           f"{first}") from None
+        raise InvalidInput(f"--may-impersonate: {first}") from None
+    if not valid:
+        raise InvalidInput(f"--may-impersonate {pattern!r} is not one regular expression "
+                           "PostgreSQL takes as a whole account name (its parentheses and "
+                           "escapes must stand on their own)")
 
 
 def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
@@ -168,6 +185,9 @@ def grant_user_role(engine: Engine, role: str, rights: UserRights) -> list[str]:
         conn.exec_driver_sql(QUERIES["user_register"].sql, {
             "role": role, "account": rights.account, "super_user": rights.super_user,
             "may_impersonate": rights.may_impersonate, "admin": rights.admin})
+        for group in rights.accounting_groups:
+            conn.exec_driver_sql(QUERIES["user_accounting_group"].sql, {
+                "account": rights.account or role, "name": group})
     return statements
 
 

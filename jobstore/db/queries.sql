@@ -1,8 +1,10 @@
 -- The hand-written statements of the job store, by name; everything else is built with
--- SQLAlchemy Core from jobstore.db.schema. Each statement: `-- name: NAME`, a one-line
--- `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's text()),
--- except in the statements of PostgreSQL's hot path (the transaction's start, the claim, the
--- reports), which run straight on psycopg (jobstore.db.driver) with its `%(name)s`.
+-- SQLAlchemy Core from jobstore.db.schema, and the database's own functions (the door, the
+-- DAG engine, the checks) are in the migrations' .sql files. Each statement: `-- name: NAME`,
+-- a one-line `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's
+-- text()), except in the statements of PostgreSQL's hot path (the transaction's start, the
+-- claim, the reports) and the door's calls, which run straight on psycopg
+-- (jobstore.db.backends.postgresql.driver) with its `%(name)s`.
 -- The literal statuses, phases and events are jobstore.core.states' values (tests/test_sql.py checks).
 
 -- name: idle_autoclusters
@@ -164,6 +166,14 @@ SELECT * FROM unnest(%(job_id)s::bigint[], %(time)s::float8[], %(event)s::text[]
 -- for one that rolls back.
 SELECT pg_notify(%(channel)s, %(payload)s);
 
+-- name: notify_signed
+-- Tell the agents when this transaction commits, signed (migration 0019: jobstore_sign).
+SELECT pg_notify(%(channel)s, jobstore_sign(%(payload)s));
+
+-- name: notify_key
+-- The key the agents check the signed notifications with (jobstore.db.channels).
+SELECT key FROM notify_keys WHERE name = 'notify';
+
 -- name: listen_events
 -- Follow the job store's notification channel (jobstore.db.channels.CHANNEL) on this connection.
 LISTEN jobstore_events;
@@ -240,7 +250,8 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
-    dag_nodes, dag_edges, dag_categories FROM {role};
+    dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys
+    FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -317,40 +328,51 @@ DROP POLICY IF EXISTS {policy} ON job_files;
 CREATE POLICY {policy} ON job_files TO {role} USING (true) WITH CHECK (true);
 
 -- name: grant_dags
--- Carry the DAGs forward in the transactions that end their nodes' jobs (jobstore.db.dags).
-GRANT SELECT, UPDATE, DELETE ON dags, dag_nodes, dag_edges, dag_categories TO {role};
+-- Read the DAGs (the database's engine carries them forward: grant_dag_engine).
+GRANT SELECT ON dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
+    accounting_groups TO {role};
+
+-- name: grant_dag_engine
+-- Carry the DAGs of the jobs a transition ends forward, in its transaction, and sign the
+-- notifications the agents act on (migration 0019).
+GRANT EXECUTE ON FUNCTION jobstore_dag_jobs_ended(bigint[], double precision),
+    jobstore_dag_node_started(bigint, double precision), jobstore_sign(text) TO {role};
+
+-- name: grant_notify_key
+-- Read the key that signs the notifications the agents act on (jobstore.db.channels).
+GRANT SELECT ON notify_keys TO {role};
 
 -- name: grant_agent_drop_dags_policy
 -- Make the agent's row-level security policy on dags again.
 DROP POLICY IF EXISTS {policy} ON dags;
 
 -- name: grant_agent_dags_policy
--- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
-CREATE POLICY {policy} ON dags TO {role} USING (true) WITH CHECK (true);
+-- The agent's role reads every DAG (migration 0017).
+CREATE POLICY {policy} ON dags FOR SELECT TO {role} USING (true);
 
 -- name: grant_agent_drop_dag_nodes_policy
 -- Make the agent's row-level security policy on dag_nodes again.
 DROP POLICY IF EXISTS {policy} ON dag_nodes;
 
 -- name: grant_agent_dag_nodes_policy
--- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
-CREATE POLICY {policy} ON dag_nodes TO {role} USING (true) WITH CHECK (true);
+-- The agent's role reads every DAG's nodes (migration 0017).
+CREATE POLICY {policy} ON dag_nodes FOR SELECT TO {role} USING (true);
 
 -- name: grant_agent_drop_dag_edges_policy
 -- Make the agent's row-level security policy on dag_edges again.
 DROP POLICY IF EXISTS {policy} ON dag_edges;
 
 -- name: grant_agent_dag_edges_policy
--- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
-CREATE POLICY {policy} ON dag_edges TO {role} USING (true) WITH CHECK (true);
+-- The agent's role reads every DAG's dependencies (migration 0017).
+CREATE POLICY {policy} ON dag_edges FOR SELECT TO {role} USING (true);
 
 -- name: grant_agent_drop_dag_categories_policy
 -- Make the agent's row-level security policy on dag_categories again.
 DROP POLICY IF EXISTS {policy} ON dag_categories;
 
 -- name: grant_agent_dag_categories_policy
--- The agent's role carries every DAG forward as the jobs of its nodes end (migration 0017).
-CREATE POLICY {policy} ON dag_categories TO {role} USING (true) WITH CHECK (true);
+-- The agent's role reads every DAG's throttles (migration 0017).
+CREATE POLICY {policy} ON dag_categories FOR SELECT TO {role} USING (true);
 
 -- name: grant_agent_drop_update_policy
 -- Make the agent's row-level security policy on jobs again (`{policy}`: its name).
@@ -369,69 +391,43 @@ DROP POLICY IF EXISTS {policy} ON job_events;
 -- The agent's role may record an event of every job (migration 0012).
 CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
 
--- name: user_sequences
--- The sequences behind the ids a submit takes (jobstore grant-user).
-SELECT pg_get_serial_sequence('clusters', 'id') AS clusters,
-       pg_get_serial_sequence('jobs', 'id') AS jobs,
-       pg_get_serial_sequence('job_events', 'id') AS job_events,
-       pg_get_serial_sequence('autoclusters', 'id') AS autoclusters,
-       pg_get_serial_sequence('job_files', 'id') AS job_files;
-
--- The grants of `jobstore grant-user ROLE`, in this order (after grant_schema); the row-level
--- security policies of migration 0012 decide which rows: only jobs the session may submit as
--- or act on. `{sequences}` is the list user_sequences found.
+-- The grants of `jobstore grant-user ROLE`, in this order (after grant_schema): a submitter
+-- reads, and writes only through the door's functions (migration 0019), which check her
+-- rights and every value; `{readable}` is every column of jobs but the attempt's token,
+-- `{door}` the door's functions.
 
 -- name: user_revoke
--- Start the submitter's role from nothing on the job store's tables.
+-- Start the submitter's role from nothing on the job store's tables and sequences.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
-    store_limits, dags, dag_nodes, dag_edges, dag_categories FROM {role};
+    store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
+    accounting_groups, notify_keys FROM {role};
+
+-- name: user_revoke_sequences
+-- ... and on their sequences (a submitter takes no id herself: the door's functions do).
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role};
 
 -- name: user_read
--- Read the queue and the history, as condor_q and condor_history may.
-GRANT SELECT ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
-    submitters, passes, queue_roles, slots TO {role};
+-- Read the queue and the history, as condor_q and condor_history may (the policies of
+-- migrations 0015 and 0017 show each owner only her own files and DAGs).
+GRANT SELECT ON clusters, job_events, autoclusters, autocluster_limits, concurrency_limits,
+    submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
+    store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
+    accounting_groups TO {role};
 
--- name: user_submit
--- Queue clusters of jobs, their autoclusters, limits and submit events.
-GRANT INSERT ON clusters, jobs, job_events, autoclusters, autocluster_limits,
-    concurrency_limits TO {role};
+-- name: user_read_jobs
+-- Read every column of the jobs but the attempt's token (it names the attempt's sandbox).
+GRANT SELECT ({readable}) ON jobs TO {role};
 
--- name: user_files
--- Store the input files of the jobs the role submits and read back her own jobs' files (the
--- policies of migration 0015 show each owner only hers).
-GRANT SELECT, INSERT ON sandbox_files, sandbox_chunks, job_files TO {role};
-
--- name: user_store_limits
--- Read the limits on what a submit may store, to refuse an input too large before sending it.
-GRANT SELECT ON store_limits TO {role};
-
--- name: user_submitters
--- A submitter's accounting row where it is missing: its name only (never a factor or usage).
-GRANT INSERT (name, updated_at) ON submitters TO {role};
-
--- name: user_dags
--- Queue her DAGs, and carry them forward when she removes, holds or releases (the policies of
--- migration 0017 show each owner only hers).
-GRANT SELECT, INSERT, UPDATE ON dags, dag_nodes, dag_edges, dag_categories TO {role};
-
--- name: user_act
--- Hold, release, remove and edit the jobs the policies let the role act on; never their ids,
--- owner, queue, attempts or the usage a slot reported.
-GRANT UPDATE ({columns}) ON jobs TO {role};
-
--- name: user_sequences_grant
--- Take the ids of new clusters, jobs, events and autoclusters.
-GRANT USAGE ON SEQUENCE {sequences} TO {role};
-
--- name: user_admin
--- condor_userprio's changes (-setfactor, -resetusage): the queue's administrators only.
-GRANT UPDATE ON submitters TO {role};
+-- name: user_door
+-- Submit, hold, release, remove, edit, queue DAGs and (the admin's) condor_userprio through
+-- the door's functions, which decide what the session may do.
+GRANT EXECUTE ON FUNCTION {door} TO {role};
 
 -- name: user_check_pattern
--- Whether the database takes a --may-impersonate pattern, anchored as jobstore_may_submit_as
--- anchors it (an invalid one raises).
-SELECT '' ~ ('^(?:' || %(pattern)s || ')$') AS matched;
+-- Whether a --may-impersonate pattern is one regular expression alone and anchored as
+-- jobstore_may_submit_as anchors it (a whole-name match; migration 0019).
+SELECT jobstore_valid_pattern(%(pattern)s::text) AS valid;
 
 -- name: user_register
 -- Record the role's rights (read by the database's functions: jobstore_account, ...).
@@ -444,14 +440,109 @@ ON CONFLICT (role) DO UPDATE SET account = excluded.account, super_user = exclud
 -- Forget a role's rights (jobstore revoke-user).
 DELETE FROM queue_roles WHERE role = %(role)s;
 
+-- name: user_accounting_group
+-- Let an account's jobs be charged to an accounting group (the admin's map, migration 0019).
+INSERT INTO accounting_groups (account, name) VALUES (%(account)s, %(name)s)
+ON CONFLICT DO NOTHING;
+
 -- name: session_identity
 -- Who this session is, as the database decides (migration 0012): its OS account, whether it
 -- owns the store and whether it is a queue super user.
 SELECT jobstore_account() AS account, jobstore_trusted() AS trusted,
        jobstore_super_user() AS super_user;
 
+-- name: reads_tokens
+-- Whether this session may read an attempt's token (a submitter's role may not: migration 0019).
+SELECT has_column_privilege('jobs', 'token', 'SELECT');
+
 -- name: file_chunks
 -- A range of one owner's sandbox file, its chunks in order (PostgreSQL, read in binary).
 SELECT data FROM sandbox_chunks
 WHERE owner = %(owner)s AND sha256 = %(sha256)s AND seq BETWEEN %(first)s AND %(last)s
 ORDER BY seq;
+
+-- The door into the queue (migration 0019): each statement calls one of the database's own
+-- functions, which check the session's rights and every value (jobstore.db.backends.postgresql.door).
+
+-- name: door_new_cluster
+-- A new cluster, or the one a submit of the owner's with the same idempotency key made.
+SELECT cluster_id, created FROM jobstore_new_cluster(%(owner)s::text, %(queue)s::text,
+    %(submit_file)s::text, %(num_procs)s::integer, %(key)s::text, %(now)s::float8);
+
+-- name: door_queue_jobs
+-- Queue jobs (a JSON array) with their submit events: their ids in order.
+SELECT id FROM jobstore_queue_jobs(%(cluster)s::bigint, %(jobs)s::json, %(now)s::float8) AS id;
+
+-- name: door_queue_procs
+-- Queue procs first to last of a templated cluster: their ids in proc order.
+SELECT id FROM jobstore_queue_procs(%(cluster)s::bigint, %(clusters)s::bigint[], %(job)s::json,
+    %(per_item)s::integer, %(counters)s::json, %(items)s::json, %(first)s::integer,
+    %(last)s::integer, %(now)s::float8) AS id;
+
+-- name: door_store_file
+-- Register an input file of the owner's: whether it is new.
+SELECT jobstore_store_file(%(owner)s::text, %(sha256)s::text, %(size)s::bigint);
+
+-- name: door_store_chunk
+-- One chunk of a new input file.
+SELECT jobstore_store_chunk(%(owner)s::text, %(sha256)s::text, %(seq)s::integer,
+    %(data)s::bytea);
+
+-- name: door_add_inputs
+-- A cluster's or one proc's input files (a JSON array of name, sha256, mode).
+SELECT jobstore_add_inputs(%(cluster)s::bigint, %(proc)s::integer, %(files)s::json);
+
+-- name: door_act
+-- Hold, release or remove jobs: what it did to each (jobstore_change rows).
+SELECT * FROM jobstore_act(%(ids)s::bigint[], %(event)s::text, %(reason)s::text,
+    %(code)s::integer, %(subcode)s::integer, %(skip_locked)s::boolean, %(now)s::float8);
+
+-- name: door_edit
+-- condor_qedit of jobs: what it did to each (jobstore_change rows).
+SELECT * FROM jobstore_edit(%(ids)s::bigint[], %(name)s::text, %(text)s::text,
+    %(signatures)s::text[], %(skip_locked)s::boolean, %(now)s::float8);
+
+-- name: door_set_factor
+-- condor_userprio -setfactor.
+SELECT jobstore_set_factor(%(name)s::text, %(factor)s::float8);
+
+-- name: door_reset_usage
+-- condor_userprio -resetusage, -resetall (name NULL).
+SELECT jobstore_reset_usage(%(name)s::text, %(now)s::float8);
+
+-- name: door_new_dag
+-- A DAG's own cluster and row.
+SELECT jobstore_new_dag(%(owner)s::text, %(queue)s::text, %(path)s::text,
+    %(batch_name)s::text, %(max_jobs)s::integer, %(max_idle)s::integer, %(attrs)s::json,
+    %(now)s::float8);
+
+-- name: door_dag_nodes
+-- A new DAG's nodes, dependencies and throttles: each node's cluster.
+SELECT name, cluster_id FROM jobstore_dag_nodes(%(dag)s::bigint, %(nodes)s::json,
+    %(edges)s::json, %(categories)s::json, %(now)s::float8);
+
+-- name: door_start_dag
+-- Release the nodes of a queued DAG that wait for no parent.
+SELECT * FROM jobstore_start_dag(%(dag)s::bigint, %(now)s::float8);
+
+-- name: door_pause_dag
+-- Hold or release a DAG.
+SELECT * FROM jobstore_pause_dag(%(dag)s::bigint, %(held)s::boolean, %(now)s::float8);
+
+-- name: door_remove_dag
+-- Remove a DAG.
+SELECT * FROM jobstore_remove_dag(%(dag)s::bigint, %(why)s::text, %(now)s::float8);
+
+-- name: dag_jobs_ended
+-- Carry the DAGs of jobs that ended in this transaction forward (the database's engine).
+SELECT * FROM jobstore_dag_jobs_ended(%(ids)s::bigint[], %(now)s::float8);
+
+-- name: dag_node_started
+-- A DAG node's job started: a DAG with -maxidle may release more nodes.
+SELECT * FROM jobstore_dag_node_started(%(dag)s::bigint, %(now)s::float8);
+
+-- name: noted_jobs
+-- The jobs whose events a commit listener wants (with a user log, or every one), without the
+-- attempt's token; {columns}: every other column of jobs.
+SELECT {columns}, NULL::text AS token FROM jobs
+WHERE id = ANY(%(ids)s::bigint[]) AND (%(every)s::boolean OR user_log IS NOT NULL);

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Select, case, func, null, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Select, case, func, null, or_, select, tuple_
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
@@ -58,8 +58,9 @@ class JobReads:
         self.db = db
 
     def get_job(self, job_id: int) -> Job:
+        """The job `job_id` (UnknownJob), its attempt's token where the session may read it."""
         with self.db.transaction() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            row = conn.execute(self._jobs(conn).where(jobs.c.id == job_id)).first()
         if row is None:
             raise UnknownJob(job_id)
         return Job.from_row(row._mapping)
@@ -95,11 +96,17 @@ class JobReads:
         )
 
     def find_jobs(self, cluster_id: int, proc_id: int | None = None) -> list[Job]:
-        q = select(jobs).where(jobs.c.cluster_id == cluster_id)
-        if proc_id is not None:
-            q = q.where(jobs.c.proc_id == proc_id)
+        """The jobs of a cluster (or one proc), as get_job reads them."""
         with self.db.transaction() as conn:
+            q = self._jobs(conn).where(jobs.c.cluster_id == cluster_id)
+            if proc_id is not None:
+                q = q.where(jobs.c.proc_id == proc_id)
             return [Job.from_row(r._mapping) for r in conn.execute(q.order_by(jobs.c.id))]
+
+    def _jobs(self, conn: Connection) -> Select[Any]:
+        """Whole job rows, the token NULL where the session may not read it (a submitter's
+        role: it names an attempt's sandbox)."""
+        return select(jobs) if self.db.backend.reads_tokens(conn) else public_jobs()
 
     def list_jobs(
         self,
@@ -307,11 +314,19 @@ class JobReads:
             return [(r[0], r[1], int(r[2])) for r in conn.execute(q)]
 
 
+def public_jobs() -> Select[Any]:
+    """A select of whole job rows but the attempt's token (read as NULL): what every role may
+    read (a submitter's may not read the token: it names an attempt's sandbox)."""
+    return select(*(c for c in jobs.c if c.name != "token"), null().label("token"))
+
+
 def _select_jobs(without_ad: bool) -> Select[Any]:
-    """A select of whole job rows, or of all their columns but the stored ad (read as NULL)."""
+    """A select of whole job rows (but the token), or of all their columns but the stored ad
+    (read as NULL)."""
     if not without_ad:
-        return select(jobs)
-    return select(*(c for c in jobs.c if c.name != "ad"), null().label("ad"))
+        return public_jobs()
+    return select(*(c for c in jobs.c if c.name not in ("ad", "token")), null().label("ad"),
+                  null().label("token"))
 
 
 def _job_filter(

@@ -1,4 +1,4 @@
-"""A job's files in the store (issue 30): content-addressed per owner, their bytes in chunks,
+"""A job's files in the store: content-addressed per owner, their bytes in chunks,
 and which files each job takes into its sandbox (`in`) and brought back (`out`)."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO, NamedTuple
 
-from sqlalchemy import Connection, insert, or_, select
+from sqlalchemy import Connection, func, insert, or_, select
 
 from jobstore.core.jobs import Job
+from jobstore.db.backends import Door, InputFile
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files, store_limits
 from jobstore.db.transactions import Transactions
 from jobstore.errors import JobstoreError
@@ -19,9 +20,11 @@ from jobstore.errors import JobstoreError
 CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
 CHUNKS_READ = 16  # rows per transaction when a file is read back
 IN, OUT, CHECKPOINT = "in", "out", "ckpt"  # job_files.direction
-# store_limits' names and their values when unset, in MB (migration 0016 has the same defaults)
+# store_limits' names and their values when unset, in MB (migrations 0016 and 0019 have the
+# same defaults; a job's outputs: 0, its RequestDisk)
 MAX_INPUT_FILE_MB, MAX_INPUT_MB = "max_input_file_mb", "max_input_mb"
-LIMIT_DEFAULTS = {MAX_INPUT_FILE_MB: 1024, MAX_INPUT_MB: 4096}
+MAX_OUTPUT_MB = "max_output_mb"
+LIMIT_DEFAULTS = {MAX_INPUT_FILE_MB: 1024, MAX_INPUT_MB: 4096, MAX_OUTPUT_MB: 0}
 
 
 class SandboxFile(NamedTuple):
@@ -51,10 +54,35 @@ class FileChanged(JobstoreError, ValueError):
 
 
 class SandboxFiles:
-    """Writes and reads of sandbox_files, sandbox_chunks and job_files."""
+    """Writes and reads of sandbox_files, sandbox_chunks and job_files: a submit's inputs
+    through the door (backends.Door), the outputs an attempt sends back by the agent's role."""
 
-    def __init__(self, db: Transactions) -> None:
+    def __init__(self, db: Transactions, door: Door) -> None:
         self.db = db
+        self.door = door
+
+    def store_inputs(self, conn: Connection, *, cluster_id: int, proc_id: int | None,
+                     owner: str, sources: Iterable[FileSource]) -> None:
+        """Store `sources` as `owner`'s and list them as the inputs of a cluster (`proc_id`
+        None: every proc's) or of one proc. FileChanged when a file changes while it is read
+        (one read to hash it, one to store it when it is new)."""
+        sources = list(sources)
+        self._check_input_sizes(conn, sources)
+        stored = []
+        for source in sources:
+            with open(source.path, "rb") as f:
+                sha, size = _digest(f)
+                if self.door.store_file(conn, owner, sha, size):
+                    f.seek(0)
+                    digest = hashlib.sha256()
+                    for seq, data in enumerate(iter(lambda: f.read(CHUNK), b"")):
+                        digest.update(data)
+                        self.door.store_chunk(conn, owner, sha, seq, data)
+                    if digest.hexdigest() != sha:
+                        raise FileChanged(f"{source.path} changed while it was being stored")
+            stored.append(InputFile(source.name, sha, source.mode))
+        if stored:
+            self.door.add_inputs(conn, cluster_id, proc_id, stored)
 
     def _store_content(self, conn: Connection, owner: str, path: str) -> tuple[str, int]:
         """Store the file at `path` as `owner`'s, once: (sha256, size). FileChanged when it
@@ -104,8 +132,12 @@ class SandboxFiles:
 
     def input_limits(self, conn: Connection | None = None) -> dict[str, int]:
         """The store's limits on a submit's inputs, in MB (LIMIT_DEFAULTS where unset)."""
-        with self.db.transaction(conn) as c:
-            rows = dict(c.execute(select(store_limits.c.name, store_limits.c.value)).all())
+        q = select(store_limits.c.name, store_limits.c.value)
+        if conn is not None:  # in the caller's transaction
+            rows = dict(conn.execute(q).all())
+        else:
+            with self.db.transaction() as c:
+                rows = dict(c.execute(q).all())
         return {name: int(rows.get(name, default)) for name, default in LIMIT_DEFAULTS.items()}
 
     def set_input_limits(self, limits: dict[str, int]) -> None:
@@ -162,6 +194,15 @@ class SandboxFiles:
             job_files.c.attempt == job.claims)
         with self.db.transaction() as conn:
             return set(conn.execute(q).scalars())
+
+    def sent_bytes(self, job: Job) -> int:
+        """The bytes `job`'s current attempt has stored as outputs and checkpoint so far."""
+        q = select(func.coalesce(func.sum(job_files.c.size), 0)).where(
+            job_files.c.cluster_id == job.cluster_id, job_files.c.proc_id == job.proc_id,
+            job_files.c.owner == job.owner, job_files.c.direction.in_((OUT, CHECKPOINT)),
+            job_files.c.attempt == job.claims)
+        with self.db.transaction() as conn:
+            return int(conn.execute(q).scalar_one())
 
     def sandbox_start(self, job: Job) -> list[SandboxFile]:
         """What `job`'s next sandbox starts with: its inputs, and over them (by name) the files

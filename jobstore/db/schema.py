@@ -49,9 +49,10 @@ clusters = Table(
     Column("submit_file", Text),
     Column("num_procs", Integer, nullable=False),
     Column("submitted_at", Epoch(), nullable=False),
-    # Chosen by the submitter: a submit retried with the same key returns this cluster.
+    # Chosen by the submitter: a submit of hers retried with the same key returns this cluster
+    # (unique per owner: no submitter can take another's key; migration 0019).
     Column("idempotency_key", String(255)),
-    Index("ix_clusters_idempotency_key", "idempotency_key", unique=True),
+    Index("ix_clusters_owner_idempotency_key", "owner", "idempotency_key", unique=True),
 )
 
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).
@@ -118,6 +119,38 @@ queue_roles = Table(
     Column("admin", Boolean, nullable=False, server_default=false()),
 )
 
+# The rules on a job's submitted attributes (migration 0019), by lower-case name: `immutable`
+# (never submitted, never edited: the job store sets it, or it picks an account, a hook or a
+# claim on the node), `submit` (set at submit from what the database checks, never edited),
+# `protected` (edited by a queue super user only: PROTECTED_JOB_ATTRS); `origin` system, or
+# config (IMMUTABLE_JOB_ATTRS, PROTECTED_JOB_ATTRS and SECURE_JOB_ATTRS, by `jobstore init`).
+job_attr_rules = Table(
+    "job_attr_rules",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("rule", String(16), nullable=False),
+    Column("origin", String(16), nullable=False, server_default="system"),
+)
+
+# The key that signs the notifications the agents act on (migration 0019: jobstore_sign;
+# jobstore.db.channels checks them), read by the tables' owner and the agents' roles only.
+notify_keys = Table(
+    "notify_keys",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("key", Text, nullable=False),
+)
+
+# The admin's map of accounting groups (migration 0019): an account (`*`: every account) may
+# have its jobs charged to `name` (AccountingGroup name.account); HTCondor's accounting_group
+# is free text, the job store's is what this map grants.
+accounting_groups = Table(
+    "accounting_groups",
+    metadata,
+    Column("account", String(64), primary_key=True),
+    Column("name", String(100), primary_key=True),
+)
+
 # The slots of the pool as their nodes' agents last published them (`jobstore status`, `q
 # -better-analyze`; migration 0014): the slot ad as the startd gave it to FETCH_WORK (old
 # ClassAd syntax), upserted every UPDATE_INTERVAL, gone from view after its lifetime.
@@ -132,13 +165,14 @@ slots = Table(
     Index("ix_slots_expires_at", "expires_at"),
 )
 
-# A job's files (issue 30; migration 0015): content-addressed per owner, so that a cluster of
+# A job's files (migration 0015): content-addressed per owner, so that a cluster of
 # 10,000 jobs that share a 100 MB input stores it once, and no owner can name another's file by
 # its hash (the owner is part of every key; row-level security shows each owner only hers).
 # A file's bytes are `sandbox_chunks` of CHUNK bytes in order.
-# DAGs (issue 31, migration 0017): a DAG is a cluster id of its own (its DAGManJobId); its nodes'
+# DAGs (migration 0017): a DAG is a cluster id of its own (its DAGManJobId); its nodes'
 # jobs wait (status `waiting`) until their parents are done, and the transaction that ends a
-# node's last job releases its children (jobstore.db.dags).
+# node's last job releases its children (the DAG engine: PostgreSQL's jobstore_dag_*
+# functions, jobstore.db.dagengine on SQLite).
 dags = Table(
     "dags",
     metadata,
@@ -452,6 +486,9 @@ __all__ = [
     "concurrency_limits",
     "submitters",
     "passes",
+    "job_attr_rules",
+    "notify_keys",
+    "accounting_groups",
     "slots",
     "sandbox_files",
     "sandbox_chunks",

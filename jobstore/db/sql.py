@@ -67,6 +67,8 @@ INSERT_EVENTS = QUERIES["insert_events"].sql
 FILE_CHUNKS = QUERIES["file_chunks"].sql
 LOCK_LIMITS = QUERIES["lock_limits"].sql
 NOTIFY_EVENT = QUERIES["notify_event"].sql
+NOTIFY_SIGNED = QUERIES["notify_signed"].sql
+NOTIFY_KEY = QUERIES["notify_key"].sql
 # ids reserved from a table's sequence (PostgreSQL's COPY of numbered rows), by table
 NEXT_IDS = {"jobs": QUERIES["next_job_ids"].sql, "clusters": QUERIES["next_cluster_ids"].sql}
 LISTEN_EVENTS = QUERIES["listen_events"].sql
@@ -77,6 +79,7 @@ SNAPSHOT_BOUNDS = QUERIES["snapshot_bounds"].clause
 XACT_HORIZON = QUERIES["xact_horizon"].clause
 GRANT_TARGETS = QUERIES["grant_targets"].clause
 SESSION_IDENTITY = QUERIES["session_identity"].clause
+READS_TOKENS = QUERIES["reads_tokens"].clause
 TABLE_ROWS_ESTIMATE = QUERIES["table_rows_estimate"].clause
 AUTOVACUUM_SETTING = QUERIES["autovacuum_setting"].clause
 # portable

@@ -10,49 +10,45 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from classad2 import ClassAd
-from sqlalchemy import ColumnElement, Connection, Engine, Table, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, delete, insert, select, update
 
 from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import (
     CHANGE_COLUMNS,
     JOB_COLUMNS,
-    InputFile,
     Job,
     JobSpec,
-    NodeJobs,
-    ProcTemplate,
-    Templated,
 )
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import HANDED_OUT, Event, Status
 from jobstore.db.actions import PAGE as ACT_PAGE
-from jobstore.db.actions import ActTotals, PagedActions
-from jobstore.db.backends import READ_JOB, Identity
-from jobstore.db.channels import CHANNEL
+from jobstore.db.actions import ActTotals, PagedActions, outcome_of
+from jobstore.db.backends import ACTED, DENIED, READ_JOB, Door, Identity
 from jobstore.db.dags import DagStore
 from jobstore.db.engine import make_engine
 from jobstore.db.gauges import Gauges
+from jobstore.db.localdoor import LocalDoor
 from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
-from jobstore.db.rows import RowChanged, event_row, note_event
-from jobstore.db.sandbox import IN, FileSource, SandboxFiles
-from jobstore.db.schema import clusters, job_events, jobs, passes
+from jobstore.db.rows import RowChanged, event_row
+from jobstore.db.sandbox import SandboxFiles
+from jobstore.db.schema import job_attr_rules, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
+from jobstore.db.submissions import Submissions
 from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
 from jobstore.db.transitions import Outcome, Transitions
-from jobstore.errors import DatabaseError, InvalidInput, NotOwner, Refused, UnknownJob
+from jobstore.errors import DatabaseError, InvalidInput, NotOwner, UnknownJob
 from jobstore.formats import userlog, views
-from jobstore.formats.edits import edit_changes, edit_target
-from jobstore.formats.jobads import submitted_ad
+from jobstore.formats.edits import edit_target
 
 __all__ = [
     "ActTotals",
@@ -93,6 +89,7 @@ class AttemptReport:
     now: float = 0.0
     reason: str | None = None
     owner: str | None = None
+    keyword: str | None = None  # of the hook that reports (the claim's keyword must be it)
 
 
 P = ParamSpec("P")
@@ -137,10 +134,13 @@ def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
     return all(getattr(job, name) == value for name, value in changes.items())
 
 
-def _current(job: Job, token: str | None, attempt: int | None) -> bool:
-    """Whether a report with `token` and `attempt` is about the job's current attempt."""
+def _current(job: Job, token: str | None, attempt: int | None,
+             keyword: str | None = None) -> bool:
+    """Whether a report with `token` and `attempt` (from a hook of `keyword`, when known) is
+    about the job's current attempt."""
     return (job.token is not None and secrets.compare_digest(str(token or ""), job.token)
-            and attempt == job.claims)
+            and attempt == job.claims
+            and (keyword is None or job.keyword is None or job.keyword == keyword))
 
 
 def _lease_holds(job: Job, lease: int, now: float) -> bool:
@@ -181,6 +181,10 @@ class JobStore:
     # How the periodic policy is evaluated (the agent's is bounded: jobstore.node.bounded).
     periodic_policy: Callable[[ClassAd, float], policy.Action | None] = staticmethod(
         policy.periodic_action)
+    # Around each read of a job's stored values in this process (the agent marks the job:
+    # jobstore.node.inflight)
+    reading: Callable[[int], AbstractContextManager[None]] = staticmethod(
+        lambda _job_id: nullcontext())
 
     def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000, *,
                  user_log: bool = True) -> None:
@@ -189,11 +193,16 @@ class JobStore:
         self.db = Transactions(engine, statement_timeout_ms)
         self.transitions = Transitions(self.db)
         self.negotiator = Negotiator(self.db, self.transitions)
-        self.actions = PagedActions(self.db, self.transitions)
-        self.dags = DagStore(self.db, self.transitions, self)
+        # the door of a submitter's writes: the database's own, or this package's (SQLite)
+        self.door: Door = (self.db.backend.door(self.db.listens_to_every_job)
+                           or LocalDoor(self.db, self.transitions, self.negotiator))
+        self.transitions.follow_dags(self.door)
+        self.actions = PagedActions(self.db, self.door)
+        self.files = SandboxFiles(self.db, self.door)
+        self.submissions = Submissions(self.db, self.door, self.files)
+        self.dags = DagStore(self.db, self.door, self.submissions)
         self.reads = JobReads(self.db)
         self.slots = SlotAds(self.db)
-        self.files = SandboxFiles(self.db)
         self.retention = Retention(self.db)
         self.metrics = Gauges(self.db)
         if user_log:
@@ -243,8 +252,6 @@ class JobStore:
     listener = _to("db", Transactions.listener)
     update_priorities = _to("negotiator", Negotiator.update_priorities)
     usage_table = _to("negotiator", Negotiator.usage_table)
-    set_factor = _to("negotiator", Negotiator.set_factor)
-    reset_usage = _to("negotiator", Negotiator.reset_usage)
     act_where = _to("actions", PagedActions.act_where)
     get_job = _to("reads", JobReads.get_job)
     attempt_states = _to("reads", JobReads.attempt_states)
@@ -307,238 +314,10 @@ class JobStore:
         cluster and its jobs. `check` is called on every job before it is inserted; what it
         raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
         a time (a lazy sequence, description.SubmitSpecs, is never held whole)."""
-        now = now or time.time()
-        try:
-            return self._submit(specs, owner=owner, queue=queue, max_attempts=max_attempts,
-                                submit_file=submit_file, now=now, connection=connection,
-                                idempotency_key=idempotency_key, check=check)
-        except Refused as exc:
-            who = self.identity().account
-            if "row-level security" not in str(exc):  # no grant at all
-                raise Refused(f"{who} may not submit jobs to this job store (ask its admin for"
-                              f" `jobstore grant-user`): {exc}") from None
-            raise Refused(f"{who} may not submit jobs as {owner}: only a queue super user may"
-                          " submit for the accounts its QUEUE_SUPER_USER_MAY_IMPERSONATE rule"
-                          " allows") from None
-
-    def _submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
-                submit_file: str | None, now: float, connection: Connection | None,
-                idempotency_key: str | None, check: Callable[[Job], None] | None,
-                ) -> tuple[int, list[int]]:
-        with self.db.transaction(connection) as conn:
-            cluster = dict(owner=owner, queue=queue, submit_file=submit_file,
-                           num_procs=len(specs), submitted_at=now)
-            if idempotency_key is None:
-                cluster_id = conn.execute(
-                    insert(clusters).values(cluster).returning(clusters.c.id)).scalar_one()
-            else:
-                new = self.db.backend.insert_missing(conn, clusters, {**cluster,
-                                                            "idempotency_key": idempotency_key},
-                                           ["idempotency_key"])
-                cluster_id, queued_by = conn.execute(
-                    select(clusters.c.id, clusters.c.owner)
-                    .where(clusters.c.idempotency_key == idempotency_key)).one()
-                if queued_by != owner:
-                    raise InvalidInput(f"idempotency key {idempotency_key!r} was used by a"
-                                       " submit of another owner")
-                if not new:  # queued before (or by a concurrent submit)
-                    return cluster_id, list(conn.execute(
-                        select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)
-                        .order_by(jobs.c.proc_id)).scalars())
-            template = self._template(specs)
-            shared: tuple[InputFile, ...] | None = None  # proc 0's inputs, stored for all
-            ids: list[int] = []
-            held: list[int] = []  # submitted on hold
-            pending: Iterator[JobSpec] = iter(specs if template is None else ())
-            if template is not None:
-                ids = self._insert_template(conn, template, cluster_id=cluster_id, owner=owner,
-                                            queue=queue, max_attempts=max_attempts, now=now,
-                                            check=check, callers=connection is not None)
-                held = ids if template.spec.hold else []
-            while batch := list(islice(pending, SUBMIT_BATCH)):
-                queued = [
-                    Job.queued(
-                        spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
-                        ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
-                    )
-                    for spec in batch
-                ]
-                if check is not None:
-                    for job in queued:
-                        check(job)
-                groups = self.negotiator.register(conn, queued, now)
-                new_ids = self._insert_jobs(conn, [
-                    job.but(autocluster_id=autocluster,
-                            periodic=policy.has_periodic(job.ad) or None)
-                    for job, autocluster in zip(queued, groups, strict=True)], now,
-                    connection is not None)
-                ids.extend(new_ids)
-                held.extend(i for i, spec in zip(new_ids, batch, strict=True) if spec.hold)
-                for spec in batch:
-                    if shared is None:
-                        shared = spec.inputs
-                    if spec.inputs and (spec.proc_id == 0 or spec.inputs != shared):
-                        self.files.store_files(
-                            conn, cluster_id=cluster_id,
-                            proc_id=None if spec.inputs == shared else spec.proc_id,
-                            owner=owner, direction=IN,
-                            sources=[FileSource(f.name, f.source, f.mode) for f in spec.inputs])
-                    elif bool(spec.inputs) != bool(shared):
-                        raise InvalidInput(f"proc {spec.proc_id} has {'no ' if shared else ''}"
-                                           "input files where proc 0 has "
-                                           f"{'some' if shared else 'none'}: give every proc of a"
-                                           " cluster its own or none")
-            self._hold_at_submit(conn, held, now)
-            if ids:  # one wake-up for the followers (jobstore watch), not one per job
-                self.db.backend.notify(conn, f"cluster:{cluster_id}", CHANNEL)
-        return cluster_id, ids
-
-    def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs], *, owner: str,
-                      queue: str, max_attempts: int, now: float,
-                      check: Callable[[Job], None] | None) -> dict[str, int]:
-        """The jobs of a DAG's nodes, waiting, in the DAG's transaction (jobstore.db.dags): a
-        cluster per node, as DAGMan submits each node on its own; a group's template made into
-        rows by the server where it can (as a templated bulk submit), the others
-        SUBMIT_BATCH nodes at a time. Each node's cluster, by name."""
-        clusters_of: dict[str, int] = {}
-        for group in groups:
-            template = self._node_template(group)
-            for start in range(0, len(group.names), SUBMIT_BATCH):
-                names = group.names[start:start + SUBMIT_BATCH]
-                specs = [] if template is not None else group.specs[start:start + SUBMIT_BATCH]
-                ids = self._insert_clusters(conn, [
-                    {"owner": owner, "queue": queue, "submit_file": None,
-                     "num_procs": 1 if template is not None else len(specs[i]),
-                     "submitted_at": now} for i in range(len(names))])
-                clusters_of.update(zip(names, ids, strict=True))
-                if template is None:
-                    self._queue_nodes(conn, list(zip(ids, specs, strict=True)), owner=owner,
-                                      queue=queue, max_attempts=max_attempts, now=now,
-                                      check=check)
-            if template is not None:
-                ids = [clusters_of[name] for name in group.names]
-                self._insert_template(conn, template, cluster_id=ids, owner=owner,
-                                      queue=queue, max_attempts=max_attempts, now=now,
-                                      check=check, callers=True, status=Status.WAITING)
-        return clusters_of
-
-    def _insert_clusters(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert cluster rows, their ids in order."""
-        return self.db.backend.insert_numbered(conn, clusters, rows,
-                                            staged=not self._identity_on(conn, True).trusted)
-
-    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
-        """Insert many rows of one shape (checked row by row by the database's policies when
-        the session is under row-level security)."""
-        if rows:
-            self.db.backend.insert_rows(conn, table, rows,
-                                     staged=not self._identity_on(conn, True).trusted)
-
-    def _node_template(self, group: NodeJobs) -> ProcTemplate | None:
-        """A group's template, when the server can make its nodes' rows (as _template)."""
-        template = group.template
-        if (not self.db.backend.makes_rows_on_server or template is None
-                or self.db.listens_to_every_job()):
-            return None
-        return None if template.spec.user_log or template.spec.inputs else template
-
-    def _queue_nodes(self, conn: Connection, nodes: list[tuple[int, Sequence[JobSpec]]], *,
-                     owner: str, queue: str, max_attempts: int, now: float,
-                     check: Callable[[Job], None] | None) -> None:
-        """Nodes' jobs (cluster, specs) made and inserted here, waiting."""
-        queued: list[Job] = []
-        for cluster_id, specs in nodes:
-            for spec in specs:
-                job = Job.queued(spec, id=0, cluster_id=cluster_id, owner=owner, queue=queue,
-                                 ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
-                                 status=Status.WAITING.value)
-                if check is not None:
-                    check(job)
-                queued.append(job)
-            self._store_node_files(conn, cluster_id, owner, specs)
-        groups = self.negotiator.register(conn, queued, now)
-        self._insert_jobs(conn, [job.but(autocluster_id=autocluster,
-                                         periodic=policy.has_periodic(job.ad) or None)
-                                 for job, autocluster in zip(queued, groups, strict=True)],
-                          now, True)
-
-    def _store_node_files(self, conn: Connection, cluster_id: int, owner: str,
-                          specs: Sequence[JobSpec]) -> None:
-        """A node's inputs: the cluster's when its procs share them, else each proc's."""
-        shared = all(spec.inputs == specs[0].inputs for spec in specs)
-        for spec in specs[:1] if shared else specs:
-            if spec.inputs:
-                self.files.store_files(conn, cluster_id=cluster_id,
-                                  proc_id=None if shared else spec.proc_id, owner=owner,
-                                  direction=IN, sources=[FileSource(f.name, f.source, f.mode)
-                                                         for f in spec.inputs])
-
-    def remove_node_jobs(self, conn: Connection, cluster_ids: list[int], now: float,
-                          why: str) -> None:
-        """The unfinished jobs of DAG nodes removed, as `jobstore rm` would, in `conn`."""
-        self.actions.act_where(jobs.c.cluster_id.in_(cluster_ids), Event.REMOVE, why,
-                               connection=conn)
-
-    def _hold_at_submit(self, conn: Connection, held: list[int], now: float) -> None:
-        """condor_submit's `hold = true`: the new jobs held (HoldReasonCode 15), a page at a
-        time, each with its hold event after its submit event."""
-        for start in range(0, len(held), ACT_PAGE):
-            chunk = held[start:start + ACT_PAGE]
-            rows = conn.execute(select(jobs).where(self.transitions.id_in(chunk)))
-            self.actions.act_page(conn, [Job.from_row(r._mapping) for r in rows], Event.HOLD,
-                           HELD_AT_SUBMIT, (holds.SUBMITTED_ON_HOLD, 0), None, now,
-                           ActTotals())
-
-    def _template(self, specs: Sequence[JobSpec]) -> ProcTemplate | None:
-        """The specs as one ProcTemplate when the server can make their rows (the backend
-        can; no commit listener needs a record per job: no user log, nobody listening to every
-        job)."""
-        if (not self.db.backend.makes_rows_on_server or not isinstance(specs, Templated)
-                or self.db.listens_to_every_job()):
-            return None
-        template = specs.template()
-        if template is None or template.spec.user_log or template.spec.inputs:
-            return None
-        return template
-
-    def _insert_template(self, conn: Connection, template: ProcTemplate, *,
-                         cluster_id: int | list[int], owner: str, queue: str,
-                         max_attempts: int, now: float, check: Callable[[Job], None] | None,
-                         callers: bool, status: Status = Status.IDLE) -> list[int]:
-        """Insert the procs of `template` (the backend makes their rows); `check` sees proc 0
-        and a proc with every placeholder at its longest. `cluster_id`: the cluster, or each
-        proc's own (a DAG's nodes: each a proc 0)."""
-        first = cluster_id if isinstance(cluster_id, int) else cluster_id[0]
-
-        def queued(spec: JobSpec) -> Job:
-            return Job.queued(spec, id=0, cluster_id=first, owner=owner, queue=queue,
-                              ad=submitted_ad(spec), max_attempts=max_attempts, now=now,
-                              status=status.value)
-
-        if check is not None:
-            check(queued(template.spec_of(0)))
-            check(queued(template.widest()))
-        job = queued(template.spec)
-        (autocluster,) = self.negotiator.register(conn, [job], now)
-        job = job.but(autocluster_id=autocluster, periodic=policy.has_periodic(job.ad) or None)
-        return self.db.backend.insert_procs(
-            conn, job, template, now, events_after=not self._identity_on(conn, callers).trusted,
-            clusters=None if isinstance(cluster_id, int) else cluster_id)
-
-    def _insert_jobs(self, conn: Connection, batch: list[Job], now: float, callers: bool,
-                     ) -> list[int]:
-        """Insert `batch` and their submit events (the backend's bulk insert)."""
-        staged = not self._identity_on(conn, callers).trusted
-        ids = self.db.backend.insert_numbered(conn, jobs, [_job_row(job) for job in batch],
-                                           staged=staged)
-        events = [event_row(i, Event.SUBMIT, None, job.status, now, attempt=0)
-                  for i, job in zip(ids, batch, strict=True)]
-        self.db.backend.insert_rows(conn, job_events, events, staged=staged)
-        every = self.db.listens_to_every_job()
-        for values, job, job_id in zip(events, batch, ids, strict=True):
-            if every or job.user_log:  # a bulk submit keeps no record per job otherwise
-                note_event(conn, values, job.but(id=job_id))
-        return ids
+        return self.submissions.submit(
+            specs, owner=owner, queue=queue, max_attempts=max_attempts,
+            submit_file=submit_file, now=now or time.time(), connection=connection,
+            idempotency_key=idempotency_key, check=check)
 
     # ---- reports and admin events -------------------------------------------------------
 
@@ -558,17 +337,19 @@ class JobStore:
         now: float | None = None,
         reason: str | None = None,
         owner: str | None = None,
+        keyword: str | None = None,
     ) -> Outcome:
         """Apply a hook's report about one attempt; a superseded attempt is only recorded.
 
         A report sets only the usage and exit columns (`reports.CHANGE_COLUMNS`); with `owner`
-        (an ordinary account reports) it is refused (NotOwner) unless that account owns the job.
+        (an ordinary account reports) it is refused (NotOwner) unless that account owns the job;
+        with `keyword`, one about an attempt another keyword's slot claimed is only recorded.
         """
         wrong = set(changes or {}) - CHANGE_COLUMNS.keys()
         if wrong:
             raise InvalidInput(f"a report may not change {sorted(wrong)}")
         r = AttemptReport(event, token, attempt, changes, attrs, lease, slot, host, exit_policy,
-                          now or time.time(), reason, owner)
+                          now or time.time(), reason, owner, keyword)
         # where the backend can, the row is read unlocked in the round trip that opens the
         # transaction, and written only if it is still the version read (no lock to log); one
         # that changed meanwhile is read again under a lock
@@ -583,7 +364,7 @@ class JobStore:
                 if r.owner is not None and job.owner != r.owner:
                     raise NotOwner(job_id, r.owner)
                 if not locked and (job.periodic or job.winding_down_until is not None
-                                   or not _current(job, r.token, r.attempt)):
+                                   or not _current(job, r.token, r.attempt, r.keyword)):
                     # more than one write, or an event of an attempt that is over (its job may
                     # be finished and pruned meanwhile): under the lock
                     continue
@@ -607,7 +388,7 @@ class JobStore:
         slot, host, changes, lease = r.slot, r.host, r.changes, r.lease
         if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
             slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
-        if not _current(job, r.token, attempt):
+        if not _current(job, r.token, attempt, r.keyword):
             reason = f"report from attempt {attempt}, current attempt is {job.claims}"
             if job.token is None:
                 reason = f"report from attempt {attempt}; the job is {job.status}"
@@ -709,26 +490,24 @@ class JobStore:
             self._identity = self.db.backend.session_identity(conn)
         return self._identity
 
-    def _acted_on(self, conn: Connection, job_id: int, what: str) -> Job:
-        """The job, locked for an owner's or a super user's action (UnknownJob; NotOwner when
-        the database's policies hide it from this session's changes)."""
-        job = self.transitions.lock(conn, job_id)
-        if job is not None:
-            return job
-        if conn.execute(select(jobs.c.id).where(jobs.c.id == job_id)).first() is None:
-            raise UnknownJob(job_id)
-        raise NotOwner(job_id, self.identity().account, what)
-
     def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
         """An owner's or a queue super user's hold (HoldReasonCode 1, UserRequest), release or
         rm of one job (NotOwner for anyone else, decided by the database on PostgreSQL)."""
-        now = time.time()
         with self.db.transaction() as conn:
-            job = self._acted_on(conn, job_id, str(event))
-            return self.transitions.apply(
-                conn, job, event, decide_args={}, now=now, reason=reason, record_ignored=False,
-                hold=(holds.USER_REQUEST, 0),
-            )
+            changes = self.door.act(conn, [job_id], event.value, reason,
+                                    (holds.USER_REQUEST, 0), skip_locked=False, now=time.time())
+        mine = [c for c in changes if c.job_id == job_id and c.kind in (ACTED, DENIED)]
+        if not mine:
+            raise UnknownJob(job_id)
+        if mine[0].kind == DENIED:
+            raise NotOwner(job_id, self.identity().account, str(event))
+        return outcome_of(mine[0], self._name(job_id))
+
+    def _name(self, job_id: int) -> str:
+        try:
+            return views.job_id(self.reads.get_job(job_id))
+        except UnknownJob:
+            return ""
 
     def edit(self, job_id: int, attr: str, value: str, *, now: float | None = None) -> bool:
         """condor_qedit of one waiting (idle or held) job: set attribute `attr` to the
@@ -746,45 +525,38 @@ class JobStore:
                    keep: Callable[[Job], bool] | None = None, page: int = ACT_PAGE,
                    now: float | None = None) -> ActTotals:
         """condor_qedit of the jobs `where` selects (and `keep` keeps), in pages of `page`
-        jobs, each one transaction (JobStore.act_where's paging): the waiting ones that this
-        session may change are edited (`success`), the others counted (`bad_status`: not
-        waiting; `denied`: not this session's). One UPDATE and one INSERT of the events per
-        page; ValueError as `edit`."""
+        jobs, each one transaction: the waiting ones that this session may change are edited
+        (`success`), the others counted (`bad_status`: not waiting; `denied`: not this
+        session's). ValueError as `edit`."""
         name, text = edit_target(attr, value)
-        totals = ActTotals()
+        return self.actions.edit_where(where, name, text, keep=keep, page=page, now=now)
 
-        def edit(conn: Connection, locked: list[Job], at: float) -> None:
-            self._edit_page(conn, locked, name, text, keep, now or at, totals)
+    def set_attr_rules(self, *, immutable: Sequence[str], protected: Sequence[str]) -> None:
+        """The admin's rules on job attributes (HTCondor's IMMUTABLE_JOB_ATTRS and
+        SECURE_JOB_ATTRS: never submitted nor edited; PROTECTED_JOB_ATTRS: edited by a queue
+        super user only), over the job store's own, which stay (as `jobstore init` sets them)."""
+        rows = {n.lower(): "protected" for n in protected}
+        rows.update({n.lower(): "immutable" for n in immutable})
+        with self.db.transaction() as conn:
+            conn.execute(delete(job_attr_rules).where(job_attr_rules.c.origin == "config"))
+            system = set(conn.execute(select(job_attr_rules.c.name)).scalars())
+            new = [{"name": n, "rule": r, "origin": "config"} for n, r in rows.items()
+                   if n not in system]
+            if new:
+                conn.execute(insert(job_attr_rules), new)
 
-        self.actions.in_pages(where, keep, edit, totals, page=page)
-        return totals
+    def set_factor(self, name: str, factor: float) -> bool:
+        """condor_userprio -setfactor (the admin's); False when the submitter is unknown."""
+        if not factor >= 1.0:
+            raise InvalidInput("a priority factor must be at least 1")
+        with self.db.transaction() as conn:
+            return self.door.set_factor(conn, name, factor)
 
-    def _edit_page(self, conn: Connection, page: list[Job], name: str, text: str,
-                   keep: Callable[[Job], bool] | None, now: float, totals: ActTotals) -> None:
-        chosen = [job for job in page if keep is None or keep(job)]
-        waiting = [job for job in chosen if job.status in EDITABLE]
-        totals.bad_status += len(chosen) - len(waiting)
-        if not waiting:
-            return
-        changes = [edit_changes(job, name, text) for job in waiting]
-        edited = [job.but(**c) for job, c in zip(waiting, changes, strict=True)]
-        rows, events = [], []
-        every = self.db.listens_to_every_job()
-        for job, change, new, ac in zip(waiting, changes, edited,
-                                        self.negotiator.register(conn, edited, now), strict=True):
-            change.update(autocluster_id=ac, updated_at=now,
-                          periodic=policy.has_periodic(new.ad) or None)
-            rows.append({"edited_id": job.id, **{f"new_{k}": v for k, v in change.items()}})
-            row = event_row(job.id, "edit", job.status, None, now, attempt=job.claims,
-                            reason=f"{name} = {text}", attrs={name: text})
-            events.append(row)
-            if job.user_log or every:
-                note_event(conn, row, job)
-        columns = {k: bindparam(f"new_{k}", type_=jobs.c[k].type) for k in changes[0]}
-        conn.execute(update(jobs).where(jobs.c.id == bindparam("edited_id"))
-                     .values(columns), rows)
-        self.transitions.insert_events(conn, events)
-        totals.success += len(waiting)
+    def reset_usage(self, name: str | None = None, *, now: float | None = None) -> int:
+        """condor_userprio -resetusage (one submitter) or -resetall: accumulated usage to 0 and
+        real priority to its lowest value (the admin's). Returns the rows reset."""
+        with self.db.transaction() as conn:
+            return self.door.reset_usage(conn, name, time.time() if now is None else now)
 
     # ---- the job's own policy: the periodic pass ---------------------------------------
 
@@ -829,7 +601,8 @@ class JobStore:
         for job in read:
             if job.autocluster_id in costly:
                 continue  # held with the first of them (_hold_too_costly)
-            action = self.periodic_policy(views.policy_ad(job), now)
+            with self.reading(job.id):
+                action = self.periodic_policy(views.policy_ad(job), now)
             if action is not None:
                 fired.append((job, action))
                 if action.code == holds.JOB_POLICY_UNDEFINED:
@@ -886,6 +659,18 @@ class JobStore:
         if action.code == holds.JOB_POLICY_UNDEFINED and job.autocluster_id is not None:
             self._hold_too_costly(conn, job.autocluster_id, action.reason, now)
         return outcome
+
+    def hold_unreadable(self, job_id: int, reason: str) -> Outcome | None:
+        """Hold a job whose stored values a reader cannot take (the agent died reading them:
+        jobstore.node.inflight), whatever its status allows; None when it is not there or
+        cannot be held."""
+        with self.db.transaction() as conn:
+            job = self.transitions.lock(conn, job_id)
+            if job is None or job.status not in (Status.IDLE, *HANDED_OUT):
+                return None
+            return self.transitions.apply(conn, job, Event.HOLD, decide_args={},
+                                          now=time.time(), reason=reason,
+                                          hold=(holds.JOB_POLICY_UNDEFINED, 0))
 
     def reap(self, *, now: float | None = None, limit: int = 500) -> list[Outcome]:
         """Send jobs whose lease ran out back to idle (or to failed, out of attempts); give up

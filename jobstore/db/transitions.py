@@ -56,7 +56,7 @@ class Outcome:
 
 class DagFollower(Protocol):
     """Told of the jobs that ended or started in a transition's transaction (the DAGs carry
-    their nodes forward: jobstore.db.dags)."""
+    their nodes forward: the door's DAG engine)."""
 
     def jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
                    nodes: bool = False) -> None:

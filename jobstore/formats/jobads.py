@@ -50,8 +50,31 @@ RESERVED = frozenset(
         "AcctGroup",
         "AcctGroupUser",
         "ConcurrencyLimits",
+        # HTCondor's SYSTEM_IMMUTABLE_JOB_ATTRS and SYSTEM_SECURE_JOB_ATTRS (never submitted)
+        "MyType",
+        "TargetType",
+        "x509userProxySubject",
+        "x509UserProxyEmail",
+        "x509UserProxyVOName",
+        "x509UserProxyFirstFQAN",
+        "x509UserProxyFQAN",
+        "TotalSubmitProcs",
+        "AuthTokenSubject",
+        "AuthTokenIssuer",
+        "AuthTokenGroups",
+        "AuthTokenId",
+        "AuthTokenScopes",
+        "AuthTokenProject",
     )
 )
+# The job store's own attributes a submit stores (the URLs PREPARE_JOB fetches)
+SUBMITTED = frozenset({"jobstoreinputurls"})
+# What accounting_group stores, which job_attrs keeps where it names the job's submitter
+ACCOUNTING = frozenset({"acctgroup", "acctgroupuser"})
+# The longest string or expression a job ad can carry (FETCH_WORK prints at most
+# classads.MAX_JOB_AD_BYTES): libclassad parses and prints recursively, and a much longer
+# expression can overflow its stack (the database refuses longer ones: migration 0019)
+MAX_VALUE_CHARS = 10240
 
 
 def ad_job_id(ad: ClassAd) -> str:
@@ -102,11 +125,35 @@ def submitted_ad(spec: JobSpec) -> dict[str, Any]:
     return {name: to_json(value) for name, value in attrs.items()}
 
 
+def stored_attrs(ad: dict[str, Any] | None, *, strict: bool = True) -> dict[str, Value]:
+    """A job's stored attributes as a reader takes them, whatever wrote them: never one the
+    job store sets itself (Owner, OsUser, HookKeyword, ... its own Jobstore* ones but the URL
+    inputs a submit stores), never a value longer than a job ad can carry (AdError; `strict`
+    False: the value `error`, so that condor_q shows such a job instead of failing)."""
+    out: dict[str, Value] = {}
+    for name, value in (ad or {}).items():
+        low = name.lower()
+        if (low in RESERVED and low not in ACCOUNTING) or (
+                low.startswith("jobstore") and low not in SUBMITTED):
+            continue
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS or (
+                isinstance(value, dict) and len(str(value.get("expr", ""))) > MAX_VALUE_CHARS):
+            if strict:
+                raise AdError(f"{name}: a value larger than a job ad can carry (more than "
+                              f"{MAX_VALUE_CHARS} characters)")
+            out[name] = Expr("error")
+            continue
+        out[name] = from_json(value)
+    return out
+
+
 def job_attrs(
-    job: Job, *, keyword: str, uid_domain: str, job_lease_duration: int
+    job: Job, *, keyword: str, uid_domain: str, job_lease_duration: int, strict: bool = True
 ) -> dict[str, Value]:
-    """Every attribute of the job ad for one attempt (the attempt's token included)."""
-    attrs: dict[str, Value] = {k: from_json(v) for k, v in (job.ad or {}).items()}
+    """Every attribute of the job ad for one attempt (the attempt's token included); `strict`
+    as stored_attrs."""
+    attrs = stored_attrs(job.ad, strict=strict)
+    group, group_user = attrs.pop("AcctGroup", None), attrs.pop("AcctGroupUser", None)
     attrs.update(
         Owner=job.owner,
         User=f"{job.owner}@{uid_domain}",
@@ -122,8 +169,13 @@ def job_attrs(
         JobLeaseDuration=job_lease_duration,
     )
     if job.submitter != job.owner:
+        # the fair-share account the database derived: its group and user as submitted only
+        # where they name it
         attrs["AccountingGroup"] = job.submitter
-        if not attrs.get("AcctGroupUser"):
+        user = group_user if isinstance(group_user, str) and group_user else job.owner
+        if isinstance(group, str) and f"{group}.{user}" == job.submitter:
+            attrs["AcctGroup"], attrs["AcctGroupUser"] = group, user
+        else:
             attrs["AcctGroupUser"] = job.owner
     if job.concurrency_limits:
         attrs["ConcurrencyLimits"] = job.concurrency_limits

@@ -12,6 +12,7 @@ from classad2 import ClassAd, ExprTree, Value
 from jobstore.core import fairshare
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job, JobEvent
+from jobstore.core.states import HANDED_OUT
 from jobstore.errors import InvalidInput
 from jobstore.formats.classads import Expr, sprint_ad
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_TOKEN, job_attrs
@@ -122,7 +123,8 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str,
     constraint evaluated in SQL (jobstore.db.constraint) and on this ad give the same answer.
     """
     attrs = job_attrs(
-        job, keyword=job.keyword or keyword, uid_domain=uid_domain, job_lease_duration=0
+        job, keyword=job.keyword or keyword, uid_domain=uid_domain, job_lease_duration=0,
+        strict=False,
     )
     attrs.pop(ATTR_TOKEN, None)
     attrs.pop(ATTR_ATTEMPT, None)
@@ -144,7 +146,8 @@ def job_ad(job: Job, *, keyword: str, uid_domain: str,
         "ResidentSetSize": job.memory_usage,
         **counters(job),
         "JobCurrentStartExecutingDate": _int(job.started_at),
-        "ShadowBday": None if job.fetched_at is None or job.token is None else int(job.fetched_at),
+        "ShadowBday": (None if job.fetched_at is None or job.status not in HANDED_OUT
+                       else int(job.fetched_at)),
         "HoldReason" if job.status == "held" else "LastReason": job.reason,
         "HoldReasonCode": job.hold_code if job.status == "held" else None,
         "HoldReasonSubCode": job.hold_subcode if job.status == "held" else None,

@@ -54,6 +54,19 @@ class TooCostly(Exception):
         return policy.Action(policy.HOLD, self.reason(what), holds.JOB_POLICY_UNDEFINED)
 
 
+class Died(TooCostly):
+    """A worker died evaluating an expression, the second time it was asked (a fresh worker
+    the second time): whatever in it kills libclassad, the job is held."""
+
+    def reason(self, what: str) -> str:
+        return (f"{what} made the job store's expression worker die twice: the job is held so "
+                "that it costs the node nothing more")
+
+
+class _WorkerDied(Exception):  # noqa: N818 - what _read found, answered by _ask
+    """The worker's end of the pipe closed before its answer."""
+
+
 class Evaluator(Protocol):
     """How the node evaluates a job's expressions."""
 
@@ -123,21 +136,28 @@ class Bounded:
     def _ask(self, request: dict[str, Any]) -> Any:
         self._free.acquire()
         try:
-            with self._lock:
-                worker = self._idle.pop() if self._idle else None
-            if worker is None or not worker.alive():
-                worker = _Worker()
-            try:
-                answer = worker.ask(request, self.timeout)
-            except TooCostly:
-                worker.kill()
-                raise TooCostly(self.timeout) from None
-            except BaseException:
-                worker.kill()
-                raise
-            with self._lock:
-                self._idle.append(worker)
-            return answer
+            for last in (False, True):  # a worker that died is replaced and asked once more
+                with self._lock:
+                    worker = self._idle.pop() if self._idle else None
+                if worker is None or not worker.alive():
+                    worker = _Worker()
+                try:
+                    answer = worker.ask(request, self.timeout)
+                except _WorkerDied:
+                    worker.kill()
+                    if last:
+                        raise Died(self.timeout) from None
+                    continue
+                except TooCostly:
+                    worker.kill()
+                    raise TooCostly(self.timeout) from None
+                except BaseException:
+                    worker.kill()
+                    raise
+                with self._lock:
+                    self._idle.append(worker)
+                return answer
+            raise AssertionError("unreachable: the last try returns or raises")
         finally:
             self._free.release()
 
@@ -163,7 +183,7 @@ class _Worker:
             close_fds=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
         try:
             self._read(len(READY), time.monotonic() + STARTUP_TIMEOUT)
-        except TooCostly:
+        except (TooCostly, _WorkerDied):
             self.kill()
             raise WorkerUnavailable("the expression worker (jobstore.node.evalworker) did not "
                                     "start") from None
@@ -192,7 +212,7 @@ class _Worker:
                 raise TooCostly
             chunk = os.read(fd, n - len(data))
             if not chunk:
-                raise TooCostly  # the worker died evaluating it
+                raise _WorkerDied  # it died evaluating it
             data += chunk
         return data
 

@@ -37,6 +37,20 @@ def _param(name: str) -> str | None:
     return value or None
 
 
+def _attr_names(*params: str) -> tuple[str, ...]:
+    """The attribute names HTCondor's configuration lists in `params` (ConfigError for one
+    that is not a name)."""
+    names: list[str] = []
+    for param in params:
+        for name in re.split(r"[\s,]+", _param(param) or ""):
+            if not name:
+                continue
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,99}", name):
+                raise ConfigError(f"{param}: {name!r} is not an attribute name")
+            names.append(name)
+    return tuple(names)
+
+
 def slot_id_from_name(slot_name: str) -> str:
     """`slot1_2@host` -> `slot1_2`: the id string the startd uses for per-slot settings."""
     return slot_name.split("@", 1)[0]
@@ -92,6 +106,13 @@ class Settings:
     input_cache_mb: int = 10240  # JOBSTORE_INPUT_CACHE_MB: the node's copies of inputs, at most
     max_input_file_mb: int = 1024  # JOBSTORE_MAX_INPUT_FILE_MB: `jobstore init` stores it
     max_input_mb: int = 4096  # JOBSTORE_MAX_INPUT_MB: a job's inputs, at most (the same)
+    # JOBSTORE_MAX_OUTPUT_MB: what one attempt of a job may send back in all (0: its
+    # RequestDisk); `jobstore init` stores it, the database enforces it
+    max_job_output_mb: int = 0
+    # HTCondor's IMMUTABLE_JOB_ATTRS and SECURE_JOB_ATTRS (never submitted, never edited) and
+    # PROTECTED_JOB_ATTRS (edited by a queue super user only), as `jobstore init` stores them
+    immutable_attrs: tuple[str, ...] = ()
+    protected_attrs: tuple[str, ...] = ()
     fair_share: bool = True  # JOBSTORE_FAIR_SHARE
     concurrency_limits: bool = True  # JOBSTORE_CONCURRENCY_LIMITS: enforce them
     priority_halflife: float = 86400.0  # PRIORITY_HALFLIFE, as the negotiator's
@@ -291,6 +312,9 @@ def load_settings(keyword: str | None, db_override: str | None = None) -> Settin
         input_cache_mb=_int(kw, "INPUT_CACHE_MB", Settings.input_cache_mb, minimum=0),
         max_input_file_mb=_int(kw, "MAX_INPUT_FILE_MB", Settings.max_input_file_mb, minimum=0),
         max_input_mb=_int(kw, "MAX_INPUT_MB", Settings.max_input_mb, minimum=0),
+        max_job_output_mb=_int(kw, "MAX_OUTPUT_MB", 0, minimum=0),
+        immutable_attrs=_attr_names("IMMUTABLE_JOB_ATTRS", "SECURE_JOB_ATTRS"),
+        protected_attrs=_attr_names("PROTECTED_JOB_ATTRS"),
         fair_share=_bool(kw, "FAIR_SHARE", True),
         concurrency_limits=_bool(kw, "CONCURRENCY_LIMITS", True),
         priority_halflife=_halflife(kw),

@@ -14,7 +14,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +47,7 @@ from jobstore.formats.matching import (
 from jobstore.node import bounded, config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
 from jobstore.node.hookproc import STOP_JOB
+from jobstore.node.inflight import InFlight
 from jobstore.node.reports import (
     MAX_TEXT,
     REPORT_ATTRS,
@@ -150,6 +153,25 @@ def use_evaluator(evaluator: bounded.Evaluator) -> None:
             store.periodic_policy = evaluator.periodic_action
 
 
+# Where the agent marks the job whose stored ad a thread reads (`use_inflight`): a job that
+# made the agent die twice is held at its next start; None in a hook process.
+_inflight: InFlight | None = None
+
+
+def use_inflight(journal: InFlight | None) -> InFlight | None:
+    """Mark each job whose stored ad this process reads in `journal` (the agent); returns
+    the journal used before."""
+    global _inflight
+    before, _inflight = _inflight, journal
+    return before
+
+
+def reading(keyword: str, job_id: int) -> AbstractContextManager[None]:
+    """While the block runs, this thread reads job `job_id`'s stored values (use_inflight)."""
+    journal = _inflight
+    return nullcontext() if journal is None else journal.reading(keyword, job_id)
+
+
 # Who takes the outputs JOB_EXIT could not send in its time (the agent's outbox: `use_outbox`);
 # None in a hook process, where such outputs hold the job.
 _outbox: Callable[[HookRequest, ClassAd], HookResponse] | None = None
@@ -194,6 +216,7 @@ def store_for(settings: config.Settings) -> JobStore:
                 max_overflow=_pool_overflow or 0,
             )
             store.periodic_policy = _evaluator.periodic_action
+            store.reading = partial(reading, settings.keyword)
             _stores[settings.database_url] = store
         return store
 
@@ -256,7 +279,11 @@ def fetch_job(request: HookRequest) -> HookResponse:
         if not account_exists(job.owner):
             return Verdict()
         try:
-            return Verdict(take=_evaluator.matches(job_classad(job, **ad_kw), slot))
+            with reading(settings.keyword, job.id):
+                return Verdict(take=_evaluator.matches(job_classad(job, **ad_kw), slot))
+        except AdError as exc:  # a stored value no reader takes (past the database's checks)
+            return Verdict(hold_reason=f"its job ad cannot be read: {exc}",
+                           hold_code=holds.JOB_POLICY_UNDEFINED)
         except bounded.TooCostly as exc:
             costly = exc.hold("Its Requirements (or the slot's START against it)")
             return Verdict(hold_reason=costly.reason, hold_code=costly.code)
@@ -279,7 +306,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
         return HookResponse(log=notes, idle=IdleSlot(settings, settings.queue, offer.cpus,
                                                      offer.memory, offer.disk))
     try:
-        text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
+        with reading(settings.keyword, job.id):
+            text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
     except AdError as exc:
         store.report(
             job.id,
@@ -630,7 +658,8 @@ def apply_report(
     if event == Event.EXIT:
 
         def exit_policy(row: Job) -> policy.ExitVerdict:
-            return _evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
+            with reading(report.keyword, row.id):
+                return _evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
     return store_for(settings).report(
         report.job_id,
@@ -644,6 +673,7 @@ def apply_report(
         host=report.host,
         exit_policy=exit_policy,
         owner=owner,
+        keyword=settings.keyword,
     )
 
 

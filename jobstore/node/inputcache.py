@@ -1,4 +1,4 @@
-"""The node's copies of input files (issue 30), so that a job's sandbox is filled at the speed
+"""The node's copies of input files, so that a job's sandbox is filled at the speed
 of a local copy: the agent keeps each input it served once in its own directory under the
 sandbox root (mode 0700, root's), named by its owner and sha256, checked against the hash as it
 is written there, and hands the hook an open read-only descriptor of it; the hook, as the job's

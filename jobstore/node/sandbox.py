@@ -1,4 +1,4 @@
-"""A fetched job's sandbox on the execute node (issue 30), made and emptied by the hooks that
+"""A fetched job's sandbox on the execute node, made and emptied by the hooks that
 run as the job's user: PREPARE_JOB makes the job's Iwd under the sandbox root and fills it with
 the inputs stored at submit (checked against their hashes and the job's RequestDisk); JOB_EXIT
 sends the outputs back into the store and removes the sandbox.

@@ -1,4 +1,4 @@
-"""What the hooks of a job with file transfer ask of the store (issue 30), served by the agent
+"""What the hooks of a job with file transfer ask of the store, served by the agent
 for the hook processes (jobstore.agent.client), or in the hook process itself in direct mode
 (jobstore.node.sandboxdirect): the list of the attempt's input files, a range of an input's
 bytes, and an output's bytes, a piece at a time.
@@ -66,7 +66,7 @@ def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Jo
     store = store_for(settings)
     job = store.get_job(int(job_id))
     if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)
-            and job.status in HANDED_OUT):
+            and job.status in HANDED_OUT and job.keyword in (None, settings.keyword)):
         raise HookError(f"job {job.cluster_id}.{job.proc_id} attempt {attempt} is not the "
                         "job's current attempt")
     uid = request.caller.uid
@@ -127,7 +127,16 @@ def _write(settings: config.Settings, store: JobStore, job: Job, argv: list[str]
     if offset + len(data) > largest << 20:
         raise HookError(f"{name}: larger than the {largest} MB an output may be "
                         "(JOBSTORE_MAX_OUTPUT_FILE_MB)")
-    path = _upload_dir(settings.sandbox_root) / f"{job.id}.{job.claims}.{direction}.{_safe(name)}"
+    uploads = _upload_dir(settings.sandbox_root)
+    most = (settings.max_job_output_mb << 20) or job.request_disk * 1024
+    prefix = f"{job.id}.{job.claims}."
+    path = uploads / f"{prefix}{direction}.{_safe(name)}"
+    held = sum(entry.stat(follow_symlinks=False).st_size for entry in os.scandir(uploads)
+               if entry.name.startswith(prefix) and entry.path != str(path))
+    held += store.files.sent_bytes(job)
+    if held + offset + len(data) > most:  # the database refuses more when they are stored
+        raise HookError(f"{name}: the job's outputs would be more than the {most >> 10} KiB "
+                        "it may send back (its RequestDisk, or JOBSTORE_MAX_OUTPUT_MB)")
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if offset == 0 else 0)
     fd = os.open(path, flags, 0o600)
     try:

@@ -1,4 +1,4 @@
-"""The sandbox root of a node (issue 30): the directory under which fetched jobs with file
+"""The sandbox root of a node: the directory under which fetched jobs with file
 transfer get their sandboxes, made by the agent (as root: root's, mode 1777 like /tmp, so that
 each job's user can make her sandbox there and nobody can rename another's), checked by the
 hooks (jobstore.node.sandbox.check_root); and what a crash left there, swept."""
@@ -18,6 +18,7 @@ OWN_MODE = 0o755  # an ordinary account's node (everything runs as that account)
 OUTBOX = ".jobstore-outbox"  # the agent's own: sandboxes whose outputs it sends (agent.outbox)
 CACHE = ".jobstore-cache"  # the agent's own: the node's copies of inputs (node.inputcache)
 UPLOADS = ".jobstore-uploads"  # the agent's own: outputs on their way into the store
+INFLIGHT = ".jobstore-inflight"  # the agent's own: the jobs it reads (node.inflight)
 
 
 def ensure_root(directory: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""DAGMan's input file (issue 31), read as HTCondor 25's DAGMan reads it: the nodes (with the
+"""DAGMan's input file, read as HTCondor 25's DAGMan reads it: the nodes (with the
 nodes of its splices, named after them), their dependencies and what each node asks for,
 checked as a whole (unknown or duplicate names, a cycle, a missing submit file) before anything
 is queued.

@@ -7,7 +7,23 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from jobstore.db.backends.base import MENU, READ_JOB, Backend, Claim, HandOut, Identity
+from jobstore.db.backends.base import (
+    ACTED,
+    DAG,
+    DENIED,
+    MENU,
+    MOVED,
+    NOOP,
+    READ_JOB,
+    SKIPPED,
+    Backend,
+    Change,
+    Claim,
+    Door,
+    HandOut,
+    Identity,
+    InputFile,
+)
 from jobstore.errors import InvalidInput
 
 
@@ -25,4 +41,5 @@ def backend_for(engine: Engine) -> Backend:
     raise InvalidInput(f"a job store lives on PostgreSQL or SQLite, not {name}")
 
 
-__all__ = ["MENU", "READ_JOB", "Backend", "Claim", "HandOut", "Identity", "backend_for"]
+__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "Backend",
+           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "backend_for"]

@@ -13,7 +13,7 @@ from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.db.channels import Listener
 from jobstore.db.rows import RowChange
-from jobstore.errors import DatabaseError
+from jobstore.errors import JobstoreError
 
 # The reads that may open a transaction in the round trip that begins it (Backend.begin)
 MENU = "idle_autoclusters"  # the claim's menu: Backend.menu
@@ -45,6 +45,120 @@ class Claim:
 # extra columns (Transitions' own transition)
 HandOut = Callable[[Connection, Job, Mapping[str, Any]], None]
 
+# Change.kind: a job the caller named (its event written, or nothing when the action does not
+# apply to its status), one the session may not act on, one another transaction holds, one the
+# DAGs moved, a DAG that changed, a NOOP node a DAG's release did at once
+ACTED, DENIED, SKIPPED, MOVED, DAG, NOOP = "acted", "denied", "skipped", "moved", "dag", "noop"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What an action (hold, release, rm, qedit) or a DAG's move did to one job: the event it
+    wrote (`to_status` None: recorded only, or nothing when `kind` is not ACTED or MOVED)."""
+
+    job_id: int
+    event: str
+    from_status: str | None
+    to_status: str | None
+    attempt: int | None
+    reason: str | None
+    attrs: Mapping[str, Any] | None
+    pending: bool  # a release that waits for the job's stopped attempt to end
+    kind: str
+
+    @property
+    def changed(self) -> bool:
+        return self.to_status is not None
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """An input file a submit stored: its path in the sandbox, content and mode."""
+
+    name: str
+    sha256: str
+    mode: int
+
+
+class Door(Protocol):
+    """The writes of a submitter: what the schedd does for condor_submit, condor_hold,
+    condor_release, condor_rm, condor_qedit, condor_submit_dag and condor_userprio. Each
+    checks the session's rights and every value it stores where the caller cannot lie (on
+    PostgreSQL the database's own functions, which take the owner from the session); and the
+    DAGs carried forward as their nodes' jobs end, whoever ends them."""
+
+    def new_cluster(self, conn: Connection, *, owner: str, queue: str,
+                    submit_file: str | None, num_procs: int, key: str | None,
+                    now: float) -> tuple[int, bool]:
+        """A new cluster, or (with `key`) the cluster a submit of the owner's with that key
+        made before: (its id, whether it is new)."""
+
+    def queue_jobs(self, conn: Connection, jobs: Sequence[Job], held: Sequence[bool],
+                   now: float) -> list[int]:
+        """Queue jobs (each in its cluster_id, as Job.queued made them: idle, or waiting in a
+        DAG node's cluster; `held`: submitted on hold) with their submit events: their ids."""
+
+    def queue_procs(self, conn: Connection, job: Job, template: ProcTemplate, now: float, *,
+                    clusters: list[int] | None, hold: bool) -> list[int]:
+        """Queue every proc of `template` (`job`: proc 0's row with the placeholders), each
+        with its submit event; `clusters`: each proc a cluster of its own. Their ids."""
+
+    def store_file(self, conn: Connection, owner: str, sha256: str, size: int) -> bool:
+        """Register `owner`'s file; whether it is new (its chunks follow, store_chunk)."""
+
+    def store_chunk(self, conn: Connection, owner: str, sha256: str, seq: int,
+                    data: bytes) -> None:
+        """One chunk of a new file."""
+
+    def add_inputs(self, conn: Connection, cluster_id: int, proc_id: int | None,
+                   files: Sequence[InputFile]) -> None:
+        """A cluster's (proc_id None: every proc's) or one proc's input files, stored before."""
+
+    def act(self, conn: Connection, ids: Sequence[int], event: str, reason: str | None,
+            hold: tuple[int, int], *, skip_locked: bool, now: float) -> list[Change]:
+        """Hold, release or remove the jobs `ids` the session may act on (their DAGs carried
+        forward): a Change for each job named, and for each the DAGs moved."""
+
+    def edit(self, conn: Connection, ids: Sequence[int], name: str, text: str,
+             edited: Sequence[Job], *, skip_locked: bool, now: float) -> list[Change]:
+        """condor_qedit `name` = `text` of the waiting jobs of `ids` the session may act on
+        (`edited`: each as the edit makes it, for its autocluster)."""
+
+    def set_factor(self, conn: Connection, name: str, factor: float) -> bool:
+        """condor_userprio -setfactor (the admin's); False for an unknown submitter."""
+
+    def reset_usage(self, conn: Connection, name: str | None, now: float) -> int:
+        """condor_userprio -resetusage (one submitter) or -resetall (None): rows reset."""
+
+    def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
+                batch_name: str | None, max_jobs: int | None, max_idle: int | None,
+                attrs: Mapping[str, str], now: float) -> int:
+        """A DAG: its own cluster (DAGManJobId) and row; its nodes come with dag_nodes."""
+
+    def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Mapping[str, Any]],
+                  edges: Sequence[tuple[str, str]], categories: Mapping[str, int],
+                  now: float) -> dict[str, int]:
+        """A new DAG's nodes (name, procs, done, priority, category, abort_exit,
+        abort_return, final), dependencies and throttles: the cluster made for each node
+        with jobs, by name."""
+
+    def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
+        """Release the nodes of a queued DAG that have no parents to wait for."""
+
+    def pause_dag(self, conn: Connection, dag_id: int, held: bool, now: float) -> list[Change]:
+        """Hold or release a running DAG (a DAG Change when it changed)."""
+
+    def remove_dag(self, conn: Connection, dag_id: int, why: str, now: float) -> list[Change]:
+        """Remove a DAG (a DAG Change when it was running or held)."""
+
+    def jobs_ended(self, conn: Connection, job_ids: list[int], now: float, *,
+                   nodes: bool = False) -> None:
+        """Jobs `job_ids` ended in this transaction: carry their DAGs forward (`nodes`: their
+        ads say they are DAG nodes' jobs)."""
+
+    def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
+        """A DAG node's job started: a DAG with -maxidle may release more nodes."""
+
 
 class Backend(Protocol):
     """What the job store does differently on each database."""
@@ -71,8 +185,9 @@ class Backend(Protocol):
     def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
         """The transaction `begin` opened, committed at the end of its block or rolled back."""
 
-    def error(self, exc: BaseException, url: Any) -> DatabaseError:
-        """What a failed transaction raises: one line (Refused for a refused privilege)."""
+    def error(self, exc: BaseException, url: Any) -> JobstoreError:
+        """What a failed transaction raises: one line (Refused for a refused privilege,
+        InvalidInput for a value the database's checks refused)."""
 
     # ---- reading and locking -------------------------------------------------------------
     def read_job(self, conn: Connection, opened: Any, job_id: int,
@@ -143,6 +258,9 @@ class Backend(Protocol):
         """Chunks `first` to `last` of a stored file, rows of (data,)."""
 
     # ---- the session and the server ------------------------------------------------------
+    def reads_tokens(self, conn: Connection) -> bool:
+        """Whether the session may read an attempt's token (a submitter's role may not)."""
+
     def local_identity(self) -> Identity | None:
         """Who every session is, where the database has no sessions of its own (a SQLite file
         is one account's); None where the session decides (session_identity)."""
@@ -166,6 +284,11 @@ class Backend(Protocol):
     def quote(self) -> Callable[[str], str]:
         """How this database quotes an identifier, where it has roles (InvalidInput if not)."""
 
+    def door(self, every: Callable[[], bool]) -> Door | None:
+        """The database's own door for a submitter's writes (None: it has none, the package
+        writes them: a SQLite store is one user's); `every`: whether a commit listener wants
+        the events of jobs without a user log (Transactions.listens_to_every_job)."""
+
 
 # INSERT ... ON CONFLICT, which both databases write alike: `insert` is the dialect's INSERT of
 # the table (sqlalchemy.dialects.postgresql.insert or sqlite.insert)
@@ -186,5 +309,6 @@ def upsert(conn: Connection, insert: Any, rows: list[dict[str, Any]], key: str,
         index_elements=[insert.table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
 
 
-__all__ = ["MENU", "READ_JOB", "Backend", "Claim", "HandOut", "Identity", "insert_missing",
+__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "Backend",
+           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "insert_missing",
            "upsert"]

@@ -57,6 +57,12 @@ class SQLite:
     def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
         return conn.begin()  # BEGIN IMMEDIATE (jobstore.db.engine)
 
+    def reads_tokens(self, conn: Connection) -> bool:
+        return True  # one user's store
+
+    def door(self, every: Callable[[], bool]) -> None:
+        return None  # one user's store: the package writes (jobstore.db.localdoor)
+
     def error(self, exc: BaseException, url: Any) -> DatabaseError:
         return DatabaseError(database_message(exc, url))
 

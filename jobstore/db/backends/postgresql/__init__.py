@@ -43,6 +43,7 @@ from jobstore.db.backends.base import (
 from jobstore.db.backends.postgresql import driver
 from jobstore.db.backends.postgresql.bulk import insert_procs
 from jobstore.db.backends.postgresql.copy import copy_rows
+from jobstore.db.backends.postgresql.door import PgDoor
 from jobstore.db.backends.postgresql.kept import KeptConnection
 from jobstore.db.backends.postgresql.notify import PgListener, notify
 from jobstore.db.channels import CHANNEL, Listener
@@ -58,6 +59,7 @@ from jobstore.db.sql import (
     LOCK_JOB,
     LOCK_LIMITS,
     NEXT_IDS,
+    READS_TOKENS,
     RECORD_EVENT,
     RECORD_TRANSITION,
     SESSION_IDENTITY,
@@ -67,9 +69,12 @@ from jobstore.db.sql import (
     opening,
 )
 from jobstore.db.sql import READ_JOB as READ_JOB_SQL
-from jobstore.errors import DatabaseError, InvalidInput, Refused
+from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, Refused, UnknownCluster
 
 CLAIM_CHUNK = 64  # autoclusters per claim statement
+# The SQLSTATEs the door's functions raise (migration 0019), and what each is here
+DOOR_ERRORS: dict[str, Callable[[str], JobstoreError]] = {
+    "JS001": InvalidInput, "JS002": Refused, "JS004": UnknownCluster}
 _FIRST = {MENU: IDLE_AUTOCLUSTERS, READ_JOB: READ_JOB_SQL}
 
 
@@ -92,6 +97,7 @@ class PostgreSQL:
         if not event.contains(engine, "checkin", driver.end_autocommit):
             event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
         self.engine = engine
+        self._reads_tokens: bool | None = None
         # a pooled engine's store keeps one connection between its transactions (kept)
         self._kept = (None if isinstance(engine.pool, NullPool)
                       else KeptConnection.for_engine(engine))
@@ -118,8 +124,13 @@ class PostgreSQL:
     def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
         return driver.DriverTransaction(conn)  # no SQLAlchemy Transaction on the hot path
 
-    def error(self, exc: BaseException, url: Any) -> DatabaseError:
+    def error(self, exc: BaseException, url: Any) -> JobstoreError:
         orig = getattr(exc, "orig", None) or exc
+        state = getattr(orig, "sqlstate", None)
+        if state in DOOR_ERRORS:  # the door's own refusal: its message is the one line
+            diag = getattr(orig, "diag", None)
+            message = (diag.message_primary if diag is not None else None) or str(orig)
+            return DOOR_ERRORS[state](message.strip().splitlines()[0])
         if isinstance(orig, psycopg.errors.InsufficientPrivilege):
             first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
             return Refused(f"the job store's database refused it: {first}")
@@ -245,6 +256,12 @@ class PostgreSQL:
 
     # ---- the session and the server ------------------------------------------------------
 
+    def reads_tokens(self, conn: Connection) -> bool:
+        """Asked once per store: a role's column privileges do not change under it."""
+        if self._reads_tokens is None:
+            self._reads_tokens = bool(conn.execute(READS_TOKENS).scalar())
+        return self._reads_tokens
+
     def local_identity(self) -> None:
         return None  # the session's role decides: session_identity
 
@@ -269,6 +286,9 @@ class PostgreSQL:
 
     def quote(self) -> Callable[[str], str]:
         return self.engine.dialect.identifier_preparer.quote
+
+    def door(self, every: Callable[[], bool]) -> PgDoor:
+        return PgDoor(every)
 
 
 @lru_cache(maxsize=512)

@@ -14,17 +14,27 @@ import psycopg
 from sqlalchemy import Connection, Engine
 
 from jobstore.db.backends.postgresql import driver
-from jobstore.db.channels import CHANNEL, STOPS, WORK
+from jobstore.db.channels import CHANNEL, FRESH_MS, SIGNED, STOPS, WORK, verified
 from jobstore.db.engine import database_message
-from jobstore.db.sql import LISTEN_EVENTS, LISTEN_STOPS, LISTEN_WORK, NOTIFY_EVENT
+from jobstore.db.sql import (
+    LISTEN_EVENTS,
+    LISTEN_STOPS,
+    LISTEN_WORK,
+    NOTIFY_EVENT,
+    NOTIFY_KEY,
+    NOTIFY_SIGNED,
+)
 from jobstore.errors import DatabaseError
 
 _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}
+SEEN = 100_000  # signed notifications remembered before the stale ones are forgotten
 
 
 def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
-    """Notify the followers when `conn`'s transaction commits (never if it rolls back)."""
-    driver.execute(conn, NOTIFY_EVENT, {"channel": channel, "payload": payload})
+    """Notify the followers when `conn`'s transaction commits (never if it rolls back); what
+    the agents act on signed by the database."""
+    sql = NOTIFY_SIGNED if channel in SIGNED and not payload.startswith("probe:") else NOTIFY_EVENT
+    driver.execute(conn, sql, {"channel": channel, "payload": payload})
 
 
 class PgListener:
@@ -39,6 +49,9 @@ class PgListener:
         self.connect_timeout = connect_timeout
         self.channel = channel
         self.conn: Any = None
+        self._key: str | None = None  # a signed channel's
+        self._seen: dict[str, float] = {}  # the signed notifications taken, against replays
+        self.forged = 0  # notifications of a signed channel that were not signed, or replayed
 
     def open(self) -> None:
         engine = self.engine
@@ -47,6 +60,11 @@ class PgListener:
         params.setdefault("connect_timeout", self.connect_timeout)
         with self._errors():
             self.conn = psycopg.connect(**params, autocommit=True)
+            if self.channel in SIGNED:
+                row = self.conn.execute(NOTIFY_KEY).fetchone()
+                if row is None:
+                    raise psycopg.OperationalError("the job store has no notification key")
+                self._key = str(row[0])
             self.conn.execute(_LISTEN[self.channel])
 
     def probe(self, timeout: float = 3.0) -> bool:
@@ -70,7 +88,25 @@ class PgListener:
                    for n in self.conn.notifies(timeout=max(timeout, 0.001), stop_after=1)]
             if got:
                 got += [n.payload for n in self.conn.notifies(timeout=0.001)]
-        return got
+        return got if self._key is None else self._believed(got, self._key)
+
+    def _believed(self, payloads: list[str], key: str) -> list[str]:
+        """The signed payloads not seen before (and the probes, which nobody acts on)."""
+        now = time.time()
+        if len(self._seen) > SEEN:
+            self._seen = {k: t for k, t in self._seen.items() if t > now - 3 * FRESH_MS / 1000}
+        out = []
+        for text in payloads:
+            if text.startswith("probe:"):
+                out.append(text)
+                continue
+            found = verified(key, text, int(now * 1000))
+            if found is None or found[1] in self._seen:
+                self.forged += 1
+                continue
+            self._seen[found[1]] = now
+            out.append(found[0])
+        return out
 
     @contextmanager
     def _errors(self) -> Iterator[None]:

@@ -1,4 +1,4 @@
-"""A job's files (issue 30): its inputs, stored at submit, and the outputs it brings back.
+"""A job's files: its inputs, stored at submit, and the outputs it brings back.
 
 Files are content-addressed per owner (`sandbox_files`, their bytes `sandbox_chunks` in
 order), so that the jobs of one owner that share an input store it once; `job_files` says

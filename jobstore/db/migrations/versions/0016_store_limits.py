@@ -1,4 +1,4 @@
-"""What a submit may store (issue 30): the largest input file and the most input per job, set by
+"""What a submit may store: the largest input file and the most input per job, set by
 `jobstore init` from the configuration, read by every submit; on PostgreSQL the database itself
 refuses more, whatever the client: a trigger on sandbox_files (a file larger than the limit,
 unless the session may claim jobs: the agent storing an output), one on job_files (a job's

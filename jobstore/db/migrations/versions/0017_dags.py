@@ -1,4 +1,4 @@
-"""DAGs (issue 31): DAGMan's work done by the job store itself. A DAG is a cluster id of its own
+"""DAGs: DAGMan's work done by the job store itself. A DAG is a cluster id of its own
 (its DAGManJobId) with a `dags` row; each node a row of `dag_nodes` whose jobs are a cluster,
 queued in status `waiting` (phase `waiting`: never claimable) until its parents are done;
 `dag_edges` are its dependencies, `dag_categories` its MAXJOBS throttles. The transaction that

@@ -1,4 +1,4 @@
-"""Waiting fetches (issue 32): on PostgreSQL the jobs table says when work becomes claimable, in
+"""Waiting fetches: on PostgreSQL the jobs table says when work becomes claimable, in
 the transaction that makes it so: a NOTIFY on channel `jobstore_work` whose payload is the new
 idle jobs' shapes, `queue cpus memory disk` (comma separated; `*` when too many to list), sent by
 a statement trigger on INSERT (a submit, however many rows) and a row trigger on an UPDATE that
