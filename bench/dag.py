@@ -7,9 +7,12 @@
   transaction) against a plain job's, p50 and p99; and whether the child was claimable the
   moment the report returned;
 * the throughput of a chain and of a wide DAG of no-op jobs run to their end by one claiming
-  slot (claim, start, exit), against as many plain jobs.
+  slot (claim, start, exit), against as many plain jobs;
+* the exit report of a job followed by a chain of NOOP nodes (all done in that transaction),
+  against the same with a chain a quarter as long: linear is 4.
 
 Usage: .venv/bin/python bench/dag.py [--db-url ADMIN_URL] [--nodes N] [--chain N] [--wide N]
+       [--noop N]
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=20_000)
     ap.add_argument("--chain", type=int, default=300)
     ap.add_argument("--wide", type=int, default=2_000)
+    ap.add_argument("--noop", type=int, default=4_000,
+                    help="the longer chain of NOOP nodes after one job (the shorter: a quarter)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="jobstore-bench-dag-"))
     (tmp / "condor_config").write_text("")
@@ -137,6 +142,21 @@ def main() -> int:
                   f"p50 {q1[49] * 1000:.2f} ms (plain {q0[49] * 1000:.2f}), p99 "
                   f"{q1[98] * 1000:.2f} ms (plain {q0[98] * 1000:.2f}); the child claimable "
                   "when the parent's report returned: always (one slot ran them all)")
+        took = {}
+        for count in (args.noop // 4, args.noop):
+            store, settings = fresh(args.db_url, names)
+            submit_dag(store, write(tmp, f"noop{count}.dag", "JOB A n.sub\n" + "".join(
+                f"JOB N{i} n.sub NOOP\n" for i in range(count)) + "PARENT A CHILD N0\n"
+                + "".join(f"PARENT N{i} CHILD N{i + 1}\n" for i in range(count - 1))),
+                settings, owner="alice")
+            job = store.claim(REQ, lambda _j: Verdict(take=True))
+            assert job is not None
+            store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+            took[count] = exit_report(store, job)
+        short, long_ = args.noop // 4, args.noop
+        print(f"a chain of NOOP nodes after one job, that job's exit report: {took[short]:.2f} s"
+              f" ({short:,} nodes), {took[long_]:.2f} s ({long_:,}); ratio "
+              f"{took[long_] / took[short]:.1f} for 4x the nodes (linear: 4)")
     finally:
         with psycopg.connect(libpq_url(args.db_url), autocommit=True) as conn:
             for name in names:

@@ -5,6 +5,7 @@ held with a reason that says so, and the agent serves everyone else meanwhile.""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -188,6 +189,57 @@ def test_a_stored_value_no_reader_takes_holds_its_job_and_crashes_nothing(
                        capture_output=True, text=True, timeout=60,
                        env=node.env(PATH="/usr/bin:/bin"))
     assert q.returncode == 0 and f"ClusterId = {held.cluster_id}" in q.stdout, q.stderr
+    assert node.stop() == 0
+
+
+def _planted_raw(js: JobStore, owner: str, raw: str) -> int:
+    """A job whose ad's `Foo` is the JSON text `raw`, past the database's checks."""
+    from sqlalchemy import text
+
+    from jobstore.db.schema import jobs
+
+    _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
+                             max_attempts=3)
+    with js.engine.begin() as conn:
+        ad = conn.execute(jobs.select().where(jobs.c.id == job_id)).one().ad
+        whole = json.dumps(ad)[:-1] + ', "Foo": ' + raw + "}"
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SET LOCAL jobstore.checked = 'on'"))
+            conn.execute(text("UPDATE jobs SET ad = CAST(:ad AS json) WHERE id = :id"),
+                         {"ad": whole, "id": job_id})
+        else:
+            conn.execute(text("UPDATE jobs SET ad = :ad WHERE id = :id"),
+                         {"ad": whole, "id": job_id})
+    return job_id
+
+
+@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
+def test_a_stored_value_of_no_ads_shape_holds_its_job_and_fails_no_reader(
+        node: Node, store: JobStore) -> None:  # noqa: F811
+    """The probe's shapes, planted past the database's checks (an object that is no
+    expression, an integer no ClassAd holds, an array, JSON nested deeper than Python's
+    decoder goes): each job is held saying why, the next job is fetched, and condor_q, -l and
+    condor_rm work for everyone."""
+    import subprocess
+    import sys
+
+    owner = ordinary_owner()
+    bad = [_planted_raw(store, owner, raw) for raw in (
+        '{"bar": 1}', "1000000000000000000000000000000", '[1, {"x": 2}]',
+        "[" * 5000 + "]" * 5000)]
+    (other,) = submit_jobs(store, 1, owner)
+    node.start()
+    fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert b"JobstoreJobId = %d" % other in fetched.stdout, (fetched, node.log.read_text())
+    for job_id in bad:
+        held = store.get_job(job_id)
+        assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED), held
+        assert "cannot be read" in (held.reason or ""), held.reason
+    env = node.env(PATH="/usr/bin:/bin")
+    for args in (["q"], ["q", "-l"], ["history"], ["rm", str(store.get_job(bad[-1]).cluster_id)]):
+        done = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, *args],
+                              capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
     assert node.stop() == 0
 
 

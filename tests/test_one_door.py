@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ def snapshot(door: Door) -> list[Any]:
     return out
 
 
-def refusals(door: Door, account: str, calls: list[tuple[str, str | None]],
+def refusals(door: Door, account: str, calls: Sequence[tuple[str, str | None]],
              ) -> list[list[str] | None]:
     """Each statement (with its one parameter, if any) run as `account` in a session of its
     own: None where it ran, else [SQLSTATE, the message's first line]."""
@@ -230,6 +230,13 @@ def test_the_door_checks_every_value_it_stores(door: Door) -> None:
                           ad=submitted_ad(spec), max_attempts=3, now=0.0)
         return json.dumps([{**job_json(made), **fields}])
 
+    def shaped(value: object, **fields: object) -> str:
+        """Her job whose ad's `Foo` is the JSON `value` as sent (a small ad)."""
+        spec = JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=7)
+        made = Job.queued(spec, id=0, cluster_id=alice_cluster, owner=ALICE, queue="default",
+                          ad={"Cmd": "/bin/true", "Foo": value}, max_attempts=3, now=0.0)
+        return json.dumps([{**job_json(made), **fields}])
+
     long, deep = "+".join(["1"] * 8_000), "+".join(["1"] * 4_000)  # 16 KB; 8 KB, 3,999 ops
     (sig,) = door.owner_sql("SELECT a.signature FROM autoclusters a JOIN jobs j"
                             " ON j.autocluster_id = a.id WHERE j.id = %s", (alice_job,))[0]
@@ -261,6 +268,15 @@ def test_the_door_checks_every_value_it_stores(door: Door) -> None:
          "may not submit jobs as jsbob"),
         (f"SELECT jobstore_add_inputs({alice_cluster}, NULL, %s)", "not a path inside"),
         ("SELECT jobstore_remove_dag(1, 'x', 0)", "no DAG"),
+        # values no reader takes, however small the ad
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "not a value"),
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "not a value"),
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "not a value"),
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "not a value"),
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "integer out of range"),
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "out of range"),
+        # her own autocluster, with a job that differs in what matching sees
+        (f"SELECT jobstore_queue_jobs({alice_cluster}, %s, 0)", "differ in what matching"),
     ]
     params = [None, None, None, job(OsUser='"jsbob"'), job(HookKeyword='"OTHER"'),
               job(JobstoreSandbox="true"), job(Note=long), job(Note=deep),
@@ -269,7 +285,10 @@ def test_the_door_checks_every_value_it_stores(door: Door) -> None:
               raw(concurrency_limits="lic:-100"), raw(signature=sig, request_cpus=64),
               job(DAGNodeName='"A"'), None, None, None, None, None,
               json.dumps([{"name": "../../etc/passwd", "sha256": "a" * 64, "mode": 420}]),
-              None]
+              None,
+              shaped({"bar": 1}), shaped({"expr": {"a": "b"}}), shaped([1, {"x": 2}]),
+              shaped(json.loads("[" * 500 + "]" * 500)), shaped(10 ** 30), shaped(1e301),
+              shaped("bad", signature=sig)]
     got = refusals(door, ALICE, [(sql, p) for (sql, _), p in zip(calls, params, strict=True)])
     for (sql, expected), result in zip(calls, got, strict=True):
         assert result is not None, (sql, expected)
@@ -382,3 +401,45 @@ def test_another_submitters_dag_is_out_of_reach(door: Door) -> None:
     done = door.cli(ALICE, "rm", str(dag_id))  # a DAG she cannot see: no job of hers
     assert done.returncode == 1 and f"no unfinished job {dag_id}" in done.stderr, done
     assert snapshot(door) == before
+
+
+def test_a_template_makes_no_more_than_it_says(door: Door) -> None:
+    """A templated submit by hand: an item value holding another placeholder (each proc's ad
+    would grow past every bound as the placeholders are replaced in turn), or a placeholder in
+    an attribute matching looks at (one autocluster's jobs would differ): refused."""
+    (alice_job,) = submitted(door, ALICE)
+    ((cluster,),) = door.owner_sql("SELECT cluster_id FROM jobs WHERE id = %s", (alice_job,))
+    first, second = "JOBSTOREPROC001X000000000001", "JOBSTOREPROC002X000000000002"
+    before = snapshot(door)
+
+    def template(ad: dict[str, object]) -> str:
+        spec = JobSpec(cmd="/bin/true", iwd="/tmp")
+        made = Job.queued(spec, id=0, cluster_id=cluster, owner=ALICE, queue="default",
+                          ad={"Cmd": "/bin/true", **ad}, max_attempts=3, now=0.0)
+        return json.dumps(job_json(made))
+
+    def call(ad: dict[str, object], items: dict[str, list[str]]) -> tuple[str, str]:
+        return (f"SELECT jobstore_queue_procs({cluster}::bigint, NULL::bigint[], %s::json, 1,"
+                f" '{{}}'::json, '{json.dumps(items)}'::json, 1,"
+                f" {len(next(iter(items.values())))}, 0)", template(ad))
+
+    calls = [
+        call({"Args": first}, {first: [second * 300], second: ["1+" * 5000 + "1"]}),
+        call({"Foo": first}, {first: ["good", "bad"]}),
+    ]
+    got = refusals(door, ALICE, calls)
+    assert got[0] is not None and got[0][0] == "JS001" and "JOBSTORE" in got[0][1], got
+    assert got[1] is not None and "matching looks at" in got[1][1], got
+    assert snapshot(door) == before
+
+
+def test_the_database_knows_what_matching_does_not_look_at() -> None:
+    """The door's list of attributes one autocluster's jobs may differ in is the package's."""
+    from jobstore.core.autoclusters import PER_JOB
+
+    sql = (Path(__file__).parent.parent / "jobstore" / "db" / "migrations" / "versions"
+           / "0019_one_door.sql").read_text()
+    body = sql[sql.index("CREATE FUNCTION jobstore_per_job"):]
+    start = body.index("IN (") + 4
+    listed = body[start:body.index(")", start)]
+    assert {n.strip().strip("'") for n in listed.split(",")} == set(PER_JOB)

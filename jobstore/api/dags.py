@@ -17,7 +17,7 @@ import htcondor2
 from classad2 import ClassAd
 
 from jobstore.api.submission import choose_owner, render_check
-from jobstore.core.jobs import JobSpec, NodeJobs, ProcTemplate
+from jobstore.core.jobs import PLACEHOLDER_MARK, JobSpec, NodeJobs, ProcTemplate
 from jobstore.db.dags import LIVE, DagBatch
 from jobstore.db.store import JobStore
 from jobstore.formats import dagads
@@ -283,7 +283,8 @@ def _node_template(specs: SubmitSpecs, nodes: list[Node], dag_id: int,
     template = specs.template()
     names = [node.name for node in nodes]
     parents = [_parent_names(node) for node in nodes]
-    if template is None or not all(VERBATIM.fullmatch(v) for v in (*names, *parents)):
+    if template is None or not all(VERBATIM.fullmatch(v) and PLACEHOLDER_MARK not in v
+                                   for v in (*names, *parents)):
         return None
     nonce = secrets.token_hex(6)
     name, parent = f"JOBSTORENODE0X{nonce}", f"JOBSTORENODE1X{nonce}"

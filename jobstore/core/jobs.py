@@ -73,6 +73,9 @@ class JobSpec:
 # The JobSpec fields where a templated submit may put a per-proc macro: text the job ad carries
 # as it is, and that no autocluster looks at.
 TEMPLATED_FIELDS = ("args", "args_v1", "env", "iwd", "input", "output", "error")
+# What every placeholder begins with: an item value that holds it is made proc by proc (the
+# database refuses it in a template's items, where it could stand for another placeholder)
+PLACEHOLDER_MARK = "JOBSTORE"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -22,6 +21,7 @@ from jobstore.core.jobs import Job, NodeJobs
 from jobstore.core.states import FINAL_VALUES
 from jobstore.db.backends import DAG, Door
 from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
+from jobstore.db.engine import json_value
 from jobstore.db.schema import dag_nodes, dags, job_events, jobs
 from jobstore.db.transactions import Transactions
 from jobstore.submit.dag import Dag
@@ -152,7 +152,7 @@ class DagStore:
         return [DagBatch(r.id, r.owner, r.batch_name, r.created_at, r.status,
                          nodes.get(r.id, {}), counted.get(r.id, {}), spans.get(r.id),
                          r.path, r.dag_status, r.exit_code, r.finished_at,
-                         json.loads(r.attrs) if r.attrs else {}, submitted.get(r.id, 0))
+                         _attrs(r.attrs), submitted.get(r.id, 0))
                 for r in rows]
 
     def dag_node_jobs(self, dag_id: int) -> dict[str, dict[str, int]]:
@@ -197,6 +197,12 @@ class DagStore:
         with self.db.transaction() as conn:
             changes = self.door.remove_dag(conn, dag_id, why, time.time())
         return any(c.kind == DAG for c in changes)
+
+
+def _attrs(text: str | None) -> dict[str, str]:
+    """A DAG's SET_JOB_ATTR attributes as stored (name -> expression text)."""
+    value = json_value(text) if text else {}
+    return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
 
 
 def _config_int(text: str | None) -> int | None:

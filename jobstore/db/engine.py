@@ -27,6 +27,20 @@ def json_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+# What a reader gets for a JSON value nested deeper than Python's decoder goes: an object whose
+# one name is no attribute name, so that a job's ad that holds it cannot be read (its job held;
+# formats.jobads.stored_attrs) and nothing else fails on it
+TOO_DEEP = {"!": "nested too deeply to read"}
+
+
+def json_value(text: str | bytes) -> Any:
+    """A JSON column's value as the store reads it: never a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return dict(TOO_DEEP)
+
+
 def is_sqlite(url: str) -> bool:
     try:
         return make_url(url).get_backend_name() == "sqlite"
@@ -81,6 +95,7 @@ def make_engine(
         else {"poolclass": NullPool}
     )
     kwargs["json_serializer"] = json_text
+    kwargs["json_deserializer"] = json_value
     if backend == "sqlite":
         database = parsed.database or ""
         if database and database != ":memory:" and not create and not os.path.exists(database):

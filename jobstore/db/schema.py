@@ -70,6 +70,9 @@ autoclusters = Table(
     Column("requirements", Text),
     Column("concurrency_limits", Text),
     Column("created_at", Epoch(), nullable=False),
+    # md5 of the significant attributes as JSON (what matching sees of the ad, keys lower case):
+    # the door refuses a job whose own differ (PostgreSQL; NULL elsewhere)
+    Column("significant", String(32)),
     # with its owner: a submitter cannot make the row another one's jobs would join (0012)
     UniqueConstraint("owner", "signature"),
 )
@@ -207,7 +210,7 @@ dag_nodes = Table(
     Column("exit_code", Integer),
     Column("updated_at", Epoch(), nullable=False),
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
-    Index("ix_dag_nodes_status", "dag_id", "status"),
+    Index("ix_dag_nodes_status", "status", "dag_id"),
 )
 
 dag_edges = Table(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from typing import Any
 
 from classad2 import ClassAd, ExprTree
@@ -128,23 +130,50 @@ def submitted_ad(spec: JobSpec) -> dict[str, Any]:
 def stored_attrs(ad: dict[str, Any] | None, *, strict: bool = True) -> dict[str, Value]:
     """A job's stored attributes as a reader takes them, whatever wrote them: never one the
     job store sets itself (Owner, OsUser, HookKeyword, ... its own Jobstore* ones but the URL
-    inputs a submit stores), never a value longer than a job ad can carry (AdError; `strict`
-    False: the value `error`, so that condor_q shows such a job instead of failing)."""
+    inputs a submit stores), never a value a job ad cannot carry: one longer than it can hold,
+    or not a string, a boolean, a 64-bit integer, a finite real or an expression (AdError;
+    `strict` False: the value `error`, so that condor_q shows such a job instead of failing)."""
     out: dict[str, Value] = {}
     for name, value in (ad or {}).items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            if strict:
+                raise AdError(f"{str(name)[:100]!r}: not an attribute name")
+            continue
         low = name.lower()
         if (low in RESERVED and low not in ACCOUNTING) or (
                 low.startswith("jobstore") and low not in SUBMITTED):
             continue
-        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS or (
-                isinstance(value, dict) and len(str(value.get("expr", ""))) > MAX_VALUE_CHARS):
+        problem = _value_problem(value)
+        if problem is not None:
             if strict:
-                raise AdError(f"{name}: a value larger than a job ad can carry (more than "
-                              f"{MAX_VALUE_CHARS} characters)")
+                raise AdError(f"{name}: {problem}")
             out[name] = Expr("error")
             continue
         out[name] = from_json(value)
     return out
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+_INT64 = 1 << 63
+
+
+def _value_problem(value: Any) -> str | None:
+    """Why a stored JSON value cannot be a job ad's (None: it can)."""
+    if isinstance(value, dict):
+        expr = value.get("expr") if len(value) == 1 else None
+        if not isinstance(expr, str):
+            return "not a value a job ad can carry"
+        value = expr
+    if isinstance(value, str):
+        return (f"a value larger than a job ad can carry (more than {MAX_VALUE_CHARS} "
+                "characters)") if len(value) > MAX_VALUE_CHARS else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if -_INT64 <= value < _INT64 else "an integer out of range"
+    if isinstance(value, float):
+        return None if math.isfinite(value) and abs(value) < 1e300 else "a number out of range"
+    return "not a value a job ad can carry"
 
 
 def job_attrs(

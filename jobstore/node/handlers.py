@@ -287,6 +287,10 @@ def fetch_job(request: HookRequest) -> HookResponse:
         except bounded.TooCostly as exc:
             costly = exc.hold("Its Requirements (or the slot's START against it)")
             return Verdict(hold_reason=costly.reason, hold_code=costly.code)
+        except Exception as exc:  # whatever else its stored values make a reader do: that
+            # job's problem, never every slot's (no fetch would get past it)
+            return Verdict(hold_reason=f"its job ad cannot be read: {_what(exc)}",
+                           hold_code=holds.JOB_POLICY_UNDEFINED)
 
     request_ = ClaimRequest(
         queue=settings.queue,
@@ -308,20 +312,27 @@ def fetch_job(request: HookRequest) -> HookResponse:
     try:
         with reading(settings.keyword, job.id):
             text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
-    except AdError as exc:
+    except Exception as exc:  # AdError, or whatever else its stored values do to a reader
+        why = str(exc) if isinstance(exc, AdError) else _what(exc)
         store.report(
             job.id,
             Event.HOLD,
             token=job.token,
             attempt=job.claims,
-            attrs={"error": str(exc)},
-            reason=f"job ad cannot be sent: {exc}",
+            attrs={"error": why},
+            reason=f"job ad cannot be sent: {why}",
         )
-        raise HookError(f"job {views.job_id(job)} put on hold: {exc}") from None
+        raise HookError(f"job {views.job_id(job)} put on hold: {why}") from None
     return HookResponse(
         stdout=text.encode("utf-8", "surrogateescape"),
         log=[*notes, f"{name}: fetched job {views.job_id(job)} attempt {job.claims}"],
     )
+
+
+def _what(exc: BaseException) -> str:
+    """An unexpected error as one bounded line of a hold reason."""
+    text = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def sandbox_dir(job: Job, settings: config.Settings) -> str | None:

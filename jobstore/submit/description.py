@@ -22,6 +22,7 @@ from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import (
     DEFAULT_REQUEST_DISK,
     DEFAULT_REQUEST_MEMORY,
+    PLACEHOLDER_MARK,
     TEMPLATED_FIELDS,
     JobSpec,
     ProcTemplate,
@@ -618,7 +619,8 @@ class _SubmitExpander:
             return None
         names = sorted({name for row in items for name in row})
         if {n.lower() for n in names} & {n.lower() for n in _COUNTERS} or not all(
-                _PLAIN.fullmatch(row.get(name, "")) for row in items for name in names):
+                _PLAIN.fullmatch(value := row.get(name, "")) and PLACEHOLDER_MARK not in value
+                for row in items for name in names):
             return None
         nonce = secrets.token_hex(6)
         kinds = sorted(set(_COUNTERS.values()))

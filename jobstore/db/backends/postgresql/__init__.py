@@ -96,6 +96,8 @@ class PostgreSQL:
                                f" not {engine.dialect.driver}")
         if not event.contains(engine, "checkin", driver.end_autocommit):
             event.listen(engine, "checkin", driver.end_autocommit)  # after driver.begin
+        if not event.contains(engine, "connect", driver.safe_json):
+            event.listen(engine, "connect", driver.safe_json)
         self.engine = engine
         self._reads_tokens: bool | None = None
         # a pooled engine's store keeps one connection between its transactions (kept)

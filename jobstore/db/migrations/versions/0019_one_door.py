@@ -69,7 +69,9 @@ ENGINE = ("jobstore_dag_jobs_ended(bigint[], double precision)",
 # Functions that write, called only by the door's and the engine's (as the tables' owner).
 INTERNAL = ("jobstore_clock(double precision)", "jobstore_check_submitter(text)",
             "jobstore_autoclusters(text, json, double precision)",
-            "jobstore_widest(text, text[], json)",
+            "jobstore_too_wide(text, text[], json, jsonb, integer)",
+            "jobstore_significant(json)", "jobstore_per_job(text)",
+            "jobstore_number_problem(text)",
             "jobstore_cluster_status(bigint)",
             "jobstore_apply_act(bigint[], text, text, integer, integer, double precision, text)",
             "jobstore_dag_acted_on(bigint, text)", "jobstore_dag_node_verdict(bigint)",
@@ -126,6 +128,14 @@ def upgrade() -> None:
         batch.drop_index("ix_clusters_idempotency_key")
         batch.create_index("ix_clusters_owner_idempotency_key", ["owner", "idempotency_key"],
                            unique=True)
+    # status first: a statement about one node by its key never reads the DAG's nodes of a
+    # status instead (the planner cannot tell them apart where it has no statistics yet)
+    op.drop_index("ix_dag_nodes_status", table_name="dag_nodes")
+    op.create_index("ix_dag_nodes_status", "dag_nodes", ["status", "dag_id"])
+    # what matching sees of an autocluster's jobs besides its columns (md5 of the significant
+    # attributes; the door refuses a job whose own differ)
+    with op.batch_alter_table("autoclusters") as batch:
+        batch.add_column(sa.Column("significant", sa.String(32)))
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
@@ -141,6 +151,10 @@ def upgrade() -> None:
     cursor = dbapi.cursor()
     cursor.execute(source.replace("@schema@", schema))
     cursor.close()
+    # the significant attributes of each autocluster's jobs, as its first job has them
+    op.execute("UPDATE autoclusters a SET significant = jobstore_significant(j.ad)"
+               " FROM (SELECT DISTINCT ON (autocluster_id) autocluster_id, ad FROM jobs"
+               " ORDER BY autocluster_id, id) j WHERE j.autocluster_id = a.id")
     # a pattern that is not one whole-name match is no rule (jobstore grant-user refuses one)
     op.execute("UPDATE queue_roles SET may_impersonate = NULL"
                " WHERE NOT jobstore_valid_pattern(may_impersonate)")
@@ -203,6 +217,10 @@ def downgrade() -> None:
     with op.batch_alter_table("clusters") as batch:
         batch.drop_index("ix_clusters_owner_idempotency_key")
         batch.create_index("ix_clusters_idempotency_key", ["idempotency_key"], unique=True)
+    with op.batch_alter_table("autoclusters") as batch:
+        batch.drop_column("significant")
+    op.drop_index("ix_dag_nodes_status", table_name="dag_nodes")
+    op.create_index("ix_dag_nodes_status", "dag_nodes", ["dag_id", "status"])
     op.drop_table("accounting_groups")
     op.drop_table("notify_keys")
     op.drop_table("job_attr_rules")

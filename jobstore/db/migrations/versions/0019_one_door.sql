@@ -161,6 +161,19 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
+-- Why a JSON number (its text) cannot be a job's value: what a ClassAd integer (64 bits) or
+-- real holds, written in at most 32 characters.
+CREATE FUNCTION jobstore_number_problem(p_text text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN length(p_text) > 32 THEN 'a number longer than 32 characters'
+        WHEN p_text ~ '[.eE]' THEN CASE WHEN abs(p_text::numeric) < 1e300 THEN NULL
+                                        ELSE 'a number out of range' END
+        WHEN p_text::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 THEN NULL
+        ELSE 'an integer out of range'
+    END
+$$;
+
 -- Why the submitted attribute `name` = `value` (a JSON value of the ad) cannot be stored,
 -- else NULL. `when_` is 'submit' or 'edit'; `super` whether the session is a queue super user.
 CREATE FUNCTION jobstore_attr_problem(p_name text, p_value json, p_when text, p_super boolean)
@@ -180,7 +193,8 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, @schema@, pg_temp
                 THEN 'not a value the job store keeps'
             ELSE jobstore_value_problem(p_value->>'expr') END
         WHEN json_typeof(p_value) = 'string' THEN jobstore_value_problem(p_value #>> '{}')
-        WHEN json_typeof(p_value) IN ('number', 'boolean') THEN NULL
+        WHEN json_typeof(p_value) = 'number' THEN jobstore_number_problem(p_value::text)
+        WHEN json_typeof(p_value) = 'boolean' THEN NULL
         ELSE 'not a value the job store keeps'
     END
     FROM (SELECT 1) AS one LEFT JOIN job_attr_rules r ON r.name = lower(p_name)
@@ -218,12 +232,22 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, @schema@, pg_temp AS $$
         SELECT k.cluster_id, k.proc_id, min(k.key), 'an attribute named twice'
         FROM k GROUP BY k.cluster_id, k.proc_id, lower(k.key) HAVING count(*) > 1
         UNION ALL
-        -- a value can be too long, too deep or broken only in an ad longer than 2048 bytes
-        -- or with an escaped line break
-        SELECT a.cluster_id, a.proc_id, e.key, jobstore_attr_problem(e.key, e.value, p_when,
-                                                                     p_super)
+        -- each value a string, a boolean, a number a ClassAd holds or {"expr": string}; one
+        -- can be too long or too deep only in an ad longer than 2048 bytes or with an escape
+        -- that could be a line break
+        SELECT a.cluster_id, a.proc_id, e.key, CASE
+            WHEN a.size > 2048 OR a.ad::text ~ '\\[nru]'
+                THEN jobstore_attr_problem(e.key, e.value, p_when, p_super)
+            ELSE CASE json_typeof(e.value)
+                WHEN 'string' THEN NULL
+                WHEN 'boolean' THEN NULL
+                WHEN 'number' THEN jobstore_number_problem(e.value::text)
+                WHEN 'object' THEN CASE
+                    WHEN e.value::text ~ '^\{\s*"expr"\s*:\s*"(?:[^"\\]|\\.)*"\s*\}$'
+                        THEN NULL
+                    ELSE 'not a value the job store keeps' END
+                ELSE 'not a value the job store keeps' END END
         FROM a CROSS JOIN LATERAL json_each(CASE WHEN a.object THEN a.ad ELSE '{}' END) AS e
-        WHERE a.size > 2048 OR a.ad::text ~ '\\[nru]'
     )
     SELECT format('job %s.%s: %s%s', cluster_id, proc_id,
                   CASE WHEN name IS NULL THEN '' ELSE name || ': ' END, why)
@@ -422,6 +446,25 @@ BEGIN
         WHERE c.owner = v_owner AND c.idempotency_key = p_key;
 END $$;
 
+-- Whether attribute `p_name` tells one job of an autocluster from another, matching never
+-- looking at it (jobstore.core.autoclusters.PER_JOB; tests/test_one_door.py compares them).
+CREATE FUNCTION jobstore_per_job(p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT lower(p_name) IN ('cmd', 'arguments', 'args', 'environment', 'env', 'iwd', 'in',
+        'out', 'err', 'userlog', 'procid', 'clusterid', 'qdate', 'jobprio', 'globaljobid',
+        'dagmanjobid', 'dagnodename', 'dagparentnodenames')
+$$;
+
+-- What matching sees of a job's ad besides its autocluster's columns, as jobstore.core.
+-- autoclusters.significant_attrs takes it (every attribute but PER_JOB's, names in lower case):
+-- the md5 of its JSON. The jobs of one autocluster have the same (a slot judges one of them).
+CREATE FUNCTION jobstore_significant(p_ad json) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT md5(coalesce(jsonb_object_agg(lower(e.key), e.value::jsonb), '{}'::jsonb)::text)
+    FROM json_each(CASE WHEN json_typeof(p_ad) = 'object' THEN p_ad ELSE '{}' END) AS e
+    WHERE NOT jobstore_per_job(e.key)
+$$;
+
 -- The autocluster of each signature, made where it is new with its limits and submitter rows:
 -- the key columns of every job of one signature must be its autocluster's.
 CREATE FUNCTION jobstore_autoclusters(p_owner text, p_jobs json, p_now double precision)
@@ -435,26 +478,31 @@ BEGIN
     SELECT DISTINCT j.submitter, p_now FROM json_to_recordset(p_jobs) AS j(submitter text)
     ORDER BY 1 ON CONFLICT (name) DO NOTHING;
     INSERT INTO autoclusters (signature, queue, owner, submitter, request_cpus, request_memory,
-        request_disk, requirements, concurrency_limits, created_at)
+        request_disk, requirements, concurrency_limits, significant, created_at)
     SELECT DISTINCT ON (j.signature) j.signature, j.queue, p_owner, j.submitter,
         j.request_cpus, j.request_memory, j.request_disk, j.requirements, j.concurrency_limits,
-        p_now
+        j.significant, p_now
     FROM json_to_recordset(p_jobs) AS j(signature text, queue text, submitter text,
         request_cpus integer, request_memory integer, request_disk bigint, requirements text,
-        concurrency_limits text)
+        concurrency_limits text, significant text)
     ORDER BY j.signature
     ON CONFLICT (owner, signature) DO NOTHING;
+    -- one made before its jobs' significant attributes were kept, and left without jobs
+    UPDATE autoclusters a SET significant = j.significant
+    FROM json_to_recordset(p_jobs) AS j(signature text, significant text)
+    WHERE a.owner = p_owner AND a.signature = j.signature AND a.significant IS NULL;
     SELECT format('signature %s: the jobs of one autocluster differ in what matching sees',
                   j.signature) INTO v_bad
     FROM json_to_recordset(p_jobs) AS j(signature text, queue text, submitter text,
         request_cpus integer, request_memory integer, request_disk bigint, requirements text,
-        concurrency_limits text)
+        concurrency_limits text, significant text)
     JOIN autoclusters a ON a.owner = p_owner AND a.signature = j.signature
     WHERE (a.queue, a.submitter, a.request_cpus, a.request_memory, a.request_disk)
           IS DISTINCT FROM (j.queue, j.submitter, j.request_cpus, j.request_memory,
                             j.request_disk)
        OR a.requirements IS DISTINCT FROM j.requirements
        OR a.concurrency_limits IS DISTINCT FROM j.concurrency_limits
+       OR a.significant IS DISTINCT FROM j.significant
     LIMIT 1;
     IF v_bad IS NOT NULL THEN
         PERFORM jobstore_bad(v_bad);
@@ -619,7 +667,8 @@ BEGIN
             'signature', s.signature, 'queue', s.queue,
             'submitter', coalesce(s.submitter, c.owner), 'request_cpus', s.request_cpus,
             'request_memory', s.request_memory, 'request_disk', s.request_disk,
-            'requirements', s.requirements, 'concurrency_limits', s.concurrency_limits))
+            'requirements', s.requirements, 'concurrency_limits', s.concurrency_limits,
+            'significant', jobstore_significant(s.ad)))
             FROM sent s), v_now)
     ), made AS (
         INSERT INTO jobs (cluster_id, proc_id, queue, priority, owner, ad, cmd, request_cpus,
@@ -655,24 +704,31 @@ BEGIN
     RETURN QUERY SELECT unnest(v_ids);
 END $$;
 
--- The longest `p_text` (a template's ad, or one of its values) is in any item row once each
--- placeholder is replaced: a counter's (`p_counters`) by a number (at most 10 digits), an
--- item's by its value in that row (`p_items`: placeholder -> its values, a row each). Linear
--- in the rows.
-CREATE FUNCTION jobstore_widest(p_text text, p_counters text[], p_items json) RETURNS bigint
+-- Whether `p_text` (a template's ad, or one of its values) is longer than `p_limit` in any
+-- item row once each placeholder is replaced: a counter's (`p_counters`) by a number (at most
+-- 10 digits), an item's by its value in that row (`p_items`: placeholder -> its values, a row
+-- each; `p_longest`: placeholder -> the length of its longest value). The rows are read only
+-- when the longest values together would pass the limit.
+CREATE FUNCTION jobstore_too_wide(p_text text, p_counters text[], p_items json,
+    p_longest jsonb, p_limit integer) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT length(p_text)
-        + coalesce((SELECT sum(u.n * (10 - length(u.k)))
-                    FROM (SELECT k, (length(p_text) - length(replace(p_text, k, '')))
-                                    / length(k) AS n
-                          FROM unnest(p_counters) AS k) u), 0)
-        + coalesce((SELECT max(g.grow) FROM (
-              SELECT e.r, sum(u.n * (length(e.v) - length(u.k))) AS grow
-              FROM (SELECT k, (length(p_text) - length(replace(p_text, k, ''))) / length(k) AS n
-                    FROM json_object_keys(coalesce(p_items, '{}')) AS k) u
-              CROSS JOIN LATERAL json_array_elements_text(p_items -> u.k)
-                  WITH ORDINALITY AS e(v, r)
-              WHERE u.n > 0 GROUP BY e.r) g), 0)
+    WITH used AS (
+        SELECT k, (length(p_text) - length(replace(p_text, k, ''))) / length(k) AS n
+        FROM json_object_keys(coalesce(p_items, '{}')) AS k
+    ), base AS (
+        SELECT length(p_text) + coalesce((SELECT sum(c.n * (10 - length(c.k))) FROM (
+            SELECT k, (length(p_text) - length(replace(p_text, k, ''))) / length(k) AS n
+            FROM unnest(p_counters) AS k) c), 0) AS size
+    )
+    SELECT CASE
+        WHEN b.size + coalesce((SELECT sum(u.n * ((p_longest ->> u.k)::bigint - length(u.k)))
+                                FROM used u WHERE u.n > 0), 0) <= p_limit THEN false
+        ELSE b.size + coalesce((SELECT max(g.grow) FROM (
+                 SELECT e.r, sum(u.n * (length(e.v) - length(u.k))) AS grow
+                 FROM used u CROSS JOIN LATERAL json_array_elements_text(p_items -> u.k)
+                     WITH ORDINALITY AS e(v, r)
+                 WHERE u.n > 0 GROUP BY e.r) g), 0) > p_limit END
+    FROM base b
 $$;
 
 -- Queue procs p_first to p_last of a templated cluster (jobstore.core.jobs.ProcTemplate): the
@@ -703,6 +759,8 @@ DECLARE
     v_expr text := '$1';
     v_from text;
     v_zip text[] := '{}';
+    v_longest bigint;
+    v_most jsonb := '{}';
     v_bad text;
     v_ac bigint;
     v_ids bigint[];
@@ -773,13 +831,20 @@ BEGIN
     END LOOP;
     v_rows := p_last / p_per_item - p_first / p_per_item + 1;
     FOR k, v_value IN SELECT key, value FROM json_each(coalesce(p_items, '{}')) LOOP
-        IF json_typeof(v_value) <> 'array' OR json_array_length(v_value) <> v_rows
-           OR EXISTS (SELECT 1 FROM json_array_elements(v_value) e
-                      WHERE json_typeof(e) <> 'string'
-                         OR length(e #>> '{}') > 10240 OR e #>> '{}' !~ '^[ !#-\[\]-~]*$') THEN
-            PERFORM jobstore_bad('an item''s values are printable text without quotes or'
-                                 ' backslashes, at most 10240 characters, one for each item row');
+        v_longest := NULL;
+        IF json_typeof(v_value) = 'array' AND json_array_length(v_value) = v_rows THEN
+            SELECT CASE WHEN bool_and(json_typeof(e) = 'string'
+                                      AND e #>> '{}' !~ '[^ !#-\[\]-~]'
+                                      AND strpos(e #>> '{}', 'JOBSTORE') = 0)
+                        THEN max(length(e #>> '{}')) END
+            INTO v_longest FROM json_array_elements(v_value) e;
         END IF;
+        IF v_longest IS NULL OR v_longest > 10240 THEN
+            PERFORM jobstore_bad('an item''s values are printable text without quotes,'
+                                 ' backslashes or JOBSTORE, at most 10240 characters, one for'
+                                 ' each item row');
+        END IF;
+        v_most := v_most || jsonb_build_object(k, v_longest);
         v_places := v_places || k;
         v_kinds := v_kinds || 'item'::text;
         v_zip := v_zip || format('json_array_elements_text($2 -> %L)', k);
@@ -793,10 +858,16 @@ BEGIN
                    WHERE strpos(key, v_places[i]) > 0) THEN
             PERFORM jobstore_bad('a placeholder in an attribute''s name');
         END IF;
+        -- only where jobs of one autocluster may differ (what matching never looks at)
+        IF EXISTS (SELECT 1 FROM json_each(j.ad) AS e
+                   WHERE strpos(e.value::text, v_places[i]) > 0 AND NOT jobstore_per_job(e.key))
+        THEN
+            PERFORM jobstore_bad('a placeholder in an attribute matching looks at');
+        END IF;
     END LOOP;
     -- the widest row's ad, and each of its values, within their bounds
     IF cardinality(v_places) > 0 THEN
-        IF jobstore_widest(v_ad, v_counters, p_items) > 32768 THEN
+        IF jobstore_too_wide(v_ad, v_counters, p_items, v_most, 32768) THEN
             PERFORM jobstore_bad(format('job %s.%s: its ad may be larger than 32768 bytes',
                                         p_cluster, p_first));
         END IF;
@@ -804,7 +875,7 @@ BEGIN
                       p_first, e.key) INTO v_bad
         FROM json_each(j.ad) AS e
         WHERE e.value::text LIKE '%JOBSTORE%'
-          AND jobstore_widest(e.value::text, v_counters, p_items) > 10240
+          AND jobstore_too_wide(e.value::text, v_counters, p_items, v_most, 10240)
         LIMIT 1;
         IF v_bad IS NOT NULL THEN
             PERFORM jobstore_bad(v_bad);
@@ -814,7 +885,8 @@ BEGIN
         json_build_object('signature', j.signature, 'queue', c.queue,
             'submitter', coalesce(j.submitter, c.owner), 'request_cpus', j.request_cpus,
             'request_memory', j.request_memory, 'request_disk', j.request_disk,
-            'requirements', j.requirements, 'concurrency_limits', j.concurrency_limits)),
+            'requirements', j.requirements, 'concurrency_limits', j.concurrency_limits,
+            'significant', jobstore_significant(j.ad))),
         v_now) a;
     -- replace(...(replace($1, placeholder, its text)...)) for each placeholder; the item
     -- rows (their values and, a DAG's nodes, their clusters) zipped side by side, each row's
@@ -1214,6 +1286,7 @@ BEGIN
         'request_disk', CASE WHEN v_column = 'request_disk' THEN v_number ELSE j.request_disk END,
         'requirements', CASE WHEN v_low = 'requirements' THEN p_text ELSE j.requirements END,
         'concurrency_limits', j.concurrency_limits, 'ad', n.ad,
+        'significant', jobstore_significant(n.ad),
         'priority', CASE WHEN v_column = 'priority' THEN v_number ELSE j.priority END,
         'periodic', CASE WHEN EXISTS (SELECT 1 FROM json_object_keys(n.ad) k WHERE lower(k) IN (
             'periodichold', 'periodicrelease', 'periodicremove', 'allowedexecuteduration',
@@ -1321,6 +1394,10 @@ BEGIN
     IF p_max_jobs < 1 OR p_max_idle < 1 THEN
         PERFORM jobstore_bad('-maxjobs and -maxidle are 1 or more');
     END IF;
+    IF p_attrs IS NOT NULL AND (json_typeof(p_attrs) <> 'object' OR EXISTS (
+            SELECT 1 FROM json_each(p_attrs) AS e WHERE json_typeof(e.value) <> 'string')) THEN
+        PERFORM jobstore_bad('SET_JOB_ATTR: each value is the text of an expression');
+    END IF;
     IF p_attrs IS NOT NULL THEN
         v_bad := jobstore_ads_problem(json_build_array(json_build_object('cluster_id', v_id,
             'proc_id', 0, 'ad', (SELECT json_object_agg(k, json_build_object('expr', v))
@@ -1362,7 +1439,8 @@ BEGIN
         PERFORM jobstore_bad(format('DAG %s has its nodes already', p_dag));
     END IF;
     SELECT CASE
-        WHEN n.name IS NULL OR n.name !~ '^[^\s{}"\\]{1,255}$' THEN
+        WHEN n.name IS NULL OR length(n.name) NOT BETWEEN 1 AND 255
+             OR n.name ~ '[\s{}"\\]' THEN
             format('%L is not a node name', n.name)
         WHEN n.procs IS NULL OR n.procs NOT BETWEEN 0 AND 1000000 THEN
             format('node %s: not a number of jobs', n.name)
@@ -1370,7 +1448,8 @@ BEGIN
             format('node %s: not a category', n.name)
         END INTO v_bad
     FROM json_to_recordset(p_nodes) AS n(name text, procs integer, category text)
-    WHERE n.name IS NULL OR n.name !~ '^[^\s{}"\\]{1,255}$' OR n.procs IS NULL
+    WHERE n.name IS NULL OR length(n.name) NOT BETWEEN 1 AND 255 OR n.name ~ '[\s{}"\\]'
+       OR n.procs IS NULL
        OR n.procs NOT BETWEEN 0 AND 1000000 OR length(n.category) > 255
        OR n.category ~ '[\s"\\]'
     LIMIT 1;
@@ -1583,19 +1662,63 @@ BEGIN
     FROM unnest(v_ids, v_claims) AS x(id, claims);
 END $$;
 
--- One parent fewer to wait for, for each child of `p_names`; those with none left are ready.
+-- Nodes `p_names` of DAG `p_dag` are done: one parent fewer to wait for, for each of their
+-- children; those with none left are ready. In a running DAG a NOOP child that is ready is
+-- done at once, and so on down a chain of them. Each child is read and written by its whole
+-- key (the planner never knows how big a DAG made in this transaction is, and a plan by its id
+-- and status reads all its nodes of that status at every step: `(status = ...) IS TRUE` is
+-- what no index serves); a step with many children is one statement.
 CREATE FUNCTION jobstore_dag_parents_done(p_dag bigint, p_names text[], p_now double precision)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, @schema@, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
+    v_names text[] := p_names;
     v_name text;
+    v_kids text[];
+    v_noop text[];
+    v_running boolean;
+    v_status text;
+    v_is_noop boolean;
 BEGIN
-    FOREACH v_name IN ARRAY p_names LOOP
-        UPDATE dag_nodes n SET pending = n.pending - 1, updated_at = p_now,
-            status = CASE WHEN n.pending <= 1 THEN 'ready' ELSE 'waiting' END
-        WHERE n.dag_id = p_dag AND n.status = 'waiting' AND n.name IN (
-            SELECT e.child FROM dag_edges e WHERE e.dag_id = p_dag AND e.parent = v_name);
+    SELECT status = 'running' INTO v_running FROM dags WHERE id = p_dag;
+    LOOP
+        v_kids := '{}';
+        FOREACH v_name IN ARRAY v_names LOOP
+            v_kids := v_kids || ARRAY(SELECT e.child::text FROM dag_edges e
+                                      WHERE e.dag_id = p_dag AND e.parent = v_name);
+        END LOOP;
+        v_noop := '{}';
+        IF cardinality(v_kids) > 256 THEN
+            WITH kids AS (
+                SELECT k.child, count(*) AS k FROM unnest(v_kids) AS k(child) GROUP BY k.child
+            ), moved AS (
+                UPDATE dag_nodes n SET pending = n.pending - kids.k, updated_at = p_now,
+                    status = CASE WHEN n.pending <= kids.k THEN 'ready' ELSE 'waiting' END
+                FROM kids WHERE n.dag_id = p_dag AND n.name = kids.child
+                  AND n.status = 'waiting'
+                RETURNING n.name, n.status, n.cluster_id, n.final)
+            SELECT coalesce(array_agg(m.name::text) FILTER (
+                       WHERE m.status = 'ready' AND m.cluster_id IS NULL AND NOT m.final), '{}')
+            INTO v_noop FROM moved m;
+        ELSE
+            FOREACH v_name IN ARRAY v_kids LOOP
+                UPDATE dag_nodes n SET pending = n.pending - 1, updated_at = p_now,
+                    status = CASE WHEN n.pending <= 1 THEN 'ready' ELSE 'waiting' END
+                WHERE n.dag_id = p_dag AND n.name = v_name AND (n.status = 'waiting') IS TRUE
+                RETURNING n.status, n.cluster_id IS NULL AND NOT n.final
+                INTO v_status, v_is_noop;
+                IF FOUND AND v_status = 'ready' AND v_is_noop THEN
+                    v_noop := v_noop || v_name;
+                END IF;
+            END LOOP;
+        END IF;
+        EXIT WHEN NOT coalesce(v_running, false) OR cardinality(v_noop) = 0;
+        FOREACH v_name IN ARRAY v_noop LOOP
+            UPDATE dag_nodes SET status = 'done', exit_code = 0, updated_at = p_now
+            WHERE dag_id = p_dag AND name = v_name AND (status = 'ready') IS TRUE;
+        END LOOP;
+        v_names := v_noop;
     END LOOP;
 END $$;
 
