@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make test` runs its tests in this many processes (pytest-xdist; `auto`: one per CPU, at most 4).
 TEST_WORKERS ?= auto
 
-.PHONY: venv demo test test-slow test-all lint bench
+.PHONY: venv demo test test-slow test-live test-all lint bench
 
 venv: $(VENV)/.installed
 
@@ -37,11 +37,16 @@ demo: venv
 # `slow`), in parallel; `make test-slow` runs those one at a time (they measure and load the
 # machine themselves). CI (.ci/run) runs both, one after the other.
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n $(TEST_WORKERS) --maxprocesses=4 \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) --maxprocesses=4 \
 		--durations=15 $(PYTEST_ARGS)
 
 test-slow: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m slow --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not live" --durations=15 $(PYTEST_ARGS)
+
+# `make test-live`: tests/live on a personal pool of a real HTCondor (HTCONDOR_PREFIX, else
+# condor_master on PATH; skipped with one line otherwise), as root.
+test-live: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m live --durations=15 $(PYTEST_ARGS) tests/live
 
 test-all: test test-slow
 
