@@ -387,3 +387,26 @@ def test_refused_hook_and_stdout_file(env: dict[str, Path]) -> None:
     emu.run(until=lambda: jobs_done(emu.report, 1), timeout=20)
     assert (env["iwd"] / "out.txt").read_text() == "hi a b\n"
     assert os.path.isdir(emu.execute_dir)
+
+
+def test_a_started_startd_fetches_at_its_first_update_or_when_nudged(env: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """As a real startd (docs/live-startd.md): no FETCH_WORK before the first UPDATE_INTERVAL,
+    unless an UPDATE_MACHINE_AD comes; then at once."""
+    job(env, "a", "exit 0")
+    control = tmp_path / "control"
+    control.mkdir()
+    emu = Emulator(make_config(env, first_fetch_after=60.0, control_dir=str(control)))
+    started, wall = time.monotonic(), time.time()
+
+    def nudge_later() -> bool:
+        if time.monotonic() - started > 1.5 and not (control / ".nudged").exists():
+            assert not emu.report.calls("FETCH_WORK"), "fetched before the first update"
+            (control / ".nudged").write_text("")
+            (control / "update-machine-ad").write_text("")
+        return jobs_done(emu.report, 1)
+
+    report = emu.run(until=nudge_later, timeout=20)
+    assert jobs_done(report, 1)
+    first = report.calls("FETCH_WORK")[0]
+    assert first.started - wall < 10

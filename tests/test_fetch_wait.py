@@ -8,9 +8,11 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hookseq import ordinary_owner, slot_ad, submit_jobs
@@ -221,6 +223,49 @@ def test_a_new_agent_nudges_the_startd_until_its_first_fetch(node: Node, store: 
     node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     node.wait_log("the startd fetches: no more nudges")
     assert len(calls.read_text().splitlines()) == 2
+
+
+def test_the_agent_nudges_a_startd_again_whenever_it_goes_quiet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A startd restarted by the condor_master (after SIGKILL, say) does not fetch before its
+    first UPDATE_INTERVAL either: once no fetch came for QUIET seconds and none waits, the
+    agent nudges again; while fetches come, never."""
+    from jobstore.agent import startdnudge
+
+    monkeypatch.setattr(startdnudge, "QUIET", 0.4)
+    monkeypatch.setattr(startdnudge, "NUDGE_EVERY", 0.05)
+    monkeypatch.setattr(startdnudge, "NUDGE_AGAIN", 0.3)
+    calls = tmp_path / "nudges"
+    tool = tmp_path / "update_machine_ad"
+    tool.write_text(f"#!/bin/sh\necho nudge >> {calls}\n")
+    tool.chmod(0o755)
+    waiting = [0]
+    fetches = startdnudge.FetchActivity(lambda: waiting[0])
+    stop = threading.Event()
+    nudger = threading.Thread(target=startdnudge.nudge_startd,
+                              args=(str(tool), time.time(), fetches, stop.is_set))
+    nudger.start()
+    try:
+        _until(lambda: calls.exists())  # quiet from the start: nudged
+        for _ in range(20):  # a fetch every 0.05 s: never quiet
+            fetches.seen()
+            time.sleep(0.05)
+        busy = len(calls.read_text().splitlines())
+        waiting[0] = 1  # a fetch waits in the agent: not quiet either
+        time.sleep(0.8)
+        assert len(calls.read_text().splitlines()) == busy
+        waiting[0] = 0  # the startd died: nothing waits, nothing comes
+        _until(lambda: len(calls.read_text().splitlines()) > busy)
+    finally:
+        stop.set()
+        nudger.join(5)
+
+
+def _until(probe: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.02)
 
 
 @pytest.mark.slow  # (one fetch waits its bound)

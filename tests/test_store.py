@@ -445,6 +445,17 @@ def test_reap_requeues_expired_leases_then_fails(store):
     ])
 
 
+def test_reap_due_recovers_leases_once_per_interval_in_the_pool(store):
+    """The agents' pass (a job whose startd died comes back though no slot fetches): whoever
+    asks first within an interval reaps; the others are told it is not due."""
+    (job_id,) = submit(store)
+    claim(store)
+    out = store.reap_due(10, now=FAR_FUTURE)
+    assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
+    assert store.reap_due(10, now=FAR_FUTURE + 5) is None
+    assert store.reap_due(10, now=FAR_FUTURE + 11) == []
+
+
 def test_reap_respects_renewed_leases(store):
     (job_id,) = submit(store)
     job = claim(store)

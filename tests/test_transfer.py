@@ -109,3 +109,28 @@ def test_output_destination_is_where_the_node_sends_the_outputs(iwd: str) -> Non
     assert t is not None and t.output_url == "https://h.example/up/"
     attrs = transfer_attrs(t, values, sandbox_inputs(t, "/bin/true", None))
     assert attrs["OutputDestination"] == '"https://h.example/up/"'
+
+
+def test_a_directory_output_lands_whole_under_its_name_or_remap() -> None:
+    from jobstore.submit.transfer import output_destination
+
+    listed = ("out.txt", "results", "deep/plots/")
+    remaps = (("out.txt", "renamed.txt"), ("results", "kept"))
+    land = {name: output_destination(name, "/home/a", remaps, listed=listed)
+            for name in ("out.txt", "results/x/y.dat", "deep/plots/p.png", "stray/z.txt",
+                         "resultsx/w.txt")}
+    assert land == {"out.txt": "/home/a/renamed.txt", "results/x/y.dat": "/home/a/kept/x/y.dat",
+                    "deep/plots/p.png": "/home/a/plots/p.png", "stray/z.txt": "/home/a/z.txt",
+                    "resultsx/w.txt": "/home/a/w.txt"}
+
+
+def test_a_listed_directory_is_sent_file_by_file(tmp_path: Path) -> None:
+    from jobstore.node.sandbox import outputs
+
+    (tmp_path / "outdir" / "sub").mkdir(parents=True)
+    (tmp_path / "outdir" / "b.txt").write_text("b")
+    (tmp_path / "outdir" / "sub" / "c.txt").write_text("c")
+    (tmp_path / "outdir" / "link").symlink_to("/etc/passwd")
+    (tmp_path / "a.txt").write_text("a")
+    ad = b'TransferOutput = "a.txt, outdir"\n'
+    assert outputs(ad, str(tmp_path), {}) == ["a.txt", "outdir/b.txt", "outdir/sub/c.txt"]

@@ -48,7 +48,7 @@ from jobstore.agent.protocol import (
 )
 from jobstore.agent.pruner import Pruner
 from jobstore.agent.slotads import SlotBoard
-from jobstore.agent.startdnudge import nudge_startd
+from jobstore.agent.startdnudge import FetchActivity, nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.errors import JobstoreError
@@ -66,6 +66,9 @@ log = logging.getLogger("jobstore.agent")
 # Seconds between two looks at whether the periodic policy pass is due (it runs once per
 # PERIODIC_EXPR_INTERVAL in the whole pool, JobStore.police_due).
 POLICE_TICK = 10.0
+# Seconds between two recoveries of expired leases in the whole pool (JobStore.reap_due), so that
+# a job whose startd died comes back even when no slot fetches.
+REAP_INTERVAL = 10.0
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
 _package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
@@ -179,7 +182,7 @@ class Agent:
         self._waits: FetchWaits | None = None
         self._settings = config.SettingsCache()  # each keyword's, read once (again on SIGHUP)
         self._outbox = Outbox(self._settings.get, lambda: self.services)
-        self._fetched = threading.Event()  # the startd's first fetch was served
+        self._fetches = FetchActivity(lambda: len(self._waits or ()))  # for the nudge
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -267,7 +270,7 @@ class Agent:
         waiter.start()
         if self.settings.nudge_command:
             threading.Thread(target=nudge_startd, args=(
-                self.settings.nudge_command, time.time(), self._fetched, lambda: self._stop),
+                self.settings.nudge_command, time.time(), self._fetches, lambda: self._stop),
                 name="nudge", daemon=True).start()
         watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
@@ -583,7 +586,7 @@ class Agent:
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
             if hook == "fetch_job" and conn.service and item.parked is None:
-                self._fetched.set()
+                self._fetches.seen()
                 try:  # the startd's slot ad, for jobstore status: never at the fetch's cost
                     self._slots.seen(item.stdin)
                 except Exception as exc:
@@ -823,6 +826,8 @@ class Agent:
                 for o in acted or ():
                     log.info("job %s: periodic policy: %s %s -> %s (%s)", o.name, o.event,
                              o.before, o.after, o.reason)
+                for o in store.reap_due(REAP_INTERVAL) or ():
+                    log.info("job %s: lease ran out: %s -> %s", o.name, o.before, o.after)
         except Exception as exc:
             log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
         try:

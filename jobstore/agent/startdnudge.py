@@ -1,11 +1,15 @@
-"""A freshly started startd runs its slots' first FETCH_WORK only at its first periodic update
-(UPDATE_INTERVAL, 300 s by default): entering Unclaimed does not try a fetch, only the periodic
-evaluation of a slot's state does (startd/ResState.cpp), and that runs on the update timer. An
-UPDATE_MACHINE_AD command makes the startd update at once (command.cpp caUpdateMachineAd ->
-ResMgr::update_all -> every slot's eval_state -> Unclaimed: tryFetchWork). So the agent, started
-with the startd by the condor_master, sends one (`condor_update_machine_ad`, with
-`JobstoreAgentStartTime`) every NUDGE_EVERY seconds until it has served the startd's first fetch,
-for at most NUDGE_FOR seconds. Each costs the startd one update of its ads to the collector.
+"""A startd runs its slots' first FETCH_WORK only at its first periodic update (UPDATE_INTERVAL,
+300 s by default): entering Unclaimed does not try a fetch, only the periodic evaluation of a
+slot's state does (startd/ResState.cpp), and that runs on the update timer. An UPDATE_MACHINE_AD
+command makes the startd update at once (command.cpp caUpdateMachineAd -> ResMgr::update_all ->
+every slot's eval_state -> Unclaimed: tryFetchWork). So the agent sends one
+(`condor_update_machine_ad`, with `JobstoreAgentStartTime`) whenever the startd has gone quiet:
+no fetch for QUIET seconds and none waiting in the agent, as at the agent's start, and after
+the condor_master restarted a startd that died (seen on a real startd: the new one would not
+fetch for 300 s). It tries every NUDGE_EVERY seconds until one is taken, then waits NUDGE_AGAIN
+for the fetches it should bring. Each costs the startd one update of its ads to the collector;
+a startd that fetches (FetchWorkDelay of 50-jobstore.conf: a slot fetches every second, or
+waits in the agent) is never nudged.
 """
 
 from __future__ import annotations
@@ -19,21 +23,52 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("jobstore.agent")
-NUDGE_EVERY = 5.0  # seconds between two tries, until the startd's first fetch
+NUDGE_EVERY = 5.0  # seconds between two tries while the startd is quiet
 NUDGE_AGAIN = 60.0  # seconds after one the startd took, if no fetch came of it
-NUDGE_FOR = 300.0  # seconds after the agent's start: then the startd's own timer has run
+QUIET = 20.0  # seconds without a fetch, and none waiting, after which the startd is not fetching
 
 
-def nudge_startd(command: str, started: float, fetched: threading.Event,
+class FetchActivity:
+    """When the startd's last FETCH_WORK came, and how many wait in the agent now."""
+
+    def __init__(self, waiting: Callable[[], int]) -> None:
+        self._waiting = waiting
+        self._last = float("-inf")
+        self._came = threading.Condition()
+
+    def seen(self) -> None:
+        """A FETCH_WORK call from the startd arrived."""
+        with self._came:
+            self._last = time.monotonic()
+            self._came.notify_all()
+
+    def quiet(self) -> bool:
+        return time.monotonic() - self._last > QUIET and self._waiting() == 0
+
+    def came_since(self, since: float, timeout: float) -> bool:
+        """Whether a fetch came after `since` (time.monotonic()), waiting up to `timeout`."""
+        with self._came:
+            return self._came.wait_for(lambda: self._last >= since, timeout)
+
+
+def nudge_startd(command: str, started: float, fetches: FetchActivity,
                  stopping: Callable[[], bool]) -> int:
-    """Send the startd UPDATE_MACHINE_AD with `command` until `fetched` is set (or NUDGE_FOR
-    passed, or `stopping()`); the number of commands the startd took."""
-    took, warned = 0, False
+    """Send the startd UPDATE_MACHINE_AD with `command` whenever `fetches` is quiet, until
+    `stopping()`; the number of commands the startd took."""
+    took = 0
     fd, path = tempfile.mkstemp(prefix="jobstore-nudge-", suffix=".ad")
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(f"JobstoreAgentStartTime = {int(started)}\n")
-        while not fetched.is_set() and not stopping() and time.time() - started < NUDGE_FOR:
+        spell = warned = False  # within one quiet spell: nudged, said why not
+        while not stopping():
+            if not fetches.quiet():
+                if spell:
+                    log.info("the startd fetches: no more nudges")
+                spell = warned = False
+                time.sleep(NUDGE_EVERY)
+                continue
+            asked = time.monotonic()
             try:
                 done = subprocess.run([command, path], capture_output=True, timeout=30)
             except (OSError, subprocess.TimeoutExpired) as exc:
@@ -41,15 +76,15 @@ def nudge_startd(command: str, started: float, fetched: threading.Event,
                 return took
             if done.returncode == 0:
                 took += 1
+                spell = True
                 log.info("startd nudged to fetch now (UPDATE_MACHINE_AD)")
-                fetched.wait(NUDGE_AGAIN - NUDGE_EVERY)  # its fetches should come now
+                if fetches.came_since(asked, NUDGE_AGAIN - NUDGE_EVERY):
+                    continue  # its fetches came
             elif not warned:
                 warned = True  # the startd may not be up yet: say so once
                 log.info("startd not nudged yet: %s", done.stderr.decode(
                     "utf-8", "replace").strip().splitlines()[-1:] or done.returncode)
-            fetched.wait(NUDGE_EVERY)
-        if fetched.is_set():
-            log.info("the startd fetches: no more nudges")
+            time.sleep(NUDGE_EVERY)
     finally:
         os.unlink(path)
     return took

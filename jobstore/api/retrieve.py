@@ -42,10 +42,12 @@ def retrieve(store: JobStore, shown: Shown, ids: Sequence[str] = (),
         ad = stored_attrs(job.ad, strict=False)
         iwd = str(ad.get("Iwd") or "/")
         remaps = parse_remaps(_string(ad.get("TransferOutputRemaps")))
+        listed = tuple(n.strip() for n in _string(ad.get("TransferOutput")).split(",")
+                       if n.strip())
         written = []
         for name, f in files.items():
             dest = output_destination(name, iwd, remaps, _text(ad.get("Out")),
-                                      _text(ad.get("Err")))
+                                      _text(ad.get("Err")), listed)
             _write_as(job.owner, dest, store.file_content(f.owner, f.sha256), f.mode)
             written.append((name, dest))
         out.append(Retrieved(job, tuple(written)))

@@ -627,6 +627,14 @@ class JobStore:
             return None
         return self.police(now=now)
 
+    def reap_due(self, interval: float, *, now: float | None = None) -> list[Outcome] | None:
+        """`reap`, unless a reap pass started less than `interval` seconds ago anywhere in the
+        pool (None then)."""
+        now = time.time() if now is None else now
+        if not self._take_pass("reap", interval, now):
+            return None
+        return self.reap(now=now)
+
     def prune_due(self, retention: float, interval: float, *, now: float | None = None,
                   budget: float = 30.0) -> Pruned | None:
         """`prune` what finished more than `retention` seconds ago, for at most `budget`

@@ -57,6 +57,10 @@ class EmulatorConfig:
     # MachineMaxVacateTime: a graceful vacate sends the job its KillSig, then SIGKILL after
     # min(JobMaxVacateTime, this) seconds.
     max_vacate_time: float = 600.0
+    # The startd's first FETCH_WORK comes at its first UPDATE_INTERVAL (300 s on a real one,
+    # docs/live-startd.md), or at once on UPDATE_MACHINE_AD: a file `update-machine-ad` in
+    # control_dir (the startd removes it). 0: at once, for runs that do not test a start.
+    first_fetch_after: float = 0.0
 
 
 @dataclass

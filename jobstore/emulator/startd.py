@@ -87,6 +87,9 @@ class Emulator:
                 if err is not None:
                     self.report.refused_hooks[hook] = err
         self.slots: list[Slot] = self._make_slots()
+        if config.first_fetch_after > 0:
+            for slot in self.slots:
+                slot.next_due = time.monotonic() + config.first_fetch_after
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -119,7 +122,7 @@ class Emulator:
         while time.monotonic() < deadline:
             if until is not None and until():
                 break
-            self._vacate_requests()
+            self._control_requests()
             with self.lock:
                 self._tick()
                 busy = any(s.starter is not None for s in self.slots)
@@ -151,8 +154,9 @@ class Emulator:
             slot.set_state("Preempting", "Vacating")
         starter.vacate(fast, reason, code)
 
-    def _vacate_requests(self) -> None:
-        """Honour the vacate requests left in the control directory (EmulatorConfig)."""
+    def _control_requests(self) -> None:
+        """Honour the vacate and update requests left in the control directory
+        (EmulatorConfig)."""
         directory = self.config.control_dir
         if not directory:
             return
@@ -161,6 +165,11 @@ class Emulator:
         except OSError:
             return
         for name in names:
+            if name == "update-machine-ad":
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+                self._update_machine_ad()
+                continue
             if not name.startswith("vacate-"):
                 continue
             path = os.path.join(directory, name)
@@ -176,6 +185,16 @@ class Emulator:
                 self.vacate(slot, fast=how in ("", "-fast"))
             except ValueError:
                 pass  # no such slot (any more)
+
+    def _update_machine_ad(self) -> None:
+        """UPDATE_MACHINE_AD: every slot's state is evaluated now, and an Unclaimed slot that
+        waits for its fetch fetches (ResMgr::update_all -> eval_state -> tryFetchWork)."""
+        with self.lock:
+            now = time.monotonic()
+            for slot in self.slots:
+                if (slot.state == "Unclaimed" and not slot.fetching
+                        and (slot.next_due is None or slot.next_due > now)):
+                    slot.next_due = now
 
     def slot_names(self) -> list[str]:
         with self.lock:

@@ -26,6 +26,23 @@ def parse(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def landing(name: str, pairs: list[tuple[str, str]] | tuple[tuple[str, str], ...],
+            listed: tuple[str, ...] = ()) -> str:
+    """Where output `name` (a path in the sandbox) lands, relative to where outputs go: its
+    remap; inside a directory that transfer_output_files names (`listed`), under that
+    directory's remap or last component, as HTCondor sends a directory whole; else its last
+    component."""
+    targets = dict(pairs)
+    if name in targets:
+        return targets[name]
+    for entry in sorted(listed, key=len, reverse=True):
+        entry = entry.rstrip("/")
+        if entry and name.startswith(entry + "/"):
+            top = targets.get(entry) or entry.split("/")[-1]
+            return f"{top}/{name[len(entry) + 1:]}"
+    return name.split("/")[-1]
+
+
 def render(pairs: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
     """The remap text of `pairs` (what `parse` reads back)."""
     return ";".join(f"{_escaped(a)}={_escaped(b)}" for a, b in pairs)

@@ -220,10 +220,10 @@ def outputs(ad: bytes, iwd: str, inputs: dict[str, str],
     listed = texts.get(attr, texts.get(b"transferoutput"))
     names: list[str] = []
     if listed is not None:
-        for name in (n.strip() for n in listed.split(",")):
+        for name in (n.strip().rstrip("/") for n in listed.split(",")):
             if name:
                 check_name(name)
-                names.append(name)
+                names.extend(_files_under(iwd, name))
     else:
         with os.scandir(iwd) as entries:
             for entry in sorted(entries, key=lambda e: e.name):
@@ -238,6 +238,27 @@ def outputs(ad: bytes, iwd: str, inputs: dict[str, str],
                 and os.path.lexists(os.path.join(iwd, std))):
             names.append(std)
     return names
+
+
+def _files_under(iwd: str, name: str) -> list[str]:
+    """`name` itself, or when it is a directory (not a link to one) the regular files in it, at
+    any depth, as paths in the sandbox: HTCondor sends a directory output whole."""
+    top = os.path.join(iwd, name)
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            return [name]
+    except OSError:
+        return [name]  # sending it says what is wrong
+    found = []
+    for here, dirs, files in os.walk(top):
+        dirs.sort()
+        rel = os.path.relpath(here, iwd)
+        for f in sorted(files):
+            if os.path.isfile(os.path.join(here, f)) and not os.path.islink(
+                    os.path.join(here, f)):
+                check_name(f"{rel}/{f}")
+                found.append(f"{rel}/{f}")
+    return found
 
 
 def remove_sandbox(iwd: str) -> None:
@@ -305,15 +326,20 @@ class _Destination:
 
         from jobstore.formats import remaps
 
-        text = string_attrs(ad, (b"transferoutputremaps",)).get(b"transferoutputremaps", "")
-        self.url, self.remaps = url.rstrip("/"), dict(remaps.parse(text))
+        texts = string_attrs(ad, (b"transferoutputremaps", b"transferoutput"))
+        self.url = url.rstrip("/")
+        self.remaps = remaps.parse(texts.get(b"transferoutputremaps", ""))
+        self.listed = tuple(n.strip() for n in texts.get(b"transferoutput", "").split(",")
+                            if n.strip())
         self.stop_at = time.monotonic() + output_seconds()
 
     def send(self, name: str, fd: int, mode: int) -> None:
         import time
         from urllib.parse import quote, unquote, urlsplit
 
-        target = self.remaps.get(name) or os.path.basename(name)
+        from jobstore.formats import remaps
+
+        target = remaps.landing(name, self.remaps, self.listed)
         url = f"{self.url}/{quote(target)}"
         left = self.stop_at - time.monotonic()
         if left <= 0:

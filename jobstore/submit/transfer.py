@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from jobstore.core.jobs import InputFile
 from jobstore.formats import remaps
 from jobstore.formats.classads import string_literal
+from jobstore.formats.remaps import landing
 from jobstore.submit.errors import FieldError
 from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
@@ -293,14 +294,14 @@ def transfer_attrs(transfer: Transfer, values: Mapping[str, str],
 
 
 def output_destination(name: str, iwd: str, remaps: tuple[tuple[str, str], ...],
-                       out: str | None = None, err: str | None = None) -> str:
+                       out: str | None = None, err: str | None = None,
+                       listed: tuple[str, ...] = ()) -> str:
     """Where output `name` (a path in the sandbox) lands on the submit side: its remap, the
-    job's `output` or `error` path for its standard output and error, else its last
-    component in `iwd`."""
-    for source, target in remaps:
-        if source == name:
-            return os.path.normpath(os.path.join(iwd, target))
-    for std in (out, err):
-        if std and name == os.path.basename(std):
-            return os.path.normpath(os.path.join(iwd, std))
-    return os.path.join(iwd, os.path.basename(name))
+    job's `output` or `error` path for its standard output and error, else where
+    `landing` puts it in `iwd` (`listed`: transfer_output_files, for the files of a
+    directory it names)."""
+    if name not in dict(remaps):
+        for std in (out, err):
+            if std and name == os.path.basename(std):
+                return os.path.normpath(os.path.join(iwd, std))
+    return os.path.normpath(os.path.join(iwd, landing(name, remaps, listed)))

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""Pull against push on a real HTCondor (as root; HTCONDOR_PREFIX or condor_master on PATH).
+
+Two personal pools on loopback, one after the other in the same run, each with 4 static slots
+of one core:
+
+* **pull**: the job store installed by the README's install lines (PostgreSQL with peer
+  authentication on a socket of its own, the agent, the shipped drop-ins, nothing tuned);
+  jobs submitted with `jobstore submit` as alice;
+* **push**: HTCondor's own path, a schedd and a negotiator beside the startd, tuned for fast
+  starts as HTCondor's test configurations are (SCHEDD_INTERVAL, NEGOTIATOR_INTERVAL,
+  NEGOTIATOR_CYCLE_DELAY, UPDATE_INTERVAL, STARTER_UPDATE_INTERVAL at 1 s); jobs submitted
+  with `condor_submit` as alice.
+
+Measured on each: submit -> the job's own process (its first line writes the time), single
+jobs into the idle pool, p50 and p99; the first job's start after `condor_restart`; the time
+to run N `/bin/true` jobs (one `queue N`) to their end.
+
+Usage: bench/live_pool.py [--jobs 20] [--burst 1000] [--only pull|push]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobstore.testing.livepool import (
+    HOW_TO_POINT,
+    LivePool,
+    htcondor_prefix,
+    node_paths,
+    run_install,
+    wait_for,
+)
+from jobstore.testing.peerpg import PORT, PeerServer, pg_bin
+from jobstore.testing.support import RECORDED_OWNER, RECORDED_UID, ensure_account
+
+REPO = Path(__file__).resolve().parent.parent
+SLOTS = "NUM_CPUS = 4\nNUM_SLOTS_TYPE_1 = 4\nSLOT_TYPE_1 = cpus=1, memory=1024, disk=20%\n"
+PUSH = """\
+DAEMON_LIST = MASTER, COLLECTOR, STARTD, SCHEDD, NEGOTIATOR
+SCHEDD_INTERVAL = 1
+NEGOTIATOR_INTERVAL = 1
+NEGOTIATOR_CYCLE_DELAY = 1
+STARTER_UPDATE_INTERVAL = 1
+SHADOW_QUEUE_UPDATE_INTERVAL = 1
+UPDATE_INTERVAL = 1
+QUEUE_SUPER_USERS = root, condor
+"""
+
+
+@dataclass
+class Result:
+    p50: float
+    p99: float
+    restart: float
+    burst: float
+
+
+class Side:
+    """One pool and how a job is submitted to it and counted."""
+
+    def __init__(self, name: str, pool: LivePool, work: Path) -> None:
+        self.name, self.pool, self.work = name, pool, work
+        self.user = ensure_account(RECORDED_OWNER, uid=RECORDED_UID, home=True)
+
+    def as_alice(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              cwd=str(self.work), user=self.user.pw_uid,
+                              group=self.user.pw_gid, extra_groups=[],
+                              env={**env, "HOME": self.user.pw_dir})
+
+    def submit(self, text: str) -> None:
+        raise NotImplementedError
+
+    def left(self) -> int:
+        """Jobs not finished yet."""
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """Whether a submit would be taken now."""
+        return True
+
+    def file(self, name: str, text: str) -> Path:
+        path = self.work / name
+        path.write_text(text)
+        os.chown(path, self.user.pw_uid, self.user.pw_gid)
+        return path
+
+
+class Pull(Side):
+    def __init__(self, pool: LivePool, work: Path, venv: Path, env: dict[str, str]) -> None:
+        super().__init__("pull", pool, work)
+        self.argv = [str(venv / "bin" / "jobstore"), "--db", "postgresql+psycopg:///jobstore"]
+        self.env = env
+
+    def submit(self, text: str) -> None:
+        self.file("job.sub", text)
+        done = self.as_alice([*self.argv, "submit", "job.sub"], self.env)
+        if done.returncode != 0:
+            raise SystemExit(f"jobstore submit: {done.stderr.strip()}")
+
+    def left(self) -> int:
+        done = self.as_alice([*self.argv, "q", "-totals"], self.env)
+        total = done.stdout.split("Total for query:")[-1].split("jobs;")[0].strip()
+        return int(total) if total.isdigit() else 1
+
+
+class Push(Side):
+    def __init__(self, pool: LivePool, work: Path) -> None:
+        super().__init__("push", pool, work)
+        self.env = {**pool.env}
+
+    def submit(self, text: str) -> None:
+        self.file("job.sub", "should_transfer_files = NO\n" + text)
+        done = self.as_alice([str(self.pool.prefix / "bin" / "condor_submit"), "job.sub"],
+                             self.env)
+        if done.returncode != 0:
+            raise SystemExit(f"condor_submit: {done.stderr.strip()}")
+
+    def left(self) -> int:
+        done = self.pool.tool("condor_q", "-allusers", "-af", "ClusterId")
+        return len(done.stdout.split()) if done.returncode == 0 else 1
+
+    def ready(self) -> bool:
+        return self.pool.tool("condor_q", "-allusers", "-totals").returncode == 0
+
+
+def stamped(path: Path) -> float | None:
+    """The time a job wrote into `path`, once it has."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return float(text) if text else None
+
+
+def single_jobs(side: Side, n: int) -> list[float]:
+    """Seconds from the submit command's start to the job's process, one job at a time."""
+    took = []
+    for i in range(n):
+        stamp = side.work / f"{side.name}.start.{i}"
+        started = time.time()
+        side.submit(f"executable = /bin/sh\narguments = \"-c 'date +%s.%N > {stamp}'\"\nqueue\n")
+        took.append(wait_for(f"{side.name} job {i} starts", functools.partial(stamped, stamp),
+                             120, 0.01) - started)
+        wait_for(f"{side.name} job {i} ends", lambda: side.left() == 0, 120, 0.2)
+    return took
+
+
+def after_restart(side: Side) -> float:
+    """Seconds from condor_restart to the first job's process (submitted right after)."""
+    stamp = side.work / f"{side.name}.restart"
+    before = side.pool.child_pid("condor_startd")
+    started = time.time()
+    side.pool.tool("condor_restart")
+    wait_for("a new startd", lambda: (side.pool.child_pid("condor_startd") or before) != before,
+             60, 0.1)
+    wait_for("the collector answers again", lambda: side.pool.tool(
+        "condor_status", "-collector", "-af", "Name").returncode == 0, 60, 0.2)
+    wait_for(f"{side.name} takes submits again", side.ready, 60, 0.2)
+    side.submit(f"executable = /bin/sh\narguments = \"-c 'date +%s.%N > {stamp}'\"\nqueue\n")
+    took = wait_for(f"{side.name}: the first job after condor_restart",
+                    lambda: stamped(stamp), 600, 0.05) - started
+    wait_for(f"{side.name}: it ends", lambda: side.left() == 0, 120, 0.2)
+    return took
+
+
+def burst(side: Side, n: int) -> float:
+    """Seconds from the submit of N /bin/true jobs to the last one's end."""
+    started = time.monotonic()
+    side.submit(f"executable = /bin/true\nqueue {n}\n")
+    wait_for(f"{side.name}: {n} jobs end", lambda: side.left() == 0, 3600, 1.0)
+    return time.monotonic() - started
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+
+
+def run_side(name: str, prefix: Path, args: argparse.Namespace) -> Result:
+    server = PeerServer(agent="root") if name == "pull" else None
+    extra = {"PGHOST": str(server.socket), "PGPORT": str(PORT)} if server else {}
+    pool = LivePool(prefix, slots=SLOTS + ("" if server else PUSH), extra_env=extra)
+    work = pool.base / "alice"
+    work.mkdir(mode=0o755)
+    user = ensure_account(RECORDED_OWNER, uid=RECORDED_UID, home=True)
+    os.chown(work, user.pw_uid, user.pw_gid)
+    try:
+        side: Side
+        if server:
+            (pool.config_dir / "90-paths.conf").write_text(node_paths(pool))
+            pool.start()
+            venv = run_install(REPO / "README.md", REPO, pool, extra)
+            wait_for("the agent serves the startd", lambda: "the startd fetches" in pool.log(
+                "JobstoreAgentLog"), 90, 0.5)
+            side = Pull(pool, work, venv, {**pool.env, **extra})
+        else:
+            pool.start()
+            wait_for("4 slots", lambda: len(pool.slots()) >= 4, 60, 0.5)
+            side = Push(pool, work)
+        singles = single_jobs(side, args.jobs)
+        restart = after_restart(side)
+        many = burst(side, args.burst)
+        result = Result(statistics.median(singles), p99(singles), restart, many)
+        print(f"{name}: {result}", flush=True)
+        return result
+    finally:
+        pool.stop()
+        if server:
+            server.stop()
+        pool.remove()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20, help="single jobs, one at a time")
+    parser.add_argument("--burst", type=int, default=1000, help="/bin/true jobs at once")
+    parser.add_argument("--only", choices=["pull", "push"])
+    args = parser.parse_args()
+    prefix = htcondor_prefix()
+    if prefix is None:
+        sys.exit(HOW_TO_POINT)
+    if os.geteuid() != 0 or pg_bin() is None:
+        sys.exit("bench/live_pool.py runs pools and a PostgreSQL server as root")
+    results = {name: run_side(name, prefix, args)
+               for name in ("pull", "push") if args.only in (None, name)}
+    for name, r in results.items():
+        print(f"{name}: submit -> running p50 {r.p50 * 1000:.0f} ms, p99 {r.p99 * 1000:.0f} ms "
+              f"({args.jobs} single jobs); first job after condor_restart {r.restart:.1f} s; "
+              f"{args.burst} /bin/true jobs on 4 slots {r.burst:.1f} s "
+              f"({args.burst / r.burst:.1f} jobs/s)")
+    if len(results) == 2:
+        pull, push = results["pull"], results["push"]
+        print(f"pull / push: latency p50 {pull.p50 / push.p50:.2f}x, p99 "
+              f"{pull.p99 / push.p99:.2f}x, first job after condor_restart "
+              f"{pull.restart / push.restart:.2f}x; throughput {push.burst / pull.burst:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

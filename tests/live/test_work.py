@@ -1,0 +1,111 @@
+"""What a job brings and leaves, on the real startd: file transfer in and out (a directory and
+a remap), a self-checkpointing job across a condor_vacate, an expression bomb among ordinary
+jobs, a DAG of 50 nodes."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from jobstore.testing.livepool import wait_for
+
+from .conftest import SUBMITTER, Live
+
+
+def _write(live: Live, name: str, text: str, mode: int = 0o644) -> None:
+    from jobstore.testing.support import ensure_account
+
+    path = live.work / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    user = ensure_account(SUBMITTER)
+    for p in (path, path.parent):
+        os.chown(p, user.pw_uid, user.pw_gid)
+
+
+def test_files_go_in_and_come_out_with_a_directory_and_a_remap(live: Live) -> None:
+    _write(live, "xfer/in.txt", "input one\n")
+    _write(live, "xfer/indir/a.txt", "input two\n")
+    _write(live, "xfer/make.sh", "#!/bin/sh\ncat in.txt a.txt > out.txt\nmkdir outdir\n"
+           "echo made > outdir/b.txt\npwd\n", 0o755)
+    (job,) = live.submit("executable = make.sh\ninitialdir = xfer\nshould_transfer_files = YES\n"
+                         "transfer_input_files = in.txt, indir/\n"
+                         "transfer_output_files = out.txt, outdir\n"
+                         "transfer_output_remaps = \"out.txt = renamed.txt\"\n"
+                         "output = job.out\nqueue\n")
+    done = live.wait_status(job, "completed")
+    assert done["exit_code"] == 0
+    got = live.jobstore("transfer-data", job)
+    assert got.returncode == 0, got.stderr
+    xfer = live.work / "xfer"
+    assert (xfer / "renamed.txt").read_text() == "input one\ninput two\n"
+    assert (xfer / "outdir" / "b.txt").read_text() == "made\n"
+    sandbox = (xfer / "job.out").read_text().strip()
+    assert sandbox != str(xfer) and not os.path.exists(sandbox), sandbox  # its own, removed
+
+
+def test_a_self_checkpointing_job_resumes_from_its_checkpoint_after_condor_vacate(live: Live
+                                                                                  ) -> None:
+    marker = live.marker(3600)
+    seen = live.work / "ckpt" / "seen"
+    _write(live, "ckpt/step.sh", f"""#!/bin/sh
+n=$(cat count 2>/dev/null || echo 0); n=$((n + 1)); echo $n > count
+echo $n >> {seen}
+[ $n -eq 1 ] && exit 85
+[ -f {live.work}/ckpt/go ] && exit 0
+exec sleep {marker}
+""", 0o755)
+    (job,) = live.submit("executable = step.sh\ninitialdir = ckpt\nshould_transfer_files = YES\n"
+                         "checkpoint_exit_code = 85\ntransfer_checkpoint_files = count\n"
+                         "transfer_output_files = count\nqueue\n")
+    live.wait_process(marker)
+    _write(live, "ckpt/go", "")
+    slot = live.job(job)["slot"]
+    assert live.pool.tool("condor_vacate", "-fast", slot).returncode == 0
+    done = live.wait_status(job, "completed", timeout=120)
+    assert done["exit_code"] == 0
+    # one run from nothing, then each attempt from the checkpoint (count 1): never from scratch
+    assert seen.read_text().split() == ["1", "2", "2"], seen.read_text()
+    assert live.jobstore("transfer-data", job).returncode == 0
+    assert (live.work / "ckpt" / "count").read_text().strip() == "2"
+
+
+def test_an_expression_bomb_is_held_and_the_other_jobs_run(live: Live) -> None:
+    levels = "".join(f"+A{n} = (A{n + 1} =?= A{n + 1})\n" for n in range(6))
+    bomb = levels + '+A6 = regexp("^(a|a)*$", "' + "a" * 28 + 'b")\n'
+    (held,) = live.submit(f"executable = /bin/true\nrequirements = A0\n{bomb}queue\n",
+                          name="bomb.sub")
+    others = live.submit("executable = /bin/true\nqueue 3\n", name="others.sub")
+    for job in others:
+        live.wait_status(job, "completed")
+    h = live.wait_status(held, "held")
+    assert h["hold_code"] == 5, h["reason"]  # JobPolicyUndefined, as HTCondor's
+    assert live.pool.child_pid("condor_startd")
+
+
+def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
+    _write(live, "dag/node.sub", "executable = /bin/sh\n"
+           "arguments = \"-c 'date +%s.%N > $(node).t'\"\nqueue\n")
+    middle = [f"M{i}" for i in range(48)]
+    lines = ["JOB A node.sub", *(f"JOB {m} node.sub" for m in middle), "JOB Z node.sub",
+             *(f"VARS {n} node=\"{n}\"" for n in ["A", *middle, "Z"]),
+             f"PARENT A CHILD {' '.join(middle)}", f"PARENT {' '.join(middle)} CHILD Z"]
+    _write(live, "dag/fifty.dag", "\n".join(lines) + "\n")
+    done = live.jobstore("submit-dag", "fifty.dag", cwd=live.work / "dag")
+    assert done.returncode == 0, done.stderr
+    dag = re.search(r"submitted as (\d+)", done.stdout)
+    assert dag, done.stdout
+    status: list[str] = []
+
+    def finished() -> bool:  # DAGMan's node status file
+        status[:] = [live.jobstore("dag", "node-status", dag.group(1)).stdout]
+        return "NodesDone = 50;" in status[0]
+
+    try:
+        wait_for("the DAG's 50 nodes done", finished, 240, 1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{status[0][:2000]}") from None
+    times = {p.stem: float(p.read_text()) for p in (live.work / "dag").glob("*.t")}
+    assert len(times) == 50
+    assert all(times["A"] < times[m] < times["Z"] for m in middle)
