@@ -7,16 +7,15 @@ of one core:
 * **pull**: the job store installed by the README's install lines (PostgreSQL with peer
   authentication on a socket of its own, the agent, the shipped drop-ins, nothing tuned);
   jobs submitted with `jobstore submit` as alice;
-* **push**: HTCondor's own path, a schedd and a negotiator beside the startd, tuned for fast
-  starts as HTCondor's test configurations are (SCHEDD_INTERVAL, NEGOTIATOR_INTERVAL,
-  NEGOTIATOR_CYCLE_DELAY, UPDATE_INTERVAL, STARTER_UPDATE_INTERVAL at 1 s); jobs submitted
-  with `condor_submit` as alice.
+* **push**: HTCondor's own path, a schedd and a negotiator beside the startd, tuned as
+  HTCondor's test harness (ornithology) tunes its pools (the update, polling and negotiation
+  intervals at 2 s); jobs submitted with `condor_submit` as alice.
 
 Measured on each: submit -> the job's own process (its first line writes the time), single
 jobs into the idle pool, p50 and p99; the first job's start after `condor_restart`; the time
 to run N `/bin/true` jobs (one `queue N`) to their end.
 
-Usage: bench/live_pool.py [--jobs 20] [--burst 1000] [--only pull|push]
+Usage: bench/live_pool.py [--jobs 20] [--burst 1000] [--only pull|push] [--keep]
 """
 
 from __future__ import annotations
@@ -44,15 +43,16 @@ from jobstore.testing.support import RECORDED_OWNER, RECORDED_UID, ensure_accoun
 
 REPO = Path(__file__).resolve().parent.parent
 SLOTS = "NUM_CPUS = 4\nNUM_SLOTS_TYPE_1 = 4\nSLOT_TYPE_1 = cpus=1, memory=1024, disk=20%\n"
+# HTCondor's own test harness (ornithology) sets these for its personal pools.
 PUSH = """\
 DAEMON_LIST = MASTER, COLLECTOR, STARTD, SCHEDD, NEGOTIATOR
-SCHEDD_INTERVAL = 1
-NEGOTIATOR_INTERVAL = 1
-NEGOTIATOR_CYCLE_DELAY = 1
-STARTER_UPDATE_INTERVAL = 1
-SHADOW_QUEUE_UPDATE_INTERVAL = 1
-UPDATE_INTERVAL = 1
-QUEUE_SUPER_USERS = root, condor
+UPDATE_INTERVAL = 2
+POLLING_INTERVAL = 2
+NEGOTIATOR_INTERVAL = 2
+STARTER_UPDATE_INTERVAL = 2
+STARTER_INITIAL_UPDATE_INTERVAL = 2
+NEGOTIATOR_CYCLE_DELAY = 2
+MachineMaxVacateTime = 2
 """
 
 
@@ -217,7 +217,10 @@ def run_side(name: str, prefix: Path, args: argparse.Namespace) -> Result:
         pool.stop()
         if server:
             server.stop()
-        pool.remove()
+        if args.keep:
+            print(f"{name}: the pool's directory and logs kept in {pool.base}", flush=True)
+        else:
+            pool.remove()
 
 
 def main() -> None:
@@ -225,6 +228,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20, help="single jobs, one at a time")
     parser.add_argument("--burst", type=int, default=1000, help="/bin/true jobs at once")
     parser.add_argument("--only", choices=["pull", "push"])
+    parser.add_argument("--keep", action="store_true", help="keep the pools' logs")
     args = parser.parse_args()
     prefix = htcondor_prefix()
     if prefix is None:
