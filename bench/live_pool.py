@@ -34,8 +34,7 @@ from jobstore.testing.livepool import (
     HOW_TO_POINT,
     LivePool,
     htcondor_prefix,
-    node_paths,
-    run_install,
+    install_node,
     wait_for,
 )
 from jobstore.testing.peerpg import PORT, PeerServer, pg_bin
@@ -197,11 +196,7 @@ def run_side(name: str, prefix: Path, args: argparse.Namespace) -> Result:
     try:
         side: Side
         if server:
-            (pool.config_dir / "90-paths.conf").write_text(node_paths(pool))
-            pool.start()
-            venv = run_install(REPO / "README.md", REPO, pool, extra)
-            wait_for("the agent serves the startd", lambda: "the startd fetches" in pool.log(
-                "JobstoreAgentLog"), 90, 0.5)
+            venv = install_node(pool, REPO / "README.md", REPO, extra)
             side = Pull(pool, work, venv, {**pool.env, **extra})
         else:
             pool.start()

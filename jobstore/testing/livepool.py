@@ -89,6 +89,19 @@ def run_install(readme: Path, repo: Path, pool: LivePool, env: dict[str, str]) -
     return venv
 
 
+def install_node(pool: LivePool, readme: Path, repo: Path, env: dict[str, str],
+                 config: str = "") -> Path:
+    """A node as the README makes it: the installation's paths (node_paths) and `config` read
+    after the shipped drop-ins, the pool started, the README's install lines run, and the
+    agent serving the startd's fetches; the virtualenv."""
+    (pool.config_dir / "90-live.conf").write_text(node_paths(pool) + config)
+    pool.start()
+    venv = run_install(readme, repo, pool, env)
+    wait_for("the agent serves the startd's fetches",
+             lambda: "the startd fetches" in pool.log("JobstoreAgentLog"), 90, 0.5)
+    return venv
+
+
 def node_paths(pool: LivePool) -> str:
     """Configuration that puts the installation's paths (the README's are /opt/jobstore and
     /usr/libexec/jobstore) and the agent's files in the pool's directory: read after the
@@ -234,4 +247,4 @@ MASTER_DEBUG = D_FULLDEBUG
 
 
 __all__ = ["HOW_TO_POINT", "LivePool", "ensure_condor_account", "free_port", "htcondor_prefix",
-           "install_lines", "node_paths", "run_install", "wait_for"]
+           "install_lines", "install_node", "node_paths", "run_install", "wait_for"]

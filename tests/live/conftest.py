@@ -22,8 +22,7 @@ from jobstore.testing.livepool import (
     HOW_TO_POINT,
     LivePool,
     htcondor_prefix,
-    node_paths,
-    run_install,
+    install_node,
     wait_for,
 )
 from jobstore.testing.peerpg import PORT, PeerServer, pg_bin
@@ -165,7 +164,7 @@ def live() -> Iterator[Live]:
         work = base / "alice"
         work.mkdir(mode=0o755)
         os.chown(work, alice.pw_uid, alice.pw_gid)
-        (pool.config_dir / "90-live.conf").write_text(node_paths(pool) + f"""\
+        venv = install_node(pool, README, REPO_ROOT, pool.env, f"""\
 SLOT_TYPE_2_STARTD_JOB_HOOK_KEYWORD = LITE
 LITE_HOOK_FETCH_WORK      = $(JOBSTORE_HOOK_DIR)/fetch_job
 LITE_HOOK_REPLY_FETCH     = $(JOBSTORE_HOOK_DIR)/reply_fetch
@@ -179,13 +178,9 @@ STARTER_UPDATE_INTERVAL = 5
 JOBSTORE_LEASE_DURATION = 20
 JOBSTORE_CLAIM_LEASE = 20
 """)
-        pool.start()
-        venv = run_install(README, REPO_ROOT, pool, pool.env)
         live = Live(pool, server, venv, sqlite, work)
         done = live.jobstore("init", db=f"sqlite:///{sqlite}")
         assert done.returncode == 0, done.stderr
-        wait_for("the agent serves the startd's fetches",
-                 lambda: "the startd fetches" in pool.log("JobstoreAgentLog"), 90, 0.5)
         yield live
     finally:
         pool.stop()
