@@ -1,40 +1,20 @@
-"""The `jobstore` command: a thin layer over the package (jobstore.api, jobstore.db, ...)."""
-
-from __future__ import annotations
-
-import click
-
-from jobstore.cli import admin, dags, queue, status, userprio
-from jobstore.cli.context import Context, Group
-from jobstore.cli.demo import demo, emulate
+"""The `jobstore` command. Its executable starts in jobstore.cli.front (standard library only);
+the commands themselves are in jobstore.cli.commands."""
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--db",
-    metavar="URL",
-    help="SQLAlchemy database URL (default: $JOBSTORE_DATABASE_URL, "
-    "then <KEYWORD>_JOBSTORE_DATABASE_URL / JOBSTORE_DATABASE_URL in HTCondor "
-    "configuration, then a SQLite file under ~/.local/share/htcondor-jobstore).",
-)
-@click.option(
-    "--keyword", "-k", metavar="KW", help="Hook keyword whose settings to use (default JOBSTORE)."
-)
-@click.version_option(package_name="htcondor-jobstore")
-@click.pass_context
-def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
-    """Job store for HTCondor fetch-work hooks: execute nodes pull these jobs."""
-    ctx.obj = Context(db, keyword)
+def main() -> None:
+    """The `jobstore` executable: this account's command server runs the command when one is up
+    (jobstore.cli.front), else this process, which then leaves one behind."""
+    from jobstore.cli import front
 
+    path = front.hand_over()
+    from jobstore.cli.commands import main as commands
 
-for command in (
-    admin.init, admin.grant, admin.grant_user, admin.revoke_user, queue.submit,
-    queue.submit_dag, dags.dag, queue.q,
-    queue.history, queue.qedit, queue.events, queue.watch, queue.hold, queue.release, queue.rm,
-    queue.stats, queue.transfer_data, status.status, userprio.userprio,
-    admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
-    demo, emulate,
-):
-    main.add_command(command)
+    try:
+        commands(prog_name="jobstore")
+    finally:
+        if path is not None:
+            front.start_server(path)
+
 
 __all__ = ["main"]

@@ -1,3 +1,3 @@
-from jobstore.cli import main
+from jobstore.cli.commands import main
 
 main()

@@ -114,6 +114,17 @@ def make_engine(
     raise DatabaseError(f"unsupported database backend {backend!r} (use postgresql or sqlite)")
 
 
+def preload_drivers() -> None:
+    """Import the database drivers now (a process that forks a child per command)."""
+    from sqlalchemy.dialects import registry
+
+    for name in ("postgresql.psycopg", "sqlite.pysqlite"):
+        try:
+            registry.load(name).import_dbapi()
+        except ImportError:
+            pass
+
+
 def url_error(url: str) -> str:
     """Why `url` is not a database URL, with the URL a path would have been meant as."""
     text = url.strip()
