@@ -12,10 +12,12 @@ of one core:
   intervals at 2 s); jobs submitted with `condor_submit` as alice.
 
 Measured on each: submit -> the job's own process (its first line writes the time), single
-jobs into the idle pool, p50 and p99; the first job's start after `condor_restart`; the time
+jobs into the idle pool, p50 and p99, after the account's first submit (reported alone: with
+the job store it starts the account's command server); for pull, the medians of a job's start
+part by part (from the events' times); the first job's start after `condor_restart`; the time
 to run N `/bin/true` jobs (one `queue N`) to their end.
 
-Usage: bench/live_pool.py [--jobs 20] [--burst 1000] [--only pull|push] [--keep]
+Usage: bench/live_pool.py [--jobs 20] [--burst 1000] [--only pull|push] [--keep] [--each]
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
 
 from jobstore.testing.livepool import (
     HOW_TO_POINT,
@@ -61,6 +65,16 @@ class Result:
     p99: float
     restart: float
     burst: float
+    first: float  # the account's first submit (pull: no command server yet)
+    parts: dict[str, float]  # pull: the medians of a job's start, part by part
+
+
+@dataclass
+class Single:
+    started: float  # the submit command's start
+    returned: float  # its end
+    process: float  # the job's process
+    cluster: int
 
 
 class Side:
@@ -76,8 +90,13 @@ class Side:
                               group=self.user.pw_gid, extra_groups=[],
                               env={**env, "HOME": self.user.pw_dir})
 
-    def submit(self, text: str) -> None:
+    def submit(self, text: str) -> int:
+        """Submit as alice; the cluster made."""
         raise NotImplementedError
+
+    def events(self, cluster: int) -> dict[str, float]:
+        """When each first event of job CLUSTER.0 was recorded (pull only)."""
+        return {}
 
     def left(self) -> int:
         """Jobs not finished yet."""
@@ -95,16 +114,27 @@ class Side:
 
 
 class Pull(Side):
-    def __init__(self, pool: LivePool, work: Path, venv: Path, env: dict[str, str]) -> None:
+    def __init__(self, pool: LivePool, work: Path, venv: Path, env: dict[str, str],
+                 server: PeerServer) -> None:
         super().__init__("pull", pool, work)
+        self.server = server
         self.argv = [str(venv / "bin" / "jobstore"), "--db", "postgresql+psycopg:///jobstore"]
         self.env = env
 
-    def submit(self, text: str) -> None:
+    def submit(self, text: str) -> int:
         self.file("job.sub", text)
         done = self.as_alice([*self.argv, "submit", "job.sub"], self.env)
         if done.returncode != 0:
             raise SystemExit(f"jobstore submit: {done.stderr.strip()}")
+        return cluster_of(done.stdout)
+
+    def events(self, cluster: int) -> dict[str, float]:
+        with psycopg.connect(self.server.libpq("postgres")) as conn:
+            rows = conn.execute(
+                "SELECT e.event, min(e.time) FROM job_events e JOIN jobs j ON j.id = e.job_id"
+                " WHERE j.cluster_id = %s AND j.proc_id = 0 GROUP BY e.event",
+                (cluster,)).fetchall()
+        return {event: float(at) for event, at in rows}
 
     def left(self) -> int:
         done = self.as_alice([*self.argv, "q", "-totals"], self.env)
@@ -117,12 +147,18 @@ class Push(Side):
         super().__init__("push", pool, work)
         self.env = {**pool.env}
 
-    def submit(self, text: str) -> None:
+    def submit(self, text: str) -> int:
         self.file("job.sub", "should_transfer_files = NO\n" + text)
         done = self.as_alice([str(self.pool.prefix / "bin" / "condor_submit"), "job.sub"],
                              self.env)
         if done.returncode != 0:
             raise SystemExit(f"condor_submit: {done.stderr.strip()}")
+        return cluster_of(done.stdout)
+
+
+def cluster_of(said: str) -> int:
+    """The cluster in `N job(s) submitted to cluster C.`"""
+    return int(said.rsplit("cluster", 1)[-1].strip().rstrip("."))
 
     def left(self) -> int:
         done = self.pool.tool("condor_q", "-allusers", "-af", "ClusterId")
@@ -141,17 +177,49 @@ def stamped(path: Path) -> float | None:
     return float(text) if text else None
 
 
-def single_jobs(side: Side, n: int) -> list[float]:
-    """Seconds from the submit command's start to the job's process, one job at a time."""
+def single_jobs(side: Side, n: int) -> list[Single]:
+    """The submit command's start and end and the job's process, one job at a time."""
     took = []
     for i in range(n):
         stamp = side.work / f"{side.name}.start.{i}"
         started = time.time()
-        side.submit(f"executable = /bin/sh\narguments = \"-c 'date +%s.%N > {stamp}'\"\nqueue\n")
-        took.append(wait_for(f"{side.name} job {i} starts", functools.partial(stamped, stamp),
-                             120, 0.01) - started)
+        cluster = side.submit(
+            f"executable = /bin/sh\narguments = \"-c 'date +%s.%N > {stamp}'\"\nqueue\n")
+        returned = time.time()
+        process = wait_for(f"{side.name} job {i} starts", functools.partial(stamped, stamp),
+                           120, 0.01)
+        took.append(Single(started, returned, process, cluster))
         wait_for(f"{side.name} job {i} ends", lambda: side.left() == 0, 120, 0.2)
     return took
+
+
+# A pulled job's start, part by part: (name, from, to); an event's time is when the agent
+# (or the submitting command) recorded it.
+PARTS = (
+    ("the submit command to its commit", "command", "submit"),
+    ("commit -> a waiting fetch has claimed it", "submit", "fetch"),
+    ("claim -> REPLY_FETCH accept recorded", "fetch", "accept"),
+    ("accept -> PREPARE_JOB recorded (the starter)", "accept", "prepare"),
+    ("PREPARE_JOB -> the job's process", "prepare", "process"),
+    ("the submit command's whole run", "command", "returned"),
+)
+
+
+def breakdown(side: Side, singles: list[Single], each: bool) -> dict[str, float]:
+    """The medians of PARTS over `singles` (with `each`, each job's parts printed too)."""
+    spans: dict[str, list[float]] = {name: [] for name, _, _ in PARTS}
+    for one in singles:
+        at = {**side.events(one.cluster), "command": one.started, "returned": one.returned,
+              "process": one.process}
+        for name, start, end in PARTS:
+            if start in at and end in at:
+                spans[name].append(at[end] - at[start])
+        if each:
+            print(f"{side.name} cluster {one.cluster}: "
+                  f"{(one.process - one.started) * 1000:.0f} ms: " + ", ".join(
+                      f"{start}->{end} {(at[end] - at[start]) * 1000:.0f}"
+                      for _, start, end in PARTS if start in at and end in at), flush=True)
+    return {name: statistics.median(v) for name, v in spans.items() if v}
 
 
 def after_restart(side: Side) -> float:
@@ -197,15 +265,17 @@ def run_side(name: str, prefix: Path, args: argparse.Namespace) -> Result:
         side: Side
         if server:
             venv = install_node(pool, REPO / "README.md", REPO, extra)
-            side = Pull(pool, work, venv, {**pool.env, **extra})
+            side = Pull(pool, work, venv, {**pool.env, **extra}, server)
         else:
             pool.start()
             wait_for("4 slots", lambda: len(pool.slots()) >= 4, 60, 0.5)
             side = Push(pool, work)
-        singles = single_jobs(side, args.jobs)
+        first, *singles = single_jobs(side, args.jobs + 1)
+        took = [one.process - one.started for one in singles]
         restart = after_restart(side)
         many = burst(side, args.burst)
-        result = Result(statistics.median(singles), p99(singles), restart, many)
+        result = Result(statistics.median(took), p99(took), restart, many,
+                        first.process - first.started, breakdown(side, singles, args.each))
         print(f"{name}: {result}", flush=True)
         return result
     finally:
@@ -224,6 +294,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=1000, help="/bin/true jobs at once")
     parser.add_argument("--only", choices=["pull", "push"])
     parser.add_argument("--keep", action="store_true", help="keep the pools' logs")
+    parser.add_argument("--each", action="store_true", help="print each single job's parts")
     args = parser.parse_args()
     prefix = htcondor_prefix()
     if prefix is None:
@@ -234,9 +305,12 @@ def main() -> None:
                for name in ("pull", "push") if args.only in (None, name)}
     for name, r in results.items():
         print(f"{name}: submit -> running p50 {r.p50 * 1000:.0f} ms, p99 {r.p99 * 1000:.0f} ms "
-              f"({args.jobs} single jobs); first job after condor_restart {r.restart:.1f} s; "
+              f"({args.jobs} single jobs after the account's first, which took "
+              f"{r.first * 1000:.0f} ms); first job after condor_restart {r.restart:.1f} s; "
               f"{args.burst} /bin/true jobs on 4 slots {r.burst:.1f} s "
               f"({args.burst / r.burst:.1f} jobs/s)")
+        for part, seconds in r.parts.items():
+            print(f"  {name}: {part}: {seconds * 1000:.0f} ms (median)")
     if len(results) == 2:
         pull, push = results["pull"], results["push"]
         print(f"pull / push: latency p50 {pull.p50 / push.p50:.2f}x, p99 "

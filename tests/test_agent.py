@@ -34,7 +34,7 @@ from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
-from jobstore.node import spool
+from jobstore.node import directnote, spool
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
 
@@ -164,6 +164,44 @@ def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
     assert _status(store, job_id) == "idle"
     seq = run_sequence(node.hooks, node.env(), "slot1@node01")
     assert seq.job_id == job_id and _status(store, job_id) == "completed"
+
+
+def test_a_hook_that_finds_no_agent_where_the_node_names_one_says_so_once(
+        node: Node, store: JobStore) -> None:
+    hook_log = node.base / "log" / "JobstoreHookLog"
+    submit_jobs(store, 2, ordinary_owner())
+    for _ in range(2):
+        done = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_LOG=str(hook_log))
+        assert b"JobstoreJobId" in done.stdout  # direct mode did the work
+    said = [line for line in hook_log.read_text().splitlines() if "no jobstore agent" in line]
+    assert len(said) == 1, hook_log.read_text()
+    assert f"no jobstore agent at {node.socket} (nothing listens there)" in said[0]
+    noted = directnote.last(str(hook_log))
+    assert noted is not None and abs(noted[0] - time.time()) < 600
+    assert noted[1].startswith(f"fetch_job: no jobstore agent at {node.socket}")
+
+
+def test_agent_check_says_which_mode_the_hooks_are_in(node: Node) -> None:
+    with open(node.config, "a") as fh:
+        fh.write(f"JOBSTORE_HOOK_FETCH_WORK = {node.hooks}/fetch_job\n")
+
+    def check() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "jobstore.cli", "agent", "--check"],
+                              env=dict(node.env(), PATH=os.environ.get("PATH", "/usr/bin")),
+                              capture_output=True, text=True, timeout=WAIT)
+
+    before = check()
+    assert before.returncode == 1, before.stdout + before.stderr
+    assert (f"JOBSTORE: hooks {node.hooks}/fetch_job look for the agent at "
+            "/run/jobstore/agent.sock (the hooks' default): direct mode") in before.stdout
+    assert f"the agent listens at {node.socket}: set STARTD_ENVIRONMENT" in before.stdout
+    with open(node.config, "a") as fh:
+        fh.write(f'STARTD_ENVIRONMENT = "JOBSTORE_AGENT_SOCKET={node.socket} A=1"\n')
+    node.start()
+    after = check()
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert (f"JOBSTORE: hooks {node.hooks}/fetch_job look for the agent at {node.socket} "
+            "(STARTD_ENVIRONMENT): agent mode") in after.stdout
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)

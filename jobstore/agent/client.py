@@ -31,6 +31,7 @@ from jobstore.agent.protocol import (
     encode,
     encode_env,
 )
+from jobstore.node import directnote
 from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
     MAX_STDIN,
@@ -287,12 +288,13 @@ def main(
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     argv = [os.fsencode(a) for a in sys.argv[1:]]
     request = encode([hook.encode(), encode_env(env), stdin, *argv])
+    why = "nothing listens there"
     try:
         answer = ask(path, request, deadline, agent_uids,
                      hold_limit=started + FETCH_HOLD_LIMIT if hook == "fetch_job" else None)
     except _NotTheAgent as exc:
         _say(hook, stderr_open, f"{hook}: {exc}; not used")
-        answer = None
+        answer, why = None, str(exc)
     except (_NoAnswer, ProtocolError, OSError) as exc:
         if hook != "fetch_job" and not isinstance(exc, TimeoutError):
             # The agent died mid-call. A report is safe to send again (the attempt token makes
@@ -305,6 +307,8 @@ def main(
         if mode == "agent":
             _say(hook, stderr_open, f"{hook}: the jobstore agent at {path} is not available")
             os._exit(0)
+        if answer is None and os.environ.get("JOBSTORE_AGENT_SOCKET"):  # the node names one
+            directnote.note(os.environ.get("JOBSTORE_HOOK_LOG"), hook, path, why)
         _direct(hook, stdin, started, stderr_open)
     status, code, stdout, error, *_log = answer + [b""] * max(0, 4 - len(answer))
     _say(hook, stderr_open, error.decode("utf-8", "replace") or None, logged=status == OK)

@@ -83,7 +83,8 @@ class AgentMetrics:
 
     def __init__(self, spool_dirs: Callable[[], list[Path]], watched: Callable[[], int],
                  store_collectors: Callable[[], list[Collector]] | None = None,
-                 waiting: Callable[[], int] = lambda: 0) -> None:
+                 waiting: Callable[[], int] = lambda: 0,
+                 direct_noted: Callable[[], float] = lambda: 0.0) -> None:
         disable_created_metrics()  # no *_created series beside every counter and histogram
         self.registry = CollectorRegistry(auto_describe=False)
         self.calls = Counter("jobstore_hook_calls", "Hook calls the agent served",
@@ -109,6 +110,10 @@ class AgentMetrics:
         self.registry.register(_GaugeCollector(
             "jobstore_agent_waiting_fetches",
             "FETCH_WORK calls waiting in the agent for work that fits their slot", waiting))
+        self.registry.register(_GaugeCollector(
+            "jobstore_hooks_direct_mode_noted_timestamp_seconds",
+            "When a hook of this node last did its work itself, finding no agent at the socket "
+            "the configuration names (0: never)", direct_noted))
         for collector in (store_collectors() if store_collectors else []):
             self.registry.register(collector)
         self._servers: list = []

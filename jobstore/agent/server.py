@@ -52,7 +52,7 @@ from jobstore.agent.startdnudge import FetchActivity, nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.errors import JobstoreError
-from jobstore.node import bounded, config, handlers, sandboxcalls, spool
+from jobstore.node import bounded, config, directnote, handlers, sandboxcalls, spool
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import DEADLINES, NAMES
@@ -744,7 +744,8 @@ class Agent:
         try:
             metrics = AgentMetrics(self._spool_dirs, lambda: len(self._attempts),
                                    store_collectors if self.settings.metrics_store else None,
-                                   lambda: 0 if self._waits is None else len(self._waits))
+                                   lambda: 0 if self._waits is None else len(self._waits),
+                                   self._direct_noted)
             metrics.serve(address, port)
         except Exception as exc:
             log.error("metrics not served on %s port %d: %s", address, port, one_line(str(exc)))
@@ -752,6 +753,10 @@ class Agent:
         self._metrics = metrics
         log.info("metrics served on http://%s:%d/metrics%s", address, port,
                  " (with the store's view)" if self.settings.metrics_store else "")
+
+    def _direct_noted(self) -> float:
+        noted = directnote.last(self.settings.hook_log)
+        return noted[0] if noted else 0.0
 
     def _hook_log(self, hook: str, peer: peers.Peer, response: HookResponse) -> None:
         """The hook log lines of a call this agent served, written here (as root) because the

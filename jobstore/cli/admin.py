@@ -272,9 +272,18 @@ def install_hooks_cmd(
               help="Unix socket to listen on (default: JOBSTORE_AGENT_SOCKET).")
 @click.option("-f", "--foreground", is_flag=True,
               help="Log to stderr, not to JOBSTORE_AGENT_LOG.")
+@click.option("--check", is_flag=True,
+              help="Say which mode (agent or direct) each keyword's hooks are in, and why; "
+                   "exit 1 when any does not reach the agent.")
 @guard
-def agent(socket_path: str | None, foreground: bool) -> None:
+def agent(socket_path: str | None, foreground: bool, check: bool) -> None:
     """Run the per-node agent that serves the hooks (condor_master starts it)."""
+    if check:
+        from jobstore.agent.check import check as check_node
+
+        lines, ok = check_node()
+        click.echo("\n".join(lines))
+        sys.exit(0 if ok else 1)
     from jobstore.agent.server import AgentError, run_agent
 
     try:

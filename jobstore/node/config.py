@@ -37,6 +37,9 @@ def _param(name: str) -> str | None:
     return value or None
 
 
+param = _param
+
+
 def _attr_names(*params: str) -> tuple[str, ...]:
     """The attribute names HTCondor's configuration lists in `params` (ConfigError for one
     that is not a name)."""

@@ -144,7 +144,6 @@ class LivePool:
         self.env = {
             "PATH": f"{prefix}/bin:{prefix}/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root", "LANG": "C.UTF-8", "CONDOR_CONFIG": str(self.config),
-            "JOBSTORE_AGENT_SOCKET": str(self.base / "run" / "agent.sock"),
             **(extra_env or {}),
         }
         self.master: subprocess.Popen | None = None

@@ -3,7 +3,9 @@ PostgreSQL keyword's static slots and on the SQLite keyword's partitionable slot
 
 from __future__ import annotations
 
+import re
 import statistics
+import subprocess
 import time
 
 from .conftest import MEASURED, Live
@@ -47,3 +49,19 @@ def test_a_job_submitted_to_an_idle_pool_starts_at_once(live: Live) -> None:
                     f"{statistics.median(took) * 1000:.0f} ms, max {max(took) * 1000:.0f} ms "
                     "(the `jobstore submit` process's start included)")
     assert all(t > 0 for t in took)
+
+
+def test_the_hooks_find_the_agent_where_the_configuration_says(live: Live) -> None:
+    """JOBSTORE_AGENT_SOCKET is set in the HTCondor configuration only (the pool's own socket,
+    not the default): the startd's environment hands it to every hook."""
+    done = subprocess.run([str(live.venv / "bin" / "jobstore"), "agent", "--check"],
+                          env=live.pool.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sock = live.pool.base / "run" / "agent.sock"
+    for keyword in ("JOBSTORE", "LITE"):
+        assert any(line.startswith(f"{keyword}: hooks ")
+                   and line.endswith(f"at {sock} (STARTD_ENVIRONMENT): agent mode (served by "
+                                     "uid 0)") for line in done.stdout.splitlines()), done.stdout
+    # a hook that fell back (while a test killed the agent) looked where the agent listens
+    looked = re.findall(r"no jobstore agent at (\S+) ", live.pool.log("JobstoreHookLog"))
+    assert set(looked) <= {str(sock)}, looked
