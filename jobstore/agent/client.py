@@ -31,7 +31,7 @@ from jobstore.agent.protocol import (
     encode,
     encode_env,
 )
-from jobstore.node import directnote
+from jobstore.node import directnote, siblings
 from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
     MAX_STDIN,
@@ -276,6 +276,8 @@ def main(
             stdin = failed(hook, stdin, str(exc))
     if hook == "prepare_job" and len(stdin) <= MAX_STDIN:  # as the job's user, before the exec
         stdin = annotate(stdin)
+    if hook == "job_exit":
+        siblings.wait_for("update_job_info")
     if mode == "direct":
         _direct(hook, stdin, started, stderr_open)
     if len(stdin) > MAX_STDIN:

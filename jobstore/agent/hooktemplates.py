@@ -55,10 +55,10 @@ def _compile_client() -> None:
 
     import jobstore
     from jobstore.agent import client, protocol
-    from jobstore.node import directnote, hookproc, hooktable
+    from jobstore.node import directnote, hookproc, hooktable, siblings
 
     hot_path = (jobstore, sys.modules["jobstore.agent"], sys.modules["jobstore.node"], hooktable,
-                hookproc, directnote, client, protocol)
+                hookproc, directnote, siblings, client, protocol)
     for module in hot_path:
         if module.__file__ is None:
             continue
