@@ -13,7 +13,8 @@ of one core:
 
 Measured on each: submit -> the job's own process (its first line writes the time), single
 jobs into the idle pool, p50 and p99, after the account's first submit (reported alone: with
-the job store it starts the account's command server); for pull, the medians of a job's start
+the job store it starts the account's command server), and from `Schedd.submit` in a running
+program (jobstore.Schedd, htcondor2.Schedd); for pull, the medians of a job's start
 part by part (from the events' times); the first job's start after `condor_restart`; the time
 to run N `/bin/true` jobs (one `queue N`) to their end.
 
@@ -66,6 +67,8 @@ class Result:
     restart: float
     burst: float
     first: float  # the account's first submit (pull: no command server yet)
+    program_p50: float  # from a running program's Schedd.submit
+    program_p99: float
     parts: dict[str, float]  # pull: the medians of a job's start, part by part
 
 
@@ -79,6 +82,8 @@ class Single:
 
 class Side:
     """One pool and how a job is submitted to it and counted."""
+
+    env: dict[str, str]  # what alice's commands run with
 
     def __init__(self, name: str, pool: LivePool, work: Path) -> None:
         self.name, self.pool, self.work = name, pool, work
@@ -97,6 +102,10 @@ class Side:
     def events(self, cluster: int) -> dict[str, float]:
         """When each first event of job CLUSTER.0 was recorded (pull only)."""
         return {}
+
+    def python(self) -> Path:
+        """An interpreter with this side's Python API, alice may run."""
+        return Path(sys.executable)
 
     def left(self) -> int:
         """Jobs not finished yet."""
@@ -120,6 +129,10 @@ class Pull(Side):
         self.server = server
         self.argv = [str(venv / "bin" / "jobstore"), "--db", "postgresql+psycopg:///jobstore"]
         self.env = env
+        self.venv = venv
+
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
 
     def submit(self, text: str) -> int:
         self.file("job.sub", text)
@@ -166,6 +179,53 @@ def cluster_of(said: str) -> int:
 
     def ready(self) -> bool:
         return self.pool.tool("condor_q", "-allusers", "-totals").returncode == 0
+
+
+# A running program that submits one job per line read (the line: the stamp file's path) with
+# its Schedd's submit, printing when each call began: `jobstore.Schedd` (pull) or
+# `htcondor2.Schedd` (push), imported and connected before the first.
+PROGRAM = """\
+import sys, time
+if sys.argv[1] == "pull":
+    import jobstore
+    schedd, Submit = jobstore.Schedd(sys.argv[2]), jobstore.Submit
+else:
+    import htcondor2
+    schedd, Submit = htcondor2.Schedd(), htcondor2.Submit
+print("ready", flush=True)
+for line in sys.stdin:
+    began = time.time()
+    schedd.submit(Submit({"executable": "/bin/sh", "should_transfer_files": "NO",
+                          "arguments": f"\\"-c 'date +%s.%N > {line.strip()}'\\""}))
+    print(began, flush=True)
+"""
+
+
+def program_jobs(side: Side, n: int) -> list[float]:
+    """Seconds from a running program's Schedd.submit to the job's process, one at a time."""
+    db = ["postgresql+psycopg:///jobstore"] if side.name == "pull" else ["-"]
+    python = side.python()
+    proc = subprocess.Popen([str(python), "-c", PROGRAM, side.name, *db], cwd=str(side.work),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            user=side.user.pw_uid, group=side.user.pw_gid, extra_groups=[],
+                            env={**side.env, "HOME": side.user.pw_dir})
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"{side.name}: the submitting program did not start")
+        took = []
+        for i in range(n):
+            stamp = side.work / f"{side.name}.program.{i}"
+            proc.stdin.write(f"{stamp}\n")
+            proc.stdin.flush()
+            began = float(proc.stdout.readline())
+            took.append(wait_for(f"{side.name} program job {i} starts",
+                                 functools.partial(stamped, stamp), 120, 0.01) - began)
+            wait_for(f"{side.name} program job {i} ends", lambda: side.left() == 0, 120, 0.2)
+        return took
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
 
 
 def stamped(path: Path) -> float | None:
@@ -272,10 +332,12 @@ def run_side(name: str, prefix: Path, args: argparse.Namespace) -> Result:
             side = Push(pool, work)
         first, *singles = single_jobs(side, args.jobs + 1)
         took = [one.process - one.started for one in singles]
+        program = program_jobs(side, args.jobs)
         restart = after_restart(side)
         many = burst(side, args.burst)
         result = Result(statistics.median(took), p99(took), restart, many,
-                        first.process - first.started, breakdown(side, singles, args.each))
+                        first.process - first.started, statistics.median(program),
+                        p99(program), breakdown(side, singles, args.each))
         print(f"{name}: {result}", flush=True)
         return result
     finally:
@@ -309,12 +371,16 @@ def main() -> None:
               f"{r.first * 1000:.0f} ms); first job after condor_restart {r.restart:.1f} s; "
               f"{args.burst} /bin/true jobs on 4 slots {r.burst:.1f} s "
               f"({args.burst / r.burst:.1f} jobs/s)")
+        print(f"{name}: Schedd.submit in a running program -> running p50 "
+              f"{r.program_p50 * 1000:.0f} ms, p99 {r.program_p99 * 1000:.0f} ms")
         for part, seconds in r.parts.items():
             print(f"  {name}: {part}: {seconds * 1000:.0f} ms (median)")
     if len(results) == 2:
         pull, push = results["pull"], results["push"]
         print(f"pull / push: latency p50 {pull.p50 / push.p50:.2f}x, p99 "
-              f"{pull.p99 / push.p99:.2f}x, first job after condor_restart "
+              f"{pull.p99 / push.p99:.2f}x (a running program's: p50 "
+              f"{pull.program_p50 / push.program_p50:.2f}x, p99 "
+              f"{pull.program_p99 / push.program_p99:.2f}x), first job after condor_restart "
               f"{pull.restart / push.restart:.2f}x; throughput {push.burst / pull.burst:.2f}x")
 
 

@@ -214,6 +214,8 @@ MASTER_DEBUG = D_FULLDEBUG
         self.master = None
 
     def remove(self) -> None:
+        """The pool's directory, and what still runs from it (a submitter's command server)."""
+        subprocess.run(["pkill", "-f", f"^{self.base}/"], check=False)
         shutil.rmtree(self.base, ignore_errors=True)
 
     def tool(self, name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -185,9 +185,6 @@ JOBSTORE_CLAIM_LEASE = 20
     finally:
         pool.stop()
         server.stop()
-        # alice's command server (jobstore.cli.front), of this installation's interpreter
-        subprocess.run(["pkill", "-f", f"^{pool.base}/opt-jobstore/bin/python.* -m "
-                        "jobstore.cli.commandserver"], check=False)
         if os.environ.get("JOBSTORE_LIVE_KEEP"):
             print(f"\nlive pool kept in {pool.base}")
         else:
