@@ -52,10 +52,12 @@ def baked(path: str) -> tuple[str | None, tuple[int, ...]]:
     except OSError:
         return None, DEFAULT_AGENT_UIDS
     found = HOOK_CALL.search(text)
+    args: tuple[object, ...] = ()
     try:
-        args = ast.literal_eval(f"({found.group(1)},)") if found else ()
+        parsed = ast.literal_eval(f"({found.group(1)},)") if found else ()
+        args = parsed if isinstance(parsed, tuple) else ()
     except (ValueError, SyntaxError):
-        args = ()
+        pass
     sock = args[1] if len(args) > 1 and isinstance(args[1], str) else None
     uids = args[2] if len(args) > 2 and isinstance(args[2], tuple) else DEFAULT_AGENT_UIDS
     return sock, tuple(u for u in uids if isinstance(u, int))
