@@ -120,9 +120,11 @@ class LifeError(RuntimeError):
 
 
 def run_life(
-    env: Env, db_url: str, store, calls: dict[str, Call], samples: dict | None
+    env: Env, db_url: str, store, calls: dict[str, Call], samples: dict | None,
+    check: bool = True,
 ) -> int:  # type: ignore[no-untyped-def]
-    """Submit one job and take it through every hook of its life as real processes."""
+    """Submit one job and take it through every hook of its life as real processes (with
+    `check`, then read that it completed: a transaction of the bench's own)."""
     job_id = submit_one(store)
     identity: list[bytes] = []
     for label, exe, stem, argv in LIFE:
@@ -144,10 +146,15 @@ def run_life(
                 raise LifeError(f"fetch_job did not hand out job {job_id}: {proc.stdout[:200]!r}")
         if samples is not None:
             samples.setdefault(label, []).append((wall, cpu))
+    if check:
+        check_completed(store, job_id)
+    return job_id
+
+
+def check_completed(store, job_id: int) -> None:  # type: ignore[no-untyped-def]
     job = store.get_job(job_id)
     if job.status != "completed" or job.exit_code != 0:
         raise LifeError(f"job {job_id} ended {job.status} exit_code={job.exit_code}")
-    return job_id
 
 
 def run_empty_fetch(env: Env, db_url: str, calls: dict[str, Call]) -> tuple[float, float]:

@@ -166,6 +166,62 @@ def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
     assert seq.job_id == job_id and _status(store, job_id) == "completed"
 
 
+def _events_and_transactions(node: Node, job_id: int) -> list[tuple[str, str]]:
+    """(event, the id of the transaction that wrote it) of job `job_id`, in order."""
+    with psycopg.connect(libpq_url(node.db_url)) as conn:
+        return [(str(e), str(x)) for e, x in conn.execute(
+            "SELECT event, xmin::text FROM job_events WHERE job_id = %s ORDER BY id",
+            (job_id,)).fetchall()]
+
+
+def _wait_status(store: JobStore, job_id: int, status: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while _status(store, job_id) != status:
+        assert time.monotonic() < deadline, _status(store, job_id)
+        time.sleep(0.05)
+
+
+def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
+        node: Node, store: JobStore) -> None:
+    """REPLY_FETCH's accept and the first update go in with PREPARE_JOB, the update that saw
+    the job start with JOB_EXIT: a life of three transactions, every transition recorded in
+    order."""
+    if not node.db_url.startswith("postgresql"):
+        pytest.skip("which transaction wrote an event: PostgreSQL's xmin")
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")
+    seq = run_sequence(node.hooks, node.env(), "slot1@node01")
+    assert seq.job_id == job_id and _status(store, job_id) == "completed"
+    written = [(e, x) for e, x in _events_and_transactions(node, job_id) if e != "submit"]
+    assert [e for e, _ in written] == ["fetch", "accept", "prepare", "start", "exit"]
+    fetch, accept, prepare, start, exit_ = (x for _, x in written)
+    assert accept == prepare and start == exit_ and len({fetch, prepare, exit_}) == 3
+    assert node.stop() == 0
+
+
+def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
+        node: Node, store: JobStore) -> None:
+    """An accept kept back is in the spool: an agent killed with it leaves it to the next
+    agent's replay; an agent that stops applies what it kept back before it exits."""
+    first, second = submit_jobs(store, 2, ordinary_owner())
+    for job_id, slot, how in ((first, "slot1@node01", signal.SIGKILL),
+                              (second, "slot2@node01", signal.SIGTERM)):
+        node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")
+        sad = slot_ad(slot)
+        job = node.hook("fetch_job", sad).stdout
+        assert b"JobstoreJobId = %d" % job_id in job
+        node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"])
+        assert _status(store, job_id) == "fetched"  # kept back
+        code = node.stop(how)
+        if how == signal.SIGTERM:
+            assert code == 0 and _status(store, job_id) == "accepted"
+        else:
+            assert _status(store, job_id) == "fetched"
+            node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")  # replays the spool at start
+            _wait_status(store, job_id, "accepted")
+            assert node.stop() == 0
+
+
 def test_a_hook_that_finds_no_agent_where_the_node_names_one_says_so_once(
         node: Node, store: JobStore) -> None:
     hook_log = node.base / "log" / "JobstoreHookLog"

@@ -53,6 +53,7 @@ from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
 from jobstore.errors import JobstoreError
 from jobstore.node import bounded, config, directnote, handlers, sandboxcalls, spool
+from jobstore.node.deferred import Deferred
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import DEADLINES, NAMES
@@ -236,6 +237,8 @@ class Agent:
                                     self.settings.expression_workers)
         handlers.use_evaluator(evaluator)
         handlers.use_outbox(self._outbox.hand_off)
+        kept_back = Deferred(self.settings.report_delay) if self.settings.report_delay else None
+        handlers.use_deferred(kept_back)
         self._sandbox_roots()
         self._hold_what_crashed_it()
         listener = self._listen()
@@ -276,6 +279,9 @@ class Agent:
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
                                    daemon=True)
         watcher.start()
+        if kept_back is not None:
+            threading.Thread(target=self._apply_kept_back, args=(kept_back,), name="kept-back",
+                             daemon=True).start()
         next_replay = next_police = 0.0
         replayer: threading.Thread | None = None
         policer: threading.Thread | None = None
@@ -332,6 +338,9 @@ class Agent:
                 self._release(item.conn)
             for t in workers:
                 t.join()
+            handlers.use_deferred(None)
+            if kept_back is not None:  # what the hooks were told was taken goes in now
+                self._log_kept_back(handlers.apply_kept_back(kept_back.drain()))
             for duty in (replayer, policer):
                 if duty is not None:
                     duty.join()
@@ -753,6 +762,24 @@ class Agent:
         self._metrics = metrics
         log.info("metrics served on http://%s:%d/metrics%s", address, port,
                  " (with the store's view)" if self.settings.metrics_store else "")
+
+    def _apply_kept_back(self, kept_back: Deferred) -> None:
+        """Apply the reports kept back for their delay (node.deferred), until the agent stops
+        (then what is left is applied by `run`)."""
+        step = min(0.1, kept_back.delay / 4)
+        while not self._stop:
+            time.sleep(step)
+            due = kept_back.due()
+            if not due:
+                continue
+            try:
+                self._log_kept_back(handlers.apply_kept_back(due))
+            except Exception as exc:  # the spool has them; the replay sends them
+                log.error("reports kept back not applied: %s", one_line(str(exc)))
+
+    def _log_kept_back(self, lines: list[str]) -> None:
+        for line in lines:
+            log.info("kept back: %s", line)
 
     def _direct_noted(self) -> float:
         noted = directnote.last(self.settings.hook_log)

@@ -46,11 +46,12 @@ from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.submissions import Submissions
 from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
 from jobstore.db.transitions import Outcome, Transitions
-from jobstore.errors import DatabaseError, InvalidInput, NotOwner, UnknownJob
+from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, NotOwner, UnknownJob
 from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_target
 
 __all__ = [
+    "AttemptReport",
     "ActTotals",
     "SlotRow",
     "AUTOCLUSTER_KEY",
@@ -345,11 +346,15 @@ class JobStore:
         (an ordinary account reports) it is refused (NotOwner) unless that account owns the job;
         with `keyword`, one about an attempt another keyword's slot claimed is only recorded.
         """
-        wrong = set(changes or {}) - CHANGE_COLUMNS.keys()
+        return self.apply_report(job_id, AttemptReport(
+            event, token, attempt, changes, attrs, lease, slot, host, exit_policy,
+            now or time.time(), reason, owner, keyword))
+
+    def apply_report(self, job_id: int, r: AttemptReport) -> Outcome:
+        """`report`, its arguments as one value."""
+        wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
         if wrong:
             raise InvalidInput(f"a report may not change {sorted(wrong)}")
-        r = AttemptReport(event, token, attempt, changes, attrs, lease, slot, host, exit_policy,
-                          now or time.time(), reason, owner, keyword)
         # where the backend can, the row is read unlocked in the round trip that opens the
         # transaction, and written only if it is still the version read (no lock to log); one
         # that changed meanwhile is read again under a lock
@@ -379,6 +384,33 @@ class JobStore:
         if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
             self._police_job(job_id, r.now)
         return outcome
+
+    def report_many(self, reports: Sequence[tuple[int, AttemptReport]]
+                    ) -> list[Outcome | JobstoreError]:
+        """Apply several reports (job id, report) in one transaction, in their order: each
+        job's row read under a lock. A report that may not be applied (UnknownJob, NotOwner,
+        InvalidInput) is left out and its error is its result; a database error fails them
+        all."""
+        results: list[Outcome | JobstoreError] = []
+        police: list[tuple[int, float]] = []
+        with self.db.transaction() as conn:
+            for job_id, r in reports:
+                wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
+                job = None if wrong else self.transitions.lock(conn, job_id)
+                if wrong:
+                    results.append(InvalidInput(f"a report may not change {sorted(wrong)}"))
+                elif job is None:
+                    results.append(UnknownJob(job_id))
+                elif r.owner is not None and job.owner != r.owner:
+                    results.append(NotOwner(job_id, r.owner))
+                else:
+                    outcome = self._report(conn, job, r, None)
+                    results.append(outcome)
+                    if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
+                        police.append((job_id, r.now))
+        for job_id, now in police:
+            self._police_job(job_id, now)
+        return results
 
     def _report(self, conn: Connection, job: Job, r: AttemptReport,
                 version: str | None) -> Outcome:

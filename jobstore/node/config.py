@@ -368,6 +368,9 @@ class AgentSettings:
     expression_workers: int = 3  # JOBSTORE_AGENT_EXPRESSION_WORKERS: its worker processes
     update_interval: int = 300  # UPDATE_INTERVAL: how often the startd's slot ads are published
     classad_lifetime: int = 900  # CLASSAD_LIFETIME: how long a published slot ad is shown
+    # JOBSTORE_AGENT_REPORT_DELAY: the longest REPLY_FETCH's and UPDATE_JOB_INFO's reports wait
+    # for the attempt's next one (node.deferred); 0: each applied as it comes
+    report_delay: float = 1.0
 
 
 def agent_socket(override: str | None = None) -> str:
@@ -487,7 +490,23 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         expression_workers=number("EXPRESSION_WORKERS", 3),
         update_interval=_checked_int("UPDATE_INTERVAL", _param("UPDATE_INTERVAL"), 300, 1),
         classad_lifetime=_checked_int("CLASSAD_LIFETIME", _param("CLASSAD_LIFETIME"), 900, 1),
+        report_delay=_report_delay(),
     )
+
+
+def _report_delay() -> float:
+    """JOBSTORE_AGENT_REPORT_DELAY: seconds, at most 30 (the claim lease is longer); 0: none."""
+    param = "JOBSTORE_AGENT_REPORT_DELAY"
+    raw = _param(param)
+    if raw is None:
+        return AgentSettings.report_delay
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{param} must be a number of seconds, not {raw!r}") from None
+    if not 0 <= value <= 30:
+        raise ConfigError(f"{param} must be from 0 to 30 seconds")
+    return value
 
 
 def _nudge_command() -> str | None:

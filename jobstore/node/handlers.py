@@ -46,6 +46,7 @@ from jobstore.formats.matching import (
 )
 from jobstore.node import bounded, config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
+from jobstore.node.deferred import Deferred, Pending
 from jobstore.node.hookproc import STOP_JOB
 from jobstore.node.inflight import InFlight
 from jobstore.node.reports import (
@@ -59,7 +60,7 @@ from jobstore.node.reports import (
 )
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
-    from jobstore.db.store import JobStore, Outcome
+    from jobstore.db.store import AttemptReport, JobStore, Outcome
 
 # A report applied this many seconds after its hook made it (a replay from the spool) keeps
 # the time it was made in its event's attrs (ReportedAt).
@@ -182,6 +183,17 @@ def use_outbox(take: Callable[[HookRequest, ClassAd], HookResponse]) -> None:
     sends them and then records the exit (the agent)."""
     global _outbox
     _outbox = take
+
+
+# The reports the agent keeps back to apply with the attempt's next one (`use_deferred`); None
+# in a hook process, which applies each report as it comes.
+_deferred: Deferred | None = None
+
+
+def use_deferred(deferred: Deferred | None) -> None:
+    """Keep back the reports `deferred` may keep (the agent; None: none)."""
+    global _deferred
+    _deferred = deferred
 
 
 def use_pool(overflow: int) -> None:
@@ -592,15 +604,31 @@ def _report(
         spooled = None
         unusable = f"spool unusable, reporting directly: {exc}"
         log.append(unusable)
+    deferred = _deferred
+    key = (settings.keyword, job_id or 0, attempt or 0)
+    if (deferred is not None and spooled is not None
+            and deferred.may_keep(key, event, get_int(job, "JobPid") is not None)):
+        deferred.keep(Pending(key, report, spooled, settings))
+        return HookResponse(log=[*log, f"job {name} attempt {attempt}: {event}, applied with "
+                                       "the attempt's next report"])
+    earlier = deferred.take(key) if deferred is not None else []
     try:
-        outcome = apply_report(report, SERVICE, settings)
+        if earlier:
+            *before, outcome = apply_reports([*[p.report for p in earlier], report], settings)
+            log.extend(_kept_back_log(earlier, before))
+        else:
+            outcome = apply_report(report, SERVICE, settings)
     except (UnknownJob, NotOwner) as exc:
+        for item in earlier:  # applied with it: only its own result was refused
+            spool.done(item.spooled.path)
         if spooled:
             spool.done(spooled.path)
         if isinstance(exc, UnknownJob):
             raise HookError(f"job {name} is not in the job store") from None
         raise HookError(str(exc)) from None
     except (DatabaseError, config.ConfigError) as exc:
+        for item in earlier:
+            spool.release(item.spooled)
         if spooled is None:
             raise HookError(f"{event} for job {name} not sent: {exc}; {unusable}") from None
         spool.release(spooled)
@@ -611,9 +639,13 @@ def _report(
             spooled=True,
         )
     except BaseException:
+        for item in earlier:
+            spool.release(item.spooled)
         if spooled:
             spool.release(spooled)
         raise
+    for item in earlier:
+        spool.done(item.spooled.path)
     if spooled:
         spool.done(spooled.path)
     note = f"job {name} attempt {attempt}: {event} {outcome.before} -> {outcome.after}"
@@ -651,6 +683,74 @@ def apply_report(
     report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
 ) -> Outcome:
     """Apply a checked report (see `send_record`)."""
+    settings, job_id, r = attempt_report(report, writer, settings)
+    return store_for(settings).apply_report(job_id, r)
+
+
+def apply_reports(reports: list[Report], settings: config.Settings) -> list[Outcome]:
+    """Apply the agent's reports about one attempt in one transaction, in their order (the
+    last one's errors raised, as apply_report raises them; the others' are their outcome's
+    reason)."""
+    calls = [attempt_report(report, SERVICE, settings) for report in reports]
+    results = store_for(settings).report_many([(job_id, r) for _, job_id, r in calls])
+    if isinstance(results[-1], JobstoreError):
+        raise results[-1]
+    return [result if not isinstance(result, JobstoreError) else _refused(report, result)
+            for report, result in zip(reports, results, strict=True)]
+
+
+def _refused(report: Report, error: JobstoreError) -> Outcome:
+    from jobstore.db.store import Outcome
+
+    return Outcome(report.job_id, str(report.event), None, None, False, reason=str(error))
+
+
+def apply_kept_back(items: list[Pending]) -> list[str]:
+    """Apply reports the agent kept back (deferred.Deferred.due, drain): each database's in
+    one transaction; the spool keeps those a database did not take. Lines for its log."""
+    lines: list[str] = []
+    by_store: dict[str, list[Pending]] = {}
+    for item in items:
+        by_store.setdefault(item.settings.database_url, []).append(item)
+    for group in by_store.values():
+        settings = group[0].settings
+        try:
+            calls = [attempt_report(item.report, SERVICE, item.settings) for item in group]
+            results = store_for(settings).report_many([(job_id, r) for _, job_id, r in calls])
+        except (DatabaseError, config.ConfigError) as exc:
+            for item in group:
+                spool.release(item.spooled)
+            lines.append(f"{len(group)} report(s) kept in the spool: {exc}")
+            continue
+        except BaseException:
+            for item in group:
+                spool.release(item.spooled)
+            raise
+        for item in group:
+            spool.done(item.spooled.path)
+        lines.extend(_kept_back_log(group, results))
+    return lines
+
+
+def _kept_back_log(items: list[Pending], results: list[Any]) -> list[str]:
+    out = []
+    for item, result in zip(items, results, strict=True):
+        what = f"job {item.report.job_id} attempt {item.report.attempt}: {item.report.event}"
+        if isinstance(result, JobstoreError) or getattr(result, "before", None) is None:
+            out.append(f"{what}: not applied ({getattr(result, 'reason', None) or result})")
+        else:
+            out.append(f"{what} {result.before} -> {result.after}"
+                       + (" (stale report, recorded only)" if result.stale else ""))
+    return out
+
+
+def attempt_report(
+    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
+) -> tuple[config.Settings, int, AttemptReport]:
+    """A checked report (see `send_record`) as the store applies it: its keyword's settings,
+    the job, and the report itself."""
+    from jobstore.db.store import AttemptReport
+
     if settings is None or settings.keyword != report.keyword:
         settings = config.load_settings(report.keyword)
     if report.store != store_identity(settings.database_url):
@@ -672,17 +772,18 @@ def apply_report(
             with reading(report.keyword, row.id):
                 return _evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
-    return store_for(settings).report(
-        report.job_id,
+    late = time.time() - report.time >= LATE
+    return settings, report.job_id, AttemptReport(
         event,
         token=report.token,
         attempt=report.attempt,
         changes=report.changes,
-        attrs=attrs if time.time() - report.time < LATE else {**attrs, "ReportedAt": report.time},
+        attrs={**attrs, "ReportedAt": report.time} if late else attrs,
         lease=lease,
         slot=report.slot,
         host=report.host,
         exit_policy=exit_policy,
+        now=time.time() if late else min(report.time, time.time()),
         owner=owner,
         keyword=settings.keyword,
     )
