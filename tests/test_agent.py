@@ -35,6 +35,7 @@ from jobstore.emulator.spawn import hook_preexec
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
 from jobstore.node import directnote, spool
+from jobstore.node.deferred import MAX_PER_UID, Deferred, Pending
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
 
@@ -220,6 +221,42 @@ def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
             node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")  # replays the spool at start
             _wait_status(store, job_id, "accepted")
             assert node.stop() == 0
+
+
+def test_a_refused_report_leaves_the_reports_kept_back_for_that_attempt(
+        node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]) -> None:
+    """A starter hook of an account with no name, or of another user, about alice's attempt:
+    refused, and alice's accept kept back for that attempt still goes in."""
+    _, alice, bob = accounts
+    (job_id,) = submit_jobs(store, 1, alice.pw_name)
+    node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")
+    sad = slot_ad("slot1@node01")
+    job = node.hook("fetch_job", sad).stdout
+    node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"])
+    # 54321 is in no passwd entry: refused before anything is taken, the accept still kept;
+    # bob is refused after it, in the transaction that applied alice's accept
+    for uid, gid, then in ((54321, 54321, "fetched"), (bob.pw_uid, bob.pw_gid, "accepted")):
+        refused = subprocess.run(
+            [str(node.hooks / "prepare_job")], input=job, capture_output=True,
+            env=node.env(JOBSTORE_HOOK_MODE="agent"), timeout=WAIT,
+            preexec_fn=hook_preexec(False), user=uid, group=gid, extra_groups=[])
+        assert b"prepare_job" in refused.stderr, refused.stderr
+        assert _status(store, job_id) == then
+    assert node.stop() == 0
+    assert [e.event for e in store.events(job_id)][-2:] == ["fetch", "accept"]
+
+
+def test_reports_of_one_account_kept_back_are_bounded() -> None:
+    kept = Deferred(30.0)
+    key = ("JOBSTORE", 1, 1)
+    taken = [kept.may_keep(key, Event.UPDATE, False, 1001) for _ in range(MAX_PER_UID + 5)]
+    for _ in range(MAX_PER_UID):
+        kept.keep(Pending(key, None, None, None, 1001))  # type: ignore[arg-type]
+    assert all(taken)
+    assert not kept.may_keep(key, Event.UPDATE, False, 1001)
+    assert kept.may_keep(key, Event.UPDATE, False, 1002)  # another account's are not
+    assert len(kept.take(key)) == MAX_PER_UID
+    assert kept.may_keep(key, Event.UPDATE, False, 1001)
 
 
 def test_a_hook_that_finds_no_agent_where_the_node_names_one_says_so_once(

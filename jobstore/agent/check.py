@@ -51,7 +51,8 @@ def baked(path: str) -> tuple[str | None, tuple[int, ...]]:
             text = fh.read(MAX_HOOK_FILE).decode("utf-8", "replace")
     except OSError:
         return None, DEFAULT_AGENT_UIDS
-    found = HOOK_CALL.search(text)
+    calls = list(HOOK_CALL.finditer(text))
+    found = calls[-1] if calls else None
     args: tuple[object, ...] = ()
     try:
         parsed = ast.literal_eval(f"({found.group(1)},)") if found else ()

@@ -114,13 +114,15 @@ def child(conn: socket.socket) -> None:
     try:
         conn.settimeout(ACCEPT_SECONDS)
         argv, umask, env = receive(conn)
-        conn.settimeout(None)
         os.umask(umask)
         os.environ.clear()
         os.environ.update(env)
         reload_condor_config()
         sys.argv = ["jobstore", *argv]
         conn.sendall(b"P%d\n" % os.getpid())
+        if conn.recv(1) != b"G":  # the client gave up waiting and runs the command itself
+            os._exit(1)
+        conn.settimeout(None)
     except BaseException:  # noqa: BLE001 - the client runs the command itself
         os._exit(1)
     try:

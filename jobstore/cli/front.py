@@ -7,8 +7,9 @@ of a second; `condor_submit` starts in 40 ms. So the first `jobstore submit` (or
 (jobstore.cli.commandserver): a process of the same account that has imported everything and
 forks a child per command. The next command passes it its arguments, environment, umask,
 working directory and standard streams over a unix socket and waits for the exit status; the
-child runs the command exactly as this process would have. The server ends after
-IDLE_SECONDS without a command, or when the package it loaded has changed.
+child runs the command exactly as this process would have, once the client has said go (a
+client that gave up waiting runs the command itself, and its child never does). The server
+ends after IDLE_SECONDS without a command, or when the package it loaded has changed.
 
 Nothing crosses an account: the socket is in a directory of the account's own (mode 0700), the
 client talks only to a server of its own uid and the server serves only its own uid. Root never
@@ -133,20 +134,24 @@ def ask_server(path: str, argv: list[str]) -> int | None:
             return None
         here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            socket.send_fds(sock, [request], [0, 1, 2, here])
+            sent = socket.send_fds(sock, [request], [0, 1, 2, here])
+            sock.sendall(request[sent:])
         except OSError:
             return None
         finally:
             os.close(here)
         reader = sock.makefile("rb")
         try:
-            started = reader.readline()
+            ready = reader.readline()
+            if not ready.startswith(b"P"):
+                return None  # stale, or it ended before running anything
+            # Only now may the child run the command: a client that gave up before this
+            # line never sent it, and its child ends without running anything.
+            sock.sendall(b"G")
         except OSError:
             return None
-        if not started.startswith(b"P"):
-            return None  # stale, or it ended before running anything
         sock.settimeout(None)
-        _forward_signals(int(started[1:]))
+        _forward_signals(int(ready[1:]))
         try:
             ended = reader.readline()
         except OSError:

@@ -29,6 +29,7 @@ from jobstore.core.states import Event
 from jobstore.node import spool
 
 MAX_PREPARED = 100_000  # attempts prepared here whose start this agent waits to see
+MAX_PER_UID = 64  # reports kept back for one account at most (more are applied as they come)
 
 
 @dataclass
@@ -36,9 +37,10 @@ class Pending:
     """A report kept back: what it is, where it waits in the spool, and its settings."""
 
     key: tuple[str, int, int]  # (keyword, job id, attempt)
-    report: Any  # node.reports.Report
+    report: Any  # node.handlers.Prepared: as the store applies it, its author checked
     spooled: spool.Spooled
     settings: Any  # node.config.Settings
+    uid: int  # who sent it
     since: float = field(default_factory=time.monotonic)
 
 
@@ -50,13 +52,18 @@ class Deferred:
         self._lock = threading.Lock()
         self._pending: OrderedDict[tuple[str, int, int], list[Pending]] = OrderedDict()
         self._prepared: OrderedDict[Hashable, None] = OrderedDict()
+        self._by_uid: dict[int, int] = {}
 
-    def may_keep(self, key: tuple[str, int, int], event: Event, has_pid: bool) -> bool:
-        """Whether a report of `event` about attempt `key` may wait: the first start after a
-        PREPARE_JOB this agent served does (this remembers the PREPARE_JOBs)."""
-        if event in (Event.ACCEPT, Event.UPDATE) and not has_pid:
-            return True
+    def may_keep(self, key: tuple[str, int, int], event: Event, has_pid: bool,
+                 uid: int) -> bool:
+        """Whether a report of `event` about attempt `key` from account `uid` may wait: the
+        first start after a PREPARE_JOB this agent served does (this remembers the
+        PREPARE_JOBs), and none of an account that has MAX_PER_UID waiting."""
         with self._lock:
+            if self._by_uid.get(uid, 0) >= MAX_PER_UID:
+                return False
+            if event in (Event.ACCEPT, Event.UPDATE) and not has_pid:
+                return True
             if event == Event.PREPARE:
                 self._prepared[key] = None
                 while len(self._prepared) > MAX_PREPARED:
@@ -69,11 +76,21 @@ class Deferred:
     def keep(self, item: Pending) -> None:
         with self._lock:
             self._pending.setdefault(item.key, []).append(item)
+            self._by_uid[item.uid] = self._by_uid.get(item.uid, 0) + 1
 
     def take(self, key: tuple[str, int, int]) -> list[Pending]:
         """The reports kept back about attempt `key`, for its next report's transaction."""
         with self._lock:
-            return self._pending.pop(key, [])
+            return self._forget(self._pending.pop(key, []))
+
+    def _forget(self, items: list[Pending]) -> list[Pending]:
+        for item in items:
+            left = self._by_uid.get(item.uid, 0) - 1
+            if left > 0:
+                self._by_uid[item.uid] = left
+            else:
+                self._by_uid.pop(item.uid, None)
+        return items
 
     def due(self, now: float | None = None) -> list[Pending]:
         """The reports kept back for `delay` seconds or longer, with the rest of their
@@ -83,7 +100,7 @@ class Deferred:
         with self._lock:
             for key in [k for k, items in self._pending.items()
                         if now - items[0].since >= self.delay]:
-                out.extend(self._pending.pop(key))
+                out.extend(self._forget(self._pending.pop(key)))
         return out
 
     def drain(self) -> list[Pending]:
@@ -91,6 +108,7 @@ class Deferred:
         with self._lock:
             out = [item for items in self._pending.values() for item in items]
             self._pending.clear()
+            self._by_uid.clear()
         return out
 
     def __len__(self) -> int:

@@ -53,6 +53,8 @@ def last(hook_log: str | None) -> tuple[float, str] | None:
         return None
     try:
         raw = os.read(fd, MAX_NOTE)
+    except OSError:  # not a file (a FIFO, a directory)
+        return None
     finally:
         os.close(fd)
     stamp, _, said = raw.decode("utf-8", "replace").partition(" ")

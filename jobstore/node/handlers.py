@@ -605,21 +605,28 @@ def _report(
         unusable = f"spool unusable, reporting directly: {exc}"
         log.append(unusable)
     deferred = _deferred
-    key = (settings.keyword, job_id or 0, attempt or 0)
-    if (deferred is not None and spooled is not None
-            and deferred.may_keep(key, event, get_int(job, "JobPid") is not None)):
-        deferred.keep(Pending(key, report, spooled, settings))
-        return HookResponse(log=[*log, f"job {name} attempt {attempt}: {event}, applied with "
-                                       "the attempt's next report"])
-    earlier = deferred.take(key) if deferred is not None else []
+    earlier: list[Pending] = []
     try:
+        # who reports, checked before anything is kept back or taken: a report that is refused
+        # here never touches another's kept-back ones
+        prepared = attempt_report(report, SERVICE, settings)
+        if deferred is not None and spooled is not None:
+            key = (settings.keyword, job_id or 0, attempt or 0)
+            uid = -1 if request.caller.uid is None else request.caller.uid
+            if deferred.may_keep(key, event, get_int(job, "JobPid") is not None, uid):
+                deferred.keep(Pending(key, prepared, spooled, settings, uid))
+                return HookResponse(log=[*log, f"job {name} attempt {attempt}: {event}, "
+                                               "applied with the attempt's next report"])
+            earlier = deferred.take(key)
         if earlier:
-            *before, outcome = apply_reports([*[p.report for p in earlier], report], settings)
+            *before, outcome = apply_reports([*[p.report for p in earlier], prepared], settings)
             log.extend(_kept_back_log(earlier, before))
         else:
-            outcome = apply_report(report, SERVICE, settings)
+            outcome = store_for(settings).apply_report(prepared[1], prepared[2])
     except (UnknownJob, NotOwner) as exc:
-        for item in earlier:  # applied with it: only its own result was refused
+        # before the database (no earlier ones were taken), or the last report's own result
+        # after its transaction committed with the earlier ones
+        for item in earlier:
             spool.done(item.spooled.path)
         if spooled:
             spool.done(spooled.path)
@@ -687,22 +694,21 @@ def apply_report(
     return store_for(settings).apply_report(job_id, r)
 
 
-def apply_reports(reports: list[Report], settings: config.Settings) -> list[Outcome]:
-    """Apply the agent's reports about one attempt in one transaction, in their order (the
-    last one's errors raised, as apply_report raises them; the others' are their outcome's
-    reason)."""
-    calls = [attempt_report(report, SERVICE, settings) for report in reports]
-    results = store_for(settings).report_many([(job_id, r) for _, job_id, r in calls])
+def apply_reports(reports: list[Prepared], settings: config.Settings) -> list[Outcome]:
+    """Apply the agent's reports about one attempt (`attempt_report`'s) in one transaction, in
+    their order: the last one's error raised, as apply_report raises it; the others' are their
+    outcome's reason."""
+    results = store_for(settings).report_many([(job_id, r) for _, job_id, r in reports])
     if isinstance(results[-1], JobstoreError):
         raise results[-1]
-    return [result if not isinstance(result, JobstoreError) else _refused(report, result)
-            for report, result in zip(reports, results, strict=True)]
+    return [result if not isinstance(result, JobstoreError) else _refused(job_id, r, result)
+            for (_, job_id, r), result in zip(reports, results, strict=True)]
 
 
-def _refused(report: Report, error: JobstoreError) -> Outcome:
+def _refused(job_id: int, r: AttemptReport, error: JobstoreError) -> Outcome:
     from jobstore.db.store import Outcome
 
-    return Outcome(report.job_id, str(report.event), None, None, False, reason=str(error))
+    return Outcome(job_id, str(r.event), None, None, False, reason=str(error))
 
 
 def apply_kept_back(items: list[Pending]) -> list[str]:
@@ -712,19 +718,20 @@ def apply_kept_back(items: list[Pending]) -> list[str]:
     by_store: dict[str, list[Pending]] = {}
     for item in items:
         by_store.setdefault(item.settings.database_url, []).append(item)
-    for group in by_store.values():
-        settings = group[0].settings
+    groups = list(by_store.values())
+    for i, group in enumerate(groups):
         try:
-            calls = [attempt_report(item.report, SERVICE, item.settings) for item in group]
-            results = store_for(settings).report_many([(job_id, r) for _, job_id, r in calls])
-        except (DatabaseError, config.ConfigError) as exc:
+            results = store_for(group[0].settings).report_many(
+                [(job_id, r) for _, job_id, r in (item.report for item in group)])
+        except Exception as exc:  # this database's stay in the spool; the others go on
             for item in group:
                 spool.release(item.spooled)
             lines.append(f"{len(group)} report(s) kept in the spool: {exc}")
             continue
         except BaseException:
-            for item in group:
-                spool.release(item.spooled)
+            for rest in groups[i:]:
+                for item in rest:
+                    spool.release(item.spooled)
             raise
         for item in group:
             spool.done(item.spooled.path)
@@ -735,7 +742,8 @@ def apply_kept_back(items: list[Pending]) -> list[str]:
 def _kept_back_log(items: list[Pending], results: list[Any]) -> list[str]:
     out = []
     for item, result in zip(items, results, strict=True):
-        what = f"job {item.report.job_id} attempt {item.report.attempt}: {item.report.event}"
+        _, job_id, r = item.report
+        what = f"job {job_id} attempt {r.attempt}: {r.event}"
         if isinstance(result, JobstoreError) or getattr(result, "before", None) is None:
             out.append(f"{what}: not applied ({getattr(result, 'reason', None) or result})")
         else:
@@ -744,9 +752,13 @@ def _kept_back_log(items: list[Pending], results: list[Any]) -> list[str]:
     return out
 
 
+# A report as the store applies it: its keyword's settings, the job, the report itself.
+Prepared = tuple[config.Settings, int, "AttemptReport"]
+
+
 def attempt_report(
     report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
-) -> tuple[config.Settings, int, AttemptReport]:
+) -> Prepared:
     """A checked report (see `send_record`) as the store applies it: its keyword's settings,
     the job, and the report itself."""
     from jobstore.db.store import AttemptReport
