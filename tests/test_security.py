@@ -107,10 +107,7 @@ def _accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
     job = nd.hook("fetch_job", sad, user=condor, JOBSTORE_HOOK_MODE="agent").stdout
     assert b"JobstoreJobId = %d" % job_id in job
     nd.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
-    deadline = time.monotonic() + 30  # the agent applies an accept with the attempt's next
-    while js.get_job(job_id).status != "accepted":  # report, or within its REPORT_DELAY
-        assert time.monotonic() < deadline, js.get_job(job_id).status
-        time.sleep(0.05)
+    assert js.get_job(job_id).status == "accepted"
     return job_id, job
 
 

@@ -71,6 +71,9 @@ def hook_env(
         # a fetch that finds nothing answers at once (tests of the waiting fetch say otherwise)
         "_CONDOR_JOBSTORE_FETCH_WAIT": "0",
         "_CONDOR_JOBSTORE_AGENT_NUDGE_COMMAND": "false",  # no startd to nudge
+        # each report applied as it comes, so that a test sees it at once (tests of the reports
+        # an agent keeps back say otherwise)
+        "_CONDOR_JOBSTORE_AGENT_REPORT_DELAY": "0",
         "JOBSTORE_DATABASE_URL": db_url,
         "CONDOR_PRIVATE_INHERIT": "SessionKey:secret-session-key-not-for-logs",
         "JOBSTORE_SPOOL": str(spool or condor_config.parent / "spool"),
