@@ -168,17 +168,17 @@ class Push(Side):
             raise SystemExit(f"condor_submit: {done.stderr.strip()}")
         return cluster_of(done.stdout)
 
-
-def cluster_of(said: str) -> int:
-    """The cluster in `N job(s) submitted to cluster C.`"""
-    return int(said.rsplit("cluster", 1)[-1].strip().rstrip("."))
-
     def left(self) -> int:
         done = self.pool.tool("condor_q", "-allusers", "-af", "ClusterId")
         return len(done.stdout.split()) if done.returncode == 0 else 1
 
     def ready(self) -> bool:
         return self.pool.tool("condor_q", "-allusers", "-totals").returncode == 0
+
+
+def cluster_of(said: str) -> int:
+    """The cluster in `N job(s) submitted to cluster C.`"""
+    return int(said.rsplit("cluster", 1)[-1].strip().rstrip("."))
 
 
 # A running program that submits one job per line read (the line: the stamp file's path) with
