@@ -60,11 +60,6 @@ def stale(files: dict[str, int]) -> bool:
     return False
 
 
-def peer_uid(conn: socket.socket) -> int:
-    cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return int.from_bytes(cred[4:8], sys.byteorder)
-
-
 def serve(path: str) -> None:
     lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -91,7 +86,7 @@ def serve(path: str) -> None:
             except TimeoutError:
                 return
             with conn:
-                if peer_uid(conn) != os.getuid():
+                if front.peer_uid(conn) != os.getuid():
                     continue
                 if stale(files):
                     with contextlib.suppress(OSError):

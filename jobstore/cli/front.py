@@ -23,6 +23,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # not `typing`'s: this module's import is a served command's cost
+if TYPE_CHECKING:
+    import socket
+
 # The commands a server runs: short ones that print and end (not agent, watch, demo, ...).
 SERVED = frozenset({
     "submit", "submit-dag", "q", "history", "rm", "hold", "release", "qedit", "userprio",
@@ -114,6 +118,14 @@ def decode_request(data: bytes) -> tuple[list[str], int, dict[str, str]]:
     return argv, umask, env
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of the unix socket `sock` (the kernel's word)."""
+    import socket
+
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # pid, uid, gid
+    return int.from_bytes(cred[4:8], sys.byteorder)
+
+
 def ask_server(path: str, argv: list[str]) -> int | None:
     """Run `argv` in the server at `path`: its exit status, or None when no server of this
     account took the command (nothing was run)."""
@@ -129,8 +141,7 @@ def ask_server(path: str, argv: list[str]) -> int | None:
             sock.connect(path)
         except OSError:
             return None
-        cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
+        if peer_uid(sock) != os.getuid():
             return None
         here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:

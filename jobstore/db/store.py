@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -401,11 +402,13 @@ class JobStore:
                 select(jobs.c.id, jobs.c.owner).where(self.transitions.id_in(ids)))}
             mine = {job_id for job_id, r in reports
                     if job_id in owners and r.owner in (None, owners[job_id])}
-            for job_id in sorted(mine):
-                self.transitions.lock(conn, job_id)
+            rows: dict[int, Job | None] = {
+                job_id: self.transitions.lock(conn, job_id) for job_id in sorted(mine)}
+            left = Counter(job_id for job_id, _ in reports)
             for job_id, r in reports:
+                left[job_id] -= 1
                 wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
-                job = self.transitions.lock(conn, job_id) if job_id in mine else None
+                job = rows.get(job_id)
                 if wrong:
                     results.append(InvalidInput(f"a report may not change {sorted(wrong)}"))
                 elif job_id not in owners:
@@ -419,6 +422,8 @@ class JobStore:
                     results.append(outcome)
                     if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
                         police.append((job_id, r.now))
+                    if left[job_id]:  # the row as this report left it, for the next one
+                        rows[job_id] = self.transitions.lock(conn, job_id)
         for job_id, now in police:
             self._police_job(job_id, now)
         return results

@@ -490,23 +490,10 @@ def load_agent_settings(socket_override: str | None = None) -> AgentSettings:
         expression_workers=number("EXPRESSION_WORKERS", 3),
         update_interval=_checked_int("UPDATE_INTERVAL", _param("UPDATE_INTERVAL"), 300, 1),
         classad_lifetime=_checked_int("CLASSAD_LIFETIME", _param("CLASSAD_LIFETIME"), 900, 1),
-        report_delay=_report_delay(),
+        # at most 30: a kept-back accept must go in well within the claim lease
+        report_delay=_seconds("JOBSTORE_AGENT_REPORT_DELAY", AgentSettings.report_delay,
+                              maximum=30, zero=True),
     )
-
-
-def _report_delay() -> float:
-    """JOBSTORE_AGENT_REPORT_DELAY: seconds, at most 30 (the claim lease is longer); 0: none."""
-    param = "JOBSTORE_AGENT_REPORT_DELAY"
-    raw = _param(param)
-    if raw is None:
-        return AgentSettings.report_delay
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{param} must be a number of seconds, not {raw!r}") from None
-    if not 0 <= value <= 30:
-        raise ConfigError(f"{param} must be from 0 to 30 seconds")
-    return value
 
 
 def _nudge_command() -> str | None:
@@ -518,8 +505,9 @@ def _nudge_command() -> str | None:
     return None if raw.strip().lower() in ("", "false", "no", "none", "0") else raw.strip()
 
 
-def _seconds(param: str, default: float) -> float:
-    """A positive number of seconds (fractions allowed)."""
+def _seconds(param: str, default: float, *, maximum: float = 3600, zero: bool = False) -> float:
+    """A positive number of seconds (fractions allowed), at most `maximum`; with `zero`, 0
+    too."""
     raw = _param(param)
     if raw is None:
         return default
@@ -527,8 +515,10 @@ def _seconds(param: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{param} must be a number of seconds, not {raw!r}") from None
-    if not 0 < value <= 3600:
-        raise ConfigError(f"{param} must be more than 0 and at most 3600 seconds")
+    above_lowest = value >= 0 if zero else value > 0
+    if not (above_lowest and value <= maximum):
+        bounds = f"from 0 to {maximum:g}" if zero else f"more than 0 and at most {maximum:g}"
+        raise ConfigError(f"{param} must be {bounds} seconds")
     return value
 
 

@@ -619,7 +619,7 @@ def _report(
                                                "applied with the attempt's next report"])
             earlier = deferred.take(key)
         if earlier:
-            *before, outcome = apply_reports([*[p.report for p in earlier], prepared], settings)
+            before, outcome = apply_reports([*[p.report for p in earlier], prepared], settings)
             log.extend(_kept_back_log(earlier, before))
         else:
             outcome = store_for(settings).apply_report(prepared[1], prepared[2])
@@ -694,21 +694,15 @@ def apply_report(
     return store_for(settings).apply_report(job_id, r)
 
 
-def apply_reports(reports: list[Prepared], settings: config.Settings) -> list[Outcome]:
+def apply_reports(reports: list[Prepared], settings: config.Settings
+                  ) -> tuple[list[Outcome | JobstoreError], Outcome]:
     """Apply the agent's reports about one attempt (`attempt_report`'s) in one transaction, in
-    their order: the last one's error raised, as apply_report raises it; the others' are their
-    outcome's reason."""
-    results = store_for(settings).report_many([(job_id, r) for _, job_id, r in reports])
-    if isinstance(results[-1], JobstoreError):
-        raise results[-1]
-    return [result if not isinstance(result, JobstoreError) else _refused(job_id, r, result)
-            for (_, job_id, r), result in zip(reports, results, strict=True)]
-
-
-def _refused(job_id: int, r: AttemptReport, error: JobstoreError) -> Outcome:
-    from jobstore.db.store import Outcome
-
-    return Outcome(job_id, str(r.event), None, None, False, reason=str(error))
+    their order: the results of all but the last, and the last one's outcome (its error raised,
+    as apply_report raises it)."""
+    *before, last = store_for(settings).report_many([(job_id, r) for _, job_id, r in reports])
+    if isinstance(last, JobstoreError):
+        raise last
+    return before, last
 
 
 def apply_kept_back(items: list[Pending]) -> list[str]:
@@ -739,13 +733,13 @@ def apply_kept_back(items: list[Pending]) -> list[str]:
     return lines
 
 
-def _kept_back_log(items: list[Pending], results: list[Any]) -> list[str]:
+def _kept_back_log(items: list[Pending], results: list[Outcome | JobstoreError]) -> list[str]:
     out = []
     for item, result in zip(items, results, strict=True):
         _, job_id, r = item.report
         what = f"job {job_id} attempt {r.attempt}: {r.event}"
-        if isinstance(result, JobstoreError) or getattr(result, "before", None) is None:
-            out.append(f"{what}: not applied ({getattr(result, 'reason', None) or result})")
+        if isinstance(result, JobstoreError):
+            out.append(f"{what}: not applied ({result})")
         else:
             out.append(f"{what} {result.before} -> {result.after}"
                        + (" (stale report, recorded only)" if result.stale else ""))
