@@ -236,7 +236,12 @@ def stop_agent(env: Env, proc: subprocess.Popen) -> None:
 
 
 def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
-    return hook_env(db_url, env.condor_config, spool=env.spool, hook_log=env.hook_log,
-                    **{**HOOK_MODE_ENV, **extra})
+    """A hook's (and the bench's agent's) environment; the agent keeps reports back as shipped,
+    not as the tests have it (hook_env applies each at once)."""
+    out = hook_env(db_url, env.condor_config, spool=env.spool, hook_log=env.hook_log,
+                   **{**HOOK_MODE_ENV, **extra})
+    if "_CONDOR_JOBSTORE_AGENT_REPORT_DELAY" not in extra:
+        del out["_CONDOR_JOBSTORE_AGENT_REPORT_DELAY"]
+    return out
 
 
