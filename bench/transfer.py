@@ -81,7 +81,8 @@ def claimed_job(store: JobStore, tmp: Path, size_mb: int):  # type: ignore[no-un
     src = tmp / f"in{size_mb}.bin"
     src.write_bytes(os.urandom(size_mb << 20))
     specs = parse_submit_text(f"executable = /bin/true\ntransfer_executable = false\n"
-                              f"transfer_input_files = {src}\nqueue\n", base_dir=tmp)
+                              f"transfer_input_files = {src}\nrequest_disk = 1GB\nqueue\n",
+                              base_dir=tmp)
     store.submit(specs, owner=owner(), queue="default", max_attempts=3)
     job = store.claim(REQ, lambda _j: Verdict(take=True))
     assert job is not None
@@ -168,6 +169,11 @@ def main() -> int:
     ap.add_argument("--db-url", default=DEFAULT_ADMIN_URL)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
+    from common import OWNER
+
+    from jobstore.testing.support import ensure_account
+
+    ensure_account(OWNER, uid=1001)  # the agent hands out only jobs of accounts it knows
     tmp = Path(tempfile.mkdtemp(prefix="jobstore-bench-transfer-"))
     name, url = make_db(args.db_url, "jobstore_bench_transfer")
     (tmp / "condor_config").write_text("")
