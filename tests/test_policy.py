@@ -216,10 +216,12 @@ def test_hook_holds_carry_their_codes(store: JobStore) -> None:
 
 
 def test_one_periodic_pass_per_interval_in_the_pool(store: JobStore) -> None:
-    submit(store, PeriodicRemove="true")
-    assert store.police_due(60, now=1000.0) is not None
+    assert store.police_due(60, now=900.0) is None  # no job has a periodic expression
+    submit(store, PeriodicRemove="false")
+    assert store.police_due(60, now=1000.0) == []
     assert store.police_due(60, now=1030.0) is None  # another node's pass ran 30 s ago
-    assert store.police_due(60, now=1061.0) == []
+    submit(store, PeriodicRemove="true")
+    assert [o.event for o in store.police_due(60, now=1061.0) or ()] == ["remove"]
 
 
 def test_user_log_has_the_hold_codes(store: JobStore) -> None:

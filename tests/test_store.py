@@ -452,8 +452,23 @@ def test_reap_due_recovers_leases_once_per_interval_in_the_pool(store):
     claim(store)
     out = store.reap_due(10, now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
+    claim(store)
     assert store.reap_due(10, now=FAR_FUTURE + 5) is None
-    assert store.reap_due(10, now=FAR_FUTURE + 11) == []
+    out = store.reap_due(10, now=FAR_FUTURE + 11)
+    assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
+
+
+def test_reap_due_takes_no_pass_when_nothing_ran_out(store):
+    """An idle pool's agents write nothing: with no lease run out, no pass is taken (and the
+    first one that has something to do runs at once)."""
+    (job_id,) = submit(store)
+    assert store.reap_due(10, now=FAR_FUTURE) is None
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM passes")).scalar() == 0
+    claim(store)
+    assert store.reap_due(10) is None  # its lease has not run out
+    out = store.reap_due(10, now=FAR_FUTURE)
+    assert [(o.job_id, o.after) for o in out] == [(job_id, "idle")]
 
 
 def test_reap_respects_renewed_leases(store):

@@ -179,6 +179,23 @@ class JobReads:
         with self.db.transaction() as conn:
             return conn.execute(q).first() is not None
 
+    def reap_pending(self, now: float) -> bool:
+        """Has a reap pass anything to do: a handed-out job whose lease ran out, or a stopped
+        attempt no longer waited for? Reads of two partial indexes, so that an idle pool's
+        agents take no pass (which writes)."""
+        leases = select(jobs.c.id).where(status_in(HANDED_OUT), jobs.c.lease_expires_at < now)
+        ends = select(jobs.c.id).where(jobs.c.winding_down_until < now)
+        with self.db.transaction() as conn:
+            return (conn.execute(leases.limit(1)).first() is not None
+                    or conn.execute(ends.limit(1)).first() is not None)
+
+    def police_pending(self, policed: Sequence[str]) -> bool:
+        """Is any job in one of the `policed` statuses one with periodic expressions? (A read
+        of their partial index: a policy pass is taken only then.)"""
+        q = select(jobs.c.id).where(jobs.c.periodic.is_(True), status_in(policed)).limit(1)
+        with self.db.transaction() as conn:
+            return conn.execute(q).first() is not None
+
     def count_by_status(
         self,
         *,

@@ -669,17 +669,18 @@ class JobStore:
 
     def police_due(self, interval: float, *, now: float | None = None) -> list[Outcome] | None:
         """`police` every job, unless a pass started less than `interval` seconds ago anywhere
-        in the pool (None then): one runner per interval, whoever asks first."""
+        in the pool (None then): one runner per interval, whoever asks first; none when no job
+        has a periodic expression."""
         now = time.time() if now is None else now
-        if not self._take_pass("police", interval, now):
+        if not self.reads.police_pending(POLICED) or not self._take_pass("police", interval, now):
             return None
         return self.police(now=now)
 
     def reap_due(self, interval: float, *, now: float | None = None) -> list[Outcome] | None:
         """`reap`, unless a reap pass started less than `interval` seconds ago anywhere in the
-        pool (None then)."""
+        pool (None then), or there is nothing to reap."""
         now = time.time() if now is None else now
-        if not self._take_pass("reap", interval, now):
+        if not self.reads.reap_pending(now) or not self._take_pass("reap", interval, now):
             return None
         return self.reap(now=now)
 
