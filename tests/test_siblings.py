@@ -51,3 +51,27 @@ def test_another_starters_update_hook_is_not_waited_for(tmp_path: Path) -> None:
         assert not (tmp_path / "update.ended").exists()
     finally:
         other.wait(30)
+
+
+def test_a_hook_of_another_slot_with_the_same_parent_is_not_waited_for(tmp_path: Path) -> None:
+    """Where one process starts every slot's hooks (the emulator), a sibling is a hook of the
+    same starter: the same _CONDOR_SCRATCH_DIR."""
+    hooks = _hooks(tmp_path)
+    other = subprocess.Popen([str(hooks / "update_job_info")],
+                             env={"_CONDOR_SCRATCH_DIR": str(tmp_path / "slot2")})
+    try:
+        time.sleep(0.1)
+        done = subprocess.run([str(hooks / "job_exit")], capture_output=True, text=True,
+                              timeout=30, env={"_CONDOR_SCRATCH_DIR": str(tmp_path / "slot1")})
+        assert done.returncode == 0, done.stderr
+        assert not (tmp_path / "update.ended").exists()
+    finally:
+        other.wait(30)
+    same = subprocess.Popen([str(hooks / "update_job_info")],
+                            env={"_CONDOR_SCRATCH_DIR": str(tmp_path / "slot1")})
+    try:
+        done = subprocess.run([str(hooks / "job_exit")], capture_output=True, text=True,
+                              timeout=30, env={"_CONDOR_SCRATCH_DIR": str(tmp_path / "slot1")})
+    finally:
+        same.wait(30)
+    assert float(done.stdout) >= float((tmp_path / "update.ended").read_text())

@@ -7,6 +7,9 @@ kills it, and sleeps a second at a time, its whole daemon with it (every slot's 
 starters wait), until the kernel has reaped it: up to 2 s (condor_startd.V6/claim.cpp,
 Claim::starterExited). So JOB_EXIT lets the starter's UPDATE_JOB_INFO hooks finish first, within
 a bound; their report is then also recorded before the exit, in the order things happened.
+A sibling is a hook of the same starter: a child of the same parent whose environment names the
+same scratch directory (_CONDOR_SCRATCH_DIR), so that where one process starts every slot's
+hooks (the emulator) a JOB_EXIT does not wait for other slots'.
 
 Standard library only: the hooks' hot path imports it.
 """
@@ -31,25 +34,37 @@ def children(parent: int) -> list[int]:
         return []
 
 
-def runs(pid: int, path: bytes) -> bool:
-    """Whether process `pid` runs the script `path` (a hook: `python -sS PATH ...`)."""
+def runs(pid: int, path: bytes, scratch: bytes | None = None) -> bool:
+    """Whether process `pid` runs the script `path` (a hook: `python -sS PATH ...`), with
+    `scratch` as its _CONDOR_SCRATCH_DIR when that is given (an environment that cannot be read
+    counts as the same)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv = fh.read(4096).split(b"\0")
     except OSError:
         return False
-    return path in argv[:4]
+    if path not in argv[:4]:
+        return False
+    if scratch is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return True
+    return b"_CONDOR_SCRATCH_DIR=" + scratch in env
 
 
 def wait_for(name: str, seconds: float = WAIT_SECONDS) -> None:
-    """Wait, at most `seconds`, until no other child of this hook's parent runs the hook `name`
-    of this hook's directory."""
+    """Wait, at most `seconds`, until no sibling (of the same starter) runs the hook `name` of
+    this hook's directory."""
     me, parent = os.getpid(), os.getppid()
     if parent <= 1:
         return
     path = os.fsencode(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), name))
+    scratch = os.environb.get(b"_CONDOR_SCRATCH_DIR")
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if not any(pid != me and runs(pid, path) for pid in children(parent)):
+        if not any(pid != me and runs(pid, path, scratch) for pid in children(parent)):
             return
         time.sleep(POLL_SECONDS)
