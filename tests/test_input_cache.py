@@ -87,3 +87,36 @@ def test_the_least_recently_used_copies_go_first(store: JobStore, tmp_path: Path
     assert kept == {shas[0], shas[2]}  # shas[1] was the least recently used
     os.close(open_input(store, str(root), owner, shas[3], 400 << 10, 0))  # bound 0: just it
     assert {p.name.split("-")[0] for p in (root / CACHE).iterdir()} == {shas[3]}
+
+
+def test_a_file_of_many_pieces_is_read_ahead_whole_and_a_failed_read_leaves_nothing(
+        store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next pieces come from the database while the last are hashed and written; what
+    is cached is the file, and a read that fails half-way raises and leaves no copy."""
+    from jobstore.db import sandbox
+    from jobstore.errors import DatabaseError
+
+    monkeypatch.setattr(sandbox, "CHUNKS_READ", 1)  # a piece per 1 MiB chunk
+    root = tmp_path / "sandboxes"
+    ensure_root(str(root))
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    data = os.urandom((5 << 20) + 123)
+    (sha,) = _stored(store, tmp_path, [data])
+    real, calls = store.files.file_range, []
+
+    def failing(owner: str, sha256: str, offset: int, length: int) -> bytes:
+        calls.append(offset)
+        if len(calls) == 3:
+            raise DatabaseError("the server went away")
+        return real(owner, sha256, offset, length)
+
+    monkeypatch.setattr(store.files, "file_range", failing)
+    with pytest.raises(DatabaseError, match="went away"):
+        open_input(store, str(root), owner, sha, len(data), 100)
+    assert list((root / CACHE).iterdir()) == []
+    monkeypatch.setattr(store.files, "file_range", real)
+    fd = open_input(store, str(root), owner, sha, len(data), 100)
+    try:
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import secrets
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from jobstore.node.sandbox import SandboxError, write_fully
@@ -18,6 +21,8 @@ from jobstore.node.sandboxroot import CACHE, ensure_private
 
 if TYPE_CHECKING:
     from jobstore.db.store import JobStore
+
+AHEAD = 2  # pieces (CHUNKS_READ chunks each) read ahead of the hashing and writing
 
 
 def open_input(store: JobStore, root: str, owner: str, sha: str, size: int,
@@ -46,7 +51,7 @@ def _fill(store: JobStore, path: os.PathLike[str], owner: str, sha: str, size: i
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     digest, got = hashlib.sha256(), 0
     try:
-        for data in store.file_content(owner, sha):
+        for data in _ahead(store.file_content(owner, sha)):
             digest.update(data)
             write_fully(fd, data)
             got += len(data)
@@ -59,6 +64,45 @@ def _fill(store: JobStore, path: os.PathLike[str], owner: str, sha: str, size: i
         os.unlink(temp)
         raise SandboxError(f"{sha}: the store gave {got} bytes that do not match its sha256")
     os.rename(temp, path)
+
+
+def _ahead(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """`pieces`, read by a thread of their own up to AHEAD pieces ahead: the database's next
+    chunks arrive while the last ones are hashed and written (each step releases the GIL)."""
+    ahead: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(AHEAD)
+    stop = threading.Event()
+
+    def offer(item: tuple[bytes | None, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for piece in pieces:
+                if not offer((piece, None)):
+                    return
+            offer((None, None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            offer((None, exc))
+
+    reader = threading.Thread(target=read, name="input-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            piece, exc = ahead.get()
+            if exc is not None:
+                raise exc
+            if piece is None:
+                return
+            yield piece
+    finally:
+        stop.set()
+        reader.join()
 
 
 def _trim(box: os.PathLike[str], limit: int, keep: str) -> None:
