@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Waiting fetches (issue 32), through the emulated startd with the agent and the real hooks,
-the shipped settings (JOBSTORE_FETCH_WAIT 60 s, FetchWorkDelay 1 s for an idle slot) against
+the shipped settings (JOBSTORE_FETCH_WAIT 120 s, FetchWorkDelay 1 s for an idle slot) against
 today's (no wait, FetchWorkDelay 30 s):
 
 * submit -> fetched, p50 and p99, of single jobs submitted one at a time into an idle 4-slot
@@ -50,7 +50,7 @@ from jobstore.emulator import Emulator, EmulatorConfig  # noqa: E402
 from jobstore.node.hooktable import CONDOR_NAMES  # noqa: E402
 from jobstore.testing.support import libpq_url  # noqa: E402
 
-SHIPPED = ("60", 'ifThenElse(State == "Claimed" && Activity == "Idle", 0, 1)')
+SHIPPED = ("120", 'ifThenElse(State == "Claimed" && Activity == "Idle", 0, 1)')
 TODAY = ("0", 'ifThenElse(State == "Claimed" && Activity == "Idle", 0, 30)')
 
 
@@ -231,7 +231,7 @@ def main() -> int:
         print(f"the agent is not available here: {missing}")
         return 1
     env = make_env(args.db_url)
-    shipped, today = "(wait 60 s, delay 1 s)", "(no wait, delay 30 s)"
+    shipped, today = "(wait 120 s, delay 1 s)", "(no wait, delay 30 s)"
     try:
         create_pg(env)
         create_sqlite(env)

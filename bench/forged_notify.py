@@ -2,7 +2,7 @@
 """Forged notifications: what an idle node costs while another account floods the database's
 channels with NOTIFYs it made up (anyone who may connect may NOTIFY), against the same node,
 quiet, measured in the same run. PostgreSQL; the emulated startd with the agent and the real
-hooks, the shipped settings (JOBSTORE_FETCH_WAIT 60 s).
+hooks, the shipped settings (JOBSTORE_FETCH_WAIT 120 s).
 
 * an idle 32-slot node, queue empty, quiet and then flooded with RATE forged notifications a
   second (half `jobstore_work`, the shapes of work that fits every slot, half `jobstore_stops`):

@@ -24,6 +24,7 @@ and real work after a quiet spell is acted on at once.
 from __future__ import annotations
 
 import logging
+import random
 import re
 import selectors
 import socket
@@ -44,6 +45,14 @@ RELISTEN = 60.0  # seconds before trying LISTEN on a database again after it fai
 CHECK = 0.05  # seconds between two acts on a database's notifications, at least
 MAX_CHECK = 1.0  # ... and at most, while what they announce is never there
 FORGED_LOG = 60.0  # seconds between two lines about dropped (unsigned, replayed) notifications
+STAGGER = 0.25  # a wait's bound is drawn from the last quarter of JOBSTORE_FETCH_WAIT
+
+
+def wait_bound(wait: float) -> float:
+    """How long one fetch may wait: `wait` less up to STAGGER of it, at random, so that the
+    slots of a node started together do not all come back to the startd at once (a job
+    submitted while every slot is between two fetches would wait for the startd's timer)."""
+    return wait * (1.0 - STAGGER * random.random())
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
-from jobstore.agent.fetchwait import FetchWaits, Parked
+from jobstore.agent.fetchwait import FetchWaits, Parked, wait_bound
 from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
     BUSY,
@@ -709,7 +709,8 @@ class Agent:
         if self._waits is None or idle is None or response.stdout or response.error:
             return False
         now = time.monotonic()
-        until = item.parked.until if item.parked is not None else now + idle.settings.fetch_wait
+        until = (item.parked.until if item.parked is not None
+                 else now + wait_bound(idle.settings.fetch_wait))
         if claimed:
             self._waits.nothing(item.stdin, idle)
         if until - now < MIN_WAIT:
