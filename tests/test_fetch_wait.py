@@ -4,7 +4,9 @@ claimable; the agent and the hooks run as separate processes, on SQLite and Post
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -261,6 +263,40 @@ def test_the_agent_nudges_a_startd_again_whenever_it_goes_quiet(
         nudger.join(5)
 
 
+def test_work_no_waiting_fetch_can_take_nudges_the_startd_only_for_a_slot_just_freed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Announced work that no waiting fetch could take nudges the startd (its Claimed/Idle
+    slot then fetches before its timer) only while a slot whose job has just ended has not
+    fetched again; a node whose slots are busy or waiting is never nudged for it."""
+    from jobstore.agent import startdnudge
+
+    monkeypatch.setattr(startdnudge, "NUDGE_EVERY", 0.2)
+    calls = tmp_path / "nudges"
+    tool = tmp_path / "update_machine_ad"
+    tool.write_text(f"#!/bin/sh\necho nudge >> {calls}\n")
+    tool.chmod(0o755)
+    fetches = startdnudge.FetchActivity(lambda: 0)
+    fetches.seen("slot1@node01")  # the startd fetches: no quiet-spell nudges
+    stop = threading.Event()
+    nudger = threading.Thread(target=startdnudge.nudge_startd,
+                              args=(str(tool), time.time(), fetches, stop.is_set))
+    nudger.start()
+    try:
+        fetches.starved()  # every slot busy (no job ended): nothing to nudge for
+        time.sleep(0.5)  # (not a speed assertion: only time for a wrong nudge to happen)
+        assert not calls.exists()
+        fetches.freed("slot1@node01")
+        fetches.starved()
+        _until(lambda: calls.exists())
+        fetches.seen("slot1@node01")  # it fetched: no longer a slot in waiting
+        fetches.starved()
+        time.sleep(0.8)
+        assert len(calls.read_text().splitlines()) == 1
+    finally:
+        stop.set()
+        nudger.join(10)
+
+
 def _until(probe: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not probe():
@@ -452,3 +488,72 @@ def test_forged_notifications_wake_no_fetch(waiting: Node, store: JobStore) -> N
     assert _metric(waiting, "jobstore_agent_claims_total") == claims and proc.poll() is None
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+
+
+def _busy(name: str, starter: int) -> bytes:
+    """A static slot's ad while its job runs, its starter `starter`."""
+    return slot_ad(name).replace(b'State = "Unclaimed"\nActivity = "Idle"',
+                                 b'State = "Claimed"\nActivity = "Busy"') + (
+        f'SlotType = "Static"\nStarterPid = {starter}\n').encode()
+
+
+def _fetch_ad(node: Node, ad: bytes) -> subprocess.Popen:  # noqa: F811
+    proc = subprocess.Popen(
+        [str(node.hooks / "fetch_job")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=node.env(JOBSTORE_HOOK_MODE="agent"),
+        preexec_fn=hook_preexec(False))
+    assert proc.stdin is not None
+    proc.stdin.write(ad)
+    proc.stdin.close()
+    proc.stdin = None
+    return proc
+
+
+def test_a_busy_slots_fetch_waits_for_its_job_and_takes_the_next_one_on_its_claim(
+        waiting: Node, store: JobStore, tmp_path: Path) -> None:  # noqa: F811
+    """A static slot's fetch while its job runs (Claimed/Busy, its condor_starter alive)
+    waits in the agent and is handed nothing while the starter lives; once the starter is
+    reaped, it is served for the slot as it is then (Claimed/Idle) and returns the job, where
+    an empty answer would have ended the slot's claim."""
+    exe = tmp_path / "condor_starter"
+    shutil.copy("/bin/sleep", exe)
+    starter = subprocess.Popen([str(exe), "30"])
+    try:
+        proc = _fetch_ad(waiting, _busy("slot1@node01", starter.pid))
+        _parked(waiting, 1)
+        (job_id,) = submit_jobs(store, 1, ordinary_owner())
+        time.sleep(0.5)  # (not a speed assertion: only time for a wrong hand-out to happen)
+        assert proc.poll() is None and store.get_job(job_id).status == "idle"
+    finally:
+        starter.kill()
+        starter.wait()
+    assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
+    row = store.get_job(job_id)
+    assert (row.status, row.slot) == ("fetched", "slot1@node01")
+
+
+def test_a_busy_slot_whose_starter_is_not_here_is_answered_at_once(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """A busy slot ad naming no condor_starter of this machine (a recorded ad, another
+    process) is answered as before: nothing, at once, and no job is handed out."""
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    proc = _fetch_ad(waiting, _busy("slot1@node01", os.getpid()))
+    out, _err = proc.communicate(timeout=2.5)  # not held to its bound (3 s at least)
+    assert out == b""
+    assert store.get_job(job_id).status == "idle"
+
+
+def test_a_busy_slots_fetch_whose_starter_has_just_ended_is_served_for_the_idle_slot(
+        waiting: Node, store: JobStore) -> None:  # noqa: F811
+    """The job ended between the startd's writing of the ad and the agent's reading of it (its
+    starter is gone, the ad was written moments ago): the fetch is served for the slot as it is
+    now, Claimed/Idle, and returns the job; a recorded ad's gone starter is not this."""
+    gone = subprocess.Popen(["/bin/true"])
+    gone.wait()
+    (job_id,) = submit_jobs(store, 1, ordinary_owner())
+    old = _fetch_ad(waiting, _busy("slot2@node01", gone.pid) + b"MyCurrentTime = 1795324186\n")
+    out, _err = old.communicate(timeout=2.5)
+    assert out == b"" and store.get_job(job_id).status == "idle"
+    now = f"MyCurrentTime = {int(time.time())}\n".encode()
+    assert f"JobstoreJobId = {job_id}".encode() in _out(
+        _fetch_ad(waiting, _busy("slot1@node01", gone.pid) + now))

@@ -66,11 +66,12 @@ class Attempts:
                     added += 1
         return added
 
-    def ended(self, stdin: bytes, *, reply_fetch: bool = False, trusted: bool = False) -> None:
+    def ended(self, stdin: bytes, *, reply_fetch: bool = False, trusted: bool = False,
+              ) -> Attempt | None:
         """Forget the attempt of a job whose JOB_EXIT (its job ad) or REPLY_FETCH reject (job ad,
         `-----`, slot ad) came: the attempt it names, and, unless the caller is a service
         account (`trusted`), only with that attempt's token, so that another account's forged
-        JOB_EXIT cannot take a job out of the watch."""
+        JOB_EXIT cannot take a job out of the watch. The attempt forgotten, if one was."""
         try:
             text = classads.decode(stdin)
             job = classads.split_reply_fetch(text).job if reply_fetch else classads.parse_ad(text)
@@ -78,15 +79,16 @@ class Attempts:
             attempt = classads.get_int(job, ATTR_ATTEMPT)
             token = classads.get_str(job, ATTR_TOKEN)
         except classads.AdError:
-            return
+            return None
         with self._lock:
             known = self._by_job.get(job_id) if job_id is not None else None
             if known is None or known.attempt != attempt:
-                return
+                return None
             if not trusted and (known.token is None or token is None
                                 or not secrets.compare_digest(token, known.token)):
-                return
+                return None
             self._drop(known.job_id)
+            return known
 
     def __len__(self) -> int:
         with self._lock:

@@ -12,6 +12,17 @@ one), which reads whether its queue has an idle job and claims only then: one in
 node per interval, not a claim per slot. A fetch whose hook is gone (killed, SIGTERM) is dropped
 at once; one that waited its bound is answered with nothing.
 
+A busy static slot's fetch (its starter named in the slot ad, alive) is held the same way,
+woken by nothing but the end of that starter (a pidfd): when the startd has reaped it, the
+fetch is served again for the slot as it is then, Claimed/Idle, so that it claims the next job
+on the slot's claim or waits for one; an empty answer to a fetch that began while the job ran
+would end the claim, and the slot would wait for the startd's timer.
+
+Announced work that no waiting fetch can take (every slot is between two fetches: the startd
+fetches for a slot at most once a second) is told to the agent (`starved`), which has the startd
+evaluate its slots at once (agent.startdnudge): a slot whose job has just ended, Claimed/Idle,
+then fetches without waiting for its timer.
+
 Anyone who may connect can NOTIFY: the database signs what it sends (migration 0019), and the
 listener drops what is not signed with its key, or is a replay. What is left is still a hint:
 what arrives for a database is gathered and acted on at most once per CHECK interval, which
@@ -24,6 +35,7 @@ and real work after a quiet spell is acted on at once.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import selectors
@@ -46,6 +58,7 @@ CHECK = 0.05  # seconds between two acts on a database's notifications, at least
 MAX_CHECK = 1.0  # ... and at most, while what they announce is never there
 FORGED_LOG = 60.0  # seconds between two lines about dropped (unsigned, replayed) notifications
 STAGGER = 0.25  # a wait's bound is drawn from the last quarter of JOBSTORE_FETCH_WAIT
+REAPED = 2.0  # seconds an ended starter may take to be reaped by the startd, at most
 
 
 def wait_bound(wait: float) -> float:
@@ -97,6 +110,13 @@ class Parked:
     until: float  # time.monotonic()
     shapes: list[Shape] | None = field(default=None)  # what woke it, if something did
     polled: bool = False  # woken by a timer (POLL, SAFETY), not by a notification
+    pidfd: int = -1  # a held busy slot's fetch: its starter (idle.starter), watched
+    ended: _StarterEnd | None = None  # ... and what the selector says when it ends
+
+
+@dataclass(eq=False)
+class _StarterEnd:
+    parked: Parked
 
 
 @dataclass
@@ -116,6 +136,15 @@ class _Database:
 _SLOT_LINES = re.compile(rb"^(?:Name|Cpus|Memory|Disk|State|Activity|Start) = .*$", re.M)
 
 
+_NAME = re.compile(rb'^Name = "([^"\\]*)"$', re.M)
+
+
+def slot_name(stdin: bytes) -> str:
+    """The Name of a FETCH_WORK's slot ad ("" when it has none)."""
+    found = _NAME.search(stdin)
+    return found.group(1).decode("utf-8", "replace") if found else ""
+
+
 def slot_key(stdin: bytes) -> bytes:
     """What a FETCH_WORK's slot ad says of what the slot could take."""
     return b"\n".join(sorted(_SLOT_LINES.findall(stdin)))
@@ -126,8 +155,10 @@ class FetchWaits:
 
     def __init__(self, requeue: Callable[[Parked], None], answer: Callable[[Parked], None],
                  drop: Callable[[Parked], None], connect_timeout: int = 3,
-                 databases: Callable[[], list[config.Settings]] = list) -> None:
+                 databases: Callable[[], list[config.Settings]] = list,
+                 starved: Callable[[], None] = lambda: None) -> None:
         self._requeue, self._answer, self._drop = requeue, answer, drop
+        self._starved = starved  # announced work that no waiting fetch could take
         self._connect_timeout = connect_timeout
         self._databases = databases  # the node's: listened to from the start
         self._known: dict[str, config.Settings] = {}
@@ -144,7 +175,14 @@ class FetchWaits:
             return len(self._parked)
 
     def park(self, parked: Parked) -> None:
-        """Let `parked` wait (its answer not sent yet)."""
+        """Let `parked` wait (its answer not sent yet); a busy slot's, until its starter ends."""
+        if parked.idle.starter:
+            try:
+                parked.pidfd = os.pidfd_open(parked.idle.starter)
+            except OSError:  # ended already
+                self._after_job(parked)
+                return
+            parked.ended = _StarterEnd(parked)
         with self._lock:
             self._parked.append(parked)
             self._dbs.setdefault(parked.idle.database_url,
@@ -208,6 +246,7 @@ class FetchWaits:
                 left, self._parked = self._parked, []
                 dbs, self._dbs = list(self._dbs.values()), {}
             for parked in left:
+                _unwatch(parked)
                 self._answer(parked)
             for db in dbs:
                 if db.listener is not None:
@@ -223,6 +262,8 @@ class FetchWaits:
                 self._drain_wake()
             elif isinstance(key.data, Parked):
                 self._hook_gone(key.data)
+            elif isinstance(key.data, _StarterEnd):
+                self._starter_ended(key.data.parked)
             else:
                 self._notified(key.data)
         self._expire()
@@ -233,6 +274,7 @@ class FetchWaits:
         """Select on each waiting hook's socket (readable: it hung up) and each listener."""
         with self._lock:
             want: dict[int, Any] = {p.item.conn.sock.fileno(): p for p in self._parked}
+            want.update({p.pidfd: p.ended for p in self._parked if p.pidfd >= 0})
             settings = {**self._known,
                         **{p.idle.database_url: p.idle.settings for p in self._parked}}
             dbs = [(url, db) for url, db in self._dbs.items() if url in settings]
@@ -294,7 +336,31 @@ class FetchWaits:
             if parked not in self._parked:
                 return
             self._parked.remove(parked)
+        _unwatch(parked)
         self._drop(parked)
+
+    def _starter_ended(self, parked: Parked) -> None:
+        """A held busy slot's starter ended: once the startd has reaped it (the slot is then
+        Claimed/Idle), serve the fetch again for the slot as it is now."""
+        with self._lock:
+            if parked not in self._parked:
+                return
+            self._parked.remove(parked)
+        _unwatch(parked)
+        self._after_job(parked)
+
+    def _after_job(self, parked: Parked) -> None:
+        threading.Thread(target=self._when_reaped, args=(parked,), name="fetch-after-job",
+                         daemon=True).start()
+
+    def _when_reaped(self, parked: Parked) -> None:
+        pid, end = parked.idle.starter, time.monotonic() + REAPED
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+            time.sleep(0.002)
+        parked.item.stdin = re.sub(rb'^Activity = "Busy"$', b'Activity = "Idle"',
+                                   parked.item.stdin, count=1, flags=re.M)
+        parked.shapes, parked.polled = None, False
+        self._requeue(parked)
 
     def _notified(self, url: str) -> None:
         db = self._dbs.get(url)
@@ -345,19 +411,24 @@ class FetchWaits:
 
     def _wake(self, url: str, shapes: list[Shape | None], polled: bool = False) -> None:
         """Wake one waiting fetch of `url` per shape that it fits (no herd)."""
-        woken = []
+        woken, starved = [], False
         with self._lock:
             for shape in shapes:
                 parked = next((p for p in self._parked if p.idle.database_url == url
-                               and p not in woken and fits(p.idle, shape)), None)
+                               and not p.idle.starter and p not in woken
+                               and fits(p.idle, shape)), None)
                 if parked is not None:
                     woken.append(parked)
                     parked.shapes = None if shape is None else [shape]
                     parked.polled = polled
+                else:
+                    starved = starved or not polled
             for parked in woken:
                 self._parked.remove(parked)
         for parked in woken:
             self._requeue(parked)
+        if starved:
+            self._starved()
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -365,6 +436,7 @@ class FetchWaits:
             over = [p for p in self._parked if p.until <= now]
             self._parked = [p for p in self._parked if p.until > now]
         for parked in over:
+            _unwatch(parked)
             self._answer(parked)
 
     def _poll(self) -> None:
@@ -385,3 +457,10 @@ class FetchWaits:
             self._wake_w.send(b"x")
         except BlockingIOError:
             pass
+
+
+def _unwatch(parked: Parked) -> None:
+    """Close a held fetch's watch of its starter, if it has one."""
+    if parked.pidfd >= 0:
+        os.close(parked.pidfd)
+        parked.pidfd = -1

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
-from jobstore.agent.fetchwait import FetchWaits, Parked, wait_bound
+from jobstore.agent.fetchwait import FetchWaits, Parked, slot_name, wait_bound
 from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
     BUSY,
@@ -267,7 +267,8 @@ class Agent:
         waits = self._waits = FetchWaits(
             lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
             self._answer_nothing, self._hang_up,
-            databases=lambda: [s for s in self._node() if s.fetch_wait > 0])
+            databases=lambda: [s for s in self._node() if s.fetch_wait > 0],
+            starved=self._fetches.starved)
         waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
                                   daemon=True)
         waiter.start()
@@ -595,7 +596,7 @@ class Agent:
                 self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
             if hook == "fetch_job" and conn.service and item.parked is None:
-                self._fetches.seen()
+                self._fetches.seen(slot_name(item.stdin))
                 try:  # the startd's slot ad, for jobstore status: never at the fetch's cost
                     self._slots.seen(item.stdin)
                 except Exception as exc:
@@ -613,7 +614,8 @@ class Agent:
                 caller=peers.caller(peer, self.services), settings=self._settings.get,
                 services=self.services,
             ))
-            claimed = hook == "fetch_job" and (response.stdout or response.idle is not None)
+            claimed = hook == "fetch_job" and bool(
+                response.stdout or (response.idle is not None and not response.idle.starter))
             if claimed and self._metrics is not None:
                 self._metrics.claims.inc()
             logged, dropped = (True, 0) if conn.service else self._log_budget.take(peer.uid)
@@ -650,7 +652,9 @@ class Agent:
             elif response.error and not response.spooled:
                 pass  # a report refused or not sent changes nothing, the watch included
             elif hook == "job_exit":
-                self._attempts.ended(item.stdin, trusted=conn.service)
+                ended = self._attempts.ended(item.stdin, trusted=conn.service)
+                if ended is not None:
+                    self._fetches.freed(ended.slot)
             elif hook == "reply_fetch" and item.argv == ["reject"]:
                 self._attempts.ended(item.stdin, reply_fetch=True, trusted=conn.service)
         except Exception as exc:  # never let one call take the service down
@@ -711,7 +715,7 @@ class Agent:
         now = time.monotonic()
         until = (item.parked.until if item.parked is not None
                  else now + wait_bound(idle.settings.fetch_wait))
-        if claimed:
+        if claimed and not idle.starter:
             self._waits.nothing(item.stdin, idle)
         if until - now < MIN_WAIT:
             return False
@@ -721,7 +725,8 @@ class Agent:
                 return False
         self._waits.park(Parked(item, idle, until))
         if self._metrics is not None and item.parked is None:
-            self._metrics.waits.labels("claimed" if claimed else "quiet").inc()
+            self._metrics.waits.labels(
+                "busy" if idle.starter else "claimed" if claimed else "quiet").inc()
         return True
 
     def _answer_nothing(self, parked: Parked) -> None:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 log = logging.getLogger("jobstore.agent")
 NUDGE_EVERY = 5.0  # seconds between two tries while the startd is quiet
+STARVED_EVERY = 0.5  # seconds between two nudges for work no waiting fetch could take
+FREED_FOR = 2.0  # seconds a slot whose job ended may wait for the startd's timer to fetch
 NUDGE_AGAIN = 60.0  # seconds after one the startd took, if no fetch came of it
 QUIET = 20.0  # seconds without a fetch, and none waiting, after which the startd is not fetching
 
@@ -35,15 +37,42 @@ class FetchActivity:
         self._waiting = waiting
         self._last = float("-inf")
         self._came = threading.Condition()
+        self._starved = False
+        self._freed: dict[str, float] = {}  # slot -> when its job ended, until it fetches
 
-    def seen(self) -> None:
-        """A FETCH_WORK call from the startd arrived."""
+    def seen(self, slot: str = "") -> None:
+        """A FETCH_WORK call from the startd arrived (for `slot`)."""
         with self._came:
             self._last = time.monotonic()
+            self._freed.pop(slot, None)
             self._came.notify_all()
+
+    def freed(self, slot: str) -> None:
+        """The job of `slot` ended: until its next fetch, it could take work it is not asking
+        for (the startd fetches for it when its timer says)."""
+        with self._came:
+            self._freed[slot] = time.monotonic()
 
     def quiet(self) -> bool:
         return time.monotonic() - self._last > QUIET and self._waiting() == 0
+
+    def starved(self) -> None:
+        """Work came that no waiting fetch could take: if a slot's job has just ended (the slot
+        Claimed/Idle, its next fetch up to a second away), it should fetch now. A node whose
+        slots are all busy or waiting is never nudged for it."""
+        with self._came:
+            now = time.monotonic()
+            self._freed = {s: t for s, t in self._freed.items() if now - t < FREED_FOR}
+            if self._freed:
+                self._starved = True
+                self._came.notify_all()
+
+    def take_starved(self, timeout: float) -> bool:
+        """Whether work starved (since the last call), waiting up to `timeout` for it."""
+        with self._came:
+            self._came.wait_for(lambda: self._starved, timeout)
+            starved, self._starved = self._starved, False
+            return starved
 
     def came_since(self, since: float, timeout: float) -> bool:
         """Whether a fetch came after `since` (time.monotonic()), waiting up to `timeout`."""
@@ -61,12 +90,16 @@ def nudge_startd(command: str, started: float, fetches: FetchActivity,
         with os.fdopen(fd, "w") as fh:
             fh.write(f"JobstoreAgentStartTime = {int(started)}\n")
         spell = warned = False  # within one quiet spell: nudged, said why not
+        last = float("-inf")  # the last nudge for starved work
         while not stopping():
             if not fetches.quiet():
                 if spell:
                     log.info("the startd fetches: no more nudges")
                 spell = warned = False
-                time.sleep(NUDGE_EVERY)
+                if fetches.take_starved(NUDGE_EVERY):
+                    time.sleep(max(0.0, last + STARVED_EVERY - time.monotonic()))
+                    last = time.monotonic()
+                    _send(command, path)
                 continue
             asked = time.monotonic()
             try:
@@ -88,3 +121,15 @@ def nudge_startd(command: str, started: float, fetches: FetchActivity,
     finally:
         os.unlink(path)
     return took
+
+
+def _send(command: str, path: str) -> None:
+    """One UPDATE_MACHINE_AD for work that no waiting fetch could take (failures: debug only,
+    the quiet spell's nudges say why the startd cannot be nudged)."""
+    try:
+        done = subprocess.run([command, path], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("startd not nudged for waiting work: %s", exc)
+        return
+    if done.returncode != 0:
+        log.debug("startd not nudged for waiting work: exit %d", done.returncode)

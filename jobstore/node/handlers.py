@@ -107,6 +107,7 @@ class IdleSlot:
     cpus: int
     memory: int
     disk: int
+    starter: int = 0  # a busy static slot's starter: the fetch waits for its end (agent)
 
     @property
     def database_url(self) -> str:
@@ -254,6 +255,30 @@ def handle(request: HookRequest) -> HookResponse:
 
 # ---- FETCH_WORK -----------------------------------------------------------------------------
 
+FRESH_AD = 10.0  # seconds: a slot ad at most this old was written for the fetch now running
+
+
+def busy_starter(slot: ClassAd) -> int:
+    """The pid of the starter running a static slot's job (Claimed/Busy): a condor_starter
+    of this machine, or one that has ended since the startd wrote the ad (moments ago: not a
+    recorded ad); else 0. Its fetch may wait for the job's end, to answer for the slot then,
+    Claimed/Idle: an empty answer there would end the slot's claim."""
+    if (get_str(slot, "State"), get_str(slot, "Activity")) != ("Claimed", "Busy"):
+        return 0
+    if get_str(slot, "SlotType") != "Static" or slot_offer(slot) is None:
+        return 0
+    pid = get_int(slot, "StarterPid")
+    if pid is None or pid <= 1:
+        return 0
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return pid if fh.read().strip() == b"condor_starter" else 0
+    except FileNotFoundError:
+        made = get_int(slot, "MyCurrentTime")
+        return pid if made is not None and abs(time.time() - made) < FRESH_AD else 0
+    except OSError:
+        return 0
+
 
 def fetch_job(request: HookRequest) -> HookResponse:
     if request.argv:
@@ -263,7 +288,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if not name:
         raise HookError("slot ad has no Name")
     busy = why_slot_cannot_take(slot)
-    if busy:
+    starter = busy_starter(slot) if busy else 0
+    if busy and not starter:
         return HookResponse(log=[f"{name}: no fetch, {busy}"])
     keyword = config.slot_keyword(name, get_int(slot, "SlotTypeID"))
     if not keyword:
@@ -272,6 +298,11 @@ def fetch_job(request: HookRequest) -> HookResponse:
             "_JOB_HOOK_KEYWORD for this slot"
         )
     settings = request.settings_for(keyword)
+    if starter:  # no claim: the agent lets it wait for the job's end (agent.fetchwait)
+        size = slot_offer(slot)
+        assert size is not None  # busy_starter checked it
+        return HookResponse(log=[f"{name}: no fetch, {busy}"], idle=IdleSlot(
+            settings, settings.queue, size.cpus, size.memory, size.disk, starter))
     if request.set_deadline is not None:
         request.set_deadline(settings.fetch_deadline)
     store = store_for(settings)
