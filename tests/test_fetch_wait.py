@@ -45,12 +45,17 @@ def waiting(node: Node) -> Iterator[Node]:  # noqa: F811
 
 def _fetch(node: Node, name: str) -> subprocess.Popen:  # noqa: F811
     """A FETCH_WORK hook for slot `name`, started and left running."""
+    return _fetch_ad(node, slot_ad(name))
+
+
+def _fetch_ad(node: Node, ad: bytes) -> subprocess.Popen:  # noqa: F811
+    """A FETCH_WORK hook given the slot ad `ad`, started and left running."""
     proc = subprocess.Popen(
         [str(node.hooks / "fetch_job")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=node.env(JOBSTORE_HOOK_MODE="agent"),
         preexec_fn=hook_preexec(False))
     assert proc.stdin is not None
-    proc.stdin.write(slot_ad(name))
+    proc.stdin.write(ad)
     proc.stdin.close()
     proc.stdin = None  # (communicate would flush it)
     return proc
@@ -495,18 +500,6 @@ def _busy(name: str, starter: int) -> bytes:
     return slot_ad(name).replace(b'State = "Unclaimed"\nActivity = "Idle"',
                                  b'State = "Claimed"\nActivity = "Busy"') + (
         f'SlotType = "Static"\nStarterPid = {starter}\n').encode()
-
-
-def _fetch_ad(node: Node, ad: bytes) -> subprocess.Popen:  # noqa: F811
-    proc = subprocess.Popen(
-        [str(node.hooks / "fetch_job")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=node.env(JOBSTORE_HOOK_MODE="agent"),
-        preexec_fn=hook_preexec(False))
-    assert proc.stdin is not None
-    proc.stdin.write(ad)
-    proc.stdin.close()
-    proc.stdin = None
-    return proc
 
 
 def test_a_busy_slots_fetch_waits_for_its_job_and_takes_the_next_one_on_its_claim(
