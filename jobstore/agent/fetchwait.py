@@ -332,22 +332,23 @@ class FetchWaits:
 
     def _hook_gone(self, parked: Parked) -> None:
         """Its socket is readable: the hook hung up (or sent more than it should): drop it."""
-        with self._lock:
-            if parked not in self._parked:
-                return
-            self._parked.remove(parked)
-        _unwatch(parked)
-        self._drop(parked)
+        if self._unpark(parked):
+            self._drop(parked)
 
     def _starter_ended(self, parked: Parked) -> None:
         """A held busy slot's starter ended: once the startd has reaped it (the slot is then
         Claimed/Idle), serve the fetch again for the slot as it is now."""
+        if self._unpark(parked):
+            self._after_job(parked)
+
+    def _unpark(self, parked: Parked) -> bool:
+        """Take `parked` out of the waits, if it still waits there; whether it did."""
         with self._lock:
             if parked not in self._parked:
-                return
+                return False
             self._parked.remove(parked)
         _unwatch(parked)
-        self._after_job(parked)
+        return True
 
     def _after_job(self, parked: Parked) -> None:
         threading.Thread(target=self._when_reaped, args=(parked,), name="fetch-after-job",
@@ -411,7 +412,7 @@ class FetchWaits:
 
     def _wake(self, url: str, shapes: list[Shape | None], polled: bool = False) -> None:
         """Wake one waiting fetch of `url` per shape that it fits (no herd)."""
-        woken, starved = [], False
+        woken, missed = [], False
         with self._lock:
             for shape in shapes:
                 parked = next((p for p in self._parked if p.idle.database_url == url
@@ -422,12 +423,12 @@ class FetchWaits:
                     parked.shapes = None if shape is None else [shape]
                     parked.polled = polled
                 else:
-                    starved = starved or not polled
+                    missed = True
             for parked in woken:
                 self._parked.remove(parked)
         for parked in woken:
             self._requeue(parked)
-        if starved:
+        if missed and not polled:
             self._starved()
 
     def _expire(self) -> None:
