@@ -288,7 +288,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
     if not name:
         raise HookError("slot ad has no Name")
     busy = why_slot_cannot_take(slot)
-    starter = busy_starter(slot) if busy else 0
+    # only a caller that holds fetches (the agent: settings read once) can wait for a job's end
+    starter = busy_starter(slot) if busy and request.settings is not None else 0
     if busy and not starter:
         return HookResponse(log=[f"{name}: no fetch, {busy}"])
     keyword = config.slot_keyword(name, get_int(slot, "SlotTypeID"))
