@@ -12,8 +12,11 @@ Then what a long job costs while it runs: UPDATE_JOB_INFO every STARTER_UPDATE_I
 with new usage, LEASE_DURATION 900 s, the reaper running before each, on simulated time
 through the store as the agent calls it: the commits, WAL and index entries per update.
 
+With --wal-detail, where the WAL of a life goes (pg_walinspect, which needs a superuser): the
+bytes of each relation and record type, the one-job submits' subtracted.
+
 PostgreSQL (fsync and synchronous_commit as the server has them).
-Usage: .venv/bin/python bench/joblife.py [--lives N] [--db-url URL]
+Usage: .venv/bin/python bench/joblife.py [--lives N] [--db-url URL] [--wal-detail]
 """
 
 from __future__ import annotations
@@ -55,6 +58,45 @@ def counters(url: str) -> tuple[int, int, int]:
             " FROM pg_stat_database WHERE datname = current_database()").fetchone()
     assert row is not None
     return int(row[0]), int(row[1]), int(row[2])
+
+
+def lsn(position: int) -> str:
+    return f"{position >> 32:X}/{position & 0xFFFFFFFF:X}"
+
+
+WAL_RECORDS = """
+SELECT coalesce(pg_filenode_relation(
+           0, substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid)::text, '-') AS relation,
+       resource_manager || ' ' || split_part(record_type, ' ', 1) AS kind,
+       count(*), sum(record_length), sum(fpi_length)
+  FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+ GROUP BY 1, 2
+"""
+
+
+def wal_records(url: str, start: int, end: int) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(relation, record kind) -> (records, bytes, of which full-page images) between two WAL
+    positions."""
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        rows = conn.execute(WAL_RECORDS, (lsn(start), lsn(end))).fetchall()
+    return {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4])) for r in rows}
+
+
+def wal_detail(lives: dict, submits: dict, n: int) -> list[list[str]]:
+    """The table rows of `wal_records` per life, the submits' subtracted, biggest first."""
+    out = []
+    for key in set(lives) | set(submits):
+        count, size, fpi = (a - b for a, b in zip(lives.get(key, (0, 0, 0)),
+                                                   submits.get(key, (0, 0, 0)), strict=True))
+        if size:
+            out.append((size / n, count / n, fpi / n, *key))
+    out.sort(reverse=True)
+    rows = [[rel, kind, f"{count:.2f}", f"{size:.0f}", f"{fpi:.0f}"]
+            for size, count, fpi, rel, kind in out]
+    rows.append(["all", "", f"{sum(r[1] for r in out):.2f}", f"{sum(r[0] for r in out):.0f}",
+                 f"{sum(r[2] for r in out):.0f}"])
+    return rows
 
 
 PERIODIC_UPDATES = 30
@@ -103,6 +145,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lives", type=int, default=50)
     ap.add_argument("--db-url", default=os.environ.get("JOBSTORE_BENCH_DATABASE_URL"))
+    ap.add_argument("--wal-detail", action="store_true",
+                    help="where the WAL of a life goes, by relation and record (pg_walinspect)")
     args = ap.parse_args()
     ensure_account(OWNER, uid=1001)
     env = make_env(args.db_url or DEFAULT_ADMIN_URL)
@@ -134,6 +178,8 @@ def main() -> int:
             check_completed(store, job_id)
         time.sleep(took)  # the agent alone, as long as the lives took
         wal2, commits2, xid2 = counters(url)
+        detail = (wal_detail(wal_records(url, wal0, wal1), wal_records(url, wal_s0, wal_s1),
+                             args.lives) if args.wal_detail else None)
         upd_commits, upd_wal, upd_cold = periodic_updates(url, store)
         store.engine.dispose()
         idle_wal, idle_commits, idle_xids = wal2 - wal1, commits2 - commits1, xid2 - xid1
@@ -155,6 +201,11 @@ def main() -> int:
             ["WAL bytes", f"{per_wal:.0f}", f"<= {WAL_TARGET:g}",
              verdict(per_wal <= WAL_TARGET)],
         ]))
+        if detail:
+            say("where a life's WAL goes (the agent's idle work included; records' own sizes,"
+                " without page headers and alignment):")
+            say(table(["relation", "record", "records", "bytes", "of which page images"],
+                      detail))
         say(f"a running job's periodic update (new usage every 300 s, lease 900 s, the reaper"
             f" before each), {PERIODIC_UPDATES} of them: {upd_commits:.2f} commits (read-only"
             f" ones too), {upd_wal:.0f} B of WAL, {upd_cold:.2f} row versions that were not"
