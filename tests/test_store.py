@@ -286,6 +286,17 @@ def test_report_with_the_right_token(store):
     ])
 
 
+def test_a_report_committed_late_is_not_dated_before_the_transition_it_follows(store):
+    (job_id,) = submit(store)
+    job = claim(store)
+    t = time.time()
+    report(store, job, Event.START, now=t + 5)
+    report(store, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False}, now=t + 4)
+    times = [e.time for e in store.events(job_id)]
+    assert times == sorted(times) and times[-1] == t + 5
+    assert store.get_job(job_id).finished_at == t + 5
+
+
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]
     assert out.stale and not out.changed
     assert out.before == out.after == before_row.status

@@ -107,7 +107,11 @@ class Transitions:
         slot until its end is reported, at the latest until its lease would have run out; a
         release meanwhile is pending (`release_pending`) and takes effect then. With `version`
         (a backend's `read_job`), the row is written only if it is still that version (else
-        RowChanged)."""
+        RowChanged).
+
+        A transition is never dated before the one it follows: a report carries its hook's
+        clock, and a slow one may commit after a report made later."""
+        now = max(now, job.updated_at)
         before = STATUS_OF[job.status]
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
