@@ -184,9 +184,9 @@ def _wait_status(store: JobStore, job_id: int, status: str) -> None:
 
 def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
         node: Node, store: JobStore) -> None:
-    """REPLY_FETCH's accept and the first update go in with PREPARE_JOB, the update that saw
-    the job start with JOB_EXIT: a life of three transactions, every transition recorded in
-    order."""
+    """REPLY_FETCH's accept and the first update go in with PREPARE_JOB (which, the job
+    accepted, records nothing), the update that saw the job start with JOB_EXIT: a life of
+    three transactions, every transition recorded in order."""
     if not node.db_url.startswith("postgresql"):
         pytest.skip("which transaction wrote an event: PostgreSQL's xmin")
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
@@ -194,9 +194,9 @@ def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
     seq = run_sequence(node.hooks, node.env(), "slot1@node01")
     assert seq.job_id == job_id and _status(store, job_id) == "completed"
     written = [(e, x) for e, x in _events_and_transactions(node, job_id) if e != "submit"]
-    assert [e for e, _ in written] == ["fetch", "accept", "prepare", "start", "exit"]
-    fetch, accept, prepare, start, exit_ = (x for _, x in written)
-    assert accept == prepare and start == exit_ and len({fetch, prepare, exit_}) == 3
+    assert [e for e, _ in written] == ["fetch", "accept", "start", "exit"]
+    fetch, accept, start, exit_ = (x for _, x in written)
+    assert start == exit_ and len({fetch, accept, exit_}) == 3
     assert node.stop() == 0
 
 

@@ -98,8 +98,9 @@ def test_agent_serves_its_metrics_on_loopback(node: Node, store: JobStore) -> No
     assert got[("jobstore_spool_reports", (("directory", spooled),))] == 0
     assert got[("jobstore_agent_attempts_watched", ())] == 0  # its JOB_EXIT came
     assert got[("jobstore_store_up", ())] == 1
-    # submit, fetch, accept, prepare, start, exit (the early update only renewed the lease)
-    assert got[("jobstore_job_events_total", ())] == 6
+    # submit, fetch, accept, start, exit (the early update and PREPARE_JOB of the accepted job
+    # only renewed the lease)
+    assert got[("jobstore_job_events_total", ())] == 5
     assert not [k for k in got if k[0] == "jobstore_database_errors_total"]
     assert node.stop() == 0
 

@@ -111,10 +111,10 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
                 "time": at, "store": store_identity(url)}
 
     send_record(record("accept", time.time()), Caller())
-    send_record(record("prepare", made), Caller())
+    send_record(record("start", made), Caller())
     attrs = {e.event: e.attrs for e in store.events(job.id)}
     assert not (attrs["accept"] or {}).get("ReportedAt")
-    assert (attrs["prepare"] or {})["ReportedAt"] == made
+    assert (attrs["start"] or {})["ReportedAt"] == made
     store.engine.dispose()
 
 

@@ -22,6 +22,7 @@ from jobstore.db.rows import event_row
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.sql import without_begin
 from jobstore.db.store import (
+    AttemptReport,
     ClaimRequest,
     JobStore,
     Offer,
@@ -295,6 +296,76 @@ def test_a_report_committed_late_is_not_dated_before_the_transition_it_follows(s
     times = [e.time for e in store.events(job_id)]
     assert times == sorted(times) and times[-1] == t + 5
     assert store.get_job(job_id).finished_at == t + 5
+
+
+def _count_row_writes(store: JobStore) -> None:
+    """A trigger that notes each UPDATE of a jobs row in `row_writes`."""
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE row_writes (job_id bigint)"))
+        if store.engine.dialect.name == "sqlite":
+            conn.execute(sa.text("CREATE TRIGGER note_write AFTER UPDATE ON jobs BEGIN"
+                                 " INSERT INTO row_writes VALUES (NEW.id); END"))
+        else:
+            conn.execute(sa.text(
+                "CREATE FUNCTION note_write() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN INSERT INTO row_writes VALUES (NEW.id); RETURN NULL; END$$"))
+            conn.execute(sa.text("CREATE TRIGGER note_write AFTER UPDATE ON jobs"
+                                 " FOR EACH ROW EXECUTE FUNCTION note_write()"))
+
+
+def _row_writes(store: JobStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM row_writes")).scalar_one())
+
+
+def _of(job, event: Event, now: float, **kw: Any) -> tuple[int, AttemptReport]:  # type: ignore[no-untyped-def]
+    return job.id, AttemptReport(event, job.token, job.claims, now=now, keyword="JOBSTORE",
+                                 slot="slot1@node", **kw)
+
+
+def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
+    (job_id,) = submit(store)
+    job = claim(store)
+    _count_row_writes(store)
+    t = time.time()
+    exited = {"exit_code": 0, "exit_by_signal": False}
+    results = store.report_many([
+        _of(job, Event.ACCEPT, t, lease=120),
+        _of(job, Event.UPDATE, t + 1, lease=900),  # renews the lease only
+        _of(job, Event.PREPARE, t + 2, lease=900),  # the job accepted: nothing new
+        _of(job, Event.START, t + 3, lease=900, changes={"job_pid": 7}, attrs={"JobPid": 7}),
+        _of(job, Event.EXIT, t + 4, changes=exited, attrs={"JobPid": 7, "ExitCode": 0}),
+    ])
+    assert [(o.before, o.after) for o in results] == [
+        ("fetched", "accepted"), ("accepted", "accepted"), ("accepted", "accepted"),
+        ("accepted", "running"), ("running", "completed")]
+    assert _row_writes(store) == 1
+    stored = store.get_job(job_id)
+    assert (stored.status, stored.job_pid, stored.exit_code, stored.finished_at) == (
+        "completed", 7, 0, t + 4)
+    assert stored.started_at == t + 3 and stored.num_starts == 1 and stored.token is None
+    assert_event_chain(store, job_id, [
+        ("fetch", "idle", "fetched"), ("accept", "fetched", "accepted"),
+        ("start", "accepted", "running"), ("exit", "running", "completed"),
+    ])
+    # the exit's event leaves out the pid its start recorded
+    assert [e.attrs for e in store.events(job_id)][-2:] == [{"JobPid": 7}, {"ExitCode": 0}]
+
+
+def test_a_kept_row_change_is_written_when_no_later_transition_takes_it(store):
+    """The job's last report in the batch is stale (it writes only its event): the accept's
+    change is still written, before the commit."""
+    (job_id,) = submit(store)
+    job = claim(store)
+    _count_row_writes(store)
+    t = time.time()
+    old = job.but(claims=job.claims - 1)
+    results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                 _of(old, Event.EXIT, t + 1)])
+    assert [(o.after, o.stale) for o in results] == [("accepted", False), ("accepted", True)]
+    assert _row_writes(store) == 1 and store.get_job(job_id).status == "accepted"
+    assert [(e.event, e.to_status) for e in store.events(job_id)][-2:] == [
+        ("accept", "accepted"), ("exit", None)]
 
 
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]

@@ -123,12 +123,13 @@ SELECT * FROM jobs WHERE id = %(job_id)s FOR UPDATE;
 
 -- name: record_transition
 -- A transition in one round trip (PostgreSQL): the job row's UPDATE, made only if the row is
--- still in the status and attempt it was read in (and, with a version, still that version);
+-- still in the status and attempt it was read in (and, with a version, still that version;
+-- the status is the event's from_status unless earlier transitions' changes come with it);
 -- the event, appended only if it was; the followers' notification. {assignments} is the SET
 -- list, `column = %(set_column)s` per column the transition changes (jobstore.db.transitions).
 WITH changed AS (
     UPDATE jobs SET {assignments}
-    WHERE id = %(job_id)s AND status = %(from_status)s AND claims = %(claims)s
+    WHERE id = %(job_id)s AND status = %(row_status)s AND claims = %(claims)s
         AND (%(version)s::text IS NULL OR xmin::text = %(version)s::text)
     RETURNING id
 ), appended AS (

@@ -40,7 +40,7 @@ from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
-from jobstore.db.rows import RowChanged, event_row
+from jobstore.db.rows import RowChange, RowChanged, event_row
 from jobstore.db.sandbox import SandboxFiles
 from jobstore.db.schema import job_attr_rules, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
@@ -105,6 +105,10 @@ HELD_AT_SUBMIT = "submitted on hold at user's request"  # condor_submit's HoldRe
 LEASE_KEPT = 0.9  # a report keeps a lease with more than this share of its length left
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 NOT_STARTED = (Status.FETCHED.value, Status.ACCEPTED.value)  # handed out, no start reported
+# A report's attrs its event leaves out (_event_attrs): the starter's view of its own state,
+# and what the attempt's start reported.
+UNREAD_ATTRS = frozenset({"JobState", "NumPids"})
+STARTED_ATTRS = frozenset({"JobPid", "JobStartDate"})
 # Reports that say an attempt is over (a stopped attempt that was winding down has ended).
 ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_REMOVE,
                           Event.REJECT, Event.CLAIM_EVICTED})
@@ -125,13 +129,24 @@ def _hook_hold(attrs: Mapping[str, Any]) -> tuple[int, int]:
     return code, 0
 
 
+def _event_attrs(job: Job, attrs: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A report's attrs as its event keeps them: without the starter's own state (no reader),
+    and without the pid and start date of an attempt whose start reported them already."""
+    if not attrs:
+        return attrs
+    known = job.job_pid is not None and attrs.get("JobPid") == job.job_pid
+    return {name: value for name, value in attrs.items()
+            if name not in UNREAD_ATTRS and not (known and name in STARTED_ATTRS)}
+
+
 def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
-    """An UPDATE_JOB_INFO that leaves the job where it is and reports only values already
-    stored, about a job with no periodic policy for a report to evaluate: it may renew the
-    lease, nothing else (no event: nothing happened to the job)."""
-    staying = job.status == Status.RUNNING or (event == Event.UPDATE
+    """An UPDATE_JOB_INFO (or a PREPARE_JOB of an accepted job) that leaves the job where it
+    is and reports only values already stored, about a job with no periodic policy for a
+    report to evaluate: it may renew the lease, nothing else (no event: nothing happened to
+    the job)."""
+    staying = job.status == Status.RUNNING or (event in (Event.UPDATE, Event.PREPARE)
                                                and job.status == Status.ACCEPTED)
-    if event not in (Event.UPDATE, Event.START) or not staying or job.periodic:
+    if event not in (Event.UPDATE, Event.START, Event.PREPARE) or not staying or job.periodic:
         return False
     return all(getattr(job, name) == value for name, value in changes.items())
 
@@ -394,7 +409,6 @@ class JobStore:
         all. Whose jobs they are is read first, unlocked: only the rows of the reports that may
         be applied are locked, in the order of their ids (two batches never wait on each other
         in a cycle)."""
-        results: list[Outcome | JobstoreError] = []
         police: list[tuple[int, float]] = []
         ids = sorted({job_id for job_id, _ in reports})
         with self.db.transaction() as conn:
@@ -404,35 +418,46 @@ class JobStore:
                     if job_id in owners and r.owner in (None, owners[job_id])}
             rows: dict[int, Job | None] = {
                 job_id: self.transitions.lock(conn, job_id) for job_id in sorted(mine)}
-            left = Counter(job_id for job_id, _ in reports)
-            for job_id, r in reports:
-                left[job_id] -= 1
-                wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
-                job = rows.get(job_id)
-                if wrong:
-                    results.append(InvalidInput(f"a report may not change {sorted(wrong)}"))
-                elif job_id not in owners:
-                    results.append(UnknownJob(job_id))
-                elif r.owner is not None and owners[job_id] != r.owner:
-                    results.append(NotOwner(job_id, r.owner))
-                elif job is None:  # gone since (pruned)
-                    results.append(UnknownJob(job_id))
-                else:
-                    outcome = self._report(conn, job, r, None)
-                    results.append(outcome)
-                    if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
-                        police.append((job_id, r.now))
-                    if left[job_id]:  # the row as this report left it, for the next one
-                        rows[job_id] = self.transitions.lock(conn, job_id)
+            with self.transitions.one_update_each(conn):
+                results = self._report_each(conn, reports, owners, rows, police)
         for job_id, now in police:
             self._police_job(job_id, now)
+        return results
+
+    def _report_each(self, conn: Connection, reports: Sequence[tuple[int, AttemptReport]],
+                     owners: dict[int, str], rows: dict[int, Job | None],
+                     police: list[tuple[int, float]]) -> list[Outcome | JobstoreError]:
+        """report_many's reports in order, on the rows it locked: a job's several reports
+        make one UPDATE of its row, with the last."""
+        results: list[Outcome | JobstoreError] = []
+        left = Counter(job_id for job_id, _ in reports)
+        for job_id, r in reports:
+            left[job_id] -= 1
+            wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
+            job = rows.get(job_id)
+            if wrong:
+                results.append(InvalidInput(f"a report may not change {sorted(wrong)}"))
+            elif job_id not in owners:
+                results.append(UnknownJob(job_id))
+            elif r.owner is not None and owners[job_id] != r.owner:
+                results.append(NotOwner(job_id, r.owner))
+            elif job is None:  # gone since (pruned)
+                results.append(UnknownJob(job_id))
+            else:
+                self.transitions.keep_row_of(conn, job_id if left[job_id] else None)
+                outcome = self._report(conn, job, r, None)
+                results.append(outcome)
+                if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
+                    police.append((job_id, r.now))
+                if left[job_id]:  # the row as this report left it, for the next one
+                    rows[job_id] = self.transitions.left_by(conn, job)
         return results
 
     def _report(self, conn: Connection, job: Job, r: AttemptReport,
                 version: str | None) -> Outcome:
         """`report` on the row `job` as read (RowChanged: it is no longer `version`)."""
         job_id, event, attempt, attrs, now, reason = (
-            job.id, r.event, r.attempt, r.attrs, r.now, r.reason)
+            job.id, r.event, r.attempt, _event_attrs(job, r.attrs), r.now, r.reason)
         slot, host, changes, lease = r.slot, r.host, r.changes, r.lease
         if slot and "@" not in slot and job.slot and job.slot.split("@")[0] == slot:
             slot = job.slot  # a starter hook's _CONDOR_SLOT: one name form in the history
@@ -506,11 +531,9 @@ class JobStore:
         if lease is None or _lease_holds(job, lease, now):
             return Outcome(job.id, event, job.status, job.status, False,
                            reason="nothing new", name=views.job_id(job))
-        renew = self.db.backend.as_read(
-            update(jobs).where(jobs.c.id == job.id, jobs.c.claims == job.claims)
-            .values(lease_renewed_until=now + lease, updated_at=now), version)
-        if conn.execute(renew).rowcount != 1:
-            raise RowChanged(f"job {job.id} changed while its report was applied")
+        self.transitions.change_row(conn, RowChange(
+            job.id, job.status, job.claims,
+            {"lease_renewed_until": now + lease, "updated_at": now}, version))
         return Outcome(job.id, event, job.status, job.status, False,
                        reason="lease renewed", name=views.job_id(job))
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from jobstore.core.states import (
 )
 from jobstore.db.backends import Claim
 from jobstore.db.channels import STOPS
-from jobstore.db.rows import RowChange, event_row, note_event
+from jobstore.db.rows import RowChange, RowChanged, event_row, note_event
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import Transactions
 from jobstore.formats import views
@@ -37,6 +38,10 @@ _ANY_IDLE_JOB = Job.from_row({**dict.fromkeys(JOB_COLUMNS), "status": Status.IDL
 _FETCH = decide(Event.FETCH, Status.IDLE, attempts=0, max_attempts=1)
 assert _FETCH.to_status is not None and not (_FETCH.counts_attempt or _FETCH.ends_attempt)
 _IDLE, _FETCHED, _FETCH_EVENT = Status.IDLE.value, _FETCH.to_status.value, str(Event.FETCH)
+# conn.info keys: the job whose next transitions keep their row change (`keep_row_of`), and
+# the changes kept, by job id
+KEEP_FOR = "jobstore_keep_row_of"
+KEPT = "jobstore_kept_rows"
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class Transitions:
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
             if not job.release_pending:
+                self.write_kept(conn, job.id)
                 conn.execute(update(jobs).where(jobs.c.id == job.id)
                              .values(release_pending=True, updated_at=now))
                 self.record(conn, event_row(job.id, event, before, None, now, attempt=job.claims,
@@ -158,9 +164,76 @@ class Transitions:
         """Append the event `values` and notify the followers (sent on commit, never for a
         rolled-back transition: jobstore watch), after `change`, the job row's UPDATE, when
         given: it must hit the row (it cannot miss while the row is locked; refuse to guess).
-        (On PostgreSQL the three are one statement.)"""
+        (On PostgreSQL the three are one statement.)
+
+        The change of the job `keep_row_of` names is kept, to be written with its next one
+        (one UPDATE of the row for the transaction's several transitions of it)."""
+        kept: dict[int, RowChange] | None = conn.info.get(KEPT)
+        if change is not None and kept is not None:
+            earlier = kept.pop(change.job_id, None)
+            if earlier is not None:
+                change = RowChange(change.job_id, earlier.status, earlier.claims,
+                                   {**earlier.values, **change.values}, earlier.version)
+            if conn.info.get(KEEP_FOR) == change.job_id and not (job and DAG_NODE in job.ad):
+                kept[change.job_id], change = change, None
         self.db.backend.record(conn, values, change)
         note_event(conn, values, job)
+
+    @contextmanager
+    def one_update_each(self, conn: Connection) -> Iterator[None]:
+        """Within: the row changes of the job `keep_row_of` names are kept, to be written with
+        its next transition's (one UPDATE of the row for the several); at the end, any still
+        kept. For locked rows only: their events are written at once and name a row that
+        does not show them yet."""
+        conn.info[KEPT] = {}
+        try:
+            yield
+            self.write_kept(conn)
+        finally:
+            conn.info.pop(KEPT, None)
+            conn.info.pop(KEEP_FOR, None)
+
+    @staticmethod
+    def keep_row_of(conn: Connection, job_id: int | None) -> None:
+        """Keep the row change of `job_id`'s next transitions (None: no job's), within
+        `one_update_each`."""
+        conn.info[KEEP_FOR] = job_id
+
+    def left_by(self, conn: Connection, job: Job) -> Job | None:
+        """The locked `job` as the transitions since it was read left it: the kept change
+        applied, or read again (None: gone)."""
+        change = (conn.info.get(KEPT) or {}).get(job.id)
+        return self.lock(conn, job.id) if change is None else job.but(**change.values)
+
+    def write_kept(self, conn: Connection, job_id: int | None = None) -> None:
+        """Write the kept row change of `job_id` (None: every job's), before a write that is
+        not a transition."""
+        kept: dict[int, RowChange] = conn.info.get(KEPT) or {}
+        for change in list(kept.values()) if job_id is None else [kept.get(job_id)]:
+            if change is not None:
+                self._write(conn, change)
+                del kept[change.job_id]
+
+    def change_row(self, conn: Connection, change: RowChange) -> None:
+        """A change of the job's row that is not a transition (a lease renewed): with the
+        job's kept one (`one_update_each`), or now."""
+        kept: dict[int, RowChange] | None = conn.info.get(KEPT)
+        earlier = None if kept is None else kept.get(change.job_id)
+        if earlier is not None:
+            change = RowChange(change.job_id, earlier.status, earlier.claims,
+                               {**earlier.values, **change.values}, earlier.version)
+        if kept is not None and (earlier is not None or conn.info.get(KEEP_FOR) == change.job_id):
+            kept[change.job_id] = change
+        else:
+            self._write(conn, change)
+
+    def _write(self, conn: Connection, change: RowChange) -> None:
+        written = conn.execute(self.db.backend.as_read(
+            update(jobs).where(jobs.c.id == change.job_id, jobs.c.status == change.status,
+                               jobs.c.claims == change.claims).values(**change.values),
+            change.version))
+        if written.rowcount != 1:
+            raise RowChanged(f"job {change.job_id} changed under its transition")
 
     def insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
                        dags_too: bool = True) -> None:
@@ -191,6 +264,7 @@ class Transitions:
     def wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran
         out): forget it, and carry out a release that waited for it."""
+        self.write_kept(conn, job.id)
         conn.execute(update(jobs).where(jobs.c.id == job.id)
                      .values(winding_down_until=None, release_pending=None))
         pending = job.release_pending and job.status == Status.HELD

@@ -210,7 +210,7 @@ class PostgreSQL:
             driver.execute(conn, RECORD_EVENT, params)
             return
         params.update({f"set_{name}": value for name, value in change.values.items()},
-                      claims=change.claims, version=change.version)
+                      claims=change.claims, version=change.version, row_status=change.status)
         if driver.execute(conn, _transition_sql(tuple(change.values)), params).rowcount != 1:
             raise RowChanged(f"job {values['job_id']} changed under its transition")
 
