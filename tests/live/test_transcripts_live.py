@@ -54,6 +54,9 @@ _SLOT_HISTORY = {f"TotalTime{s}": _HISTORY
                  for s in ("UnclaimedIdle", "ClaimedIdle", "ClaimedBusy", "OwnerIdle")}
 _STUB_PREPARE = ("printed by the recording's stub PREPARE_JOB (the starter merges PREPARE_JOB's "
                  "output into the job ad); ours prints no such attribute")
+# A slot ad's `has_<feature>` for each CPU feature the startd found on its machine (has_avx2,
+# has_avx512f, ...): the recording machine's CPU, not the startd's version.
+CPU_FLAG = "has_"
 NOT_THE_STARTDS: dict[str, dict[str, str]] = {
     "FETCH_WORK": _SLOT_HISTORY,
     "REPLY_FETCH job": {},
@@ -335,6 +338,7 @@ def differences(rec: list[Call], live: list[Call], node: Node) -> list[str]:
             always = set.intersection(*(names(parts(c)[part]) for c in r.calls))
             missing = set.union(*(always - names(parts(c)[part]) for c in g.calls))
             missing -= set(NOT_THE_STARTDS[part])
+            missing -= {name for name in missing if name.startswith(CPU_FLAG)}
             if missing:
                 out.append(f"{what}: {part} lacks the recorded {sorted(missing)}")
     return out
