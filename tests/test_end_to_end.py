@@ -173,7 +173,7 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
         if mode == "agent":
             cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
         report = Emulator(cfg).run(
-            until=lambda: not store.list_jobs(), timeout=300, wait_for_jobs=True
+            until=lambda: not store.list_jobs(), timeout=900, wait_for_jobs=True
         )
 
     jobs = {j.id: j for j in store.list_jobs(include_final=True)}

@@ -224,7 +224,7 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
 
         result: dict = {}
         emulator = threading.Thread(target=lambda: result.update(
-            report=Emulator(cfg).run(until=all_final, timeout=240, wait_for_jobs=True)))
+            report=Emulator(cfg).run(until=all_final, timeout=600, wait_for_jobs=True)))
         start = time.monotonic()
         emulator.start()
         time.sleep(5)

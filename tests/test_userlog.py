@@ -119,7 +119,7 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
             emulator.vacate(job.slot)
         return not store.list_jobs()
 
-    emulator.run(until=until, timeout=240, wait_for_jobs=True)
+    emulator.run(until=until, timeout=600, wait_for_jobs=True)
     assert vacated and not store.list_jobs(), [
         (j.proc_id, j.status, j.reason, j.exit_code)
         for j in store.list_jobs(include_final=True)
