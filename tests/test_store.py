@@ -352,6 +352,19 @@ def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
     assert [e.attrs for e in store.events(job_id)][-2:] == [{"JobPid": 7}, {"ExitCode": 0}]
 
 
+def test_prepare_job_of_an_accepted_job_records_nothing_and_of_a_running_one_is_ignored(store):
+    (job_id,) = submit(store)
+    job = claim(store)
+    report(store, job, Event.ACCEPT, lease=120)
+    assert not report(store, job, Event.PREPARE, lease=900).changed
+    report(store, job, Event.START, changes={"job_pid": 7})
+    late = report(store, job, Event.PREPARE, lease=900)
+    assert (late.after, late.changed) == ("running", False)
+    assert [(e.event, e.to_status) for e in store.events(job_id)] == [
+        ("submit", "idle"), ("fetch", "fetched"), ("accept", "accepted"),
+        ("start", "running"), ("prepare", None)]
+
+
 def test_a_kept_row_change_is_written_when_no_later_transition_takes_it(store):
     """The job's last report in the batch is stale (it writes only its event): the accept's
     change is still written, before the commit."""

@@ -40,7 +40,7 @@ from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
-from jobstore.db.rows import RowChange, RowChanged, event_row
+from jobstore.db.rows import RowChanged, event_row
 from jobstore.db.sandbox import SandboxFiles
 from jobstore.db.schema import job_attr_rules, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
@@ -144,9 +144,9 @@ def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
     is and reports only values already stored, about a job with no periodic policy for a
     report to evaluate: it may renew the lease, nothing else (no event: nothing happened to
     the job)."""
-    staying = job.status == Status.RUNNING or (event in (Event.UPDATE, Event.PREPARE)
-                                               and job.status == Status.ACCEPTED)
-    if event not in (Event.UPDATE, Event.START, Event.PREPARE) or not staying or job.periodic:
+    staying = (event in (Event.UPDATE, Event.START) and job.status == Status.RUNNING) or (
+        event in (Event.UPDATE, Event.PREPARE) and job.status == Status.ACCEPTED)
+    if not staying or job.periodic:
         return False
     return all(getattr(job, name) == value for name, value in changes.items())
 
@@ -531,9 +531,8 @@ class JobStore:
         if lease is None or _lease_holds(job, lease, now):
             return Outcome(job.id, event, job.status, job.status, False,
                            reason="nothing new", name=views.job_id(job))
-        self.transitions.change_row(conn, RowChange(
-            job.id, job.status, job.claims,
-            {"lease_renewed_until": now + lease, "updated_at": now}, version))
+        self.transitions.change_row(conn, job, {
+            "lease_renewed_until": now + lease, "updated_at": max(now, job.updated_at)}, version)
         return Outcome(job.id, event, job.status, job.status, False,
                        reason="lease renewed", name=views.job_id(job))
 

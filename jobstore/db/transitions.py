@@ -121,9 +121,7 @@ class Transitions:
         if event == Event.RELEASE and before == Status.HELD and winding_down(job, now):
             pending = f"release pending: attempt {job.claims} is still ending on {job.slot}"
             if not job.release_pending:
-                self.write_kept(conn, job.id)
-                conn.execute(update(jobs).where(jobs.c.id == job.id)
-                             .values(release_pending=True, updated_at=now))
+                self.change_row(conn, job, {"release_pending": True, "updated_at": now})
                 self.record(conn, event_row(job.id, event, before, None, now, attempt=job.claims,
                                             slot=job.slot, host=job.host, reason=pending))
             return Outcome(job.id, event, before, before, False, reason=pending, pending=True,
@@ -190,8 +188,9 @@ class Transitions:
             yield
             self.write_kept(conn)
         finally:
-            conn.info.pop(KEPT, None)
-            conn.info.pop(KEEP_FOR, None)
+            if not conn.invalidated:  # a lost connection's info cannot be touched
+                conn.info.pop(KEPT, None)
+                conn.info.pop(KEEP_FOR, None)
 
     @staticmethod
     def keep_row_of(conn: Connection, job_id: int | None) -> None:
@@ -205,27 +204,31 @@ class Transitions:
         change = (conn.info.get(KEPT) or {}).get(job.id)
         return self.lock(conn, job.id) if change is None else job.but(**change.values)
 
-    def write_kept(self, conn: Connection, job_id: int | None = None) -> None:
-        """Write the kept row change of `job_id` (None: every job's), before a write that is
-        not a transition."""
+    def write_kept(self, conn: Connection) -> None:
+        """Write every kept row change (before the commit)."""
         kept: dict[int, RowChange] = conn.info.get(KEPT) or {}
-        for change in list(kept.values()) if job_id is None else [kept.get(job_id)]:
-            if change is not None:
-                self._write(conn, change)
-                del kept[change.job_id]
+        for change in list(kept.values()):
+            self._write(conn, change)
+            del kept[change.job_id]
 
-    def change_row(self, conn: Connection, change: RowChange) -> None:
-        """A change of the job's row that is not a transition (a lease renewed): with the
-        job's kept one (`one_update_each`), or now."""
+    def change_row(self, conn: Connection, job: Job, values: Mapping[str, Any],
+                   version: str | None = None) -> None:
+        """A change of the locked (or, with `version`, read) `job`'s row that is not a
+        transition (a lease renewed, a stopped attempt forgotten): with the job's kept one
+        (`one_update_each`), or now. A DAG node's job is written now, as `record` writes it."""
+        change = RowChange(job.id, job.status, job.claims, dict(values), version)
         kept: dict[int, RowChange] | None = conn.info.get(KEPT)
-        earlier = None if kept is None else kept.get(change.job_id)
+        earlier = None if kept is None else kept.get(job.id)
         if earlier is not None:
-            change = RowChange(change.job_id, earlier.status, earlier.claims,
+            change = RowChange(job.id, earlier.status, earlier.claims,
                                {**earlier.values, **change.values}, earlier.version)
-        if kept is not None and (earlier is not None or conn.info.get(KEEP_FOR) == change.job_id):
-            kept[change.job_id] = change
+        if kept is not None and DAG_NODE not in job.ad and (
+                earlier is not None or conn.info.get(KEEP_FOR) == job.id):
+            kept[job.id] = change
         else:
             self._write(conn, change)
+            if kept is not None:
+                kept.pop(job.id, None)
 
     def _write(self, conn: Connection, change: RowChange) -> None:
         written = conn.execute(self.db.backend.as_read(
@@ -264,9 +267,7 @@ class Transitions:
     def wound_down(self, conn: Connection, job: Job, now: float, why: str) -> Outcome | None:
         """The stopped attempt of the locked `job` ended (its end report came, or its time ran
         out): forget it, and carry out a release that waited for it."""
-        self.write_kept(conn, job.id)
-        conn.execute(update(jobs).where(jobs.c.id == job.id)
-                     .values(winding_down_until=None, release_pending=None))
+        self.change_row(conn, job, {"winding_down_until": None, "release_pending": None})
         pending = job.release_pending and job.status == Status.HELD
         job = job.but(winding_down_until=None, release_pending=None)
         if not pending:
