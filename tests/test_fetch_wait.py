@@ -206,7 +206,8 @@ def test_an_idle_node_claims_nothing_while_no_work_is_announced(
     _parked(waiting, 1)
     pg = waiting.db_url.startswith("postgresql")
     assert (_metric(waiting, quiet), _metric(waiting, claimed)) == ((1, 1) if pg else (0, 2))
-    assert _metric(waiting, "jobstore_agent_claims_total") == (1 if pg else 2)
+    claims = _metric(waiting, "jobstore_agent_claims_total")
+    assert claims == 1 if pg else claims >= 2  # SQLite's waiting fetch claims at each poll too
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
 
