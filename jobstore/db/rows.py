@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Update, update
 
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
+from jobstore.db.schema import jobs
 from jobstore.errors import DatabaseError
 
 PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
@@ -38,6 +39,18 @@ class RowChange:
     claims: int
     values: Mapping[str, Any]
     version: str | None = None
+
+
+def update_row(conn: Connection, change: RowChange,
+               as_read: Callable[[Update, str | None], Update]) -> None:
+    """`change` as the UPDATE of its job's row, made only if the row is still in its status and
+    attempt (and version: `as_read`, the backend's); RowChanged if it is not."""
+    written = conn.execute(as_read(
+        update(jobs).where(jobs.c.id == change.job_id, jobs.c.status == change.status,
+                           jobs.c.claims == change.claims).values(**change.values),
+        change.version))
+    if written.rowcount != 1:
+        raise RowChanged(f"job {change.job_id} changed under its transition")
 
 
 def event_row(

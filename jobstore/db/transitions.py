@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Connection, update
+from sqlalchemy import ColumnElement, Connection
 
 from jobstore.core import holds
 from jobstore.core.jobs import JOB_COLUMNS, Job
@@ -24,7 +24,7 @@ from jobstore.core.states import (
 )
 from jobstore.db.backends import Claim
 from jobstore.db.channels import STOPS
-from jobstore.db.rows import RowChange, RowChanged, event_row, note_event
+from jobstore.db.rows import RowChange, event_row, note_event, update_row
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import Transactions
 from jobstore.formats import views
@@ -166,14 +166,8 @@ class Transitions:
 
         The change of the job `keep_row_of` names is kept, to be written with its next one
         (one UPDATE of the row for the transaction's several transitions of it)."""
-        kept: dict[int, RowChange] | None = conn.info.get(KEPT)
-        if change is not None and kept is not None:
-            earlier = kept.pop(change.job_id, None)
-            if earlier is not None:
-                change = RowChange(change.job_id, earlier.status, earlier.claims,
-                                   {**earlier.values, **change.values}, earlier.version)
-            if conn.info.get(KEEP_FOR) == change.job_id and not (job and DAG_NODE in job.ad):
-                kept[change.job_id], change = change, None
+        if change is not None:
+            change = self._keep(conn, change, job)
         self.db.backend.record(conn, values, change)
         note_event(conn, values, job)
 
@@ -208,35 +202,34 @@ class Transitions:
         """Write every kept row change (before the commit)."""
         kept: dict[int, RowChange] = conn.info.get(KEPT) or {}
         for change in list(kept.values()):
-            self._write(conn, change)
+            update_row(conn, change, self.db.backend.as_read)
             del kept[change.job_id]
 
     def change_row(self, conn: Connection, job: Job, values: Mapping[str, Any],
                    version: str | None = None) -> None:
         """A change of the locked (or, with `version`, read) `job`'s row that is not a
-        transition (a lease renewed, a stopped attempt forgotten): with the job's kept one
-        (`one_update_each`), or now. A DAG node's job is written now, as `record` writes it."""
-        change = RowChange(job.id, job.status, job.claims, dict(values), version)
-        kept: dict[int, RowChange] | None = conn.info.get(KEPT)
-        earlier = None if kept is None else kept.get(job.id)
-        if earlier is not None:
-            change = RowChange(job.id, earlier.status, earlier.claims,
-                               {**earlier.values, **change.values}, earlier.version)
-        if kept is not None and DAG_NODE not in job.ad and (
-                earlier is not None or conn.info.get(KEEP_FOR) == job.id):
-            kept[job.id] = change
-        else:
-            self._write(conn, change)
-            if kept is not None:
-                kept.pop(job.id, None)
+        transition (a lease renewed, a stopped attempt forgotten): kept as `record` keeps a
+        transition's, or written now."""
+        change = self._keep(conn, RowChange(job.id, job.status, job.claims, dict(values),
+                                            version), job)
+        if change is not None:
+            update_row(conn, change, self.db.backend.as_read)
 
-    def _write(self, conn: Connection, change: RowChange) -> None:
-        written = conn.execute(self.db.backend.as_read(
-            update(jobs).where(jobs.c.id == change.job_id, jobs.c.status == change.status,
-                               jobs.c.claims == change.claims).values(**change.values),
-            change.version))
-        if written.rowcount != 1:
-            raise RowChanged(f"job {change.job_id} changed under its transition")
+    @staticmethod
+    def _keep(conn: Connection, change: RowChange, job: Job | None) -> RowChange | None:
+        """`change` with the job's kept one before it (`one_update_each`); None if it is kept
+        in turn (the job `keep_row_of` names, unless a DAG node's, whose DAG reads the row)."""
+        kept: dict[int, RowChange] | None = conn.info.get(KEPT)
+        if kept is None:
+            return change
+        earlier = kept.pop(change.job_id, None)
+        if earlier is not None:
+            change = RowChange(change.job_id, earlier.status, earlier.claims,
+                               {**earlier.values, **change.values}, earlier.version)
+        if conn.info.get(KEEP_FOR) == change.job_id and not (job and DAG_NODE in job.ad):
+            kept[change.job_id] = change
+            return None
+        return change
 
     def insert_events(self, conn: Connection, rows: list[dict[str, Any]], *,
                        dags_too: bool = True) -> None:

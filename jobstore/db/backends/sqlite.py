@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, Update, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Table, Update, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
@@ -21,7 +21,7 @@ from jobstore.db.backends.base import Claim, HandOut, Identity, insert_missing, 
 from jobstore.db.channels import Listener
 from jobstore.db.engine import database_message
 from jobstore.db.phases import status_in
-from jobstore.db.rows import RowChange, RowChanged
+from jobstore.db.rows import RowChange, update_row
 from jobstore.db.schema import job_events, jobs, sandbox_chunks
 from jobstore.db.sql import IDLE_AUTOCLUSTERS_PORTABLE
 from jobstore.errors import DatabaseError, InvalidInput
@@ -121,11 +121,8 @@ class SQLite:
 
     def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
                ) -> None:
-        if change is not None and conn.execute(self.as_read(
-                update(jobs).where(jobs.c.id == change.job_id, jobs.c.status == change.status,
-                                   jobs.c.claims == change.claims).values(**change.values),
-                change.version)).rowcount != 1:
-            raise RowChanged(f"job {values['job_id']} changed under its transition")
+        if change is not None:
+            update_row(conn, change, self.as_read)
         conn.execute(insert(job_events).values(**values))
 
     def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
