@@ -89,6 +89,26 @@ def test_the_least_recently_used_copies_go_first(store: JobStore, tmp_path: Path
     assert {p.name.split("-")[0] for p in (root / CACHE).iterdir()} == {shas[3]}
 
 
+def _fails_then_copies(store: JobStore, root: Path, sha: str, data: bytes,
+                       monkeypatch: pytest.MonkeyPatch, target: object, name: str,
+                       broken: object, error: type[BaseException], match: str) -> None:
+    """With `target.name` replaced by `broken`, a node copy raises `error` and leaves none;
+    with it back, the next copy is the file."""
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    real = getattr(target, name)
+    monkeypatch.setattr(target, name, broken)
+    with pytest.raises(error, match=match):
+        open_input(store, str(root), owner, sha, len(data), 100)
+    assert list((root / CACHE).iterdir()) == []
+    monkeypatch.setattr(target, name, real)
+    fd = open_input(store, str(root), owner, sha, len(data), 100)
+    try:
+        assert os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+    assert b"".join(store.file_content(owner, sha)) == data
+
+
 def test_a_file_of_many_pieces_is_read_ahead_whole_and_a_failed_read_leaves_nothing(
         store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The next pieces come from the database while the last are hashed and written; what
@@ -96,27 +116,45 @@ def test_a_file_of_many_pieces_is_read_ahead_whole_and_a_failed_read_leaves_noth
     from jobstore.db import sandbox
     from jobstore.errors import DatabaseError
 
-    monkeypatch.setattr(sandbox, "CHUNKS_READ", 1)  # a piece per 1 MiB chunk
+    monkeypatch.setattr(sandbox, "CHUNKS_READ", 1)  # a transaction per 1 MiB chunk
     root = tmp_path / "sandboxes"
     ensure_root(str(root))
-    owner = pwd.getpwuid(os.geteuid()).pw_name
     data = os.urandom((5 << 20) + 123)
     (sha,) = _stored(store, tmp_path, [data])
-    real, calls = store.files.file_range, []
+    backend = store.files.db.backend
+    real, calls = backend.file_stream, []
 
-    def failing(owner: str, sha256: str, offset: int, length: int) -> bytes:
-        calls.append(offset)
+    def failing(conn, owner: str, sha256: str, first: int, last: int):  # noqa: ANN001, ANN202
+        calls.append(first)
         if len(calls) == 3:
             raise DatabaseError("the server went away")
-        return real(owner, sha256, offset, length)
+        return real(conn, owner, sha256, first, last)
 
-    monkeypatch.setattr(store.files, "file_range", failing)
-    with pytest.raises(DatabaseError, match="went away"):
-        open_input(store, str(root), owner, sha, len(data), 100)
-    assert list((root / CACHE).iterdir()) == []
-    monkeypatch.setattr(store.files, "file_range", real)
-    fd = open_input(store, str(root), owner, sha, len(data), 100)
-    try:
-        assert os.pread(fd, len(data) + 1, 0) == data
-    finally:
-        os.close(fd)
+    _fails_then_copies(store, root, sha, data, monkeypatch, backend, "file_stream", failing,
+                       DatabaseError, "went away")
+
+
+def test_a_copy_given_up_mid_read_leaves_the_store_usable(
+        db_url: str, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        request: pytest.FixtureRequest) -> None:
+    """A node copy that fails while its chunks are still arriving (a full disk) ends the
+    read's transaction: nothing is cached, and the agent's store (one kept connection, no
+    other) reads again at once."""
+    from jobstore.node import inputcache
+
+    agent_store = JobStore.from_url(db_url, pool=True, max_overflow=0)
+    request.addfinalizer(agent_store.engine.dispose)
+    root = tmp_path / "sandboxes"
+    ensure_root(str(root))
+    data = os.urandom((5 << 20) + 7)
+    (sha,) = _stored(store, tmp_path, [data])
+    real, writes = inputcache.write_fully, []
+
+    def full_disk(fd: int, piece: bytes) -> None:
+        writes.append(len(piece))
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, piece)
+
+    _fails_then_copies(agent_store, root, sha, data, monkeypatch, inputcache, "write_fully",
+                       full_disk, OSError, "No space")

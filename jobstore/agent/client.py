@@ -215,14 +215,24 @@ class _AgentFiles(Files):
             deadline = min(deadline, self.stop_at)
         request = encode([name.encode(), b"", data,
                           *[a.encode("utf-8", "surrogateescape") for a in [*self.who, *argv]]])
-        try:
-            answer = ask(self.path, request, deadline, self.agent_uids, fds)
-        except TimeoutError:
-            if self.stop_at is not None and time.monotonic() >= self.stop_at:
-                raise HandOff() from None
-            raise SandboxError("the jobstore agent did not answer in time") from None
-        except (_NoAnswer, _NotTheAgent, ProtocolError, OSError) as exc:
-            raise SandboxError(f"the jobstore agent did not answer ({exc})") from None
+        pause = 0.02
+        while True:
+            try:
+                answer = ask(self.path, request, deadline, self.agent_uids, fds)
+            except TimeoutError:
+                if self.stop_at is not None and time.monotonic() >= self.stop_at:
+                    raise HandOff() from None
+                raise SandboxError("the jobstore agent did not answer in time") from None
+            except (_NoAnswer, _NotTheAgent, ProtocolError, OSError) as exc:
+                raise SandboxError(f"the jobstore agent did not answer ({exc})") from None
+            if not answer or answer[0] != BUSY:
+                break
+            if time.monotonic() + pause >= deadline:  # the agent is there, and busy: wait
+                if self.stop_at is not None and deadline >= self.stop_at:
+                    raise HandOff()
+                raise SandboxError("the jobstore agent stayed busy")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
         if answer is None or not answer or answer[0] != OK:
             raise _NoAgentForFiles()
         error = answer[3] if len(answer) > 3 else b""

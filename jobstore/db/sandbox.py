@@ -232,14 +232,27 @@ class SandboxFiles:
         return data[start:start + length]
 
     def file_content(self, owner: str, sha256: str) -> Iterator[bytes]:
-        """The bytes of `owner`'s file `sha256`, CHUNKS_READ chunks at a time (`file_range`, a
-        short transaction each); nothing when the session may not see it."""
-        offset, step = 0, CHUNKS_READ * CHUNK
-        while data := self.file_range(owner, sha256, offset, step):
-            yield data
-            if len(data) < step:
+        """The bytes of `owner`'s file `sha256`, a chunk at a time, CHUNKS_READ chunks per
+        transaction (handed on as they arrive where the backend `streams_files`); nothing when
+        the session may not see it."""
+        backend, first = self.db.backend, 0
+        while True:
+            got = 0
+            if backend.streams_files:
+                with self.db.transaction() as conn:
+                    for data in backend.file_stream(conn, owner, sha256, first,
+                                                    first + CHUNKS_READ - 1):
+                        got += 1
+                        yield data
+            else:
+                with self.db.transaction() as conn:
+                    pieces = list(backend.file_stream(conn, owner, sha256, first,
+                                                      first + CHUNKS_READ - 1))
+                got = len(pieces)
+                yield from pieces
+            if got < CHUNKS_READ:
                 return
-            offset += len(data)
+            first += CHUNKS_READ
 
 
 def _chunk_range(offset: int, length: int) -> tuple[int, int]:

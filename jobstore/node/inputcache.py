@@ -14,6 +14,7 @@ import queue
 import secrets
 import threading
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from jobstore.node.sandbox import SandboxError, write_fully
@@ -22,7 +23,7 @@ from jobstore.node.sandboxroot import CACHE, ensure_private
 if TYPE_CHECKING:
     from jobstore.db.store import JobStore
 
-AHEAD = 2  # pieces (CHUNKS_READ chunks each) read ahead of the hashing and writing
+AHEAD = 8  # chunks read ahead of the hashing and writing
 
 
 def open_input(store: JobStore, root: str, owner: str, sha: str, size: int,
@@ -89,6 +90,11 @@ def _ahead(pieces: Iterator[bytes]) -> Iterator[bytes]:
             offer((None, None))
         except BaseException as exc:  # handed to the consumer, which raises it
             offer((None, exc))
+        finally:  # the read's transaction ends here, in its own thread, also when given up
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                with suppress(Exception):
+                    close()
 
     reader = threading.Thread(target=read, name="input-read", daemon=True)
     reader.start()

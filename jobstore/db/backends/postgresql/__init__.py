@@ -5,7 +5,7 @@ bulk), LISTEN/NOTIFY (notify), and the session's identity from its role."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import lru_cache
 from typing import Any
@@ -84,6 +84,7 @@ class PostgreSQL:
     can_listen = True
     ids_commit_out_of_order = True
     makes_rows_on_server = True
+    streams_files = True  # a snapshot: nothing waits on the reading transaction
     # a report reads its row unlocked in the round trip that opens the transaction and writes it
     # only if it is still that version (no lock to log); one that changed is read again locked
     report_reads: tuple[bool, ...] = (False, True)
@@ -255,6 +256,13 @@ class PostgreSQL:
         """Read in binary: bytea as stored, no hex text to decode."""
         return list(driver.execute_binary(conn, FILE_CHUNKS, {
             "owner": owner, "sha256": sha256, "first": first, "last": last}).fetchall())
+
+    def file_stream(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
+                    ) -> Iterator[bytes]:
+        """In binary, each chunk as it arrives: the next ones are on their way meanwhile."""
+        for (data,) in driver.stream_binary(conn, FILE_CHUNKS, {
+                "owner": owner, "sha256": sha256, "first": first, "last": last}):
+            yield data
 
     # ---- the session and the server ------------------------------------------------------
 

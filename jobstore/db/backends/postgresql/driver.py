@@ -5,7 +5,7 @@ rollbacks as they see SQLAlchemy's own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from types import TracebackType
@@ -34,6 +34,19 @@ def execute_binary(conn: Connection, sql: str, params: Mapping[str, Any],
     decode, a third of the time for a file's chunks)."""
     raw = _driver_connection(conn)
     return _run(conn, raw, raw.cursor(binary=True), sql, params)
+
+
+def stream_binary(conn: Connection, sql: str, params: Mapping[str, Any]) -> Iterator[Any]:
+    """The rows of `sql`, in binary, each as the server sends it (libpq's single-row mode): a
+    row is handed on while the next ones are still on their way."""
+    raw = _driver_connection(conn)
+    if _listened(conn, "before_cursor_execute"):
+        conn.dispatch.before_cursor_execute(conn, raw.cursor(), sql, params, None, False)
+    try:
+        yield from raw.cursor(binary=True).stream(sql, params)
+    except psycopg.Error as exc:
+        _invalidate_if_lost(conn, raw, exc)
+        raise
 
 
 def begin(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cursor[Any]:
