@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,3 +169,65 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
     assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
     assert "never handed to the agent" in (held.reason or "")
     assert sandbox.is_dir() and not (node / OUTBOX / sandbox.name).exists()
+
+
+def _busy_agent(path: Path, busy: int) -> tuple[list[int], socket.socket]:
+    """A socket that answers like an agent (this process's uid): `busy` times BUSY, then OK
+    with the payload `listed`; the calls it had."""
+
+    from jobstore.agent.protocol import BUSY, HEADER, MAX_REQUEST, OK, body_length, encode
+
+    calls: list[int] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = conn.recv(HEADER, socket.MSG_WAITALL)
+                need = body_length(head, MAX_REQUEST)
+                while need > 0:
+                    need -= len(conn.recv(need))
+                calls.append(len(calls))
+                answer = [BUSY, b"0", b"", b"busy"] if len(calls) <= busy else [
+                    OK, b"0", b"listed", b""]
+                conn.sendall(encode(answer))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return calls, listener
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_busy_agent_is_waited_for_not_taken_for_absent(tmp_path: Path, stop: bool,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           ) -> None:
+    """An agent that answers BUSY (another account's requests fill its per-account bound) is
+    asked again until it serves the call; one that stays busy past the call's time is a
+    SandboxError, or within JOB_EXIT's bound a hand-off, never a fall-back to direct mode."""
+    from jobstore.agent import client
+    from jobstore.node.sandbox import HandOff, SandboxError
+
+    ad = b'HookKeyword = "JOBSTORE"\nJobstoreJobId = 1\nJobstoreAttempt = 1\n'
+    calls, listener = _busy_agent(tmp_path / "a.sock", busy=3)
+    try:
+        files = client._AgentFiles(str(tmp_path / "a.sock"), (os.geteuid(),), ad)
+        assert files.call("sandbox_list", []) == b"listed"
+        assert len(calls) == 4
+    finally:
+        listener.close()
+    calls, listener = _busy_agent(tmp_path / "b.sock", busy=10**6)
+    try:
+        files = client._AgentFiles(str(tmp_path / "b.sock"), (os.geteuid(),), ad)
+        monkeypatch.setattr(client, "SANDBOX_CALL_SECONDS", 0.3)
+        if stop:
+            files.stop_at = time.monotonic() + 0.3
+        with pytest.raises(HandOff if stop else SandboxError, match=None if stop else "busy"):
+            files.call("sandbox_write", ["out", "644", "0", "1"], b"x")
+        assert len(calls) >= 2
+    finally:
+        listener.close()

@@ -25,6 +25,9 @@ ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoin
 ATTR_HAND_OFF = b"JobstoreHandOff"  # true: outputs not all sent in JOB_EXIT's time, the agent
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
 CHUNK = 1 << 20  # bytes per read or write through a transport
+# bytes of an output per call: a quarter of what the agent takes in flight from one account
+# (JOBSTORE_AGENT_MAX_BYTES_PER_UID's default), so that four of its jobs can send at once
+SEND_PIECE = 2 * CHUNK
 OUTPUT_SECONDS = 15.0  # JOB_EXIT's sending, at most (JOBSTORE_OUTPUT_SECONDS changes it)
 MAX_NAME = 4096
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
@@ -85,7 +88,7 @@ class Files:
 
     def _send(self, name: str, fd: int, mode: int, kind: list[str]) -> None:
         offset, pending = 0, b""
-        for data in read_chunks(fd):
+        for data in read_chunks(fd, SEND_PIECE):
             if pending:
                 self.call("sandbox_write", [name, f"{mode:o}", str(offset), "0", *kind], pending)
                 offset += len(pending)
@@ -523,9 +526,9 @@ def _open_in(iwd: str, name: str) -> int:
     return fd
 
 
-def read_chunks(fd: int) -> Iterator[bytes]:
-    """An open file's bytes, a chunk at a time."""
-    while data := os.read(fd, CHUNK):
+def read_chunks(fd: int, size: int = CHUNK) -> Iterator[bytes]:
+    """An open file's bytes, `size` bytes at a time."""
+    while data := os.read(fd, size):
         yield data
 
 
