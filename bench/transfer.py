@@ -10,7 +10,9 @@
   the file, and the submit's time against the same submit without file transfer;
 * the CPU of a job's whole life through the six hook processes in agent mode (fed the
   recorded transcript's stdin, as the startd and starter run them), with a 512 KB input in a
-  sandbox against the same job without file transfer: the hooks' CPU and the agent's.
+  sandbox against the same job without file transfer: the hooks' CPU and the agent's;
+* the database's own part, which no transport can beat: a file's chunks streamed to a client,
+  and 10 MB of chunks inserted and committed, by psycopg alone.
 
 Usage: .venv/bin/python bench/transfer.py [--db-url ADMIN_URL] [--repeat N]
 """
@@ -164,6 +166,44 @@ def cp(src: Path, dst: Path) -> float:
     return timed(run)
 
 
+def database_read(url: str, owner: str, src: Path) -> float:
+    """The database's own part of a cold stage-in: the file's chunks streamed to this process
+    (psycopg, binary, one statement), kept nowhere."""
+    import hashlib
+
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    with psycopg.connect(libpq_url(url)) as conn:
+        def run() -> None:
+            for _ in conn.cursor(binary=True).stream(
+                    "SELECT data FROM sandbox_chunks WHERE owner = %s AND sha256 = %s"
+                    " ORDER BY seq", (owner, sha)):
+                pass
+            conn.rollback()
+
+        return timed(run)
+
+
+def database_write(url: str, size_mb: int) -> float:
+    """The database's own part of a stage-out: `size_mb` new 1 MB chunks inserted and
+    committed in one transaction (psycopg, binary), into a table like sandbox_chunks (the
+    bench's database goes at its end)."""
+    with psycopg.connect(libpq_url(url)) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor_chunks"
+                     " (LIKE sandbox_chunks INCLUDING ALL)")
+        conn.commit()
+        pieces = [os.urandom(1 << 20) for _ in range(size_mb)]
+
+        def run() -> None:
+            key = os.urandom(32).hex()
+            with conn.cursor() as cur:
+                for seq, data in enumerate(pieces):
+                    cur.execute("INSERT INTO bench_floor_chunks (owner, sha256, seq, data)"
+                                " VALUES (%s, %s, %s, %b)", ("bench", key, seq, data))
+            conn.commit()
+
+        return timed(run)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db-url", default=DEFAULT_ADMIN_URL)
@@ -198,6 +238,9 @@ def main() -> int:
             job, src = claimed_job(store, tmp, size_mb)
             ad = attempt_ad(job, root / f"job{size_mb}")
             base = median(lambda: cp(src, tmp / "copy.bin"), args.repeat)  # noqa: B023
+            floor = median(lambda: database_read(url, owner(), src), args.repeat)  # noqa: B023
+            print(f"  {size_mb:>3} MB: the database's own read of the chunks"
+                  f" {floor * 1000:7.1f} ms ({floor / base:5.2f} x cp)")
             agent_files = _AgentFiles(str(sock), (os.geteuid(),), ad)
             for label, files, cold in (("agent, cold", agent_files, cache),
                                        ("agent, warm", agent_files, None),
@@ -208,6 +251,9 @@ def main() -> int:
                       f" {(got - base) * 1000:7.1f} ms")
         (tmp / "o.bin").write_bytes(os.urandom(10 << 20))
         base = median(lambda: cp(tmp / "o.bin", tmp / "o2.bin"), args.repeat)
+        floor = median(lambda: database_write(url, 10), args.repeat)
+        print(f"   10 MB: the database's own insert and commit of the chunks"
+              f" {floor * 1000:7.1f} ms ({floor / base:5.2f} x cp)")
         for label, files in (("agent", _AgentFiles(str(sock), (os.geteuid(),), ad)),
                              ("direct", DirectFiles(ad))):
             got = median(lambda: stage_out_once(job, root / "out", files), args.repeat)  # noqa: B023
