@@ -226,31 +226,21 @@ class SandboxFiles:
         none when the session may not see it)."""
         first, last = _chunk_range(offset, length)
         with self.db.transaction() as conn:
-            rows = self.db.backend.file_chunks(conn, owner, sha256, first, last)
-            data = b"".join(bytes(r[0]) for r in rows)
+            data = b"".join(self.db.backend.file_stream(conn, owner, sha256, first, last))
         start = offset - first * CHUNK
         return data[start:start + length]
 
     def file_content(self, owner: str, sha256: str) -> Iterator[bytes]:
-        """The bytes of `owner`'s file `sha256`, a chunk at a time, CHUNKS_READ chunks per
-        transaction (handed on as they arrive where the backend `streams_files`); nothing when
-        the session may not see it."""
-        backend, first = self.db.backend, 0
+        """The bytes of `owner`'s file `sha256`, a chunk at a time: CHUNKS_READ chunks per
+        transaction, each read whole and ended before its chunks are handed on (a slow reader
+        holds no transaction open); nothing when the session may not see it."""
+        first = 0
         while True:
-            got = 0
-            if backend.streams_files:
-                with self.db.transaction() as conn:
-                    for data in backend.file_stream(conn, owner, sha256, first,
-                                                    first + CHUNKS_READ - 1):
-                        got += 1
-                        yield data
-            else:
-                with self.db.transaction() as conn:
-                    pieces = list(backend.file_stream(conn, owner, sha256, first,
-                                                      first + CHUNKS_READ - 1))
-                got = len(pieces)
-                yield from pieces
-            if got < CHUNKS_READ:
+            with self.db.transaction() as conn:
+                pieces = list(self.db.backend.file_stream(conn, owner, sha256, first,
+                                                          first + CHUNKS_READ - 1))
+            yield from pieces
+            if len(pieces) < CHUNKS_READ:
                 return
             first += CHUNKS_READ
 

@@ -14,7 +14,6 @@ import queue
 import secrets
 import threading
 from collections.abc import Iterator
-from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from jobstore.node.sandbox import SandboxError, write_fully
@@ -23,7 +22,7 @@ from jobstore.node.sandboxroot import CACHE, ensure_private
 if TYPE_CHECKING:
     from jobstore.db.store import JobStore
 
-AHEAD = 8  # chunks read ahead of the hashing and writing
+AHEAD = 16  # chunks read ahead of the hashing and writing: a transaction's (CHUNKS_READ)
 
 
 def open_input(store: JobStore, root: str, owner: str, sha: str, size: int,
@@ -90,11 +89,6 @@ def _ahead(pieces: Iterator[bytes]) -> Iterator[bytes]:
             offer((None, None))
         except BaseException as exc:  # handed to the consumer, which raises it
             offer((None, exc))
-        finally:  # the read's transaction ends here, in its own thread, also when given up
-            close = getattr(pieces, "close", None)
-            if close is not None:
-                with suppress(Exception):
-                    close()
 
     reader = threading.Thread(target=read, name="input-read", daemon=True)
     reader.start()

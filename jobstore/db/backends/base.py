@@ -166,7 +166,6 @@ class Backend(Protocol):
     can_listen: bool  # does it announce changes (LISTEN/NOTIFY), or must a watcher poll?
     ids_commit_out_of_order: bool  # may a lower id commit after a higher one (one sequence)?
     makes_rows_on_server: bool  # can it make a templated cluster's rows itself (bulk submit)?
-    streams_files: bool  # are a file's chunks handed on inside the transaction (no lock held)?
     report_reads: tuple[bool, ...]  # a report's reads in turn: unlocked (False), locked (True)
     lost: tuple[type[BaseException], ...]  # what a lost or refused connection raises
 
@@ -254,14 +253,10 @@ class Backend(Protocol):
                      events_after: bool, clusters: list[int] | None) -> list[int]:
         """Make a templated cluster's rows on the server (only where `makes_rows_on_server`)."""
 
-    def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
-                    ) -> list[Any]:
-        """Chunks `first` to `last` of a stored file, rows of (data,)."""
-
     def file_stream(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
                     ) -> Iterable[bytes]:
-        """Chunks `first` to `last` of a stored file, in order: each as it arrives where
-        `streams_files`, else read whole before the first is handed on."""
+        """The bytes of chunks `first` to `last` of a stored file, in order, for the caller to
+        read within the transaction (the quickest way the database has)."""
 
     # ---- the session and the server ------------------------------------------------------
     def reads_tokens(self, conn: Connection) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -33,7 +33,6 @@ class SQLite:
     can_listen = False
     ids_commit_out_of_order = False  # one writer at a time: ids become visible in order
     makes_rows_on_server = False
-    streams_files = False  # a transaction holds the database's write lock (BEGIN IMMEDIATE)
     # the transaction holds the write lock from its start: a report reads its row locked at once
     report_reads: tuple[bool, ...] = (True,)
     lost: tuple[type[BaseException], ...] = (OperationalError, DBAPIError, PendingRollbackError)
@@ -154,17 +153,14 @@ class SQLite:
                      events_after: bool, clusters: list[int] | None) -> list[int]:
         raise InvalidInput("SQLite does not make a cluster's rows itself (makes_rows_on_server)")
 
-    def file_chunks(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
-                    ) -> list[Any]:
-        return list(conn.execute(
-            select(sandbox_chunks.c.data)
-            .where(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
-                   sandbox_chunks.c.seq.between(first, last))
-            .order_by(sandbox_chunks.c.seq)).all())
-
     def file_stream(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
-                    ) -> list[bytes]:
-        return [bytes(r[0]) for r in self.file_chunks(conn, owner, sha256, first, last)]
+                    ) -> Iterator[bytes]:
+        for (data,) in conn.execute(
+                select(sandbox_chunks.c.data)
+                .where(sandbox_chunks.c.owner == owner, sandbox_chunks.c.sha256 == sha256,
+                       sandbox_chunks.c.seq.between(first, last))
+                .order_by(sandbox_chunks.c.seq)):
+            yield bytes(data)
 
     # ---- the session and the server ------------------------------------------------------
 

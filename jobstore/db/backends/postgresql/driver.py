@@ -28,14 +28,6 @@ def execute(conn: Connection, sql: str, params: Mapping[str, Any]) -> psycopg.Cu
     return _run(conn, raw, raw.cursor(), sql, params)
 
 
-def execute_binary(conn: Connection, sql: str, params: Mapping[str, Any],
-                   ) -> psycopg.Cursor[Any]:
-    """`execute`, the results in PostgreSQL's binary format (bytea as stored: no hex text to
-    decode, a third of the time for a file's chunks)."""
-    raw = _driver_connection(conn)
-    return _run(conn, raw, raw.cursor(binary=True), sql, params)
-
-
 def stream_binary(conn: Connection, sql: str, params: Mapping[str, Any]) -> Iterator[Any]:
     """The rows of `sql`, in binary, each as the server sends it (libpq's single-row mode): a
     row is handed on while the next ones are still on their way."""
