@@ -3,6 +3,7 @@ and the job store's identity lines in a recorded hook stdin."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import subprocess
@@ -30,11 +31,18 @@ def with_database(sqlalchemy_url: str, name: str) -> str:
 
 
 def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> pwd.struct_passwd:
-    """The local account `name`, created (as root) when missing."""
+    """The local account `name`, created (as root) when missing; with `home`, its home
+    directory too, also when another test made the account without one."""
     try:
-        return pwd.getpwnam(name)
+        found = pwd.getpwnam(name)
     except KeyError:
         pass
+    else:
+        if home and not os.path.isdir(found.pw_dir) and os.geteuid() == 0:
+            with contextlib.suppress(FileExistsError):  # another test process made it
+                os.makedirs(found.pw_dir, mode=0o755)
+                os.chown(found.pw_dir, found.pw_uid, found.pw_gid)
+        return found
     if os.geteuid() != 0:
         raise PermissionError(f"the account {name} is missing and only root may create it")
     argv = ["useradd", "--create-home" if home else "--no-create-home"]
