@@ -172,8 +172,9 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
 
 
 def _busy_agent(path: Path, busy: int) -> tuple[list[int], socket.socket]:
-    """A socket that answers like an agent (this process's uid): `busy` times BUSY, then OK
-    with the payload `listed`; the calls it had."""
+    """A socket that answers like an agent (this process's uid): `busy` times BUSY, as the
+    agent does, from the request's header alone, and closes; then OK with the payload
+    `listed`; the calls it had."""
 
     from jobstore.agent.protocol import BUSY, HEADER, MAX_REQUEST, OK, body_length, encode
 
@@ -189,14 +190,14 @@ def _busy_agent(path: Path, busy: int) -> tuple[list[int], socket.socket]:
             except OSError:
                 return
             with conn:
-                head = conn.recv(HEADER, socket.MSG_WAITALL)
-                need = body_length(head, MAX_REQUEST)
+                need = body_length(conn.recv(HEADER, socket.MSG_WAITALL), MAX_REQUEST)
+                calls.append(len(calls))
+                if len(calls) <= busy:
+                    conn.sendall(encode([BUSY, b"0", b"", b"busy"]))
+                    continue
                 while need > 0:
                     need -= len(conn.recv(need))
-                calls.append(len(calls))
-                answer = [BUSY, b"0", b"", b"busy"] if len(calls) <= busy else [
-                    OK, b"0", b"listed", b""]
-                conn.sendall(encode(answer))
+                conn.sendall(encode([OK, b"0", b"listed", b""]))
 
     threading.Thread(target=serve, daemon=True).start()
     return calls, listener
@@ -216,7 +217,8 @@ def test_a_busy_agent_is_waited_for_not_taken_for_absent(tmp_path: Path, stop: b
     calls, listener = _busy_agent(tmp_path / "a.sock", busy=3)
     try:
         files = client._AgentFiles(str(tmp_path / "a.sock"), (os.geteuid(),), ad)
-        assert files.call("sandbox_list", []) == b"listed"
+        piece = os.urandom(2 << 20)  # more than the socket takes before it is read
+        assert files.call("sandbox_write", ["out", "644", "0", "0"], piece) == b"listed"
         assert len(calls) == 4
     finally:
         listener.close()
@@ -227,7 +229,7 @@ def test_a_busy_agent_is_waited_for_not_taken_for_absent(tmp_path: Path, stop: b
         if stop:
             files.stop_at = time.monotonic() + 0.3
         with pytest.raises(HandOff if stop else SandboxError, match=None if stop else "busy"):
-            files.call("sandbox_write", ["out", "644", "0", "1"], b"x")
+            files.call("sandbox_write", ["out", "644", "0", "1"], os.urandom(2 << 20))
         assert len(calls) >= 2
     finally:
         listener.close()

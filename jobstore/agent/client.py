@@ -25,6 +25,7 @@ from jobstore.agent.protocol import (
     MAX_RESPONSE,
     OK,
     PASSED_ENV,
+    REFUSED,
     ProtocolError,
     body_length,
     decode_body,
@@ -101,6 +102,18 @@ def _recv_exact(sock: _socket.socket, n: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
+def _early_answer(sock: _socket.socket, deadline: float) -> list[bytes] | None:
+    """What the agent answered before it closed a connection whose request it did not read
+    whole (`busy`: its bound on the account's requests in flight; a bad request), if it did."""
+    try:
+        header = _recv_exact(sock, HEADER, deadline)
+        answer = decode_body(_recv_exact(sock, body_length(header, MAX_RESPONSE), deadline),
+                             big_item=2)
+    except (OSError, _NoAnswer, ProtocolError):
+        return None
+    return answer if answer[:1] in ([BUSY], [REFUSED]) else None
+
+
 def server_uid(sock: _socket.socket) -> int:
     """The uid of the account that made the listening socket `sock` is connected to."""
     raw = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # pid, uid, gid
@@ -112,7 +125,9 @@ def ask(
     fds: list[int] | None = None, hold_limit: float | None = None,
 ) -> list[bytes] | None:
     """Send `request` to the agent at `path`; its answer items (and in `fds` the open file the
-    answer carries, if any). None: not connected (nothing was sent). Raises _NotTheAgent
+    answer carries, if any; an agent that closed before it read the whole request may have
+    answered `busy` or `refused` first). None: not connected, or closed unanswered (nothing
+    was done). Raises _NotTheAgent
     (nothing sent) when another account than `trusted` serves the socket, _NoAnswer (or
     TimeoutError) once the request may have been delivered. The agent's `hold` moves the
     deadline (and the alarm) on, never past `hold_limit` (None: a hold is not accepted)."""
@@ -130,8 +145,8 @@ def ask(
             sock.sendall(request)
         except TimeoutError:
             raise
-        except OSError:
-            return None  # closed before it had the whole request: it did nothing
+        except OSError:  # closed before it had the whole request: it did nothing
+            return _early_answer(sock, deadline)
         if fds is None:
             while True:
                 header = _recv_exact(sock, HEADER, deadline)

@@ -25,9 +25,9 @@ ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoin
 ATTR_HAND_OFF = b"JobstoreHandOff"  # true: outputs not all sent in JOB_EXIT's time, the agent
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
 CHUNK = 1 << 20  # bytes per read or write through a transport
-# bytes of an output per call: a quarter of what the agent takes in flight from one account
-# (JOBSTORE_AGENT_MAX_BYTES_PER_UID's default), so that four of its jobs can send at once
-SEND_PIECE = 2 * CHUNK
+# bytes of an output per call: four such calls, with their names, fit in what the agent takes
+# in flight from one account (JOBSTORE_AGENT_MAX_BYTES_PER_UID's default, 8 MiB)
+SEND_PIECE = 2 * CHUNK - 16 * 1024
 OUTPUT_SECONDS = 15.0  # JOB_EXIT's sending, at most (JOBSTORE_OUTPUT_SECONDS changes it)
 MAX_NAME = 4096
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
