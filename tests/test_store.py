@@ -381,6 +381,64 @@ def test_a_kept_row_change_is_written_when_no_later_transition_takes_it(store):
         ("accept", "accepted"), ("exit", None)]
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_of_reports_locks_no_row_and_reads_them_as_it_opens(store):
+    """The agent's batches (report_many) on PostgreSQL: the rows are read unlocked with
+    their versions as the transaction opens, and each written once, after its events."""
+    submit(store, 2)
+    jobs_ = [claim(store), claim(store)]
+    _count_row_writes(store)
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    t = time.time()
+    try:
+        results = store.report_many([_of(jobs_[1], Event.ACCEPT, t, lease=120),
+                                     _of(jobs_[0], Event.ACCEPT, t, lease=120),
+                                     _of(jobs_[1], Event.START, t + 1, lease=900)])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    assert [o.after for o in results] == ["accepted", "accepted", "running"]
+    assert not [s for s in statements if "FOR UPDATE" in s.upper()], statements
+    assert "row_version" in statements[0]  # read in the round trip that opened it
+    assert _row_writes(store) == 2
+    assert [store.get_job(j.id).status for j in jobs_] == ["accepted", "running"]
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, monkeypatch):
+    """A row another transaction changed between the batch's read and its write: the batch's
+    events and writes are rolled back and it is made again under a lock, on the row as the
+    other left it (nothing of either lost, no event twice)."""
+    (job_id,) = submit(store)
+    job = claim(store)
+    backend, url = store.db.backend, store.engine.url.render_as_string(False)
+    real, reads = backend.read_jobs, []
+
+    def read_then_changed(conn, opened, job_ids):  # type: ignore[no-untyped-def]
+        found = real(conn, opened, job_ids)
+        reads.append(job_ids)
+        with psycopg.connect(libpq_url(url), autocommit=True) as other:
+            other.execute("UPDATE jobs SET priority = 7 WHERE id = %s", (job_id,))
+        return found
+
+    monkeypatch.setattr(backend, "read_jobs", read_then_changed)
+    t = time.time()
+    results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                 _of(job, Event.START, t + 1, lease=900)])
+    assert len(reads) == 1  # once unlocked; the second time under locks
+    assert [o.after for o in results] == ["accepted", "running"]
+    stored = store.get_job(job_id)
+    assert (stored.status, stored.priority) == ("running", 7)
+    assert_event_chain(store, job_id, [
+        ("fetch", "idle", "fetched"), ("accept", "fetched", "accepted"),
+        ("start", "accepted", "running"),
+    ])
+
+
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]
     assert out.stale and not out.changed
     assert out.before == out.after == before_row.status

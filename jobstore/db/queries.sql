@@ -117,6 +117,11 @@ SELECT * FROM jobs WHERE id = ANY(%(ids)s);
 -- only if it is still that version, instead of locking it (PostgreSQL).
 SELECT jobs.*, jobs.xmin::text AS row_version FROM jobs WHERE id = %(job_id)s;
 
+-- name: read_jobs
+-- Job rows as they are now and their versions: the reports of one batch write them only if they
+-- are still those versions, instead of locking them (PostgreSQL).
+SELECT jobs.*, jobs.xmin::text AS row_version FROM jobs WHERE id = ANY(%(job_ids)s);
+
 -- name: lock_job
 -- A job row, locked until the transaction ends (PostgreSQL).
 SELECT * FROM jobs WHERE id = %(job_id)s FOR UPDATE;

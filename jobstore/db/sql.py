@@ -60,6 +60,7 @@ IDLE_AUTOCLUSTERS = QUERIES["idle_autoclusters"].sql
 BEGIN_TRANSACTION = QUERIES["begin_transaction"].sql
 JOB_HEADS = QUERIES["job_heads"].sql
 READ_JOB = QUERIES["read_job"].sql
+READ_JOBS = QUERIES["read_jobs"].sql
 LOCK_JOB = QUERIES["lock_job"].sql
 RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=...)
 RECORD_EVENT = QUERIES["record_event"].sql

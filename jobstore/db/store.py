@@ -31,7 +31,7 @@ from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import HANDED_OUT, Event, Status
 from jobstore.db.actions import PAGE as ACT_PAGE
 from jobstore.db.actions import ActTotals, PagedActions, outcome_of
-from jobstore.db.backends import ACTED, DENIED, READ_JOB, Door, Identity
+from jobstore.db.backends import ACTED, DENIED, READ_JOB, READ_JOBS, Door, Identity
 from jobstore.db.dags import DagStore
 from jobstore.db.engine import make_engine
 from jobstore.db.gauges import Gauges
@@ -149,6 +149,14 @@ def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
     if not staying or job.periodic:
         return False
     return all(getattr(job, name) == value for name, value in changes.items())
+
+
+def _needs_lock(job: Job, r: AttemptReport) -> bool:
+    """Whether `r` is applied to `job` under a lock: more than one write (a periodically
+    policed or winding-down job), or an event of an attempt that is over (its job may be
+    finished and pruned meanwhile)."""
+    return (job.periodic or job.winding_down_until is not None
+            or not _current(job, r.token, r.attempt, r.keyword))
 
 
 def _current(job: Job, token: str | None, attempt: int | None,
@@ -384,8 +392,7 @@ class JobStore:
                     raise UnknownJob(job_id)
                 if r.owner is not None and job.owner != r.owner:
                     raise NotOwner(job_id, r.owner)
-                if not locked and (job.periodic or job.winding_down_until is not None
-                                   or not _current(job, r.token, r.attempt, r.keyword)):
+                if not locked and _needs_lock(job, r):
                     # more than one write, or an event of an attempt that is over (its job may
                     # be finished and pruned meanwhile): under the lock
                     continue
@@ -403,32 +410,67 @@ class JobStore:
 
     def report_many(self, reports: Sequence[tuple[int, AttemptReport]]
                     ) -> list[Outcome | JobstoreError]:
-        """Apply several reports (job id, report) in one transaction, in their order: each
-        job's row read under a lock. A report that may not be applied (UnknownJob, NotOwner,
-        InvalidInput) is left out and its error is its result; a database error fails them
-        all. Whose jobs they are is read first, unlocked: only the rows of the reports that may
-        be applied are locked, in the order of their ids (two batches never wait on each other
-        in a cycle)."""
-        police: list[tuple[int, float]] = []
+        """Apply several reports (job id, report) in one transaction, in their order. A report
+        that may not be applied (UnknownJob, NotOwner, InvalidInput) is left out and its error
+        is its result; a database error fails them all.
+
+        Where the backend can, the rows are read unlocked in the round trip that opens the
+        transaction, and each is written only if it is still the version read (no lock to
+        log), all at the end and in the order of their ids; a batch that finds a row changed
+        meanwhile is rolled back and made again on locked rows. A batch with a report that
+        `report` would make under a lock (an attempt that is over, a winding-down or
+        periodically policed job) locks its rows at once. Rows are locked in the order of
+        their ids (two batches never wait on each other in a cycle), only those of the
+        reports that may be applied."""
         ids = sorted({job_id for job_id, _ in reports})
-        with self.db.transaction() as conn:
-            owners = {row.id: row.owner for row in conn.execute(
-                select(jobs.c.id, jobs.c.owner).where(self.transitions.id_in(ids)))}
-            mine = {job_id for job_id, r in reports
-                    if job_id in owners and r.owner in (None, owners[job_id])}
-            rows: dict[int, Job | None] = {
-                job_id: self.transitions.lock(conn, job_id) for job_id in sorted(mine)}
-            with self.transitions.one_update_each(conn):
-                results = self._report_each(conn, reports, owners, rows, police)
+        locked = self.db.backend.report_reads[0]
+        try:
+            results, police = self._report_batch(reports, ids, locked)
+        except RowChanged:
+            if locked:
+                raise
+            results, police = self._report_batch(reports, ids, True)
         for job_id, now in police:
             self._police_job(job_id, now)
         return results
 
+    def _report_batch(self, reports: Sequence[tuple[int, AttemptReport]], ids: list[int],
+                      locked: bool,
+                      ) -> tuple[list[Outcome | JobstoreError], list[tuple[int, float]]]:
+        """report_many's transaction: its results, and the jobs to police after it."""
+        police: list[tuple[int, float]] = []
+        with self.db.opened(None if locked else READ_JOBS,
+                            {} if locked else {"job_ids": ids}) as (conn, opened):
+            rows, versions, owners = self._batch_rows(conn, opened, reports, ids, locked)
+            with self.transitions.one_update_each(conn):
+                results = self._report_each(conn, reports, owners, rows, versions, police)
+        return results, police
+
+    def _batch_rows(self, conn: Connection, opened: Any,
+                    reports: Sequence[tuple[int, AttemptReport]], ids: list[int], locked: bool,
+                    ) -> tuple[dict[int, Job | None], dict[int, str | None], dict[int, str]]:
+        """report_many's rows: (the rows, their versions (None: locked), their owners)."""
+        if not locked:
+            read = self.db.backend.read_jobs(conn, opened, ids)
+            owners = {job_id: job.owner for job_id, (job, _) in read.items()}
+            if all(job_id not in read or not _needs_lock(read[job_id][0], r)
+                   for job_id, r in reports):
+                return ({job_id: job for job_id, (job, _) in read.items()},
+                        {job_id: version for job_id, (_, version) in read.items()}, owners)
+        else:
+            owners = {row.id: row.owner for row in conn.execute(
+                select(jobs.c.id, jobs.c.owner).where(self.transitions.id_in(ids)))}
+        mine = {job_id for job_id, r in reports
+                if job_id in owners and r.owner in (None, owners[job_id])}
+        return {job_id: self.transitions.lock(conn, job_id) for job_id in sorted(mine)}, {}, owners
+
     def _report_each(self, conn: Connection, reports: Sequence[tuple[int, AttemptReport]],
                      owners: dict[int, str], rows: dict[int, Job | None],
-                     police: list[tuple[int, float]]) -> list[Outcome | JobstoreError]:
-        """report_many's reports in order, on the rows it locked: a job's several reports
-        make one UPDATE of its row, with the last."""
+                     versions: dict[int, str | None], police: list[tuple[int, float]],
+                     ) -> list[Outcome | JobstoreError]:
+        """report_many's reports in order, on the rows it read (at `versions`) or locked: a
+        job's several reports make one UPDATE of its row, with the last, or (rows read
+        unlocked) at the end."""
         results: list[Outcome | JobstoreError] = []
         left = Counter(job_id for job_id, _ in reports)
         for job_id, r in reports:
@@ -444,8 +486,10 @@ class JobStore:
             elif job is None:  # gone since (pruned)
                 results.append(UnknownJob(job_id))
             else:
-                self.transitions.keep_row_of(conn, job_id if left[job_id] else None)
-                outcome = self._report(conn, job, r, None)
+                version = versions.get(job_id)
+                keep = left[job_id] or version is not None
+                self.transitions.keep_row_of(conn, job_id if keep else None)
+                outcome = self._report(conn, job, r, version)
                 results.append(outcome)
                 if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
                     police.append((job_id, r.now))

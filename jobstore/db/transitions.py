@@ -175,8 +175,9 @@ class Transitions:
     def one_update_each(self, conn: Connection) -> Iterator[None]:
         """Within: the row changes of the job `keep_row_of` names are kept, to be written with
         its next transition's (one UPDATE of the row for the several); at the end, any still
-        kept. For locked rows only: their events are written at once and name a row that
-        does not show them yet."""
+        kept, in the order of their ids. Their events are written at once and name a row that
+        does not show them yet: for rows locked, or read at a version that the UPDATE checks
+        (RowChanged fails the transaction, events and all)."""
         conn.info[KEPT] = {}
         try:
             yield
@@ -193,15 +194,16 @@ class Transitions:
         conn.info[KEEP_FOR] = job_id
 
     def left_by(self, conn: Connection, job: Job) -> Job | None:
-        """The locked `job` as the transitions since it was read left it: the kept change
-        applied, or read again (None: gone)."""
+        """`job` as the transitions since it was read left it: the kept change applied, or
+        read again under a lock (None: gone)."""
         change = (conn.info.get(KEPT) or {}).get(job.id)
         return self.lock(conn, job.id) if change is None else job.but(**change.values)
 
     def write_kept(self, conn: Connection) -> None:
-        """Write every kept row change (before the commit)."""
+        """Write every kept row change (before the commit), in the order of their ids (two
+        transactions that write the same rows never wait on each other in a cycle)."""
         kept: dict[int, RowChange] = conn.info.get(KEPT) or {}
-        for change in list(kept.values()):
+        for change in sorted(kept.values(), key=lambda c: c.job_id):
             update_row(conn, change, self.db.backend.as_read)
             del kept[change.job_id]
 

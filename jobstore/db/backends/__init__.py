@@ -15,6 +15,7 @@ from jobstore.db.backends.base import (
     MOVED,
     NOOP,
     READ_JOB,
+    READ_JOBS,
     SKIPPED,
     Backend,
     Change,
@@ -41,5 +42,5 @@ def backend_for(engine: Engine) -> Backend:
     raise InvalidInput(f"a job store lives on PostgreSQL or SQLite, not {name}")
 
 
-__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "Backend",
-           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "backend_for"]
+__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "READ_JOBS", "SKIPPED",
+           "Backend", "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "backend_for"]

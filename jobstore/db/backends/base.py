@@ -18,6 +18,7 @@ from jobstore.errors import JobstoreError
 # The reads that may open a transaction in the round trip that begins it (Backend.begin)
 MENU = "idle_autoclusters"  # the claim's menu: Backend.menu
 READ_JOB = "read_job"  # a report's job row and its version: Backend.read_job
+READ_JOBS = "read_jobs"  # a batch of reports' job rows and their versions: Backend.read_jobs
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,11 @@ class Backend(Protocol):
                  ) -> tuple[Job | None, str | None]:
         """The job row `begin` read unlocked and its version (None, None if there is none)."""
 
+    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+                  ) -> dict[int, tuple[Job, str | None]]:
+        """The job rows `begin` read unlocked (READ_JOBS) and their versions, by id (the ones
+        there are)."""
+
     def as_read(self, change: Update, version: str | None) -> Update:
         """`change` of a job row, made only to the row as `read_job` read it at `version`: it
         finds nothing if the row changed since. None: the row is locked, nothing to check."""
@@ -255,8 +261,9 @@ class Backend(Protocol):
 
     def file_stream(self, conn: Connection, owner: str, sha256: str, first: int, last: int,
                     ) -> Iterable[bytes]:
-        """The bytes of chunks `first` to `last` of a stored file, in order, for the caller to
-        read within the transaction (the quickest way the database has)."""
+        """The bytes of chunks `first` to `last` of a stored file, in order, the quickest way
+        the database has: read to the end within the transaction (a stream left half-read
+        keeps its connection busy)."""
 
     # ---- the session and the server ------------------------------------------------------
     def reads_tokens(self, conn: Connection) -> bool:

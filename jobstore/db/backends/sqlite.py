@@ -72,6 +72,11 @@ class SQLite:
                  ) -> tuple[Job | None, str | None]:
         return self.lock_job(conn, job_id), None
 
+    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+                  ) -> dict[int, tuple[Job, str | None]]:
+        found = {job_id: self.lock_job(conn, job_id) for job_id in sorted(job_ids)}
+        return {job_id: (job, None) for job_id, job in found.items() if job is not None}
+
     def as_read(self, change: Update, version: str | None) -> Update:
         if version is not None:  # read_job reads none: the transaction holds the write lock
             raise InvalidInput("a SQLite job row has no version")

@@ -34,6 +34,7 @@ from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.db.backends.base import (
     MENU,
     READ_JOB,
+    READ_JOBS,
     Claim,
     HandOut,
     Identity,
@@ -69,13 +70,14 @@ from jobstore.db.sql import (
     opening,
 )
 from jobstore.db.sql import READ_JOB as READ_JOB_SQL
+from jobstore.db.sql import READ_JOBS as READ_JOBS_SQL
 from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, Refused, UnknownCluster
 
 CLAIM_CHUNK = 64  # autoclusters per claim statement
 # The SQLSTATEs the door's functions raise (migration 0019), and what each is here
 DOOR_ERRORS: dict[str, Callable[[str], JobstoreError]] = {
     "JS001": InvalidInput, "JS002": Refused, "JS004": UnknownCluster}
-_FIRST = {MENU: IDLE_AUTOCLUSTERS, READ_JOB: READ_JOB_SQL}
+_FIRST = {MENU: IDLE_AUTOCLUSTERS, READ_JOB: READ_JOB_SQL, READ_JOBS: READ_JOBS_SQL}
 
 
 class PostgreSQL:
@@ -144,6 +146,11 @@ class PostgreSQL:
                  ) -> tuple[Job | None, str | None]:
         found = driver.first_of(opened, opening(READ_JOB_SQL))
         return (None, None) if found is None else (found.job(), found["row_version"])
+
+    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+                  ) -> dict[int, tuple[Job, str | None]]:
+        return {row.job().id: (row.job(), row["row_version"])
+                for row in driver.all_of(opened, opening(READ_JOBS_SQL))}
 
     def as_read(self, change: Update, version: str | None) -> Update:
         """The version is the transaction that wrote the row, as read_job reads it (xmin)."""

@@ -230,6 +230,12 @@ def first_of(cursor: psycopg.Cursor[Any], sql: str) -> Row | None:
     return None if values is None else Row(values, layout(cursor, sql))
 
 
+def all_of(cursor: psycopg.Cursor[Any], sql: str) -> list[Row]:
+    """Every row of the result `sql` left in `cursor`."""
+    found = layout(cursor, sql)
+    return [Row(values, found) for values in cursor.fetchall()]
+
+
 def every(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[Row]:
     """Every row of `sql`."""
     cursor = execute(conn, sql, params)
