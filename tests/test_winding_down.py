@@ -259,3 +259,32 @@ def test_only_the_attempts_own_job_exit_takes_it_out_of_the_watch() -> None:
     attempts.fetched(b'Name = "slot1@n"\n', _ad(8, 1, "c" * 32))
     attempts.ended(_ad(8, 1, None), trusted=True)  # condor's reject, say
     assert attempts.snapshot() == []
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_databases_checks_of_a_changed_row_refuse_it_after_its_update(
+        store: JobStore) -> None:
+    """The checks of a changed job row (migrations 0012, 0019; after the UPDATE since 0020:
+    no row lock first) still refuse a row they would not have: a winding-down attempt of a job
+    that is not handed out, an ad with a value no ClassAd holds. Nothing changes."""
+    import psycopg
+    import sqlalchemy as sa
+
+    from jobstore.testing.support import libpq_url
+
+    (job_id,) = submit(store)
+    before = store.get_job(job_id)
+    url = libpq_url(store.engine.url.render_as_string(False))
+    for statement, why in (
+            ("UPDATE jobs SET winding_down_until = 1 WHERE id = %s", "winds down"),
+            ("UPDATE jobs SET ad = (ad::jsonb || '{\"Foo\": [1]}')::json WHERE id = %s",
+             "Foo: not a value"),
+    ):
+        with psycopg.connect(url) as conn, pytest.raises(psycopg.Error, match=why):
+            conn.execute(statement, (job_id,))
+    assert store.get_job(job_id) == before
+    with store.engine.connect() as conn:
+        kinds: dict[str, int] = dict(conn.execute(sa.text(
+            "SELECT tgname, tgtype & 2 FROM pg_trigger WHERE tgrelid = 'jobs'::regclass"
+            " AND tgname IN ('jobstore_check_changed_job', 'jobstore_winding_down')")).all())
+    assert kinds == {"jobstore_check_changed_job": 0, "jobstore_winding_down": 0}  # AFTER
