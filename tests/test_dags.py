@@ -17,7 +17,7 @@ from jobstore.core import policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
-from jobstore.db.store import JobStore
+from jobstore.db.store import AttemptReport, JobStore
 from jobstore.formats import views
 from jobstore.node import config
 from jobstore.submit.dag import DagError, read_dag
@@ -640,3 +640,30 @@ def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: co
     third = _queued(store, tmp_path, settings, DIAMOND)
     with pytest.raises(DagError, match="the DAG is running; rm it first"):
         _queued(store, tmp_path, settings, DIAMOND, rescue=third)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_of_a_dag_nodes_reports_is_made_once_on_its_locked_row(
+        store: JobStore, settings: config.Settings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DAG node's job is written at each transition (its DAG reads the row): the agent's
+    batch of its reports locks the row at once instead of failing on its own first write and
+    being made again."""
+    _queued(store, tmp_path, settings, "JOB A node.sub\n")
+    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    assert job is not None and "DAGNodeName" in job.ad
+    tries: list[bool] = []
+    real = store._report_batch
+
+    def counted(reports, ids, locked):  # type: ignore[no-untyped-def]
+        tries.append(locked)
+        return real(reports, ids, locked)
+
+    monkeypatch.setattr(store, "_report_batch", counted)
+    t = time.time()
+    reports = [(job.id, AttemptReport(event, job.token, job.claims, now=t + i, lease=900,
+                                      keyword="JOBSTORE", slot="slot1@node"))
+               for i, event in enumerate((Event.ACCEPT, Event.START))]
+    outcomes = store.report_many(reports)
+    assert [getattr(o, "after", o) for o in outcomes] == ["accepted", "running"]
+    assert tries == [False]

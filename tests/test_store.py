@@ -439,6 +439,60 @@ def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, mo
     ])
 
 
+def _done_or_waiting(url: str, thread: Any, timeout: float = 10.0) -> None:
+    """Until `thread` has ended or a session of the database waits on a lock."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        end = time.monotonic() + timeout
+        while thread.is_alive() and time.monotonic() < end:
+            if first(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                                  " current_database() AND wait_event_type = 'Lock'")):
+                return
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_and_an_action_on_the_same_jobs_do_not_deadlock(store, monkeypatch):
+    """A batch whose first report of a job changes nothing, and an id-ordered hold of the
+    same jobs (which waits for the locks it needs) made while the batch writes: the batch
+    locks no row before its writes, which go in the order of the ids, so neither fails; the
+    hold is carried out and the batch's reports are decided on the rows as it left them."""
+    import threading
+
+    submit(store, 2)
+    a, b = sorted([claim(store), claim(store)], key=lambda j: j.id)
+    t = time.time()
+    store.report_many([_of(a, Event.ACCEPT, t, lease=900), _of(b, Event.ACCEPT, t, lease=900)])
+    url = libpq_url(store.engine.url.render_as_string(False))
+    failed: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with store.db.transaction() as conn:
+                store.door.act(conn, [a.id, b.id], "hold", "admin", (1, 0), skip_locked=False,
+                               now=time.time())
+        except BaseException as exc:  # noqa: BLE001 - the test's finding
+            failed.append(exc)
+
+    holder = threading.Thread(target=hold)
+    real = store.transitions.write_kept
+
+    def hold_meanwhile(conn):  # type: ignore[no-untyped-def]
+        if holder.ident is None:
+            holder.start()
+            _done_or_waiting(url, holder)
+        return real(conn)
+
+    monkeypatch.setattr(store.transitions, "write_kept", hold_meanwhile)
+    try:
+        store.report_many([_of(b, Event.UPDATE, t + 1, lease=900),  # nothing new
+                           _of(b, Event.START, t + 2, lease=900),
+                           _of(a, Event.START, t + 2, lease=900)])
+    finally:
+        holder.join(30)
+    assert not failed, failed
+    assert {store.get_job(j.id).status for j in (a, b)} == {"held"}
+
+
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]
     assert out.stale and not out.changed
     assert out.before == out.after == before_row.status

@@ -46,7 +46,7 @@ from jobstore.db.schema import job_attr_rules, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.submissions import Submissions
 from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
-from jobstore.db.transitions import Outcome, Transitions
+from jobstore.db.transitions import DAG_NODE, Outcome, Transitions
 from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, NotOwner, UnknownJob
 from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_target
@@ -153,9 +153,9 @@ def _no_transition(job: Job, event: Event, changes: Mapping[str, Any]) -> bool:
 
 def _needs_lock(job: Job, r: AttemptReport) -> bool:
     """Whether `r` is applied to `job` under a lock: more than one write (a periodically
-    policed or winding-down job), or an event of an attempt that is over (its job may be
-    finished and pruned meanwhile)."""
-    return (job.periodic or job.winding_down_until is not None
+    policed or winding-down job; a DAG node's, which its DAG reads at each transition), or an
+    event of an attempt that is over (its job may be finished and pruned meanwhile)."""
+    return (job.periodic or job.winding_down_until is not None or DAG_NODE in job.ad
             or not _current(job, r.token, r.attempt, r.keyword))
 
 
@@ -494,7 +494,9 @@ class JobStore:
                 if job.periodic and outcome.changed and outcome.after in HANDED_OUT:
                     police.append((job_id, r.now))
                 if left[job_id]:  # the row as this report left it, for the next one
-                    rows[job_id] = self.transitions.left_by(conn, job)
+                    # (read at a version, every change of it is kept: nothing written yet)
+                    rows[job_id] = self.transitions.left_by(conn, job,
+                                                            written=version is None)
         return results
 
     def _report(self, conn: Connection, job: Job, r: AttemptReport,

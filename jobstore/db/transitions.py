@@ -193,11 +193,14 @@ class Transitions:
         `one_update_each`."""
         conn.info[KEEP_FOR] = job_id
 
-    def left_by(self, conn: Connection, job: Job) -> Job | None:
-        """`job` as the transitions since it was read left it: the kept change applied, or
-        read again under a lock (None: gone)."""
+    def left_by(self, conn: Connection, job: Job, *, written: bool = True) -> Job | None:
+        """`job` as the transitions since it was read left it: the kept change applied, or,
+        if none is kept and they may have `written` the row, read again under a lock (None:
+        gone)."""
         change = (conn.info.get(KEPT) or {}).get(job.id)
-        return self.lock(conn, job.id) if change is None else job.but(**change.values)
+        if change is not None:
+            return job.but(**change.values)
+        return self.lock(conn, job.id) if written else job
 
     def write_kept(self, conn: Connection) -> None:
         """Write every kept row change (before the commit), in the order of their ids (two
