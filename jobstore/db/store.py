@@ -393,8 +393,6 @@ class JobStore:
                 if r.owner is not None and job.owner != r.owner:
                     raise NotOwner(job_id, r.owner)
                 if not locked and _needs_lock(job, r):
-                    # more than one write, or an event of an attempt that is over (its job may
-                    # be finished and pruned meanwhile): under the lock
                     continue
                 try:
                     outcome = self._report(conn, job, r, version)
@@ -418,10 +416,9 @@ class JobStore:
         transaction, and each is written only if it is still the version read (no lock to
         log), all at the end and in the order of their ids; a batch that finds a row changed
         meanwhile is rolled back and made again on locked rows. A batch with a report that
-        `report` would make under a lock (an attempt that is over, a winding-down or
-        periodically policed job) locks its rows at once. Rows are locked in the order of
-        their ids (two batches never wait on each other in a cycle), only those of the
-        reports that may be applied."""
+        `report` would make under a lock (`_needs_lock`) locks its rows at once. Rows are
+        locked in the order of their ids (two batches never wait on each other in a cycle),
+        only those of the reports that may be applied."""
         ids = sorted({job_id for job_id, _ in reports})
         locked = self.db.backend.report_reads[0]
         try:

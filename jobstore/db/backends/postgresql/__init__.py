@@ -149,8 +149,9 @@ class PostgreSQL:
 
     def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
                   ) -> dict[int, tuple[Job, str | None]]:
-        return {row.job().id: (row.job(), row["row_version"])
-                for row in driver.all_of(opened, opening(READ_JOBS_SQL))}
+        read = [(row.job(), row["row_version"])
+                for row in driver.all_of(opened, opening(READ_JOBS_SQL))]
+        return {job.id: (job, version) for job, version in read}
 
     def as_read(self, change: Update, version: str | None) -> Update:
         """The version is the transaction that wrote the row, as read_job reads it (xmin)."""

@@ -32,10 +32,11 @@ def stream_binary(conn: Connection, sql: str, params: Mapping[str, Any]) -> Iter
     """The rows of `sql`, in binary, each as the server sends it (libpq's single-row mode): a
     row is handed on while the next ones are still on their way."""
     raw = _driver_connection(conn)
+    cursor = raw.cursor(binary=True)
     if _listened(conn, "before_cursor_execute"):
-        conn.dispatch.before_cursor_execute(conn, raw.cursor(), sql, params, None, False)
+        conn.dispatch.before_cursor_execute(conn, cursor, sql, params, None, False)
     try:
-        yield from raw.cursor(binary=True).stream(sql, params)
+        yield from cursor.stream(sql, params)
     except psycopg.Error as exc:
         _invalidate_if_lost(conn, raw, exc)
         raise
