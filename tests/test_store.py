@@ -570,6 +570,39 @@ def test_evict_requeues_and_counts(store):
     assert failed.finished_at is not None
 
 
+def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
+    """The events of an attempt on its slot store the slot and host only where they differ
+    from the attempt's fetch; every reader still gets them, for the latest attempt (from the
+    row) and for an earlier one (from its fetch event), and the fetch event's claim count."""
+    (job_id,) = submit(store, max_attempts=3)
+    first_try = claim(store, slot="slot1@node")
+    report(store, first_try, Event.ACCEPT, slot="slot1@node", host="node")
+    report(store, first_try, Event.START, slot="slot1@node")
+    report(store, first_try, Event.EVICT, slot="slot1@node")
+    second = claim(store, slot="slot2@node")
+    report(store, second, Event.ACCEPT, slot="slot2@node", host="node")
+    report(store, first_try, Event.UPDATE)  # stale, naming no slot: read as it came
+    report(store, second, Event.EXIT, slot="slot3@node")  # not where it was handed out
+    stored = [(r["event"], r["slot"], r["host"]) for r in rows(store, job_events)]
+    assert stored == [
+        ("submit", None, None),
+        ("fetch", "slot1@node", "node"), ("accept", None, None), ("start", None, None),
+        ("evict", None, None),
+        ("fetch", "slot2@node", "node"), ("accept", None, None), ("update", None, None),
+        ("exit", "slot3@node", None),
+    ]
+    read = [(e.event, e.slot, e.host) for e in store.events(job_id)]
+    assert read == [
+        ("submit", None, None),
+        ("fetch", "slot1@node", "node"), ("accept", "slot1@node", "node"),
+        ("start", "slot1@node", "node"), ("evict", "slot1@node", "node"),
+        ("fetch", "slot2@node", "node"), ("accept", "slot2@node", "node"),
+        ("update", None, None), ("exit", "slot3@node", "node"),
+    ]
+    fed = [(f.event.event, f.event.slot, f.event.host) for f in store.event_feed(0)]
+    assert fed == read
+
+
 def test_exit_policy_through_the_store(store):
     (job_id,) = submit(store, max_attempts=2)
     retry = lambda row: ExitVerdict(False, True)  # noqa: E731

@@ -5,7 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Connection, Select, case, func, null, or_, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Label,
+    Select,
+    and_,
+    case,
+    func,
+    null,
+    or_,
+    select,
+    tuple_,
+)
+from sqlalchemy.orm import aliased
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
@@ -26,6 +39,34 @@ AUTOCLUSTER_KEY = (
     "request_disk",
     "requirements",
     "concurrency_limits",
+)
+
+
+def where_ran(name: str) -> Label[Any]:
+    """An event's slot or host (`name`): its own, else, for a transition out of a handed-out
+    status (always of the job's attempt then), its attempt's (jobstore.db.transitions.own_place):
+    the row's while the attempt is the job's latest, else the first of the attempt's events
+    that names one. A report that changed nothing (a stale one) is read as it was stored."""
+    earlier = aliased(job_events)
+    first = (
+        select(earlier.c[name])
+        .where(earlier.c.job_id == job_events.c.job_id,
+               earlier.c.attempt == job_events.c.attempt, earlier.c[name].is_not(None))
+        .order_by(earlier.c.id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    handed_out = and_(job_events.c.to_status.is_not(None),
+                      job_events.c.from_status.in_(sorted(s.value for s in HANDED_OUT)))
+    attempts = case((job_events.c.attempt == jobs.c.claims, jobs.c[name]), else_=first)
+    return func.coalesce(job_events.c[name], case((handed_out, attempts))).label(name)
+
+
+# An event's columns as its readers select them (with jobs joined).
+EVENT_SELECT = (
+    *(c for c in job_events.c if c.name not in ("slot", "host")),
+    where_ran("slot"),
+    where_ran("host"),
 )
 
 
@@ -250,7 +291,7 @@ class JobReads:
     def events(self, job_id: int | None = None, *, after_id: int = 0) -> list[JobEvent]:
         """Events in id order: of one job, or of all jobs; those after `after_id`."""
         q = (
-            select(job_events, jobs.c.cluster_id, jobs.c.proc_id)
+            select(*EVENT_SELECT, jobs.c.cluster_id, jobs.c.proc_id)
             .join(jobs, jobs.c.id == job_events.c.job_id)
             .where(job_events.c.id > after_id)
         )
@@ -282,7 +323,7 @@ class JobReads:
         )
         q = (
             select(
-                job_events,
+                *EVENT_SELECT,
                 jobs.c.cluster_id,
                 jobs.c.proc_id,
                 jobs.c.owner,

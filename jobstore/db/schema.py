@@ -454,7 +454,7 @@ job_events = Table(
     Column("host", String(255)),
     Column("reason", Text),
     Column("attrs", JSON),
-    Index("ix_job_events_job_id", "job_id", "id"),
+    Index("ix_job_events_job_id", "job_id"),
 )
 
 # PostgreSQL storage parameters per table (set by migration 0006). The hot tables are vacuumed

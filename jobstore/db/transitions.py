@@ -147,6 +147,7 @@ class Transitions:
             values["winding_down_until"] = max(job.lease_ends_at or now, now)
             self.db.backend.notify(conn, str(job.id), STOPS)  # the node's agent vacates the slot
         change = RowChange(job.id, before.value, job.claims, values, version)
+        slot, host = own_place(job, before, attempt, slot, host)
         self.record(conn, event_row(job.id, event, before, d.to_status, now, attempt=attempt,
                                      slot=slot, host=host, reason=why, attrs=attrs),
                      job, change)
@@ -282,6 +283,17 @@ class Transitions:
         idle job (what depends on the row, `claims` and the slot's weight, the backend adds)."""
         values, _ = transition_values(_ANY_IDLE_JOB, _FETCH, now, None, changes=changes)
         return Claim(values, _FETCH_EVENT, _IDLE, _FETCHED)
+
+
+def own_place(job: Job, before: Status, attempt: int, slot: str | None,
+              host: str | None) -> tuple[str | None, str | None]:
+    """The slot and host that the event of a transition of `job` stores: not those of its
+    attempt when it leaves a handed-out status, which the attempt's fetch event holds (and the
+    row, while it is the latest attempt); the readers fill them in (jobstore.db.reads.where_ran).
+    """
+    if before not in HANDED_OUT or attempt != job.claims:
+        return slot, host
+    return (None if slot == job.slot else slot), (None if host == job.host else host)
 
 
 def event_reason(reason: str | None, d: Decision) -> str | None:
