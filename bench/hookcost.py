@@ -121,11 +121,13 @@ class LifeError(RuntimeError):
 
 def run_life(
     env: Env, db_url: str, store, calls: dict[str, Call], samples: dict | None,
-    check: bool = True,
+    check: bool = True, job_id: int | None = None,
 ) -> int:  # type: ignore[no-untyped-def]
-    """Submit one job and take it through every hook of its life as real processes (with
-    `check`, then read that it completed: a transaction of the bench's own)."""
-    job_id = submit_one(store)
+    """Submit one job (or take `job_id`, submitted already and the oldest idle one) through
+    every hook of its life as real processes (with `check`, then read that it completed: a
+    transaction of the bench's own)."""
+    if job_id is None:
+        job_id = submit_one(store)
     identity: list[bytes] = []
     for label, exe, stem, argv in LIFE:
         call = calls[stem]
