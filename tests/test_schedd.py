@@ -201,21 +201,20 @@ def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:
     assert (ad["JobStatus"], ad["HoldReason"]) == (5, "by the admin")
 
 
-def _readme_example() -> str:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Python: the API of htcondor2.Schedd", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+def _guide_example() -> str:
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    return guide.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
-    """The README's example, as it is written, run by an ordinary account in its own process."""
+def test_the_python_guides_htcondor2_workflow_runs(db_url: str) -> None:
+    """docs/python-api.md's example, as written, run by an ordinary account in its own process."""
     import os
     import pwd
     import subprocess
     import sys
     import tempfile
 
-    work = Path(tempfile.mkdtemp(prefix="jobstore-readme-"))
+    work = Path(tempfile.mkdtemp(prefix="jobstore-guide-"))
     os.chmod(work, 0o777)
     if db_url.startswith("sqlite"):  # where the example's account can write
         db_url = f"sqlite:///{work / 'jobstore.db'}"
@@ -223,7 +222,7 @@ def test_the_readmes_htcondor2_workflow_runs(db_url: str) -> None:
     user = pwd.getpwnam(ordinary_owner()) if os.geteuid() == 0 else None
     if db_url.startswith("sqlite") and user is not None:  # her own store: one user's
         os.chown(work / "jobstore.db", user.pw_uid, user.pw_gid)
-    code = f"DB = {db_url!r}\n" + _readme_example()
+    code = f"DB = {db_url!r}\n" + _guide_example()
     out = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True,
                          text=True, timeout=120, user=user.pw_uid if user else None,
                          env={"PATH": "/usr/bin:/bin", "HOME": str(work),

@@ -1,6 +1,7 @@
 """The job state machine: states, events and the transitions between them. Pure code, no I/O.
 
-The table `TRANSITIONS` is the one place that says what may happen; README.md shows it as a table.
+The table `TRANSITIONS` is the one place that says what may happen; docs/states.md shows it as a
+table.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The README as a newcomer runs it (issue 29, item 6): every command line of its Day to day
-block is one the `jobstore` command takes, and runs or fails with one line (a job it names may
+"""The day-to-day guide (docs/usage.md) as a newcomer runs it: every command line of its block
+is one the `jobstore` command takes, and runs or fails with one line (a job it names may
 not exist here); the htcondor2 example is run by tests/test_schedd.py."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
 LONG_RUNNING = {"watch", "agent", "demo", "emulate"}  # checked with --help
 
 
 def _blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.S)
+    return re.findall(rf"```{language}\n(.*?)```", USAGE.read_text(), re.S)
 
 
 def _command_lines(block: str) -> list[str]:
