@@ -7,6 +7,8 @@ table shows up as a failing test rather than a silently changed behaviour.
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +184,45 @@ def test_groups_and_is_final():
         E.ACCEPT, E.REJECT, E.CLAIM_EVICTED, E.PREPARE, E.UPDATE, E.START,
         E.EXIT, E.EVICT, E.HOOK_HOLD, E.HOOK_REMOVE,
     } == HOOK_REPORTS
+
+
+# ---- docs/states.md ---------------------------------------------------------------------------
+
+STATES_DOC = Path(__file__).resolve().parents[1] / "docs" / "states.md"
+OUTCOMES: dict[Status | str, tuple[Status, ...]] = {
+    REQUEUE: (S.IDLE, S.FAILED), EXIT_POLICY: (S.COMPLETED, S.IDLE, S.FAILED)}
+
+
+def state_diagram() -> str:
+    """The mermaid state diagram of TRANSITIONS: an edge per (from, to), its events."""
+    edges: dict[tuple[str, str], set[str]] = {
+        ("[*]", S.IDLE.value): {E.SUBMIT.value}, ("[*]", S.WAITING.value): {E.SUBMIT.value}}
+    for event, row in TRANSITIONS.items():
+        for status, target in row.items():
+            for outcome in OUTCOMES.get(target, (target,)):
+                edges.setdefault((status.value, str(outcome)), set()).add(event.value)
+    lines = ["stateDiagram-v2"]
+    order = ["[*]", *(s.value for s in Status)]
+    for (source, dest), events in sorted(
+            edges.items(), key=lambda e: (order.index(e[0][0]), order.index(e[0][1]))):
+        lines.append(f"    {source} --> {dest}: {', '.join(sorted(events))}")
+    lines += [f"    {s.value} --> [*]" for s in Status if s in FINAL]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_documented_state_diagram_is_the_table():
+    (block,) = re.findall(r"```mermaid\n(.*?)```", STATES_DOC.read_text(), re.S)
+    assert block == state_diagram(), f"docs/states.md's diagram should read:\n{state_diagram()}"
+
+
+def test_the_documented_table_names_each_event_and_where_it_applies():
+    rows = {}
+    for line in STATES_DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0] and cells[0].split()[0] not in ("event", "---"):
+            for name in re.findall(r"\b([a-z_]+)\b", cells[0].split(" (")[0]):
+                rows[name] = cells[1]
+    assert set(rows) == {e.value for e in Event}
+    for event, row in TRANSITIONS.items():
+        named = rows[event.value].replace("handed out", ", ".join(s.value for s in HANDED))
+        assert {s.strip() for s in named.split(",")} == {s.value for s in row}, event
