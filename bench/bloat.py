@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Retention and bloat over a long steady run (issue 14): jobs submitted, claimed, started and
+"""Retention and bloat over a long steady run: jobs submitted, claimed, started and
 completed at a steady rate through JobStore (as the hooks drive it), finished history pruned as
 the agents prune it (JOBSTORE_HISTORY_RETENTION short here), autovacuum with the schema's
 per-table settings. Every sample gives each table's live and dead tuples and its size with its

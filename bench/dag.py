@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DAGs in the job store (issue 31), on PostgreSQL, each against a baseline of the same run:
+"""DAGs in the job store, on PostgreSQL, each against a baseline of the same run:
 
 * the submit of a DAG of N nodes (a root, a fan-out of N-2 nodes, and a fan-in to one sink)
   against the submit of N plain jobs (`queue N`, what the store does fastest);

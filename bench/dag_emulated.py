@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""DAGs through the emulated startd with the agent and the real hook executables (issue 31), on
+"""DAGs through the emulated startd with the agent and the real hook executables, on
 PostgreSQL: the throughput of a chain of no-op jobs (one slot: a chain runs one node at a time)
 and of a wide DAG (a root, then the rest at once; 8 slots), each against the same number of
 jobs without dependencies on the same slots, in the same run.

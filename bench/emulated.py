@@ -39,7 +39,7 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as mon:
 
         def done() -> bool:
-            # the agent's one LISTEN connection (stopped attempts, issue 12) is not counted
+            # the agent's one LISTEN connection (stopped attempts) is not counted
             n = first(mon.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
                             " current_database() AND pid <> pg_backend_pid()"
                             " AND query NOT LIKE 'LISTEN %%'"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Waiting fetches (issue 32), through the emulated startd with the agent and the real hooks,
+"""Waiting fetches, through the emulated startd with the agent and the real hooks,
 the shipped settings (JOBSTORE_FETCH_WAIT 120 s, FetchWorkDelay 1 s for an idle slot) against
 today's (no wait, FetchWorkDelay 30 s):
 

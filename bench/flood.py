@@ -1,4 +1,4 @@
-"""Condor's FETCH_WORK through the agent while other accounts flood it (issue 9).
+"""Condor's FETCH_WORK through the agent while other accounts flood it.
 
 Measures the wall time of the real `fetch_job` hook, run as a service account against a
 `jobstore agent` on SQLite, first with the agent otherwise idle (the baseline, in the same run),

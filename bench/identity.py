@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What identity enforcement (issue 28) costs: the same code and database, in alternating
+"""What identity enforcement costs: the same code and database, in alternating
 rounds, with the enforcement on and off; the figure is the median of the rounds' ratios.
 
 1. claim + exit throughput of the agent's role (`jobstore grant`) with row-level security on /

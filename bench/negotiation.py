@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The negotiator in the claim (issue 11), as ratios against baselines measured in the same run.
+"""The negotiator in the claim, as ratios against baselines measured in the same run.
 
 1. Starvation: a fetch that finds the one matching job behind N idle jobs that cannot match (a
    GPU autocluster at higher priority), against a fetch in a queue of that one job; N = 20,000 and
@@ -370,7 +370,7 @@ def main() -> int:
         tp = section_throughput(env, 2.0 if args.quick else 4.0, 20_000)
         shares = section_shares(env, 120 if args.quick else 300)
         say("")
-        say("SUMMARY (targets of issue 11):")
+        say("SUMMARY (against the targets):")
         rows = [[f"fetch behind {n:,} that cannot match / queue of one (p50)", f"{r:.2f}",
                  "<= 1.5", verdict(r <= 1.5)] for n, r in starve.items()]
         rows += [[f"fetch p99 with 10,000 autoclusters, {k} (ms)", f"{v * 1000:.1f}", "-",

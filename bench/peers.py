@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side by side with procrastinate and pgqueuer on the same PostgreSQL (issue 14): a no-op job's
+"""Side by side with procrastinate and pgqueuer on the same PostgreSQL: a no-op job's
 whole life in each, as each is meant to be driven.
 
 * jobstore: submit, then what the hooks do per job: the claim (FETCH_WORK), REPLY_FETCH accept,

@@ -149,7 +149,7 @@ def main() -> int:
             say(f"hook log: {len(log_errors)} error line(s), first: {log_errors[0]}")
 
         say("")
-        say("SUMMARY (targets of issue 5, ratios from this run):")
+        say("SUMMARY (against the targets, ratios from this run):")
         rows = []
         for name, r in hooks.items():
             per = r["per"]

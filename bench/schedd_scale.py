@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The schedd's surface at a production pool's scale (issue 29): listing and acting on a job
+"""The schedd's surface at a production pool's scale: listing and acting on a job
 store of 1,000,000 finished jobs (a busy pool's month) and one cluster of 100,000 idle jobs.
 
 A PostgreSQL database `jobstore_bench_scale_<hex>` gets the finished jobs by INSERT ... SELECT

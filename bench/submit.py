@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bulk submit (issue 14): `jobstore submit` of a `queue N` file and `jobstore.Schedd.submit` of
+"""Bulk submit: `jobstore submit` of a `queue N` file and `jobstore.Schedd.submit` of
 N items in one transaction, against a bare COPY of as many rows into a table of the jobs' shape
 measured in the same run; and the submitting process's peak memory at N and at N / 4.
 

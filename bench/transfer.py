@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A fetched job's files (issue 30), on PostgreSQL, each against a baseline of the same run:
+"""A fetched job's files, on PostgreSQL, each against a baseline of the same run:
 
 * stage-in (PREPARE_JOB's filling of a sandbox) of a 1 MB and a 100 MB input, through a
   running `jobstore agent` (cold: its node copy made from the database first, checked against

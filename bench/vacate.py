@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rm of a running job, through the agent (issue 12): how long until its process is gone, and
+"""rm of a running job, through the agent: how long until its process is gone, and
 what the agent costs while it watches.
 
 Both in the agent's two modes: LISTEN (PostgreSQL notifies it of every hold or rm of a handed-out

@@ -1,4 +1,4 @@
-"""A templated bulk submit (issue 14): a cluster whose per-proc macros are plain text is made by
+"""A templated bulk submit: a cluster whose per-proc macros are plain text is made by
 the PostgreSQL server from one row; anything else is expanded proc by proc. Either way the rows
 are the same."""
 

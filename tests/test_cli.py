@@ -376,7 +376,7 @@ def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
     """Interrupted, `jobstore emulate` evicts what runs, as a startd shut down: no attempt is
-    left running in the store (issue 29, item 6). As root the node is the jobs' owner's own
+    left running in the store. As root the node is the jobs' owner's own
     (a SQLite store is one user's), in a directory open to her."""
     import pwd
     import shutil

@@ -1,5 +1,5 @@
 """`jobstore submit` and the other commands reject bad files and arguments with one clear line and
-a non-zero exit, and change nothing (issue 3, "Bad input"): one table over every command."""
+a non-zero exit, and change nothing: one table over every command."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ BAD = [
     (["nosuchcommand"], "nosuchcommand"),
     (["--db", "mysql://u:Sekr1t@h/x", "q"], "unsupported"),
     (["--db", "not a url", "q"], "URL"),
-    # what a new user hit (issue 13): a path for a URL, a directory that cannot exist
+    # what a new user hit: a path for a URL, a directory that cannot exist
     (["--db", "/tmp/jobstore-x.db", "q"], "sqlite:////tmp/jobstore-x.db"),
     (["--db", "sqlite:////nonexistent/dir/x.db", "q"], "jobstore init"),
     (["--db", "sqlite:////proc/x/y.db", "init"], "cannot create the directory"),

@@ -1,4 +1,4 @@
-"""condor_q / condor_rm habits (issue 29, items 1 and 2): users as arguments, -all,
+"""condor_q / condor_rm habits: users as arguments, -all,
 -constraint, -wide, -af:FLAGS, ids with filters; an action on many jobs is set-based in pages,
 acts on the members it can, reports the rest, and records one event per job."""
 

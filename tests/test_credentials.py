@@ -1,4 +1,4 @@
-"""Keeping the database password out of world-readable configuration (issue 3, "Security"):
+"""Keeping the database password out of world-readable configuration:
 JOBSTORE_DATABASE_PASSWORD_FILE, <KW>_JOBSTORE_DATABASE_PASSWORD_FILE, PGPASSFILE and a
 PostgreSQL service file, each proven on a private PostgreSQL cluster that demands a password
 (scram-sha-256) from a role created by the test. An unreadable password file is one clear line,

@@ -1,4 +1,4 @@
-"""DAGs in the job store (issue 31): DAGMan's input file read and refused line by line, and the
+"""DAGs in the job store: DAGMan's input file read and refused line by line, and the
 dependencies carried forward by the store itself in the transactions that end the nodes' jobs,
 on SQLite and PostgreSQL."""
 

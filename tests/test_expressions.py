@@ -1,4 +1,4 @@
-"""Untrusted expressions cannot stall a node (issue 28): the probe's 306-byte bomb (six levels of
+"""Untrusted expressions cannot stall a node: the probe's 306-byte bomb (six levels of
 `A_n = (A_{n+1} =?= A_{n+1})` over a regexp that backtracks) in Requirements, periodic_hold and
 on_exit_hold is evaluated by the agent in a worker process it kills at the bound, the job is
 held with a reason that says so, and the agent serves everyone else meanwhile."""

@@ -1,4 +1,4 @@
-"""Waiting fetches (issue 32): in agent mode a FETCH_WORK that finds nothing waits, up to
+"""Waiting fetches: in agent mode a FETCH_WORK that finds nothing waits, up to
 JOBSTORE_FETCH_WAIT seconds, for work that fits its slot, and returns it as soon as it is
 claimable; the agent and the hooks run as separate processes, on SQLite and PostgreSQL."""
 

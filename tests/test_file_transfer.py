@@ -1,4 +1,4 @@
-"""A fetched job's files (issue 30), end to end: the emulated startd and starter run the real
+"""A fetched job's files, end to end: the emulated startd and starter run the real
 hook executables; the inputs exist only in the job store once submitted, the job runs in a
 sandbox of its own under the node's sandbox root, its outputs come back into the store, and
 `jobstore transfer-data` writes them on the submit side. Through the agent and in direct mode,

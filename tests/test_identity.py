@@ -1,4 +1,4 @@
-"""Who may do what (issue 28), decided by the database: a job's owner is the account of the role
+"""Who may do what, decided by the database: a job's owner is the account of the role
 that submitted it, only she or a queue super user may act on it, a portal submits only for the
 accounts its rule allows, userprio changes need the admin role. Real PostgreSQL roles made per
 test; as root, the CLI runs as separate OS accounts too."""

@@ -1,4 +1,4 @@
-"""The node's copies of inputs (issue 30): the agent fills its cache from the store once per
+"""The node's copies of inputs: the agent fills its cache from the store once per
 input, checked against the hash, and hands out read-only descriptors of it; the least recently
 used copies go once the cache is over its bound. In process, on real databases and files."""
 

@@ -1,4 +1,4 @@
-"""The agent's outbox (issue 30): a JOB_EXIT that ran out of time hands its sandbox over; the
+"""The agent's outbox: a JOB_EXIT that ran out of time hands its sandbox over; the
 agent moves it out of the job's user's reach, sends its outputs, and only then records the
 exit; what a stopped agent left is sent by the next one; a hand-off that cannot be taken holds
 the job (HoldReasonCode 12). In process, on real databases and directories."""

@@ -1,4 +1,4 @@
-"""The pool's slots (issue 29, item 3): the agent publishes the slot ads its startd gives
+"""The pool's slots: the agent publishes the slot ads its startd gives
 FETCH_WORK every UPDATE_INTERVAL, `jobstore status` lists them as condor_status does, `q
 -better-analyze` counts the slots a job matches and the clause that rules the others out, and a
 slot not heard of for CLASSAD_LIFETIME drops out of view."""

@@ -1,5 +1,5 @@
 """Values from a submit file or from the database reach the job ad that FETCH_WORK prints exactly,
-and can never add or change another attribute (issue 3, "Bad input").
+and can never add or change another attribute.
 
 Every value kind (arguments, environment, paths, custom attributes, the user log) is submitted
 with hostile text, fetched by the real fetch_job executable, read back with classad2 *and* with

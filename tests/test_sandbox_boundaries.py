@@ -1,4 +1,4 @@
-"""The boundaries of a job's sandbox (issue 30, item 4): the root the hooks accept, a sandbox
+"""The boundaries of a job's sandbox: the root the hooks accept, a sandbox
 that exists already, outputs that would leave the sandbox, the calls the agent serves only to
 the attempt's owner, and root's retrieval with the owner's rights."""
 

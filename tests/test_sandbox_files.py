@@ -1,4 +1,4 @@
-"""A job's files in the store (issue 30): stored once per owner and content, read back in
+"""A job's files in the store: stored once per owner and content, read back in
 chunks, listed per cluster or proc, and on PostgreSQL never shown to another submitter, even
 one who knows the hash."""
 

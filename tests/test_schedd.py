@@ -269,7 +269,7 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
 
 
 def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:
-    """Issue 29, item 5: htcondor2's exception types, ServerTime, a callback's None, int() of a
+    """htcondor2's exception types, ServerTime, a callback's None, int() of a
     result, count with queue, a hold's (reason, code), jobEpochHistory, reschedule; and one
     kept connection between calls."""
     result = schedd.submit(sleep_job(), count=2)

@@ -1,4 +1,4 @@
-"""Secrets never reach logs, stdout, events or error messages (issue 3, "Security").
+"""Secrets never reach logs, stdout, events or error messages.
 
 A job's whole life runs through the hook executables with a database URL that holds a password
 and a password file that holds another, with the real ClaimId of a recorded REPLY_FETCH, then the

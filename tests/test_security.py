@@ -1,4 +1,4 @@
-"""The execute node against its own users (issue 9), tried with nothing but what a job's user
+"""The execute node against its own users, tried with nothing but what a job's user
 and another local account can do, against the real agent on PostgreSQL with the least-privilege
 database role. Root-only tests skip elsewhere; the fuzz tests run anywhere."""
 

@@ -119,7 +119,7 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
 
 
 def test_one_replay_of_a_spool_at_a_time(tmp_path: Path, monkeypatch) -> None:
-    """Issue 29, item 7: while one replayer (the agent) sends a spool's reports, another (a
+    """While one replayer (the agent) sends a spool's reports, another (a
     hook) sends none of them, so one job's reports are never applied out of order."""
     d = tmp_path / "spool"
     d.mkdir(mode=0o700)

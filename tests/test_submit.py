@@ -327,7 +327,7 @@ def test_universe(tmp_path: Path) -> None:
 
 
 def test_file_transfer_fills_the_sandbox(tmp_path: Path) -> None:
-    """Issue 30: the inputs (files, a directory's files, the executable, the standard input)
+    """The inputs (files, a directory's files, the executable, the standard input)
     are what the sandbox starts with; condor_submit's attributes say what travels."""
     message = submit_error(tmp_path, "executable = /bin/true\ntransfer_input_files = a\nqueue\n")
     assert "transfer_input_files: a: no such file or directory" in message

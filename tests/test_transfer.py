@@ -1,4 +1,4 @@
-"""condor_submit's file-transfer commands read as condor_submit reads them (issue 30, item 1)."""
+"""condor_submit's file-transfer commands read as condor_submit reads them."""
 
 from __future__ import annotations
 

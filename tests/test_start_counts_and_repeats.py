@@ -1,5 +1,5 @@
-"""What a newcomer hit (issue 29, item 6): NumJobStarts of an attempt whose exit report came
-before its start report, subscribe() without the harmless repeats unless asked."""
+"""NumJobStarts of an attempt whose exit report came before its start report, and subscribe()
+without the harmless repeats unless asked."""
 
 from __future__ import annotations
 

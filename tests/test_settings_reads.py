@@ -1,4 +1,4 @@
-"""Settings and service accounts are read where they enter (issue 33): a report the agent serves
+"""Settings and service accounts are read where they enter: a report the agent serves
 takes the keyword's settings and the service accounts' uids the agent read at start (and again
 on SIGHUP), and reads neither the configuration nor the account database itself; a hook process
 in direct mode, which serves one call, reads both once. In process, on real databases."""

@@ -1,4 +1,4 @@
-"""The smaller findings of issue 28's probe, each tried as the hostile local account did: a hook
+"""Smaller findings of a hostile local account's probe, each tried as that account did: a hook
 name that forges log lines, a spool flood of records about another store, a refused JOB_EXIT
 that took a job out of the agent's watch, idle connections to the metrics port, install-hooks
 into another account's directory, a password file others can read, a job owned by a service
