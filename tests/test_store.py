@@ -573,7 +573,8 @@ def test_evict_requeues_and_counts(store):
 def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
     """The events of an attempt on its slot store the slot and host only where they differ
     from the attempt's fetch; every reader still gets them, for the latest attempt (from the
-    row) and for an earlier one (from its fetch event), and the fetch event's claim count."""
+    row) and for an earlier one (from its fetch event); an event from another slot, and a stale
+    report, are read as they came."""
     (job_id,) = submit(store, max_attempts=3)
     first_try = claim(store, slot="slot1@node")
     report(store, first_try, Event.ACCEPT, slot="slot1@node", host="node")
@@ -597,7 +598,7 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
         ("fetch", "slot1@node", "node"), ("accept", "slot1@node", "node"),
         ("start", "slot1@node", "node"), ("evict", "slot1@node", "node"),
         ("fetch", "slot2@node", "node"), ("accept", "slot2@node", "node"),
-        ("update", None, None), ("exit", "slot3@node", "node"),
+        ("update", None, None), ("exit", "slot3@node", None),
     ]
     fed = [(f.event.event, f.event.slot, f.event.host) for f in store.event_feed(0)]
     assert fed == read

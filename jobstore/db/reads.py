@@ -46,7 +46,8 @@ def where_ran(name: str) -> Label[Any]:
     """An event's slot or host (`name`): its own, else, for a transition out of a handed-out
     status (always of the job's attempt then), its attempt's (jobstore.db.transitions.own_place):
     the row's while the attempt is the job's latest, else the first of the attempt's events
-    that names one. A report that changed nothing (a stale one) is read as it was stored."""
+    that names one. An event that names a slot of its own, and a report that changed nothing
+    (a stale one), are read as they were stored."""
     earlier = aliased(job_events)
     first = (
         select(earlier.c[name])
@@ -57,7 +58,8 @@ def where_ran(name: str) -> Label[Any]:
         .scalar_subquery()
     )
     handed_out = and_(job_events.c.to_status.is_not(None),
-                      job_events.c.from_status.in_(sorted(s.value for s in HANDED_OUT)))
+                      job_events.c.from_status.in_(sorted(s.value for s in HANDED_OUT)),
+                      job_events.c.slot.is_(None))
     attempts = case((job_events.c.attempt == jobs.c.claims, jobs.c[name]), else_=first)
     return func.coalesce(job_events.c[name], case((handed_out, attempts))).label(name)
 
