@@ -583,14 +583,15 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
     second = claim(store, slot="slot2@node")
     report(store, second, Event.ACCEPT, slot="slot2@node", host="node")
     report(store, first_try, Event.UPDATE)  # stale, naming no slot: read as it came
-    report(store, second, Event.EXIT, slot="slot3@node")  # not where it was handed out
+    report(store, second, Event.START, slot="slot3@node", host="node")  # not where it was
+    report(store, second, Event.EXIT, slot="slot3@node")  # handed out: kept as they came
     stored = [(r["event"], r["slot"], r["host"]) for r in rows(store, job_events)]
     assert stored == [
         ("submit", None, None),
         ("fetch", "slot1@node", "node"), ("accept", None, None), ("start", None, None),
         ("evict", None, None),
         ("fetch", "slot2@node", "node"), ("accept", None, None), ("update", None, None),
-        ("exit", "slot3@node", None),
+        ("start", "slot3@node", "node"), ("exit", "slot3@node", None),
     ]
     read = [(e.event, e.slot, e.host) for e in store.events(job_id)]
     assert read == [
@@ -598,7 +599,7 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
         ("fetch", "slot1@node", "node"), ("accept", "slot1@node", "node"),
         ("start", "slot1@node", "node"), ("evict", "slot1@node", "node"),
         ("fetch", "slot2@node", "node"), ("accept", "slot2@node", "node"),
-        ("update", None, None), ("exit", "slot3@node", None),
+        ("update", None, None), ("start", "slot3@node", "node"), ("exit", "slot3@node", None),
     ]
     fed = [(f.event.event, f.event.slot, f.event.host) for f in store.event_feed(0)]
     assert fed == read

@@ -57,11 +57,11 @@ def where_ran(name: str) -> Label[Any]:
         .limit(1)
         .scalar_subquery()
     )
-    handed_out = and_(job_events.c.to_status.is_not(None),
-                      job_events.c.from_status.in_(sorted(s.value for s in HANDED_OUT)),
-                      job_events.c.slot.is_(None))
+    on_attempts_slot = and_(job_events.c.to_status.is_not(None),
+                            job_events.c.from_status.in_(sorted(s.value for s in HANDED_OUT)),
+                            job_events.c.slot.is_(None))
     attempts = case((job_events.c.attempt == jobs.c.claims, jobs.c[name]), else_=first)
-    return func.coalesce(job_events.c[name], case((handed_out, attempts))).label(name)
+    return func.coalesce(job_events.c[name], case((on_attempts_slot, attempts))).label(name)
 
 
 # An event's columns as its readers select them (with jobs joined).

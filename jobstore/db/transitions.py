@@ -288,12 +288,12 @@ class Transitions:
 def own_place(job: Job, before: Status, attempt: int, slot: str | None,
               host: str | None) -> tuple[str | None, str | None]:
     """The slot and host that the event of a transition of `job` stores: not those of its
-    attempt when it leaves a handed-out status, which the attempt's fetch event holds (and the
-    row, while it is the latest attempt); the readers fill them in (jobstore.db.reads.where_ran).
-    """
-    if before not in HANDED_OUT or attempt != job.claims:
+    attempt when it leaves a handed-out status on the attempt's slot, which the attempt's fetch
+    event holds (and the row, while it is the latest attempt); the readers fill them in
+    (jobstore.db.reads.where_ran). An event from another slot keeps both as they came."""
+    if before not in HANDED_OUT or attempt != job.claims or slot not in (None, job.slot):
         return slot, host
-    return (None if slot == job.slot else slot), (None if host == job.host else host)
+    return None, (None if host == job.host else host)
 
 
 def event_reason(reason: str | None, d: Decision) -> str | None:
