@@ -25,7 +25,7 @@ from test_metrics import _free_port, samples
 from test_security import (  # noqa: F401 - fixtures
     ENDED,
     _accepted_job,
-    _spooled,
+    _exit_spooled,
     _write_as,
     secure_node,
     store,
@@ -105,11 +105,7 @@ def test_foreign_spool_records_do_not_block_a_genuine_one(
 ) -> None:
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
     assert nd.spool is not None
-    nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
-    assert nd.stop() == 0
-    nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
-    (genuine,) = _spooled(nd)
+    job_id, genuine = _exit_spooled(nd, store, alice)
     record = json.loads(genuine.read_bytes())
     record["store"] = "0" * len(str(record.get("store", "x")))  # another job store
     data = json.dumps(record).encode()

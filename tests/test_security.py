@@ -111,6 +111,17 @@ def _accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
     return job_id, job
 
 
+def _exit_spooled(nd: Node, js: JobStore, owner: pwd.struct_passwd) -> tuple[int, Path]:
+    """A job of `owner` accepted through the agent, whose JOB_EXIT came while the agent was
+    stopped: its id and the one report the spool holds."""
+    nd.start()
+    job_id, job = _accepted_job(nd, js, owner.pw_name)
+    assert nd.stop() == 0
+    nd.hook("job_exit", job + ENDED, ["exit"], user=owner)
+    (report,) = _spooled(nd)
+    return job_id, report
+
+
 def _spooled(nd: Node) -> list[Path]:
     assert nd.spool is not None
     return sorted(p for p in nd.spool.iterdir() if p.name.endswith(spool.SUFFIX))
@@ -239,11 +250,7 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
     the record, and sends the genuine report behind them."""
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
     assert nd.spool is not None
-    nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
-    assert nd.stop() == 0
-    nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
-    assert len(_spooled(nd)) == 1
+    job_id, _ = _exit_spooled(nd, store, alice)
     fifo = nd.spool / "00000000000000000001-1-aa.report"
     os.mkfifo(fifo)
     os.chown(fifo, carol.pw_uid, carol.pw_gid)
