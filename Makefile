@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # `make test` runs its tests in this many processes (pytest-xdist; `auto`: one per CPU, at most 4).
 TEST_WORKERS ?= auto
 
-.PHONY: venv demo test test-slow test-live test-all lint bench
+.PHONY: venv demo test test-slow test-live test-all lint bench docs
 
 venv: $(VENV)/.installed
 
@@ -57,3 +57,7 @@ lint: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+# `make docs`: the pages rendered from the code (docs/settings.md from node/settingtable.py).
+docs: venv
+	$(PY) -m jobstore.node.settingspage > docs/settings.md

@@ -13,6 +13,10 @@ class InvalidInput(JobstoreError, ValueError):
     """A value, argument or file the caller gave that cannot be used; the message says why."""
 
 
+class ConfigError(JobstoreError, ValueError):
+    """A setting that cannot be used; the message names the parameter."""
+
+
 class DatabaseError(JobstoreError, RuntimeError):
     """The database cannot be used; the message is safe to show (no password)."""
 

@@ -29,6 +29,7 @@ CHUNK = 1 << 20  # bytes per read or write through a transport
 # in flight from one account (JOBSTORE_AGENT_MAX_BYTES_PER_UID's default, 8 MiB)
 SEND_PIECE = 2 * CHUNK - 16 * 1024
 OUTPUT_SECONDS = 15.0  # JOB_EXIT's sending, at most (JOBSTORE_OUTPUT_SECONDS changes it)
+URL_SECONDS = 30.0  # a URL input's wait for its next bytes (JOBSTORE_URL_TIMEOUT changes it)
 MAX_NAME = 4096
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -387,12 +388,12 @@ def _put(url: str, fd: int, timeout: float) -> None:
 
 def url_timeout() -> float:
     """Seconds a URL input may keep PREPARE_JOB waiting for its next bytes
-    (JOBSTORE_URL_TIMEOUT in the hook's environment, default 30)."""
+    (JOBSTORE_URL_TIMEOUT in the hook's environment, default URL_SECONDS)."""
     text = os.environ.get("JOBSTORE_URL_TIMEOUT", "")
     try:
-        return max(0.1, float(text)) if text else 30.0
+        return max(0.1, float(text)) if text else URL_SECONDS
     except ValueError:
-        return 30.0
+        return URL_SECONDS
 
 
 def _download(iwd: str, url: str, room: int) -> int:
