@@ -60,4 +60,4 @@ bench: venv
 
 # `make docs`: the pages rendered from the code (docs/settings.md from node/settingtable.py).
 docs: venv
-	$(PY) -m jobstore.node.settingspage > docs/settings.md
+	$(PY) -m jobstore.node.settingspage > docs/settings.md.new && mv docs/settings.md.new docs/settings.md

@@ -15,6 +15,7 @@ import pytest
 
 from jobstore.errors import ConfigError
 from jobstore.node import config
+from jobstore.node.settingreaders import READERS
 from jobstore.node.settingspage import render
 from jobstore.node.settingtable import (
     AGENT_SETTINGS,
@@ -27,6 +28,33 @@ from jobstore.node.settingtable import (
 REPO = Path(__file__).resolve().parent.parent
 # Set by the tests' conftest for every test; a test of the defaults takes them away.
 CONFTEST_PARAMS = ("JOBSTORE_FETCH_WAIT", "JOBSTORE_AGENT_NUDGE_COMMAND")
+# A setting a drop-in sets, or shows in a comment: `JOBSTORE_X = value`, `# JOBSTORE_X = value`.
+DROPIN = re.compile(r"^#?\s*(JOBSTORE_[A-Z0-9_]+)\s*=[ \t]*(.*)$", re.M)
+# What an admin writes: renaming one silently drops her setting.
+PARAMETERS = """
+JOBSTORE_DATABASE_URL JOBSTORE_DATABASE_PASSWORD_FILE JOBSTORE_QUEUE JOBSTORE_ALLOWED_OWNERS
+JOBSTORE_UID_DOMAIN JOBSTORE_CLAIM_LEASE JOBSTORE_LEASE_DURATION JOBSTORE_MAX_ATTEMPTS
+JOBSTORE_JOB_LEASE_DURATION JOBSTORE_CONNECT_TIMEOUT JOBSTORE_STATEMENT_TIMEOUT_MS
+JOBSTORE_FETCH_DEADLINE JOBSTORE_FETCH_WAIT JOBSTORE_HOOK_LOG JOBSTORE_SPOOL
+JOBSTORE_SANDBOX_ROOT JOBSTORE_MAX_OUTPUT_FILE_MB JOBSTORE_MAX_OUTPUT_MB
+JOBSTORE_MAX_INPUT_FILE_MB JOBSTORE_MAX_INPUT_MB JOBSTORE_INPUT_CACHE_MB JOBSTORE_FAIR_SHARE
+JOBSTORE_PRIORITY_HALFLIFE JOBSTORE_PRIORITY_UPDATE_INTERVAL JOBSTORE_CONCURRENCY_LIMITS
+JOBSTORE_PERIODIC_EXPR_INTERVAL JOBSTORE_CHECK_LAUNCH JOBSTORE_HISTORY_RETENTION
+JOBSTORE_PRUNE_INTERVAL IMMUTABLE_JOB_ATTRS PROTECTED_JOB_ATTRS
+JOBSTORE_AGENT_SOCKET JOBSTORE_AGENT_STARTD_USERS JOBSTORE_AGENT_LOG JOBSTORE_AGENT_WORKERS
+JOBSTORE_AGENT_SERVICE_WORKERS JOBSTORE_AGENT_MAX_SERVICE_CLIENTS JOBSTORE_AGENT_MAX_CLIENTS
+JOBSTORE_AGENT_MAX_CLIENTS_PER_UID JOBSTORE_AGENT_MAX_BYTES_PER_UID JOBSTORE_AGENT_READ_TIMEOUT
+JOBSTORE_AGENT_REPLAY_INTERVAL JOBSTORE_AGENT_DB_OVERFLOW JOBSTORE_AGENT_WATCH_INTERVAL
+JOBSTORE_AGENT_WATCH_LISTEN JOBSTORE_AGENT_VACATE_COMMAND JOBSTORE_AGENT_NUDGE_COMMAND
+JOBSTORE_AGENT_METRICS_PORT JOBSTORE_AGENT_METRICS_ADDRESS JOBSTORE_AGENT_METRICS_STORE
+JOBSTORE_AGENT_EXPRESSION_TIMEOUT JOBSTORE_AGENT_EXPRESSION_WORKERS JOBSTORE_AGENT_REPORT_DELAY
+MACHINE_MAX_VACATE_TIME UPDATE_INTERVAL CLASSAD_LIFETIME
+JOBSTORE_HOOK_MODE JOBSTORE_OUTPUT_SECONDS JOBSTORE_URL_TIMEOUT JOBSTORE_COMMAND_SERVER
+JOBSTORE_WATCH_POLL
+""".split()
+# Drop-in values that are the node's choice or an example, not the default.
+NOT_DEFAULTS = {"JOBSTORE_FETCH_WAIT", "JOBSTORE_AGENT_METRICS_PORT", "JOBSTORE_DATABASE_URL",
+                "JOBSTORE_DATABASE_PASSWORD_FILE"}
 # The fields that are not settings of their own.
 NOT_SETTINGS = {"keyword", "credentials_error", "service_accounts", "hook_log"}
 
@@ -58,6 +86,28 @@ def test_the_settings_page_is_rendered_from_the_table() -> None:
         assert f"`{setting.param}`" in page
 
 
+def test_the_parameters_an_admin_writes_are_the_tables() -> None:
+    assert sorted(s.param for s in ALL_SETTINGS) == sorted(PARAMETERS)
+
+
+def test_the_dropins_show_the_defaults_the_table_declares() -> None:
+    """What 50-jobstore.conf and 55-jobstore-agent.conf set or show in a comment is the
+    default, but for the node's own choices and examples."""
+    compared = 0
+    for path in (REPO / "condor_config.d").glob("*.conf"):
+        for name, value in DROPIN.findall(path.read_text()):
+            setting = BY_PARAM.get(name)
+            if setting is None or name in NOT_DEFAULTS or "$(" in value or not value.strip():
+                continue
+            read = READERS[setting.kind](setting, name, value.strip())
+            default = setting.default
+            if name == "JOBSTORE_AGENT_STARTD_USERS":
+                default = ("condor",)
+            assert read == default, (path.name, name, value, setting.default)
+            compared += 1
+    assert compared > 25
+
+
 def test_each_field_has_one_row_and_its_default() -> None:
     for cls, rows in ((config.Settings, KEYWORD_SETTINGS), (config.AgentSettings, AGENT_SETTINGS)):
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -84,7 +134,7 @@ def test_every_setting_the_code_and_the_dropins_name_is_in_the_table() -> None:
         for name in re.findall(r"[\"'](?:_CONDOR_)?(JOBSTORE_[A-Z0-9_]+)[\"']", path.read_text()):
             named.setdefault(name, str(path.relative_to(REPO)))
     for path in (REPO / "condor_config.d").iterdir():
-        for name in re.findall(r"^(JOBSTORE_[A-Z0-9_]+)\s*=", path.read_text(), re.M):
+        for name, _ in DROPIN.findall(path.read_text()):
             named.setdefault(name, str(path.relative_to(REPO)))
     # HTCondor's names for the hooks and for a daemon, and a marker that is no setting
     others = re.compile(r"JOBSTORE_(HOOK_(DIR|FETCH_WORK|REPLY_FETCH|EVICT_CLAIM|PREPARE_JOB|"
@@ -127,6 +177,8 @@ def test_each_setting_is_read_into_its_field(setting: Setting, condor) -> None:
         config.load_settings(None)
     after = getattr(loaded, setting.field)
     assert after != before
+    if setting.default is not None:
+        assert type(after) is type(setting.default), (type(after), setting.default)
     if setting.kind == "integer":
         assert after == int(_sample(setting))
     if setting.kind == "names":
@@ -145,6 +197,8 @@ def test_a_keywords_own_value_comes_first_then_the_shared_one_then_htcondors(con
     assert gpu.uid_domain == default.uid_domain == "jobs.example.org"
     condor(JOBSTORE_PRIORITY_HALFLIFE="3600")  # the shared one, over HTCondor's own
     assert config.load_settings(None).priority_halflife == 3600.0
+    condor(JOBSTORE_UID_DOMAIN="")  # unset: HTCondor's own
+    assert config.load_settings(None).uid_domain == "example.org"
 
 
 def test_a_variable_of_its_own_wins_over_the_configuration(condor, monkeypatch) -> None:
@@ -187,6 +241,8 @@ def test_a_keywords_bad_value_names_the_parameter_it_came_from(params, message, 
     ({"JOBSTORE_AGENT_EXPRESSION_TIMEOUT": "0"},
      "JOBSTORE_AGENT_EXPRESSION_TIMEOUT must be more than 0 and at most 3600 seconds"),
     ({"UPDATE_INTERVAL": "0"}, "UPDATE_INTERVAL must be at least 1"),
+    ({"CLASSAD_LIFETIME": "inf"}, "CLASSAD_LIFETIME must be an integer, not 'inf'"),
+    ({"CLASSAD_LIFETIME": "60.5"}, "CLASSAD_LIFETIME must be an integer, not '60.5'"),
 ])
 def test_an_agent_settings_bad_value_names_it(params, message, condor) -> None:
     condor(**params)
@@ -203,6 +259,8 @@ def test_values_the_readers_take_as_htcondor_means_them(condor) -> None:
     assert settings.allowed_owners == ("*",)
     assert settings.immutable_attrs == ("Foo", "Bar", "Baz")
     assert agent.max_vacate_time == 605.0 and agent.nudge_command is None
+    condor(CLASSAD_LIFETIME="60.0")  # an integer as HTCondor may write it
+    assert config.load_agent_settings().classad_lifetime == 60
     for not_a_number in ("RemoteUserCpu + 1", "true", "error"):  # the startd's; its default
         condor(MACHINE_MAX_VACATE_TIME=not_a_number)
         assert config.load_agent_settings().max_vacate_time == 600.0

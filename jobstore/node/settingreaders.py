@@ -46,13 +46,15 @@ def checked_bool(param: str, raw: str | None, default: bool) -> bool:
 
 
 def int_text(raw: str | None) -> str | None:
-    """An HTCondor integer parameter as htcondor2 gives it (`60` or `60.0`) as integer text."""
+    """An HTCondor integer parameter as htcondor2 may give it (`60.0`) as integer text; any
+    other text as it is (for the integer reader to refuse)."""
     if raw is None:
         return None
     try:
-        return str(int(float(raw)))
+        value = float(raw)
     except ValueError:
         return raw
+    return str(int(value)) if value.is_integer() else raw
 
 
 def _text(setting: Setting, param: str, raw: str | None) -> Any:

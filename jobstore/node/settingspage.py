@@ -26,7 +26,8 @@ Everything below is HTCondor configuration (a file in `condor_config.d/`, as the
 one call. The environment wins over the configuration: HTCondor's own `_CONDOR_<NAME>`
 variables for every setting (htcondor2 reads them), and the settings marked *environment*
 under their own name too (`$JOBSTORE_SPOOL`), for a node without HTCondor's configuration.
-A value that cannot be used stops the reader with one line naming the parameter.
+A value that cannot be used stops the reader (the agent at its start, a hook, a command) with
+one line naming the parameter, except where a row says otherwise.
 """
 
 KEYWORD_INTRO = """\
@@ -55,7 +56,8 @@ ENVIRONMENT_INTRO = """\
 ## The environment only
 
 Read by a hook from the environment the startd gives it (`STARTD_ENVIRONMENT`), or by a
-`jobstore` command from its own, never from the configuration.
+`jobstore` command from its own, never from the configuration. A hook never stops on one: a
+value that is no number gives the default, one out of range the nearest bound.
 """
 
 TYPES = {
@@ -84,6 +86,8 @@ def _type(s: Setting) -> str:
     bounds = []
     if s.minimum is not None:
         bounds.append(f"≥ {_number(s.minimum)}")
+    elif s.kind == "vacate time":
+        bounds.append("not a constant number: the default")
     elif s.kind == "seconds":
         bounds.append("≥ 0" if s.zero else "> 0")
     if s.maximum is not None:

@@ -53,7 +53,8 @@ KEYWORD_SETTINGS: tuple[Setting, ...] = (
             "accounts whose jobs may run (`*`: any ordinary account); root and system accounts "
             "(uid < 1000, nobody) are always refused, at submit and again at fetch"),
     Setting("JOBSTORE_UID_DOMAIN", "uid_domain", "text", "localdomain",
-            "the domain in `User = \"owner@domain\"`", fallback="UID_DOMAIN"),
+            "the domain in `User = \"owner@domain\"`", fallback="UID_DOMAIN",
+            shown="HTCondor's `UID_DOMAIN` (its default: the host's name)"),
     Setting("JOBSTORE_CLAIM_LEASE", "claim_lease", "integer", 120,
             "a fetched or accepted job that no starter hook reports on within this time goes "
             "back to idle", minimum=5, unit="s"),
@@ -178,7 +179,8 @@ AGENT_SETTINGS: tuple[Setting, ...] = (
             "seconds between two looks at the attempts this node runs", scope=NODE,
             minimum=1, unit="s"),
     Setting("JOBSTORE_AGENT_WATCH_LISTEN", "watch_listen", "boolean", True,
-            "LISTEN for stopped attempts on PostgreSQL (else: poll only)", scope=NODE),
+            "on PostgreSQL, be told of stopped attempts (LISTEN/NOTIFY) besides looking; "
+            "`false`: look only", scope=NODE),
     Setting("JOBSTORE_AGENT_VACATE_COMMAND", "vacate_command", "text", None,
             "a command run instead of the startd's vacate (an emulator's)", scope=NODE),
     Setting("JOBSTORE_AGENT_NUDGE_COMMAND", "nudge_command", "command",
@@ -221,7 +223,7 @@ ENVIRONMENT_ONLY: tuple[Setting, ...] = (
             scope=ENVIRONMENT, zero=True, unit="s"),
     Setting("JOBSTORE_URL_TIMEOUT", "", "seconds", URL_SECONDS,
             "how long a URL input may keep PREPARE_JOB waiting for its next bytes",
-            scope=ENVIRONMENT, unit="s"),
+            scope=ENVIRONMENT, minimum=0.1, unit="s"),
     Setting("JOBSTORE_COMMAND_SERVER", "", "boolean", True,
             "`false`: `jobstore` commands never hand their work to a running command server",
             scope=ENVIRONMENT),
