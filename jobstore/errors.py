@@ -1,4 +1,5 @@
-"""Errors shared by the layers, in a module that imports nothing (the hooks' hot path too).
+"""Every error class of the job store, in a module that imports nothing (the hooks' hot path
+imports it too).
 
 Every error the job store raises on purpose is a JobstoreError, whose message is one line safe
 to show a user; the CLI shows that line, and anything else (a bug) with its traceback.
@@ -40,3 +41,87 @@ class NotOwner(JobstoreError, PermissionError):
     def __init__(self, job_id: int, who: str, what: str = "report on") -> None:
         super().__init__(f"{who} may not {what} job {job_id} (not its owner)")
         self.job_id = job_id
+
+
+# ---- What a caller gave: ClassAds, submit files, DAGs, constraints, inputs ------------------
+class AdError(JobstoreError, ValueError):
+    """Input that is not the ClassAd text HTCondor would send."""
+
+
+class RemapError(JobstoreError, ValueError):
+    """A pair that is not NAME = TARGET."""
+
+
+class FieldError(JobstoreError, ValueError):
+    """A bad value, with the command or attribute it belongs to."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(message)
+        self.what = what
+
+
+class SubmitError(JobstoreError):
+    """A submit description or ClassAd file cannot be turned into jobs."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class DagError(SubmitError):
+    """A DAG file that cannot be run: names the file and the line."""
+
+
+class ConstraintError(JobstoreError, ValueError):
+    """A constraint that is not a ClassAd expression."""
+
+
+class InputTooLarge(JobstoreError, ValueError):
+    """A submit's input over the store's limits (store_limits); the message says the way."""
+
+
+class FileChanged(JobstoreError, ValueError):
+    """A file changed while it was being stored (its bytes no longer have the hash read)."""
+
+
+# ---- The database ---------------------------------------------------------------------------
+class RowChanged(DatabaseError):
+    """The job row changed between its read and the write that depended on it."""
+
+
+# ---- The execute node: hooks, reports, the spool, sandboxes, expressions --------------------
+class HookError(JobstoreError):
+    """A one-line, user-facing reason why a hook did nothing."""
+
+
+class BadReport(JobstoreError, ValueError):
+    """A report that no genuine hook could have written; never applied."""
+
+
+class SpoolError(JobstoreError, OSError):
+    """The spool directory cannot be used safely."""
+
+
+class SandboxError(JobstoreError):
+    """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
+
+    def __init__(self, message: str, err: int = 0) -> None:
+        super().__init__(message)
+        self.errno = err
+
+
+class WorkerUnavailable(JobstoreError, RuntimeError):
+    """No worker process could be started: nothing is judged (and nobody held) meanwhile."""
+
+
+# ---- The agent and the emulated startd ------------------------------------------------------
+class ProtocolError(JobstoreError, ValueError):
+    """A malformed or oversized message."""
+
+
+class AgentError(JobstoreError, RuntimeError):
+    """The agent cannot start; the message is one line for the user."""
+
+
+class StarterFailed(JobstoreError):
+    """Initialisation failure: the real starter does DC_Exit(1) and runs no hook."""

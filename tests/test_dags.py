@@ -18,9 +18,10 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
 from jobstore.db.store import AttemptReport, JobStore
+from jobstore.errors import DagError
 from jobstore.formats import views
 from jobstore.node import config
-from jobstore.submit.dag import DagError, read_dag
+from jobstore.submit.dag import read_dag
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
                    slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")

@@ -16,8 +16,8 @@ from sqlalchemy import delete, update
 
 from jobstore.db.schema import sandbox_chunks
 from jobstore.db.store import JobStore
+from jobstore.errors import SandboxError
 from jobstore.node.inputcache import open_input
-from jobstore.node.sandbox import SandboxError
 from jobstore.node.sandboxroot import CACHE, ensure_root
 from jobstore.submit.description import parse_submit_text
 

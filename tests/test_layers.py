@@ -42,3 +42,29 @@ def test_the_hooks_hot_path_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-sS", "-c", code], capture_output=True, text=True,
                          check=True, env={"PYTHONPATH": str(jobstore.__path__[0] + "/..")})
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_error_class_is_in_errors_py() -> None:
+    """A JobstoreError defined anywhere but jobstore/errors.py would be one a caller cannot find
+    where the others are."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from jobstore import errors
+
+    ours = {name for name, obj in vars(errors).items()
+            if inspect.isclass(obj) and issubclass(obj, errors.JobstoreError)}
+    assert len(ours) > 20
+    root = Path(jobstore.__file__).parent
+    elsewhere = []
+    for path in root.rglob("*.py"):
+        if path == root / "errors.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                         for b in node.bases}
+                if bases & ours:
+                    elsewhere.append(f"{path.relative_to(root)}: {node.name}")
+    assert not elsewhere, elsewhere

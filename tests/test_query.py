@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 
 from jobstore.core.jobs import Job, JobSpec
-from jobstore.db.constraint import ConstraintError, matches, plan
+from jobstore.db.constraint import matches, plan
 from jobstore.db.schema import jobs as jobs_table
 from jobstore.db.store import AUTOCLUSTER_KEY, JobStore
+from jobstore.errors import ConstraintError
 from jobstore.formats import views
 
 KW: dict[str, Any] = {"keyword": "JOBSTORE", "uid_domain": "localdomain"}

@@ -13,10 +13,10 @@ from sqlalchemy import func, select
 from test_identity import ALICE, BOB, Pool, _submitted, pool  # noqa: F401 - the pool fixture
 
 from jobstore.db import sandbox
-from jobstore.db.sandbox import IN, OUT, FileChanged, FileSource
+from jobstore.db.sandbox import IN, OUT, FileSource
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files
 from jobstore.db.store import JobStore
-from jobstore.errors import Refused
+from jobstore.errors import FileChanged, Refused
 from jobstore.submit.description import parse_submit_text
 
 
@@ -158,7 +158,7 @@ def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
         store: JobStore, tmp_path: Path) -> None:
     """The limits come from the store (`jobstore init` sets them from the configuration), not
     from the submitting process: one line that names URLs, and nothing written."""
-    from jobstore.db.sandbox import InputTooLarge
+    from jobstore.errors import InputTooLarge
 
     assert store.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096,
                                    "max_output_mb": 0}

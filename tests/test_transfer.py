@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from jobstore.submit.errors import FieldError
+from jobstore.errors import FieldError
 from jobstore.submit.transfer import Input, read_transfer
 
 

@@ -22,7 +22,6 @@ from jobstore.agent.protocol import (
     HEADER,
     MAGIC,
     MAX_REQUEST,
-    ProtocolError,
     body_length,
     decode_body,
     decode_env,
@@ -32,18 +31,11 @@ from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import Job, JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
-from jobstore.errors import NotOwner, UnknownJob
+from jobstore.errors import BadReport, NotOwner, ProtocolError, UnknownJob
 from jobstore.node import spool
 from jobstore.node.handlers import send_record, store_identity
 from jobstore.node.hooktable import NAMES
-from jobstore.node.reports import (
-    CHANGE_COLUMNS,
-    SERVICE,
-    STARTER_EVENTS,
-    BadReport,
-    Caller,
-    Report,
-)
+from jobstore.node.reports import CHANGE_COLUMNS, SERVICE, STARTER_EVENTS, Caller, Report
 from jobstore.node.spool import NotMine
 
 json_values = st.recursive(

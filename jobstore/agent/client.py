@@ -26,12 +26,12 @@ from jobstore.agent.protocol import (
     OK,
     PASSED_ENV,
     REFUSED,
-    ProtocolError,
     body_length,
     decode_body,
     encode,
     encode_env,
 )
+from jobstore.errors import ProtocolError, SandboxError
 from jobstore.node import directnote, siblings
 from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
@@ -47,15 +47,7 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE, FETCH_HOLD_LIMIT
 from jobstore.node.launchcheck import annotate
-from jobstore.node.sandbox import (
-    Files,
-    HandOff,
-    SandboxError,
-    attempt_of,
-    failed,
-    output_seconds,
-    transfer,
-)
+from jobstore.node.sandbox import Files, HandOff, attempt_of, failed, output_seconds, transfer
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:

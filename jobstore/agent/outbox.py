@@ -34,13 +34,13 @@ from typing import Any
 from classad2 import ClassAd
 
 from jobstore.db.sandbox import CHECKPOINT, OUT
-from jobstore.errors import DatabaseError, UnknownJob
-from jobstore.formats.classads import AdError, get_int, get_str
+from jobstore.errors import AdError, DatabaseError, HookError, SandboxError, UnknownJob
+from jobstore.formats.classads import get_int, get_str
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, render_job
 from jobstore.node import config, handlers, sandboxcalls
-from jobstore.node.handlers import HookError, HookRequest, HookResponse
+from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.reports import SERVICE, Caller
-from jobstore.node.sandbox import ATTR_HAND_OFF, Files, SandboxError, failed, transfer
+from jobstore.node.sandbox import ATTR_HAND_OFF, Files, failed, transfer
 from jobstore.node.sandboxroot import ensure_outbox
 
 log = logging.getLogger("jobstore.agent")

@@ -15,7 +15,7 @@ hooktable.FETCH_HOLD_LIMIT of its start), and the answer follows on the same con
 
 from __future__ import annotations
 
-from jobstore.errors import JobstoreError
+from jobstore.errors import ProtocolError
 from jobstore.node.hookproc import MAX_STDIN
 
 MAGIC = b"JSA1"
@@ -27,10 +27,6 @@ MAX_RESPONSE = 16 * 1024 * 1024
 # The only environment variables a hook passes to the agent (the handlers' `request.env`).
 PASSED_ENV = ("_CONDOR_SLOT",)
 OK, BUSY, REFUSED, HOLD = b"ok", b"busy", b"refused", b"hold"
-
-
-class ProtocolError(JobstoreError, ValueError):
-    """A malformed or oversized message."""
 
 
 def encode(items: list[bytes]) -> bytes:

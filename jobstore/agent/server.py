@@ -40,7 +40,6 @@ from jobstore.agent.protocol import (
     MAX_REQUEST,
     OK,
     REFUSED,
-    ProtocolError,
     body_length,
     decode_body,
     decode_env,
@@ -51,7 +50,7 @@ from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.startdnudge import FetchActivity, nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.errors import JobstoreError
+from jobstore.errors import AgentError, JobstoreError, ProtocolError
 from jobstore.node import bounded, config, directnote, handlers, sandboxcalls, spool
 from jobstore.node.deferred import Deferred
 from jobstore.node.handlers import HookRequest, HookResponse
@@ -76,10 +75,6 @@ SEND_TIMEOUT = 2.0
 MIN_WAIT = 0.05  # seconds: a fetch with less left of its wait is answered now
 WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
 LOG_CALLS_PER_UID = 200  # an ordinary account's calls logged per WARN_EVERY seconds
-
-
-class AgentError(JobstoreError, RuntimeError):
-    """The agent cannot start; the message is one line for the user."""
 
 
 @dataclass(eq=False)

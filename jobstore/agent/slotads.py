@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from jobstore.db.slots import SlotRow
-from jobstore.formats.classads import AdError, get_str, parse_ad, sprint_ad
+from jobstore.errors import AdError
+from jobstore.formats.classads import get_str, parse_ad, sprint_ad
 
 if TYPE_CHECKING:
     from jobstore.db.store import JobStore

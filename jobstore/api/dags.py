@@ -20,12 +20,12 @@ from jobstore.api.submission import choose_owner, render_check
 from jobstore.core.jobs import PLACEHOLDER_MARK, JobSpec, NodeJobs, ProcTemplate
 from jobstore.db.dags import LIVE, DagBatch
 from jobstore.db.store import JobStore
+from jobstore.errors import DagError, SubmitError
 from jobstore.formats import dagads
 from jobstore.formats.classads import VERBATIM, parse_ad, render_ad, string_literal
 from jobstore.node import config
-from jobstore.submit.dag import Dag, DagError, Node, read_dag
+from jobstore.submit.dag import Dag, Node, read_dag
 from jobstore.submit.description import SubmitSpecs, parse_submit_nodes, parse_submit_text
-from jobstore.submit.errors import SubmitError
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")

@@ -11,7 +11,8 @@ from classad2 import ClassAd, ExprTree
 
 from jobstore.db.constraint import matches as constraint_matches
 from jobstore.db.store import JobStore
-from jobstore.formats.classads import AdError, parse_ad
+from jobstore.errors import AdError
+from jobstore.formats.classads import parse_ad
 from jobstore.formats.matching import attribute_true, slot_offer
 
 __all__ = ["slot_ads", "Analysis", "analyze", "requirement_clauses"]

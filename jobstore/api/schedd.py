@@ -30,11 +30,10 @@ from jobstore.core.jobs import Job, parse_job_id
 from jobstore.core.states import Event
 from jobstore.db.constraint import matches
 from jobstore.db.store import JobStore
-from jobstore.errors import InvalidInput
+from jobstore.errors import InvalidInput, SubmitError
 from jobstore.formats.jobads import submitted_ad
 from jobstore.node import config
 from jobstore.submit.description import parse_submit_object
-from jobstore.submit.errors import SubmitError
 
 __all__ = ["Schedd", "SubmitResult", "JobAction"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from jobstore.core.jobs import Job
 from jobstore.db.backends import Identity
 from jobstore.db.store import JobStore
-from jobstore.formats.classads import AdError
+from jobstore.errors import AdError
 from jobstore.formats.jobads import render_job
 from jobstore.node import config
 from jobstore.node.accounts import owner_refusal

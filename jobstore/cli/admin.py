@@ -220,8 +220,8 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     about its own jobs); reports that cannot be applied are quarantined (renamed .bad)."""
     from pathlib import Path
 
+    from jobstore.errors import SpoolError
     from jobstore.node.handlers import record_group, spool_sender
-    from jobstore.node.spool import SpoolError
     from jobstore.node.spool import replay as replay_spool
 
     directory = Path(spool_dir or ctx.settings.spool)
@@ -284,7 +284,8 @@ def agent(socket_path: str | None, foreground: bool, check: bool) -> None:
         lines, ok = check_node()
         click.echo("\n".join(lines))
         sys.exit(0 if ok else 1)
-    from jobstore.agent.server import AgentError, run_agent
+    from jobstore.agent.server import run_agent
+    from jobstore.errors import AgentError
 
     try:
         code = run_agent(socket_path, foreground=foreground)

@@ -67,7 +67,7 @@ def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None
     """Queue a DAG, like condor_submit_dag: its nodes wait in the job store until their
     parents are done, and the store releases them itself (no DAGMan process)."""
     from jobstore.api.dags import submit_dag as queue_dag
-    from jobstore.submit.dag import DagError
+    from jobstore.errors import DagError
 
     if refused is not None:
         raise DagError("-append and -insert_sub_file are not supported: a node's submit "

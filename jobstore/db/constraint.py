@@ -31,13 +31,10 @@ from sqlalchemy.sql.functions import GenericFunction
 
 from jobstore.db.phases import status_in, status_not_in
 from jobstore.db.schema import jobs
-from jobstore.errors import JobstoreError
+from jobstore.errors import ConstraintError
 from jobstore.formats.views import JOB_STATUS
 
 __all__ = ["ConstraintError", "Plan", "plan", "matches", "ATTRIBUTES", "JOB_STATUS"]
-
-class ConstraintError(JobstoreError, ValueError):
-    """A constraint that is not a ClassAd expression."""
 
 
 @dataclass(frozen=True)

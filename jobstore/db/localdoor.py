@@ -18,7 +18,7 @@ from jobstore.core.states import STATUS_OF, Event, Status, decide
 from jobstore.db.backends import ACTED, Change, InputFile
 from jobstore.db.dagengine import DagEngine
 from jobstore.db.negotiator import Negotiator
-from jobstore.db.rows import RowChanged, event_row, note_event
+from jobstore.db.rows import event_row, note_event
 from jobstore.db.schema import (
     clusters,
     job_events,
@@ -31,7 +31,7 @@ from jobstore.db.schema import (
 from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Outcome, Transitions, event_reason, transition_values
 from jobstore.db.transitions import winding_down as still_winding_down
-from jobstore.errors import InvalidInput
+from jobstore.errors import InvalidInput, RowChanged
 from jobstore.formats.edits import edit_changes
 
 HELD_AT_SUBMIT = "submitted on hold at user's request"  # condor_submit's HoldReason

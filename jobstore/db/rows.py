@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Update, update
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
 from jobstore.db.schema import jobs
-from jobstore.errors import DatabaseError
+from jobstore.errors import RowChanged
 
 PENDING = "jobstore_pending_events"  # key in conn.info: events of the open transaction
 
@@ -22,10 +22,6 @@ def note_event(conn: Connection, values: Mapping[str, Any], job: Job | None) -> 
     pending = conn.info.get(PENDING)
     if pending is not None:
         pending.append({**values, "job": job})
-
-
-class RowChanged(DatabaseError):
-    """The job row changed between its read and the write that depended on it."""
 
 
 @dataclass(frozen=True)

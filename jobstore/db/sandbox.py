@@ -15,7 +15,7 @@ from jobstore.core.jobs import Job
 from jobstore.db.backends import Door, InputFile
 from jobstore.db.schema import job_files, sandbox_chunks, sandbox_files, store_limits
 from jobstore.db.transactions import Transactions
-from jobstore.errors import JobstoreError
+from jobstore.errors import FileChanged, InputTooLarge
 
 CHUNK = 1 << 20  # bytes of a file per sandbox_chunks row
 CHUNKS_READ = 16  # rows per transaction when a file is read back
@@ -43,14 +43,6 @@ class FileSource(NamedTuple):
     name: str
     path: str
     mode: int
-
-
-class InputTooLarge(JobstoreError, ValueError):
-    """A submit's input over the store's limits (store_limits); the message says the way."""
-
-
-class FileChanged(JobstoreError, ValueError):
-    """A file changed while it was being stored (its bytes no longer have the hash read)."""
 
 
 class SandboxFiles:

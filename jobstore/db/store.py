@@ -40,14 +40,21 @@ from jobstore.db.negotiator import Negotiator
 from jobstore.db.phases import status_in
 from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.retention import Pruned, Retention
-from jobstore.db.rows import RowChanged, event_row
+from jobstore.db.rows import event_row
 from jobstore.db.sandbox import SandboxFiles
 from jobstore.db.schema import job_attr_rules, jobs, passes
 from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.submissions import Submissions
 from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
 from jobstore.db.transitions import DAG_NODE, Outcome, Transitions
-from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, NotOwner, UnknownJob
+from jobstore.errors import (
+    DatabaseError,
+    InvalidInput,
+    JobstoreError,
+    NotOwner,
+    RowChanged,
+    UnknownJob,
+)
 from jobstore.formats import userlog, views
 from jobstore.formats.edits import edit_target
 

@@ -36,11 +36,7 @@ from jobstore.emulator.spawn import (
     run_hook,
     wait_pid_exit,
 )
-from jobstore.errors import InvalidInput, JobstoreError
-
-
-class StarterFailed(JobstoreError):
-    """Initialisation failure: the real starter does DC_Exit(1) and runs no hook."""
+from jobstore.errors import InvalidInput, StarterFailed
 
 
 class Starter:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import classad2
 from classad2 import ClassAd, ExprTree, ParserType
 
-from jobstore.errors import JobstoreError
+from jobstore.errors import AdError
 
 # HTCondor's startd reads at most PIPE_BUFFER_MAX (10240) bytes of FETCH_WORK stdout.
 MAX_JOB_AD_BYTES = 10240
@@ -25,10 +25,6 @@ PRIVATE_ATTRS = frozenset(
     n.lower()
     for n in ("Capability", "ChildClaimIds", "ClaimId", "ClaimIdList", "ClaimIds", "TransferKey")
 )
-
-
-class AdError(JobstoreError, ValueError):
-    """Input that is not the ClassAd text HTCondor would send."""
 
 
 class Expr(str):

@@ -10,7 +10,8 @@ from typing import Any
 from classad2 import ClassAd, ExprTree
 
 from jobstore.core.jobs import Job, JobSpec
-from jobstore.formats.classads import AdError, Expr, Value, get_int, render_ad
+from jobstore.errors import AdError
+from jobstore.formats.classads import Expr, Value, get_int, render_ad
 
 # Attributes that identify our job and its attempt in the starter hooks.
 ATTR_JOB_ID = "JobstoreJobId"

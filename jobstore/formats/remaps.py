@@ -3,11 +3,7 @@ for those characters; read on the submit side and by the hooks (standard library
 
 from __future__ import annotations
 
-from jobstore.errors import JobstoreError
-
-
-class RemapError(JobstoreError, ValueError):
-    """A pair that is not NAME = TARGET."""
+from jobstore.errors import RemapError
 
 
 def parse(text: str) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from classad2 import ClassAd
 
 from jobstore.core import holds, policy
-from jobstore.errors import InvalidInput, JobstoreError
+from jobstore.errors import InvalidInput, WorkerUnavailable
 from jobstore.formats.matching import matches
 from jobstore.node.evalworker import READY
 
@@ -167,10 +167,6 @@ def _action(value: Any) -> policy.Action | None:
         return None
     kind, reason, code, subcode = value
     return policy.Action(str(kind), str(reason), int(code), int(subcode))
-
-
-class WorkerUnavailable(JobstoreError, RuntimeError):
-    """No worker process could be started: nothing is judged (and nobody held) meanwhile."""
 
 
 class _Worker:

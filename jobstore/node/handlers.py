@@ -26,9 +26,18 @@ from jobstore.core import holds, policy
 from jobstore.core.claims import ClaimRequest, Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
-from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, NotOwner, UnknownJob
+from jobstore.errors import (
+    AdError,
+    BadReport,
+    DatabaseError,
+    HookError,
+    InvalidInput,
+    JobstoreError,
+    NotOwner,
+    UnknownJob,
+)
 from jobstore.formats import classads, views
-from jobstore.formats.classads import AdError, get_bool, get_float, get_int, get_str
+from jobstore.formats.classads import get_bool, get_float, get_int, get_str
 from jobstore.formats.jobads import (
     ATTR_ATTEMPT,
     ATTR_JOB_ID,
@@ -49,15 +58,7 @@ from jobstore.node.accounts import account_exists, owner_refusal
 from jobstore.node.deferred import Deferred, Pending
 from jobstore.node.hookproc import STOP_JOB
 from jobstore.node.inflight import InFlight
-from jobstore.node.reports import (
-    MAX_TEXT,
-    REPORT_ATTRS,
-    SERVICE,
-    BadReport,
-    Caller,
-    Report,
-    check_changes,
-)
+from jobstore.node.reports import MAX_TEXT, REPORT_ATTRS, SERVICE, Caller, Report, check_changes
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
     from jobstore.db.store import AttemptReport, JobStore, Outcome
@@ -125,10 +126,6 @@ class HookResponse:
     spooled: bool = False  # the report could not be sent and waits in the spool
     fd: int | None = None  # an open file handed over with the answer (the caller closes it)
     idle: IdleSlot | None = None  # a fetch that found nothing for a slot that could take work
-
-
-class HookError(JobstoreError):
-    """A one-line, user-facing reason why a hook did nothing."""
 
 
 # ---- stores, cached per URL so a long-running caller keeps its engine -----------------------

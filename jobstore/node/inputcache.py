@@ -16,7 +16,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from jobstore.node.sandbox import SandboxError, write_fully
+from jobstore.errors import SandboxError
+from jobstore.node.sandbox import write_fully
 from jobstore.node.sandboxroot import CACHE, ensure_private
 
 if TYPE_CHECKING:

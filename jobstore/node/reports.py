@@ -18,7 +18,7 @@ from typing import Any
 
 from jobstore.core.jobs import CHANGE_COLUMNS, INT32, INT64
 from jobstore.core.states import HOOK_REPORTS, STARTD_EVENTS, STARTER_EVENTS, Event
-from jobstore.errors import JobstoreError
+from jobstore.errors import BadReport
 
 __all__ = ["STARTD_EVENTS", "STARTER_EVENTS", "BadReport", "Caller", "Report", "check_changes"]
 
@@ -66,10 +66,6 @@ _FIELDS = frozenset(
         "caller_uid",
     }
 )
-
-
-class BadReport(JobstoreError, ValueError):
-    """A report that no genuine hook could have written; never applied."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 
-from jobstore.errors import JobstoreError
+from jobstore.errors import SandboxError
 from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
 
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 Manifest = list  # of (name, sha256, size, mode)
-
-
-class SandboxError(JobstoreError):
-    """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
-
-    def __init__(self, message: str, err: int = 0) -> None:
-        super().__init__(message)
-        self.errno = err
 
 
 class HandOff(Exception):  # noqa: N818 - not an error: a change of hands

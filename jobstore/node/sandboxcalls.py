@@ -21,11 +21,11 @@ from jobstore.core.jobs import Job
 from jobstore.core.states import HANDED_OUT
 from jobstore.db.sandbox import CHECKPOINT, OUT, FileSource
 from jobstore.db.store import JobStore
-from jobstore.errors import DatabaseError, UnknownJob
+from jobstore.errors import DatabaseError, HookError, SandboxError, UnknownJob
 from jobstore.node import config
-from jobstore.node.handlers import HookError, HookRequest, HookResponse, store_for
+from jobstore.node.handlers import HookRequest, HookResponse, store_for
 from jobstore.node.inputcache import open_input
-from jobstore.node.sandbox import MAX_NAME, SandboxError, check_name
+from jobstore.node.sandbox import MAX_NAME, check_name
 from jobstore.node.sandboxroot import UPLOADS, ensure_private
 
 CALLS = ("sandbox_list", "sandbox_read", "sandbox_open", "sandbox_write")

@@ -4,8 +4,9 @@ database checks); jobstore.node.sandbox.transfer fills or empties the sandbox wi
 
 from __future__ import annotations
 
+from jobstore.errors import SandboxError
 from jobstore.node.handlers import HookRequest
-from jobstore.node.sandbox import Files, SandboxError
+from jobstore.node.sandbox import Files
 from jobstore.node.sandboxcalls import handle
 
 

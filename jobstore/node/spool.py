@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jobstore.errors import InvalidInput, JobstoreError
+from jobstore.errors import InvalidInput, SpoolError
 
 SUFFIX = ".report"
 DIR_MODE = 0o1733  # the shared directory (owned by root)
@@ -51,10 +51,6 @@ _WRITING = re.compile(r"^\.(\d+-(\d+)-[0-9a-f]+)\.tmp$")
 _REPORT = re.compile(r"^\d+-\d+-[0-9a-f]+\.report$")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _log = logging.getLogger(__name__)
-
-
-class SpoolError(JobstoreError, OSError):
-    """The spool directory cannot be used safely."""
 
 
 class NotMine(Exception):

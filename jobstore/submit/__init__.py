@@ -19,9 +19,10 @@ Conventions of the produced :class:`JobSpec`:
 * ``retry_until`` given as a plain integer ``N`` becomes ``ExitCode == N``.
 """
 
+from jobstore.errors import SubmitError
 from jobstore.submit.classadfile import parse_classad_file
 from jobstore.submit.description import parse_submit_file, parse_submit_text
-from jobstore.submit.errors import MAX_PROCS, SubmitError
+from jobstore.submit.limits import MAX_PROCS
 from jobstore.submit.reader import load_jobs
 from jobstore.submit.syntax import join_args_v2, split_args_v2
 from jobstore.submit.values import old_expr_to_new

@@ -14,8 +14,8 @@ import classad2
 from jobstore.core import limits
 from jobstore.core.fairshare import check_group_name
 from jobstore.core.jobs import DEFAULT_REQUEST_DISK, DEFAULT_REQUEST_MEMORY, JobSpec
-from jobstore.errors import InvalidInput
-from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
+from jobstore.errors import FieldError, InvalidInput, SubmitError
+from jobstore.submit.limits import MAX_PROCS
 from jobstore.submit.syntax import env_v1_to_v2, env_words_to_v2, join_args_v2, split_args_v2
 from jobstore.submit.values import (
     AD_NAMES,

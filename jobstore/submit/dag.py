@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from jobstore.submit.errors import SubmitError
+from jobstore.errors import DagError
 
 ALL_NODES = "ALL_NODES"
 # DAGMan's commands the job store does not run, with why (each refused where it appears).
@@ -43,10 +43,6 @@ _NAME = re.compile(r"[^\s+{}]+")
 _MACRO = re.compile(r"[A-Za-z0-9_.+]+")
 _VAR = re.compile(r'\s*([^\s=]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _KEYWORDS = {"PARENT", "CHILD", ALL_NODES}
-
-
-class DagError(SubmitError):
-    """A DAG file that cannot be run: names the file and the line."""
 
 
 def _check_subdag(inner: Dag, name: str, where: str) -> None:

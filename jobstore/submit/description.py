@@ -28,10 +28,10 @@ from jobstore.core.jobs import (
     ProcTemplate,
 )
 from jobstore.core.policy import POLICY_COMMANDS
-from jobstore.errors import InvalidInput
+from jobstore.errors import FieldError, InvalidInput, SubmitError
 from jobstore.submit import commands
 from jobstore.submit.classadfile import AD_FIELDS
-from jobstore.submit.errors import MAX_PROCS, FieldError, SubmitError
+from jobstore.submit.limits import MAX_PROCS
 from jobstore.submit.syntax import args_to_v2, env_to_v2, env_words_to_v2, split_args_v2
 from jobstore.submit.transfer import read_transfer, sandbox_inputs, transfer_attrs
 from jobstore.submit.values import (

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from jobstore.core.jobs import InputFile
+from jobstore.errors import FieldError
 from jobstore.formats import remaps
 from jobstore.formats.classads import string_literal
 from jobstore.formats.remaps import landing
-from jobstore.submit.errors import FieldError
 from jobstore.submit.values import FALSE_WORDS, TRUE_WORDS
 
 __all__ = ["Input", "Transfer", "read_transfer", "sandbox_inputs", "transfer_attrs",

@@ -11,8 +11,7 @@ from pathlib import Path
 import classad2
 
 from jobstore.core.jobs import JobSpec
-from jobstore.errors import InvalidInput
-from jobstore.submit.errors import FieldError, SubmitError
+from jobstore.errors import FieldError, InvalidInput, SubmitError
 
 RESERVED_PREFIX = "jobstore"
 RESERVED_ATTRS = frozenset({"hookkeyword", "jobleaseduration"})

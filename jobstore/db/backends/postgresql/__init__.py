@@ -49,7 +49,7 @@ from jobstore.db.backends.postgresql.kept import KeptConnection
 from jobstore.db.backends.postgresql.notify import PgListener, notify
 from jobstore.db.channels import CHANNEL, Listener
 from jobstore.db.engine import database_message, json_text
-from jobstore.db.rows import RowChange, RowChanged, event_row, note_event
+from jobstore.db.rows import RowChange, event_row, note_event
 from jobstore.db.schema import jobs
 from jobstore.db.sql import (
     CLAIM_IN_AUTOCLUSTERS,
@@ -71,7 +71,14 @@ from jobstore.db.sql import (
 )
 from jobstore.db.sql import READ_JOB as READ_JOB_SQL
 from jobstore.db.sql import READ_JOBS as READ_JOBS_SQL
-from jobstore.errors import DatabaseError, InvalidInput, JobstoreError, Refused, UnknownCluster
+from jobstore.errors import (
+    DatabaseError,
+    InvalidInput,
+    JobstoreError,
+    Refused,
+    RowChanged,
+    UnknownCluster,
+)
 
 CLAIM_CHUNK = 64  # autoclusters per claim statement
 # The SQLSTATEs the door's functions raise (migration 0019), and what each is here
