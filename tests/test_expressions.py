@@ -6,6 +6,8 @@ held with a reason that says so, and the agent serves everyone else meanwhile.""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -54,6 +56,31 @@ def test_a_bomb_is_cut_off_and_the_next_answer_comes(evaluator: Bounded) -> None
     assert verdict.hold is not None and verdict.hold.code == holds.JOB_POLICY_UNDEFINED
     ok = evaluator.exit_verdict(TERMS, {"ExitCode": 0}, ClassAd("[OnExitHold = false]"))
     assert ok == policy.ExitVerdict(True, False, None)
+
+
+def test_an_answer_the_node_was_too_busy_to_compute_in_time_is_no_bomb() -> None:
+    """The bound is on the worker's CPU: a worker that got none for longer than the bound (a
+    node busy with its jobs; here, stopped) still answers, and is cut off at WALL_FACTOR times
+    the bound on the clock."""
+    evaluator = Bounded(timeout=0.5, workers=1)
+    job = ClassAd("[Requirements = TARGET.Cpus >= 1]")
+    try:
+        assert evaluator.matches(job, SLOT) is True
+        (worker,) = evaluator._idle
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        threading.Timer(1.0, os.kill, (worker.proc.pid, signal.SIGCONT)).start()
+        started = time.monotonic()
+        assert evaluator.matches(job, SLOT) is True
+        assert time.monotonic() - started >= 1.0  # past the 0.5 s bound on the clock
+        (worker,) = evaluator._idle
+        os.kill(worker.proc.pid, signal.SIGSTOP)  # and never again: cut off at 3 x 0.5 s
+        started = time.monotonic()
+        with pytest.raises(TooCostly):
+            evaluator.matches(job, SLOT)
+        assert 1.5 <= time.monotonic() - started < 30
+        assert evaluator.matches(job, SLOT) is True
+    finally:
+        evaluator.close()
 
 
 def test_others_are_answered_while_a_bomb_is_evaluated(evaluator: Bounded) -> None:

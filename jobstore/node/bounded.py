@@ -3,10 +3,12 @@ escape: Requirements (both sides of a match), the periodic policy and the exit p
 
 `Inline` evaluates them in this process (a hook run for one call: its deadline bounds it).
 `Bounded` (the agent) sends each to a worker process (`node.evalworker`, unprivileged) and kills
-the worker when the answer takes longer than `timeout` seconds: classad2 holds the GIL while it
+the worker when the answer has taken `timeout` seconds of its CPU (or WALL_FACTOR times that on
+the clock, should the node be too busy to give it the CPU): classad2 holds the GIL while it
 evaluates, so in the agent a hostile expression would stop every other caller's fetch and
-report. A job whose expression took too long is held, with a reason that says so
-(HoldReasonCode 5, JobPolicyUndefined); everyone else's calls go on meanwhile.
+report, and a node busy with its jobs must not make an innocent expression look like one. A job
+whose expression took too long is held, with a reason that says so (HoldReasonCode 5,
+JobPolicyUndefined); everyone else's calls go on meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from jobstore.formats.matching import matches
 from jobstore.node.evalworker import READY
 
 DEFAULT_TIMEOUT = 2.0  # seconds: ordinary expressions take microseconds
+WALL_FACTOR = 3.0  # an answer that took less CPU than the bound waits this many times it at most
 DEFAULT_WORKERS = 3
 STARTUP_TIMEOUT = 30.0
 # The worker: isolated mode (no environment, no user site), the package where ours is.
@@ -178,7 +181,7 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
         try:
-            self._read(len(READY), time.monotonic() + STARTUP_TIMEOUT)
+            self._read(len(READY), _Bound(self.proc.pid, STARTUP_TIMEOUT, time.monotonic()))
         except (TooCostly, _WorkerDied):
             self.kill()
             raise WorkerUnavailable("the expression worker (jobstore.node.evalworker) did not "
@@ -190,21 +193,24 @@ class _Worker:
     def ask(self, request: dict[str, Any], timeout: float) -> Any:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         data = json.dumps(request).encode()
+        started, cpu = time.monotonic(), _cpu_seconds(self.proc.pid)
         self.proc.stdin.write(len(data).to_bytes(4, "big") + data)
         self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout
-        size = int.from_bytes(self._read(4, deadline), "big")
-        reply = json.loads(self._read(size, deadline))
+        bound = _Bound(self.proc.pid, timeout, started, cpu)
+        size = int.from_bytes(self._read(4, bound), "big")
+        reply = json.loads(self._read(size, bound))
         if "error" in reply:
             raise InvalidInput(f"expression evaluation failed: {reply['error']}")
         return reply["ok"]
 
-    def _read(self, n: int, deadline: float) -> bytes:
+    def _read(self, n: int, bound: _Bound) -> bytes:
         assert self.proc.stdout is not None
         fd, data = self.proc.stdout.fileno(), b""
         while len(data) < n:
-            left = deadline - time.monotonic()
+            left = bound.left()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
+                if bound.left() > 0:
+                    continue
                 raise TooCostly
             chunk = os.read(fd, n - len(data))
             if not chunk:
@@ -219,6 +225,36 @@ class _Worker:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+class _Bound:
+    """What is left of an answer's time: `seconds` of the worker's CPU from `cpu` on (measured
+    by the clock where the CPU cannot be read, and on the clock for its start), and never more
+    than WALL_FACTOR times that on the clock."""
+
+    def __init__(self, pid: int, seconds: float, started: float, cpu: float | None = None) -> None:
+        self.pid, self.seconds, self.started, self.cpu = pid, seconds, started, cpu
+
+    def left(self) -> float:
+        now = time.monotonic()
+        on_clock = self.seconds - (now - self.started)
+        if on_clock > 0 or self.cpu is None:
+            return on_clock
+        used = _cpu_seconds(self.pid)
+        if used is None:
+            return on_clock
+        by_cpu = self.seconds - (used - self.cpu)
+        return min(max(by_cpu, 0.0), self.seconds * WALL_FACTOR - (now - self.started))
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds process `pid` has used (Linux's /proc), None when they cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _package_root() -> str:
