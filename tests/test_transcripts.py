@@ -15,6 +15,10 @@ import json
 import os
 import pwd
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -236,6 +240,44 @@ def env_for(db_url: str, condor_config: Path, tmp_path: Path):
     return make
 
 
+@pytest.fixture
+def replay_env(db_url: str, env_for):
+    """The hooks' environment for a replay. On PostgreSQL, an agent serves them, as shipped
+    (JOBSTORE_HOOK_MODE=agent: they may not work alone); on SQLite (the slow step) they work
+    alone, in direct mode."""
+    if db_url.startswith("sqlite"):
+        yield env_for
+        return
+    base = Path(tempfile.mkdtemp(prefix="jobstore-replay-"))  # a short path for the socket
+    os.chmod(base, 0o755)
+    socket, log = base / "agent.sock", base / "agent.log"
+    with open(log, "ab") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "jobstore.cli", "agent", "--socket", str(socket)],
+            env=dict(env_for(), PATH=os.environ.get("PATH", "/usr/bin:/bin")),
+            stdout=out, stderr=out)
+    try:
+        end = time.monotonic() + 60
+        while "listening on" not in log.read_text():
+            assert agent.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.02)
+
+        def make(call_env: dict[str, str] | None = None) -> dict[str, str]:
+            return dict(env_for(call_env), JOBSTORE_AGENT_SOCKET=str(socket),
+                        JOBSTORE_HOOK_MODE="agent")
+
+        make.log = env_for.log  # type: ignore[attr-defined]
+        yield make
+        agent.terminate()
+        assert agent.wait(60) == 0, log.read_text()
+        no_traceback(log.read_text())
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def check_fetched_ad(out: bytes) -> classad2.ClassAd:
     assert len(out) <= classads.MAX_JOB_AD_BYTES
     ad = classad2.parseOne(out.decode(), classad2.ParserType.Old)
@@ -342,15 +384,16 @@ def fits(job: Job, slot_stdin: bytes) -> bool:
     )
 
 
-# The hooks' logic does not depend on the backend: the SQLite replays run in the slow step.
+# The hooks' logic does not depend on the backend: on PostgreSQL they replay through the agent,
+# on SQLite (the slow step) in direct mode (replay_env).
 @pytest.mark.parametrize(
     "db_url", [pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"], indirect=True
 )
 @pytest.mark.parametrize("folder", scenario_dirs(), ids=lambda p: p.name)
-def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: str) -> None:
+def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice: str) -> None:
     calls = load_calls(folder)
     assert calls, folder
-    r = Replay(store, hook_dir, env_for)
+    r = Replay(store, hook_dir, replay_env)
 
     # Submit one job per recorded job ad, in the order the stub handed them out.
     for call in calls:
@@ -456,7 +499,7 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, env_for, alice: s
         assert by_job[job_id] == cluster
 
     # Secrets (attempt tokens, ClaimId) never reach the hook log.
-    log = env_for.log.read_bytes() if env_for.log.exists() else b""
+    log = replay_env.log.read_bytes() if replay_env.log.exists() else b""
     no_traceback(log)
     for secret in r.secrets:
         assert secret not in log, secret
