@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jobstore.cli import admin, dags, queue, status, userprio
+from jobstore.cli import act, admin, dags, queue, status, submit, userprio, watch
 from jobstore.cli.context import Context, Group
 from jobstore.cli.demo import demo, emulate
 
@@ -28,10 +28,10 @@ def main(ctx: click.Context, db: str | None, keyword: str | None) -> None:
 
 
 for command in (
-    admin.init, admin.grant, admin.grant_user, admin.revoke_user, queue.submit,
-    queue.submit_dag, dags.dag, queue.q,
-    queue.history, queue.qedit, queue.events, queue.watch, queue.hold, queue.release, queue.rm,
-    queue.stats, queue.transfer_data, status.status, userprio.userprio,
+    admin.init, admin.grant, admin.grant_user, admin.revoke_user, submit.submit,
+    submit.submit_dag, dags.dag, queue.q,
+    queue.history, queue.qedit, watch.events, watch.watch, act.hold, act.release, act.rm,
+    queue.stats, act.transfer_data, status.status, userprio.userprio,
     admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
     demo, emulate,
 ):
