@@ -68,3 +68,34 @@ def test_every_error_class_is_in_errors_py() -> None:
                 if bases & ours:
                     elsewhere.append(f"{path.relative_to(root)}: {node.name}")
     assert not elsewhere, elsewhere
+
+
+def test_the_architecture_page_is_the_layers_contract_and_names_every_module() -> None:
+    """docs/architecture.md: its diagram's layers, top to bottom, are pyproject.toml's layers
+    contract, and each package's paragraph names each of its modules."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(jobstore.__file__).parent.parent
+    page = (root / "docs" / "architecture.md").read_text()
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
+    diagram = page.split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn: list[str] = []
+    for name in re.findall(r'\w+\["(jobstore\.\w+)"\]', diagram):
+        if name not in drawn:
+            drawn.append(name)
+    flat = [name.strip() for layer in layers for name in layer.split("|")]
+    assert drawn == flat, (drawn, flat)
+    paragraphs = dict(re.findall(r"\*\*`(jobstore\.\w+)`\*\*(.*?)(?=\n\n|\Z)", page, re.S))
+    assert set(paragraphs) == set(flat)
+    for package, text in paragraphs.items():
+        directory = root / package.replace(".", "/")
+        if not directory.is_dir():
+            continue
+        modules = {p.stem for p in directory.glob("*.py")} | {
+            p.name for p in directory.iterdir() if (p / "__init__.py").exists()}
+        named = set(re.findall(r"`(\w+)`", text))
+        missing = {m for m in modules if not m.startswith("_")} - named
+        assert not missing, f"{package}: {sorted(missing)} not in docs/architecture.md"
