@@ -197,11 +197,10 @@ def cleanup(env: Env) -> None:
             if p.is_alive():
                 p.kill()
             p.join(5)
-    from jobstore.node import handlers
+    from jobstore.node.services import direct
 
-    for store in list(handlers._stores.values()):
-        with suppress(Exception):
-            store.engine.dispose()
+    with suppress(Exception):
+        direct().drop_stores()
     if env.pg_name:
         import psycopg
         from psycopg import sql

@@ -21,6 +21,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
 
     from jobstore.db.store import JobStore
     from jobstore.node import config, handlers
+    from jobstore.node.services import direct
 
     say("")
     say(f"== 4. Database connections opened by the hook path (mean over {jobs} jobs)")
@@ -72,7 +73,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
     # (b) the same handlers in this process, connect events on the hook's engine, per hook
     for name, url in backends:
         os.environ["JOBSTORE_DATABASE_URL"] = url
-        hstore = handlers.store_for(config.load_settings(KEYWORD))
+        hstore = direct().store_for(config.load_settings(KEYWORD))
         counter = {"n": 0}
 
         def on_connect(*_a: Any, _c: dict = counter) -> None:
@@ -92,7 +93,8 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                     stdin = insert_identity(stdin, identity, reply_fetch=exe == "reply_fetch")
                 before = counter["n"]
                 resp = handlers.handle(handlers.HookRequest(
-                    hook=exe, argv=list(argv), stdin=stdin, env={**os.environ, **call.env}))
+                    hook=exe, argv=list(argv), stdin=stdin, env={**os.environ, **call.env},
+                    node=direct()))
                 if resp.error:
                     raise LifeError(f"in-process {label}: {resp.error}")
                 if exe == "fetch_job":
@@ -105,7 +107,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
             before = counter["n"]
             slot_ad = calls["01-FETCH_WORK"].stdin
             resp = handlers.handle(handlers.HookRequest(
-                hook="fetch_job", argv=[], stdin=slot_ad, env=dict(os.environ)))
+                hook="fetch_job", argv=[], stdin=slot_ad, env=dict(os.environ), node=direct()))
             if resp.stdout or resp.error:
                 raise LifeError(f"in-process empty fetch: {resp.stdout[:100]!r} {resp.error}")
             empty += counter["n"] - before

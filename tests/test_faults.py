@@ -31,6 +31,7 @@ from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.emulator import Emulator
 from jobstore.node import spool
 from jobstore.node.handlers import record_group, spool_sender
+from jobstore.node.services import direct
 
 FINAL = {"completed", "failed", "removed"}
 ENDS_ATTEMPT = {"idle", "completed", "failed", "held", "removed"}
@@ -173,8 +174,8 @@ def replay_all(directory: Path) -> tuple[int, int]:
         services.add(pwd.getpwnam(SERVICE_ACCOUNT).pw_uid)
     except KeyError:
         pass
-    done = spool.replay(directory, spool_sender(frozenset(services)), limit=1_000_000,
-                        group=record_group)
+    done = spool.replay(directory, spool_sender(frozenset(services), node=direct()),
+                        limit=1_000_000, group=record_group)
     assert done.bad == 0
     return done.sent, done.left
 

@@ -26,6 +26,7 @@ from jobstore.node import config, handlers
 from jobstore.node.handlers import HookRequest
 from jobstore.node.reports import SERVICE
 from jobstore.node.sandboxroot import OUTBOX, ensure_root
+from jobstore.node.services import direct
 from jobstore.submit.description import parse_submit_text
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
@@ -40,9 +41,9 @@ def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
     monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(root))
     monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
-    handlers.drop_stores()
+    direct().drop_stores()
     yield root
-    handlers.drop_stores()
+    direct().drop_stores()
 
 
 def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
@@ -67,7 +68,7 @@ def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
 
 
 def _job_exit(ad: bytes) -> HookRequest:
-    return HookRequest(hook="job_exit", argv=["exit"], stdin=ad, caller=SERVICE)
+    return HookRequest(hook="job_exit", argv=["exit"], stdin=ad, caller=SERVICE, node=direct())
 
 
 def _wait(store: JobStore, job: Job, status: str) -> Job:
@@ -81,7 +82,7 @@ def _wait(store: JobStore, job: Job, status: str) -> Job:
 def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, node: Path,
                                                              tmp_path: Path) -> None:
     job, ad = _exited(store, tmp_path)
-    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    taken = Outbox(direct()).hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
     assert taken.error is None and "handed to the agent" in taken.log[0]
     box = node / OUTBOX
     assert [p.name for p in node.iterdir()] == [OUTBOX]  # moved, out of the user's reach
@@ -89,7 +90,7 @@ def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, nod
     assert sorted(p.name for p in box.iterdir()) == [name, name + ".exit"]
     assert sorted(p.name for p in (box / name).iterdir()) == ["job.out", "made.txt"]
     assert store.get_job(job.id).status == job.status  # the exit waits for the outputs
-    Outbox().start([str(node)])  # a new agent finds it and goes on
+    Outbox(direct()).start([str(node)])  # a new agent finds it and goes on
     done = _wait(store, job, "completed")
     assert done.exit_code == 0
     assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
@@ -103,7 +104,7 @@ def test_a_hand_off_without_its_sandbox_holds_the_job(store: JobStore, node: Pat
     for child in sandbox.iterdir():
         child.unlink()
     sandbox.rmdir()
-    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    taken = Outbox(direct()).hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
     assert taken.error is None
     held = store.get_job(job.id)
     assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
@@ -115,7 +116,7 @@ def test_a_hand_off_of_another_attempt_is_refused(store: JobStore, node: Path,
                                                   tmp_path: Path) -> None:
     job, ad = _exited(store, tmp_path)
     forged = ad.replace(f'"{job.token}"'.encode(), b'"guess"')
-    taken = Outbox().hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
+    taken = Outbox(direct()).hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
     assert taken.stale  # recorded only, as any report with a wrong token; nothing moved
     assert store.get_job(job.id).status == job.status
     assert not (node / OUTBOX).exists() or not any((node / OUTBOX).iterdir())
@@ -136,9 +137,9 @@ def test_a_forged_hand_off_takes_no_path_or_name_from_the_hook(store: JobStore, 
                    f'TransferOutput = "../../x,made.txt"\nOut = "{target}/out"\n'
                    'WhenToTransferOutput = "ON_EXIT_OR_EVICT"\n'
                    f'Iwd = "{target}"\nHookKeyword = "JOBSTORE"\n').encode()
-    taken = Outbox().hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
+    taken = Outbox(direct()).hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
     assert taken.error is None and "handed to the agent" in taken.log[0]
-    Outbox().start([str(node)])
+    Outbox(direct()).start([str(node)])
     done = _wait(store, job, "completed")
     assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
     assert list(target.iterdir()) == []
@@ -163,7 +164,7 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
     ad = (render_job(job, sandbox=str(sandbox), keyword="JOBSTORE", uid_domain="localdomain",
                      job_lease_duration=2400)
           + "ExitCode = 0\nExitBySignal = false\nJobstoreHandOff = true\n").encode()
-    taken = Outbox().hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
+    taken = Outbox(direct()).hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
     assert taken.error is None
     held = store.get_job(job.id)
     assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason

@@ -16,6 +16,7 @@ from jobstore.db.store import JobStore
 from jobstore.node import sandbox, sandboxcalls
 from jobstore.node.handlers import HookRequest
 from jobstore.node.reports import Caller
+from jobstore.node.services import direct
 from jobstore.testing.support import ensure_account
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
@@ -110,7 +111,7 @@ def test_the_agent_serves_an_attempts_files_to_its_owner_only(store: JobStore,
                  data: bytes = b"") -> tuple[bytes, str | None]:
             r = sandboxcalls.handle(HookRequest(
                 hook=hook, argv=["JOBSTORE", str(job.id), str(job.claims), token, *argv],
-                stdin=data, caller=Caller(uid)))
+                stdin=data, caller=Caller(uid), node=direct()))
             return r.stdout, r.error
 
         listing, error = call("sandbox_list", uid=os.geteuid())

@@ -19,6 +19,7 @@ from jobstore.db.store import JobStore
 from jobstore.formats.jobads import render_job
 from jobstore.node import config, handlers
 from jobstore.node.handlers import HookRequest
+from jobstore.node.services import direct
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
                    slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
@@ -29,9 +30,9 @@ def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
     monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
     monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
-    handlers.drop_stores()
+    direct().drop_stores()
     yield
-    handlers.drop_stores()
+    direct().drop_stores()
 
 
 def _exit_ad(store: JobStore) -> tuple[int, bytes]:
@@ -71,7 +72,8 @@ def test_a_report_the_agent_serves_reads_neither_settings_nor_accounts(
     cache.get("JOBSTORE")  # the agent's reading at start
     calls = _counting(monkeypatch)
     response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad,
-                                           settings=cache.get, services=frozenset({0})))
+                                           settings=cache.get, services=frozenset({0}),
+                                           node=direct()))
     assert response.error is None, response.error
     assert store.get_job(job_id).status == "completed"
     assert calls == {"settings": 0, "services": 0}
@@ -81,7 +83,8 @@ def test_a_hook_process_reads_them_once_for_its_one_call(
         store: JobStore, node: None, monkeypatch: pytest.MonkeyPatch) -> None:
     job_id, ad = _exit_ad(store)
     calls = _counting(monkeypatch)
-    response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad))
+    response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad,
+                                           node=direct()))
     assert response.error is None, response.error
     assert store.get_job(job_id).status == "completed"
     assert calls["services"] == 1 and calls["settings"] >= 1

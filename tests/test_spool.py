@@ -93,6 +93,7 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
     from jobstore.db.store import JobStore
     from jobstore.node.handlers import send_record, store_identity
     from jobstore.node.reports import Caller
+    from jobstore.node.services import direct
 
     url = f"sqlite:///{tmp_path / 'jobstore.db'}"
     upgrade(url)
@@ -110,8 +111,8 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
                 "attempt": job.claims, "changes": {}, "attrs": {}, "slot": "slot1",
                 "time": at, "store": store_identity(url)}
 
-    send_record(record("accept", time.time()), Caller())
-    send_record(record("start", made), Caller())
+    send_record(record("accept", time.time()), Caller(), node=direct())
+    send_record(record("start", made), Caller(), node=direct())
     attrs = {e.event: e.attrs for e in store.events(job.id)}
     assert not (attrs["accept"] or {}).get("ReportedAt")
     assert (attrs["start"] or {})["ReportedAt"] == made

@@ -36,6 +36,7 @@ from jobstore.node import spool
 from jobstore.node.handlers import send_record, store_identity
 from jobstore.node.hooktable import NAMES
 from jobstore.node.reports import CHANGE_COLUMNS, SERVICE, STARTER_EVENTS, Caller, Report
+from jobstore.node.services import direct
 from jobstore.node.spool import NotMine
 
 json_values = st.recursive(
@@ -170,7 +171,7 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
     writer = Caller(data.draw(st.sampled_from([os.geteuid(), other])))
     before = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}
     try:
-        send_record(record, writer)
+        send_record(record, writer, node=direct())
     except (BadReport, NotOwner, NotMine, UnknownJob):
         pass
     after = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}

@@ -48,6 +48,7 @@ from typing import Any
 
 from jobstore.db.channels import WORK, Listener
 from jobstore.node import config, handlers
+from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
 POLL = 0.5  # seconds between two wake-ups of a database no notification can come from
@@ -156,7 +157,8 @@ class FetchWaits:
     def __init__(self, requeue: Callable[[Parked], None], answer: Callable[[Parked], None],
                  drop: Callable[[Parked], None], connect_timeout: int = 3,
                  databases: Callable[[], list[config.Settings]] = list,
-                 starved: Callable[[], None] = lambda: None) -> None:
+                 starved: Callable[[], None] = lambda: None, *, stores: NodeServices) -> None:
+        self._stores = stores
         self._requeue, self._answer, self._drop = requeue, answer, drop
         self._starved = starved  # announced work that no waiting fetch could take
         self._connect_timeout = connect_timeout
@@ -300,7 +302,7 @@ class FetchWaits:
             return
         since = time.monotonic()  # what came before it was not heard: claim again
         try:
-            store = handlers.store_for(settings)
+            store = self._stores.store_for(settings)
             listener = store.listener(WORK, self._connect_timeout)
             listener.open()
             if not listener.probe():

@@ -42,6 +42,7 @@ from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.reports import SERVICE, Caller
 from jobstore.node.sandbox import ATTR_HAND_OFF, Files, failed, transfer
 from jobstore.node.sandboxroot import ensure_outbox
+from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
 RETRY_SECONDS = 30.0  # after the database was away
@@ -53,12 +54,15 @@ class _Later(Exception):  # noqa: N818 - not a failure of the job's: try again
 
 
 class Outbox:
-    """Takes hand-offs (handlers.use_outbox) and sends them, one at a time, in a thread."""
+    """Takes hand-offs (the agent's NodeServices.outbox) and sends them, one at a time, in a
+    thread."""
 
-    def __init__(self, settings: Callable[[str | None], config.Settings] | None = None,
+    def __init__(self, node: NodeServices,
+                 settings: Callable[[str | None], config.Settings] | None = None,
                  services: Callable[[], frozenset[int]] | None = None) -> None:
-        """`settings` and `services`: the agent's readings (HookRequest), None to read them
-        at each call."""
+        """`node`: what serves its calls (the agent's); `settings` and `services`: the agent's
+        readings (HookRequest), None to read them at each call."""
+        self._node = node
         self._queue: queue.Queue[Path] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._settings = settings
@@ -67,7 +71,8 @@ class Outbox:
     def _read(self) -> dict[str, Any]:
         """What a HookRequest of this outbox carries of the agent's readings."""
         return {"settings": self._settings,
-                "services": None if self._services is None else self._services()}
+                "services": None if self._services is None else self._services(),
+                "node": self._node}
 
     def start(self, roots: Iterable[str]) -> None:
         """Go on with what a previous run left in the outboxes of `roots`, and serve."""
@@ -96,7 +101,7 @@ class Outbox:
             return handlers.handle(HookRequest(
                 hook="job_exit", argv=request.argv, stdin=failed("job_exit", stdin, why),
                 env=request.env, caller=request.caller, settings=request.settings,
-                services=request.services))
+                services=request.services, node=request.node))
         self._queue.put(record)
         return HookResponse(log=[f"job {get_int(ad, 'ClusterId')}.{get_int(ad, 'ProcId')}: "
                                  "outputs not all sent in JOB_EXIT's time, handed to the agent"])
@@ -107,7 +112,7 @@ class Outbox:
                get_str(ad, ATTR_TOKEN) or ""]
         settings, _store, job = sandboxcalls.current_attempt(HookRequest(
             hook="sandbox_list", argv=who, stdin=b"", caller=request.caller,
-            settings=request.settings))
+            settings=request.settings, node=request.node))
         if any(name.lower() == "outputdestination" for name in job.ad or {}):
             raise HookError("its outputs go to its output_destination, which JOB_EXIT sends "
                             "them to as the job's user: they are never handed to the agent")

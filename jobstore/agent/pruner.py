@@ -9,8 +9,9 @@ import time
 from collections.abc import Iterable
 
 from jobstore.core.durations import describe
-from jobstore.node import config, handlers
+from jobstore.node import config
 from jobstore.node.hookproc import one_line
+from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
 BUDGET = 30.0  # seconds one prune may take; what is left waits for the next interval
@@ -20,7 +21,8 @@ REFUSED_EVERY = 3600.0  # seconds between two warnings that a database refuses t
 class Pruner:
     """Called from the agent's periodic thread; keeps when each database is next due."""
 
-    def __init__(self) -> None:
+    def __init__(self, stores: NodeServices) -> None:
+        self._stores = stores
         self._next: dict[str, float] = {}
         self._refused: dict[str, float] = {}
 
@@ -33,7 +35,7 @@ class Pruner:
                 continue
             self._next[url] = now + settings.prune_interval
             try:
-                store = handlers.store_for(settings)
+                store = self._stores.store_for(settings)
                 done = store.prune_due(settings.history_retention, settings.prune_interval,
                                        budget=BUDGET)
             except config.ConfigError:

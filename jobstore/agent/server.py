@@ -58,6 +58,7 @@ from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import DEADLINES, NAMES
 from jobstore.node.inflight import CRASHES_BEFORE_HOLD, InFlight
 from jobstore.node.sandboxroot import INFLIGHT, ensure_private, ensure_root, sweep
+from jobstore.node.services import NodeServices
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
@@ -169,7 +170,9 @@ class Agent:
         self._replaying = threading.Event()
         self._policing = threading.Event()
         self._attempts = Attempts()
-        self._pruner = Pruner()
+        # what serves the hooks' calls here: the kept stores, the evaluator, the outbox, ...
+        self.node_services = NodeServices()
+        self._pruner = Pruner(self.node_services)
         self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
@@ -177,7 +180,7 @@ class Agent:
         self._log_budget = _LogBudget()
         self._waits: FetchWaits | None = None
         self._settings = config.SettingsCache()  # each keyword's, read once (again on SIGHUP)
-        self._outbox = Outbox(self._settings.get, lambda: self.services)
+        self._outbox = Outbox(self.node_services, self._settings.get, lambda: self.services)
         self._fetches = FetchActivity(lambda: len(self._waits or ()))  # for the nudge
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -227,13 +230,14 @@ class Agent:
 
     def run(self) -> int:
         self._setup_logging()
-        handlers.use_pool(self.settings.db_overflow)
+        served = self.node_services
+        served.use_pool(self.settings.db_overflow)
         evaluator = bounded.Bounded(self.settings.expression_timeout,
                                     self.settings.expression_workers)
-        handlers.use_evaluator(evaluator)
-        handlers.use_outbox(self._outbox.hand_off)
+        served.use_evaluator(evaluator)
+        served.outbox = self._outbox.hand_off
         kept_back = Deferred(self.settings.report_delay) if self.settings.report_delay else None
-        handlers.use_deferred(kept_back)
+        served.deferred = kept_back
         self._sandbox_roots()
         self._hold_what_crashed_it()
         listener = self._listen()
@@ -263,7 +267,7 @@ class Agent:
             lambda parked: work.put(dataclasses.replace(parked.item, parked=parked), None),
             self._answer_nothing, self._hang_up,
             databases=lambda: [s for s in self._node() if s.fetch_wait > 0],
-            starved=self._fetches.starved)
+            starved=self._fetches.starved, stores=served)
         waiter = threading.Thread(target=waits.run, args=(lambda: self._stop,), name="waits",
                                   daemon=True)
         waiter.start()
@@ -271,7 +275,7 @@ class Agent:
             threading.Thread(target=nudge_startd, args=(
                 self.settings.nudge_command, time.time(), self._fetches, lambda: self._stop),
                 name="nudge", daemon=True).start()
-        watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings)
+        watch = AttemptWatch(self._attempts, self._vacate, lambda: self.settings, served)
         watcher = threading.Thread(target=watch.run, args=(lambda: self._stop,), name="watch",
                                    daemon=True)
         watcher.start()
@@ -334,19 +338,19 @@ class Agent:
                 self._release(item.conn)
             for t in workers:
                 t.join()
-            handlers.use_deferred(None)
+            served.deferred = None
             if kept_back is not None:  # what the hooks were told was taken goes in now
-                self._log_kept_back(handlers.apply_kept_back(kept_back.drain()))
+                self._log_kept_back(handlers.apply_kept_back(kept_back.drain(), node=served))
             for duty in (replayer, policer):
                 if duty is not None:
                     duty.join()
             if self._metrics is not None:
                 self._metrics.close()
-            handlers.drop_stores()
-            journal = handlers.use_inflight(None)
+            served.drop_stores()
+            journal, served.inflight = served.inflight, None
             if journal is not None:
                 journal.clear()  # an orderly stop: whatever was being read did not crash it
-            handlers.use_evaluator(bounded.Inline())
+            served.use_evaluator(bounded.Inline())
             evaluator.close()
             signal.set_wakeup_fd(old_wakeup)
             wake_r.close()
@@ -367,13 +371,13 @@ class Agent:
         except OSError as exc:
             log.error("the journal of jobs read cannot be kept: %s", exc)
             return
-        handlers.use_inflight(journal)
+        self.node_services.inflight = journal
         for keyword, job_id in due:
             why = (f"the jobstore agent died {CRASHES_BEFORE_HOLD} times while it read this "
                    "job's ad (its expressions): held so that no node reads it again")
             try:
                 settings = self._settings.get(keyword)
-                held = handlers.store_for(settings).hold_unreadable(job_id, why)
+                held = self.node_services.store_for(settings).hold_unreadable(job_id, why)
             except (JobstoreError, config.ConfigError) as exc:
                 log.error("job id %d, which the agent died reading, cannot be held: %s",
                           job_id, exc)
@@ -403,7 +407,7 @@ class Agent:
             return
         self.services = config.service_uids(self.settings.startd_users)
         self._setup_logging()
-        handlers.drop_stores()
+        self.node_services.drop_stores()
         if self.settings.socket != self.path:
             log.warning("JOBSTORE_AGENT_SOCKET changed; the agent keeps %s until restarted",
                         self.path)
@@ -607,7 +611,7 @@ class Agent:
             response = serve(HookRequest(
                 hook=hook, argv=item.argv, stdin=item.stdin, env=item.env,
                 caller=peers.caller(peer, self.services), settings=self._settings.get,
-                services=self.services,
+                services=self.services, node=self.node_services,
             ))
             claimed = hook == "fetch_job" and bool(
                 response.stdout or (response.idle is not None and not response.idle.starter))
@@ -676,7 +680,8 @@ class Agent:
             assert self._waits is not None
             self._waits.nothing(item.stdin, quiet)
         try:
-            for note in handlers.upkeep(handlers.store_for(quiet.settings), quiet.settings):
+            store = self.node_services.store_for(quiet.settings)
+            for note in handlers.upkeep(store, quiet.settings):
                 log.warning("fetch_job: %s", one_line(note))
         except Exception as exc:  # as in a fetch: the upkeep never costs the call
             log.warning("fetch_job: upkeep failed: %s: %s", type(exc).__name__, exc)
@@ -691,11 +696,10 @@ class Agent:
         item.parked.polled = False
         return self._wait(item, HookResponse(idle=item.parked.idle), claimed=False)
 
-    @staticmethod
-    def _no_idle_job(idle: handlers.IdleSlot) -> bool:
+    def _no_idle_job(self, idle: handlers.IdleSlot) -> bool:
         """Does the slot's queue have no idle job at all? (A failed read says it may have.)"""
         try:
-            return not handlers.store_for(idle.settings).has_idle(idle.queue)
+            return not self.node_services.store_for(idle.settings).has_idle(idle.queue)
         except Exception as exc:
             log.warning("fetch_job: idle jobs not counted: %s: %s", type(exc).__name__, exc)
             return False
@@ -748,7 +752,9 @@ class Agent:
 
             # the default keyword's, then STARTD_JOB_HOOK_KEYWORD's: the latter when it is set
             keywords = self._node()
-            return [StoreCollector(handlers.store_for(keywords[-1]))] if keywords else []
+            if not keywords:
+                return []
+            return [StoreCollector(self.node_services.store_for(keywords[-1]))]
 
         address, port = self.settings.metrics_address, self.settings.metrics_port
         try:
@@ -774,7 +780,7 @@ class Agent:
             if not due:
                 continue
             try:
-                self._log_kept_back(handlers.apply_kept_back(due))
+                self._log_kept_back(handlers.apply_kept_back(due, node=self.node_services))
             except Exception as exc:  # the spool has them; the replay sends them
                 log.error("reports kept back not applied: %s", one_line(str(exc)))
 
@@ -807,7 +813,7 @@ class Agent:
         job = fetched.stdout if fetched.stdout.endswith(b"\n") else fetched.stdout + b"\n"
         back = handlers.handle(HookRequest(
             hook="reply_fetch", argv=["reject"], stdin=job + b"-----\n" + slot_ad, env={},
-            settings=self._settings.get, services=self.services,
+            settings=self._settings.get, services=self.services, node=self.node_services,
         ))
         log.warning("fetch_job: the hook left before its answer; job given back (%s)",
                     back.error or "; ".join(back.log))
@@ -852,7 +858,7 @@ class Agent:
             node = self._node()
             for settings in node:
                 try:
-                    store = handlers.store_for(settings)
+                    store = self.node_services.store_for(settings)
                 except config.ConfigError:
                     continue
                 acted = store.police_due(settings.periodic_expr_interval)
@@ -879,32 +885,30 @@ class Agent:
         finally:
             self._policing.clear()
 
-    @staticmethod
-    def _sweep_sandboxes(node: list[config.Settings]) -> None:
+    def _sweep_sandboxes(self, node: list[config.Settings]) -> None:
         """Remove the sandboxes of attempts that ended without their JOB_EXIT (a crash, a
         killed starter), once no slot can still run them (LEASE_DURATION)."""
         for settings in node:
             root = settings.sandbox_root
             if not os.path.isdir(root):
                 continue
-            current = _current_attempt(handlers.store_for(settings))
+            current = _current_attempt(self.node_services.store_for(settings))
             for name in sweep(root, current, settings.lease_duration):
                 log.info("sandbox %s of an ended attempt removed", name)
 
-    @staticmethod
-    def _node_stores(node: list[config.Settings]) -> list[Any]:
+    def _node_stores(self, node: list[config.Settings]) -> list[Any]:
         """One store per database of this node's keywords."""
         stores: dict[str, Any] = {}
         for settings in node:
             try:
-                stores.setdefault(settings.database_url, handlers.store_for(settings))
+                stores.setdefault(settings.database_url, self.node_services.store_for(settings))
             except config.ConfigError:
                 continue
         return list(stores.values())
 
     def _replay(self) -> None:
         try:
-            send = handlers.spool_sender(self.services)
+            send = handlers.spool_sender(self.services, node=self.node_services)
             for directory in self._spool_dirs():
                 done = spool.replay(directory, send, limit=10_000, group=handlers.record_group)
                 if done.sent or done.left or done.bad:

@@ -24,7 +24,8 @@ from jobstore.core.states import FINAL, HANDED_OUT, Status
 from jobstore.db.channels import STOPS, Listener
 from jobstore.db.reads import AttemptState, NodeAttempt
 from jobstore.errors import DatabaseError
-from jobstore.node import config, handlers
+from jobstore.node import config
+from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
 ENDED_VALUES = frozenset(s.value for s in (*FINAL, Status.HELD))
@@ -86,7 +87,8 @@ class AttemptWatch:
     """Runs in its own thread (`run`) until `stopped()`."""
 
     def __init__(self, attempts: Attempts, vacate: Vacate,
-                 settings: Callable[[], config.AgentSettings]) -> None:
+                 settings: Callable[[], config.AgentSettings], stores: NodeServices) -> None:
+        self.stores = stores
         self.attempts = attempts
         self.vacate = vacate
         self.settings = settings
@@ -144,7 +146,7 @@ class AttemptWatch:
             if url in self._restored:  # two keywords, one database
                 continue
             try:
-                found = handlers.store_for(settings).attempts_on(hosts)
+                found = self.stores.store_for(settings).attempts_on(hosts)
             except (config.ConfigError, DatabaseError) as exc:
                 log.warning("watch: cannot look up this node's attempts yet: %s", exc)
                 continue
@@ -167,7 +169,7 @@ class AttemptWatch:
             return
         settings = next(iter(stores.values()))
         try:
-            store = handlers.store_for(settings)
+            store = self.stores.store_for(settings)
         except config.ConfigError:
             return
         if not store.can_listen:
@@ -222,7 +224,8 @@ class AttemptWatch:
         for keyword, attempts in by_keyword.items():
             try:
                 settings = stores.get(keyword) or config.load_settings(keyword)
-                states = handlers.store_for(settings).attempt_states([a.job_id for a in attempts])
+                states = self.stores.store_for(settings).attempt_states(
+                    [a.job_id for a in attempts])
             except (config.ConfigError, DatabaseError) as exc:
                 log.warning("watch: %s", exc)
                 continue

@@ -222,10 +222,11 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
 
     from jobstore.errors import SpoolError
     from jobstore.node.handlers import record_group, spool_sender
+    from jobstore.node.services import direct
     from jobstore.node.spool import replay as replay_spool
 
     directory = Path(spool_dir or ctx.settings.spool)
-    send = spool_sender(config.service_uids(config.startd_users()))
+    send = spool_sender(config.service_uids(config.startd_users()), node=direct())
     try:
         done = replay_spool(directory, send, limit=1_000_000, group=record_group)
     except SpoolError as exc:

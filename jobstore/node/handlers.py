@@ -11,12 +11,9 @@ import math
 import os
 import pwd
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +52,10 @@ from jobstore.formats.matching import (
 )
 from jobstore.node import bounded, config, spool
 from jobstore.node.accounts import account_exists, owner_refusal
-from jobstore.node.deferred import Deferred, Pending
+from jobstore.node.deferred import Pending
 from jobstore.node.hookproc import STOP_JOB
-from jobstore.node.inflight import InFlight
 from jobstore.node.reports import MAX_TEXT, REPORT_ATTRS, SERVICE, Caller, Report, check_changes
+from jobstore.node.services import NodeServices
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
     from jobstore.db.store import AttemptReport, JobStore, Outcome
@@ -86,6 +83,8 @@ class HookRequest:
     # The service accounts' uids as the caller resolved them (the agent: at start and on
     # SIGHUP); None: resolve them now.
     services: frozenset[int] | None = None
+    # What serves the call: the caller's stores, evaluator, outbox, kept-back reports
+    node: NodeServices = field(kw_only=True)
 
     def settings_for(self, keyword: str | None) -> config.Settings:
         """The settings of `keyword`, from the caller's reading if it made one."""
@@ -126,109 +125,6 @@ class HookResponse:
     spooled: bool = False  # the report could not be sent and waits in the spool
     fd: int | None = None  # an open file handed over with the answer (the caller closes it)
     idle: IdleSlot | None = None  # a fetch that found nothing for a slot that could take work
-
-
-# ---- stores, cached per URL so a long-running caller keeps its engine -----------------------
-
-_stores: dict[str, JobStore] = {}
-_stores_lock = threading.Lock()
-# None: one short connection per call (a hook process). An int: a long-running caller (the
-# agent) keeps one pooled connection per database plus this many overflow connections, which
-# are closed as soon as they are returned.
-_pool_overflow: int | None = None
-
-
-# How this process evaluates the expressions of a job's user (node.bounded): inline in a hook,
-# in bounded worker processes in the agent (`use_evaluator`).
-_evaluator: bounded.Evaluator = bounded.Inline()
-
-
-def use_evaluator(evaluator: bounded.Evaluator) -> None:
-    """Evaluate the jobs' expressions with `evaluator` from now on (the agent's bound)."""
-    global _evaluator
-    _evaluator = evaluator
-    with _stores_lock:
-        for store in _stores.values():
-            store.periodic_policy = evaluator.periodic_action
-
-
-# Where the agent marks the job whose stored ad a thread reads (`use_inflight`): a job that
-# made the agent die twice is held at its next start; None in a hook process.
-_inflight: InFlight | None = None
-
-
-def use_inflight(journal: InFlight | None) -> InFlight | None:
-    """Mark each job whose stored ad this process reads in `journal` (the agent); returns
-    the journal used before."""
-    global _inflight
-    before, _inflight = _inflight, journal
-    return before
-
-
-def reading(keyword: str, job_id: int) -> AbstractContextManager[None]:
-    """While the block runs, this thread reads job `job_id`'s stored values (use_inflight)."""
-    journal = _inflight
-    return nullcontext() if journal is None else journal.reading(keyword, job_id)
-
-
-# Who takes the outputs JOB_EXIT could not send in its time (the agent's outbox: `use_outbox`);
-# None in a hook process, where such outputs hold the job.
-_outbox: Callable[[HookRequest, ClassAd], HookResponse] | None = None
-
-
-def use_outbox(take: Callable[[HookRequest, ClassAd], HookResponse]) -> None:
-    """Hand the outputs of a JOB_EXIT that ran out of time (JobstoreHandOff) to `take`, which
-    sends them and then records the exit (the agent)."""
-    global _outbox
-    _outbox = take
-
-
-# The reports the agent keeps back to apply with the attempt's next one (`use_deferred`); None
-# in a hook process, which applies each report as it comes.
-_deferred: Deferred | None = None
-
-
-def use_deferred(deferred: Deferred | None) -> None:
-    """Keep back the reports `deferred` may keep (the agent; None: none)."""
-    global _deferred
-    _deferred = deferred
-
-
-def use_pool(overflow: int) -> None:
-    """Keep one pooled connection per database from now on (for the agent)."""
-    global _pool_overflow
-    _pool_overflow = overflow
-    drop_stores()
-
-
-def drop_stores() -> None:
-    """Forget the cached stores and close their connections (configuration reloaded)."""
-    with _stores_lock:
-        stores = list(_stores.values())
-        _stores.clear()
-    for store in stores:
-        store.engine.dispose()
-
-
-def store_for(settings: config.Settings) -> JobStore:
-    if settings.credentials_error:
-        raise config.ConfigError(settings.credentials_error)
-    from jobstore.db.store import JobStore
-
-    with _stores_lock:
-        store = _stores.get(settings.database_url)
-        if store is None:
-            store = JobStore.from_url(
-                settings.database_url,
-                connect_timeout=settings.connect_timeout,
-                statement_timeout_ms=settings.statement_timeout_ms,
-                pool=_pool_overflow is not None,
-                max_overflow=_pool_overflow or 0,
-            )
-            store.periodic_policy = _evaluator.periodic_action
-            store.reading = partial(reading, settings.keyword)
-            _stores[settings.database_url] = store
-        return store
 
 
 # ---- entry point ----------------------------------------------------------------------------
@@ -303,7 +199,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
             settings, settings.queue, size.cpus, size.memory, size.disk, starter))
     if request.set_deadline is not None:
         request.set_deadline(settings.fetch_deadline)
-    store = store_for(settings)
+    store = request.node.store_for(settings)
     notes = upkeep(store, settings)
     offer = slot_offer(slot)
     assert offer is not None  # why_slot_cannot_take checked it
@@ -320,8 +216,9 @@ def fetch_job(request: HookRequest) -> HookResponse:
         if not account_exists(job.owner):
             return Verdict()
         try:
-            with reading(settings.keyword, job.id):
-                return Verdict(take=_evaluator.matches(job_classad(job, **ad_kw), slot))
+            with request.node.reading(settings.keyword, job.id):
+                return Verdict(take=request.node.evaluator.matches(job_classad(job, **ad_kw),
+                                                                   slot))
         except AdError as exc:  # a stored value no reader takes (past the database's checks)
             return Verdict(hold_reason=f"its job ad cannot be read: {exc}",
                            hold_code=holds.JOB_POLICY_UNDEFINED)
@@ -351,7 +248,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
         return HookResponse(log=notes, idle=IdleSlot(settings, settings.queue, offer.cpus,
                                                      offer.memory, offer.disk))
     try:
-        with reading(settings.keyword, job.id):
+        with request.node.reading(settings.keyword, job.id):
             text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
     except Exception as exc:  # AdError, or whatever else its stored values do to a reader
         why = str(exc) if isinstance(exc, AdError) else _what(exc)
@@ -503,8 +400,9 @@ def job_exit(request: HookRequest) -> HookResponse:
         "remove": Event.HOOK_REMOVE,
     }[request.argv[0]]
     if _ours(job) and get_bool(job, "JobstoreHandOff") is True:
-        if _outbox is not None:  # the rest is sent by the agent, which records the exit after
-            return _outbox(request, job)
+        outbox = request.node.outbox
+        if outbox is not None:  # the rest is sent by the agent, which records the exit after
+            return outbox(request, job)
         job["JobstoreOutputError"] = ("Failed to transfer the job's output files: not sent in "
                                       "JOB_EXIT's time, and no jobstore agent to hand them to")
     problem = get_str(job, "JobstoreOutputError") if _ours(job) else None
@@ -620,7 +518,7 @@ def _report(
     log: list[str] = []
     spool_dir = Path(settings.spool)
     try:
-        send = spool_sender(request.service_uids())
+        send = spool_sender(request.service_uids(), node=request.node)
         replayed = spool.replay(spool_dir, send, limit=20, group=record_group)
         if replayed.sent or replayed.left or replayed.bad:
             log.append(
@@ -633,12 +531,12 @@ def _report(
         spooled = None
         unusable = f"spool unusable, reporting directly: {exc}"
         log.append(unusable)
-    deferred = _deferred
+    deferred = request.node.deferred
     earlier: list[Pending] = []
     try:
         # who reports, checked before anything is kept back or taken: a report that is refused
         # here never touches another's kept-back ones
-        prepared = attempt_report(report, SERVICE, settings)
+        prepared = attempt_report(report, SERVICE, settings, node=request.node)
         if deferred is not None and spooled is not None:
             key = (settings.keyword, job_id or 0, attempt or 0)
             uid = -1 if request.caller.uid is None else request.caller.uid
@@ -648,10 +546,11 @@ def _report(
                                                "applied with the attempt's next report"])
             earlier = deferred.take(key)
         if earlier:
-            before, outcome = apply_reports([*[p.report for p in earlier], prepared], settings)
+            before, outcome = apply_reports([*[p.report for p in earlier], prepared], settings,
+                                            node=request.node)
             log.extend(_kept_back_log(earlier, before))
         else:
-            outcome = store_for(settings).apply_report(prepared[1], prepared[2])
+            outcome = request.node.store_for(settings).apply_report(prepared[1], prepared[2])
     except (UnknownJob, NotOwner) as exc:
         # before the database (no earlier ones were taken), or the last report's own result
         # after its transaction committed with the earlier ones
@@ -707,34 +606,38 @@ def send_record(
     record: Mapping[str, Any],
     writer: Caller = SERVICE,
     settings: config.Settings | None = None,
+    *,
+    node: NodeServices,
 ) -> Outcome:
     """Apply one report (fresh or spooled) to the job store of its keyword. `writer` is who
     handed it over (a spool file's owner); the record is checked as untrusted input first
     (BadReport), and an ordinary account may report only on its own jobs (NotOwner). `settings`
     are the keyword's, when the caller has them already."""
-    return apply_report(Report.parse(record, writer), writer, settings)
+    return apply_report(Report.parse(record, writer), writer, settings, node=node)
 
 
 def apply_report(
-    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
+    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None, *,
+    node: NodeServices,
 ) -> Outcome:
     """Apply a checked report (see `send_record`)."""
-    settings, job_id, r = attempt_report(report, writer, settings)
-    return store_for(settings).apply_report(job_id, r)
+    settings, job_id, r = attempt_report(report, writer, settings, node=node)
+    return node.store_for(settings).apply_report(job_id, r)
 
 
-def apply_reports(reports: list[Prepared], settings: config.Settings
+def apply_reports(reports: list[Prepared], settings: config.Settings, *, node: NodeServices,
                   ) -> tuple[list[Outcome | JobstoreError], Outcome]:
     """Apply the agent's reports about one attempt (`attempt_report`'s) in one transaction, in
     their order: the results of all but the last, and the last one's outcome (its error raised,
     as apply_report raises it)."""
-    *before, last = store_for(settings).report_many([(job_id, r) for _, job_id, r in reports])
+    *before, last = node.store_for(settings).report_many(
+        [(job_id, r) for _, job_id, r in reports])
     if isinstance(last, JobstoreError):
         raise last
     return before, last
 
 
-def apply_kept_back(items: list[Pending]) -> list[str]:
+def apply_kept_back(items: list[Pending], *, node: NodeServices) -> list[str]:
     """Apply reports the agent kept back (deferred.Deferred.due, drain): each database's in
     one transaction; the spool keeps those a database did not take. Lines for its log."""
     lines: list[str] = []
@@ -744,7 +647,7 @@ def apply_kept_back(items: list[Pending]) -> list[str]:
     groups = list(by_store.values())
     for i, group in enumerate(groups):
         try:
-            results = store_for(group[0].settings).report_many(
+            results = node.store_for(group[0].settings).report_many(
                 [(job_id, r) for _, job_id, r in (item.report for item in group)])
         except Exception as exc:  # this database's stay in the spool; the others go on
             for item in group:
@@ -780,7 +683,8 @@ Prepared = tuple[config.Settings, int, "AttemptReport"]
 
 
 def attempt_report(
-    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None
+    report: Report, writer: Caller = SERVICE, settings: config.Settings | None = None, *,
+    node: NodeServices,
 ) -> Prepared:
     """A checked report (see `send_record`) as the store applies it: its keyword's settings,
     the job, and the report itself."""
@@ -804,8 +708,8 @@ def attempt_report(
     if event == Event.EXIT:
 
         def exit_policy(row: Job) -> policy.ExitVerdict:
-            with reading(report.keyword, row.id):
-                return _evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
+            with node.reading(report.keyword, row.id):
+                return node.evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
     late = time.time() - report.time >= LATE
     return settings, report.job_id, AttemptReport(
@@ -824,7 +728,8 @@ def attempt_report(
     )
 
 
-def spool_sender(services: frozenset[int]) -> Callable[[Any, int], Outcome]:
+def spool_sender(services: frozenset[int], *, node: NodeServices
+                 ) -> Callable[[Any, int], Outcome]:
     """`send` for `spool.replay`: a file of this account or of a service account is the
     service's; any other account's is that account's report, about its own jobs only. A
     database that is away keeps the report (and its keyword's later ones) for later."""
@@ -833,7 +738,7 @@ def spool_sender(services: frozenset[int]) -> Callable[[Any, int], Outcome]:
     def send(record: Any, uid: int) -> Outcome:
         writer = SERVICE if uid == me or uid in services else Caller(uid)
         try:
-            return send_record(record, writer)
+            return send_record(record, writer, node=node)
         except (DatabaseError, config.ConfigError) as exc:
             raise spool.Later(record_group(record), str(exc)) from None
         except spool.NotMine:

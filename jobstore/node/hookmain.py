@@ -115,6 +115,7 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
             _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
         else:
             from jobstore.node.handlers import HookRequest, handle
+            from jobstore.node.services import direct
 
             response = handle(
                 HookRequest(
@@ -123,6 +124,7 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
                     stdin=stdin,
                     env=dict(os.environ),
                     set_deadline=deadline.set,
+                    node=direct(),
                 )
             )
             for note in response.log:

@@ -23,7 +23,7 @@ from jobstore.db.sandbox import CHECKPOINT, OUT, FileSource
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, HookError, SandboxError, UnknownJob
 from jobstore.node import config
-from jobstore.node.handlers import HookRequest, HookResponse, store_for
+from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.inputcache import open_input
 from jobstore.node.sandbox import MAX_NAME, check_name
 from jobstore.node.sandboxroot import UPLOADS, ensure_private
@@ -63,7 +63,7 @@ def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Jo
         raise HookError("needs the keyword, job id, attempt and token")
     keyword, job_id, attempt, token = request.argv[:4]
     settings = request.settings_for(config.starter_keyword(keyword))
-    store = store_for(settings)
+    store = request.node.store_for(settings)
     job = store.get_job(int(job_id))
     if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)
             and job.status in HANDED_OUT and job.keyword in (None, settings.keyword)):

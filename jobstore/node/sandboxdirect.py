@@ -8,13 +8,15 @@ from jobstore.errors import SandboxError
 from jobstore.node.handlers import HookRequest
 from jobstore.node.sandbox import Files
 from jobstore.node.sandboxcalls import handle
+from jobstore.node.services import direct
 
 
 class DirectFiles(Files):
     """The calls served in this process."""
 
     def call(self, name: str, argv: list[str], data: bytes = b"") -> bytes:
-        response = handle(HookRequest(hook=name, argv=[*self.who, *argv], stdin=data))
+        response = handle(HookRequest(hook=name, argv=[*self.who, *argv], stdin=data,
+                                      node=direct()))
         if response.error:
             raise SandboxError(response.error)
         return response.stdout
