@@ -307,7 +307,9 @@ def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None
     owner = _job_owner()
     (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
     (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
-    cfg, condor_config = _vacating_node(store, tmp)
+    # the starter's one update says the job runs; no later one (whose answer would stop the
+    # job from its hook) races the agent's vacate
+    cfg, condor_config = _vacating_node(store, tmp, update_interval=600.0)
     removed: list[bool] = []
 
     def until() -> bool:
