@@ -24,13 +24,13 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
+from jobstore.agent.duties import Duties
 from jobstore.agent.fetchwait import FetchWaits, Parked, slot_name, wait_bound
 from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
@@ -45,31 +45,22 @@ from jobstore.agent.protocol import (
     decode_env,
     encode,
 )
-from jobstore.agent.pruner import Pruner
 from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.startdnudge import FetchActivity, nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.errors import AgentError, JobstoreError, ProtocolError
-from jobstore.node import bounded, config, directnote, handlers, sandboxcalls, spool
+from jobstore.errors import AgentError, ProtocolError
+from jobstore.node import bounded, config, directnote, handlers, sandboxcalls
 from jobstore.node.deferred import Deferred
 from jobstore.node.handlers import HookRequest, HookResponse
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
 from jobstore.node.hooktable import DEADLINES, NAMES
-from jobstore.node.inflight import CRASHES_BEFORE_HOLD, InFlight
-from jobstore.node.sandboxroot import INFLIGHT, ensure_private, ensure_root, sweep
 from jobstore.node.services import NodeServices
 
 if TYPE_CHECKING:
     from jobstore.agent.metrics import AgentMetrics
 
 log = logging.getLogger("jobstore.agent")
-# Seconds between two looks at whether the periodic policy pass is due (it runs once per
-# PERIODIC_EXPR_INTERVAL in the whole pool, JobStore.police_due).
-POLICE_TICK = 10.0
-# Seconds between two recoveries of expired leases in the whole pool (JobStore.reap_due), so that
-# a job whose startd died comes back even when no slot fetches.
-REAP_INTERVAL = 10.0
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
 _package_log = logging.getLogger("jobstore")
 SEND_TIMEOUT = 2.0
@@ -167,12 +158,9 @@ class Agent:
         self._bytes: dict[int, int] = {}
         self._stop = False
         self._reload = False
-        self._replaying = threading.Event()
-        self._policing = threading.Event()
         self._attempts = Attempts()
         # what serves the hooks' calls here: the kept stores, the evaluator, the outbox, ...
         self.node_services = NodeServices()
-        self._pruner = Pruner(self.node_services)
         self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
         self._throttle = _Throttle()
@@ -181,6 +169,9 @@ class Agent:
         self._waits: FetchWaits | None = None
         self._settings = config.SettingsCache()  # each keyword's, read once (again on SIGHUP)
         self._outbox = Outbox(self.node_services, self._settings.get, lambda: self.services)
+        self._duties = Duties(self._node, self._settings, lambda: self.settings,
+                              lambda: self.services, self.node_services, self._slots,
+                              self._outbox)
         self._fetches = FetchActivity(lambda: len(self._waits or ()))  # for the nudge
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -238,8 +229,7 @@ class Agent:
         served.outbox = self._outbox.hand_off
         kept_back = Deferred(self.settings.report_delay) if self.settings.report_delay else None
         served.deferred = kept_back
-        self._sandbox_roots()
-        self._hold_what_crashed_it()
+        self._duties.start()
         listener = self._listen()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
@@ -282,26 +272,9 @@ class Agent:
         if kept_back is not None:
             threading.Thread(target=self._apply_kept_back, args=(kept_back,), name="kept-back",
                              daemon=True).start()
-        next_replay = next_police = 0.0
-        replayer: threading.Thread | None = None
-        policer: threading.Thread | None = None
         try:
             while not self._stop:
-                now = time.monotonic()
-                if now >= next_replay:
-                    next_replay = now + self.settings.replay_interval
-                    if not self._replaying.is_set():
-                        self._replaying.set()
-                        replayer = threading.Thread(target=self._replay, name="replay",
-                                                    daemon=True)
-                        replayer.start()
-                if now >= next_police:
-                    next_police = now + self._police_tick()
-                    if not self._policing.is_set():
-                        self._policing.set()
-                        policer = threading.Thread(target=self._police, name="police",
-                                                   daemon=True)
-                        policer.start()
+                self._duties.tick()
                 for key, _ in sel.select(timeout=0.5):
                     if key.data == "listen":
                         self._accept(listener, sel, conns)
@@ -341,9 +314,7 @@ class Agent:
             served.deferred = None
             if kept_back is not None:  # what the hooks were told was taken goes in now
                 self._log_kept_back(handlers.apply_kept_back(kept_back.drain(), node=served))
-            for duty in (replayer, policer):
-                if duty is not None:
-                    duty.join()
+            self._duties.join()
             if self._metrics is not None:
                 self._metrics.close()
             served.drop_stores()
@@ -358,32 +329,6 @@ class Agent:
             sel.close()
         log.info("jobstore agent %d stopped", os.getpid())
         return 0
-
-    def _hold_what_crashed_it(self) -> None:
-        """Keep a journal of the jobs whose stored ads this process reads (node.inflight);
-        hold those a run before this one died reading, twice."""
-        node = self._node()
-        if not node:
-            return
-        try:
-            journal = InFlight(ensure_private(node[0].sandbox_root, INFLIGHT))
-            due = journal.crashed()
-        except OSError as exc:
-            log.error("the journal of jobs read cannot be kept: %s", exc)
-            return
-        self.node_services.inflight = journal
-        for keyword, job_id in due:
-            why = (f"the jobstore agent died {CRASHES_BEFORE_HOLD} times while it read this "
-                   "job's ad (its expressions): held so that no node reads it again")
-            try:
-                settings = self._settings.get(keyword)
-                held = self.node_services.store_for(settings).hold_unreadable(job_id, why)
-            except (JobstoreError, config.ConfigError) as exc:
-                log.error("job id %d, which the agent died reading, cannot be held: %s",
-                          job_id, exc)
-                continue
-            if held is not None and held.changed:
-                log.warning("job %s held: %s", held.name, why)
 
     def _node(self) -> list[config.Settings]:
         """The settings of each keyword this node uses, as read at start (or the last SIGHUP)."""
@@ -758,7 +703,7 @@ class Agent:
 
         address, port = self.settings.metrics_address, self.settings.metrics_port
         try:
-            metrics = AgentMetrics(self._spool_dirs, lambda: len(self._attempts),
+            metrics = AgentMetrics(self._duties.spool_dirs, lambda: len(self._attempts),
                                    store_collectors if self.settings.metrics_store else None,
                                    lambda: 0 if self._waits is None else len(self._waits),
                                    self._direct_noted)
@@ -840,124 +785,6 @@ class Agent:
         log.info("job %s attempt %d is %s: slot %s vacated (%s)", attempt.name,
                  attempt.attempt, why, attempt.slot, how)
         return True
-
-    def _police_tick(self) -> float:
-        """How often to ask whether the policy pass is due: PERIODIC_EXPR_INTERVAL, at most
-        POLICE_TICK seconds."""
-        try:
-            return float(min(POLICE_TICK, self._settings.get(None).periodic_expr_interval))
-        except config.ConfigError:
-            return POLICE_TICK
-
-    def _police(self) -> None:
-        """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
-        due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL); then
-        the history's prune when it is due (Pruner)."""
-        node: list[config.Settings] = []
-        try:
-            node = self._node()
-            for settings in node:
-                try:
-                    store = self.node_services.store_for(settings)
-                except config.ConfigError:
-                    continue
-                acted = store.police_due(settings.periodic_expr_interval)
-                for o in acted or ():
-                    log.info("job %s: periodic policy: %s %s -> %s (%s)", o.name, o.event,
-                             o.before, o.after, o.reason)
-                for o in store.reap_due(REAP_INTERVAL) or ():
-                    log.info("job %s: lease ran out: %s -> %s", o.name, o.before, o.after)
-        except Exception as exc:
-            log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
-        try:
-            self._pruner.tick(node)
-        except Exception as exc:
-            log.error("history prune failed: %s: %s", type(exc).__name__, exc)
-        try:
-            self._sweep_sandboxes(node)
-        except Exception as exc:
-            log.error("sandbox sweep failed: %s: %s", type(exc).__name__, exc)
-        try:
-            if self._slots.due():
-                self._slots.publish(self._node_stores(node))
-        except Exception as exc:
-            log.error("slot ads not published: %s: %s", type(exc).__name__, exc)
-        finally:
-            self._policing.clear()
-
-    def _sweep_sandboxes(self, node: list[config.Settings]) -> None:
-        """Remove the sandboxes of attempts that ended without their JOB_EXIT (a crash, a
-        killed starter), once no slot can still run them (LEASE_DURATION)."""
-        for settings in node:
-            root = settings.sandbox_root
-            if not os.path.isdir(root):
-                continue
-            current = _current_attempt(self.node_services.store_for(settings))
-            for name in sweep(root, current, settings.lease_duration):
-                log.info("sandbox %s of an ended attempt removed", name)
-
-    def _node_stores(self, node: list[config.Settings]) -> list[Any]:
-        """One store per database of this node's keywords."""
-        stores: dict[str, Any] = {}
-        for settings in node:
-            try:
-                stores.setdefault(settings.database_url, self.node_services.store_for(settings))
-            except config.ConfigError:
-                continue
-        return list(stores.values())
-
-    def _replay(self) -> None:
-        try:
-            send = handlers.spool_sender(self.services, node=self.node_services)
-            for directory in self._spool_dirs():
-                done = spool.replay(directory, send, limit=10_000, group=handlers.record_group)
-                if done.sent or done.left or done.bad:
-                    log.info("spool %s: %d report(s) replayed, %d left, %d quarantined%s",
-                             directory, done.sent, done.left, done.bad,
-                             "".join(f"; {n} left: {why}" for why, n in done.why_left))
-        except Exception as exc:
-            log.error("spool replay failed: %s: %s", type(exc).__name__, exc)
-        finally:
-            self._replaying.clear()
-
-    def _sandbox_roots(self) -> None:
-        """Make the sandbox roots of the keywords this node uses (file transfer), and go on
-        sending the outputs handed to the agent there before it stopped."""
-        roots = []
-        for root in sorted({s.sandbox_root for s in self._node()}):
-            try:
-                for note in ensure_root(root):
-                    log.warning("%s", note)
-                roots.append(root)
-            except OSError as exc:
-                log.error("sandbox root %s cannot be made: %s", root, exc)
-        self._outbox.start(roots)
-
-    def _spool_dirs(self) -> list[Path]:
-        """The spool directories of the keywords this node uses, made safe (created, or
-        repaired when another account made them) so that reports can wait there."""
-        dirs: list[Path] = []
-        for settings in self._node():
-            directory = Path(settings.spool)
-            if directory in dirs:
-                continue
-            try:
-                spool.ensure_dir(directory)
-            except spool.SpoolError as exc:
-                log.error("%s", exc)
-                continue
-            dirs.append(directory)
-        return dirs
-
-
-def _current_attempt(store: Any) -> Callable[[int, int], int | None]:
-    """The attempt of job CLUSTER.PROC that is handed out now (it has a token), else None."""
-    def current(cluster: int, proc: int) -> int | None:
-        jobs = store.find_jobs(cluster, proc)
-        return jobs[0].claims if jobs and jobs[0].token else None
-
-    return current
-
 
 def run_agent(socket_override: str | None = None, *, foreground: bool = False) -> int:
     """`jobstore agent`: run until stopped; the exit status."""
