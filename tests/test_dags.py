@@ -654,13 +654,13 @@ def test_a_batch_of_a_dag_nodes_reports_is_made_once_on_its_locked_row(
     job = store.claim(REQ, lambda _j: Verdict(take=True))
     assert job is not None and "DAGNodeName" in job.ad
     tries: list[bool] = []
-    real = store._report_batch
+    real = store.reports._report_batch
 
     def counted(reports, ids, locked):  # type: ignore[no-untyped-def]
         tries.append(locked)
         return real(reports, ids, locked)
 
-    monkeypatch.setattr(store, "_report_batch", counted)
+    monkeypatch.setattr(store.reports, "_report_batch", counted)
     t = time.time()
     reports = [(job.id, AttemptReport(event, job.token, job.claims, now=t + i, lease=900,
                                       keyword="JOBSTORE", slot="slot1@node"))

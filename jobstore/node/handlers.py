@@ -58,7 +58,8 @@ from jobstore.node.reports import MAX_TEXT, REPORT_ATTRS, SERVICE, Caller, Repor
 from jobstore.node.services import NodeServices
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a hook needs the database
-    from jobstore.db.store import AttemptReport, JobStore, Outcome
+    from jobstore.db.reports import AttemptReport
+    from jobstore.db.store import JobStore, Outcome
 
 # A report applied this many seconds after its hook made it (a replay from the spool) keeps
 # the time it was made in its event's attrs (ReportedAt).
@@ -688,7 +689,7 @@ def attempt_report(
 ) -> Prepared:
     """A checked report (see `send_record`) as the store applies it: its keyword's settings,
     the job, and the report itself."""
-    from jobstore.db.store import AttemptReport
+    from jobstore.db.reports import AttemptReport
 
     if settings is None or settings.keyword != report.keyword:
         settings = config.load_settings(report.keyword)
