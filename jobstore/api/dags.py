@@ -25,7 +25,8 @@ from jobstore.formats import dagads
 from jobstore.formats.classads import VERBATIM, parse_ad, render_ad, string_literal
 from jobstore.node import config
 from jobstore.submit.dag import Dag, Node, read_dag
-from jobstore.submit.description import SubmitSpecs, parse_submit_nodes, parse_submit_text
+from jobstore.submit.description import parse_submit_nodes, parse_submit_text
+from jobstore.submit.expansion import SubmitSpecs
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
 OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")

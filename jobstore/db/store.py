@@ -255,7 +255,7 @@ class JobStore:
         `idempotency_key`, a submit whose key was used before queues nothing and returns that
         cluster and its jobs. `check` is called on every job before it is inserted; what it
         raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
-        a time (a lazy sequence, description.SubmitSpecs, is never held whole)."""
+        a time (a lazy sequence, submit.expansion.SubmitSpecs, is never held whole)."""
         return self.submissions.submit(
             specs, owner=owner, queue=queue, max_attempts=max_attempts,
             submit_file=submit_file, now=now or time.time(), connection=connection,

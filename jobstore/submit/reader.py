@@ -13,13 +13,14 @@ from jobstore.submit.classadfile import (
     parse_old_line,
     strip_comment_lines,
 )
-from jobstore.submit.description import QUEUE_LINE, parse_submit_file
+from jobstore.submit.description import parse_submit_file
+from jobstore.submit.queuestatement import QUEUE_LINE
 from jobstore.submit.values import read_text
 
 
 def load_jobs(path: str | Path) -> Sequence[JobSpec]:
     """Read ``path`` as a plain ClassAd file if it looks like one, else as a submit file (its
-    jobs made one at a time as they are read: description.SubmitSpecs)."""
+    jobs made one at a time as they are read: expansion.SubmitSpecs)."""
     path = Path(path)
     text = read_text(path)
     if _looks_like_classad(text):
