@@ -20,7 +20,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
     from sqlalchemy import event
 
     from jobstore.db.store import JobStore
-    from jobstore.node import config, handlers
+    from jobstore.node import config, handlers, hookcall
     from jobstore.node.services import direct
 
     say("")
@@ -92,7 +92,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                 if exe != "fetch_job":
                     stdin = insert_identity(stdin, identity, reply_fetch=exe == "reply_fetch")
                 before = counter["n"]
-                resp = handlers.handle(handlers.HookRequest(
+                resp = handlers.handle(hookcall.HookRequest(
                     hook=exe, argv=list(argv), stdin=stdin, env={**os.environ, **call.env},
                     node=direct()))
                 if resp.error:
@@ -106,7 +106,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                 raise LifeError(f"in-process life of job {job_id} did not complete it")
             before = counter["n"]
             slot_ad = calls["01-FETCH_WORK"].stdin
-            resp = handlers.handle(handlers.HookRequest(
+            resp = handlers.handle(hookcall.HookRequest(
                 hook="fetch_job", argv=[], stdin=slot_ad, env=dict(os.environ), node=direct()))
             if resp.stdout or resp.error:
                 raise LifeError(f"in-process empty fetch: {resp.stdout[:100]!r} {resp.error}")

@@ -30,7 +30,7 @@ from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
 from jobstore.emulator import Emulator
 from jobstore.node import spool
-from jobstore.node.handlers import record_group, spool_sender
+from jobstore.node.sending import record_group, spool_sender
 from jobstore.node.services import direct
 
 FINAL = {"completed", "failed", "removed"}

@@ -135,7 +135,7 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
     from prometheus_client import generate_latest
 
     from jobstore.agent.metrics import AgentMetrics
-    from jobstore.node.handlers import HookResponse
+    from jobstore.node.hookcall import HookResponse
 
     store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice", queue="default",
                  max_attempts=3)

@@ -22,8 +22,8 @@ from jobstore.core.jobs import Job
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
-from jobstore.node import config, handlers
-from jobstore.node.handlers import HookRequest
+from jobstore.node import config, fetching
+from jobstore.node.hookcall import HookRequest
 from jobstore.node.reports import SERVICE
 from jobstore.node.sandboxroot import OUTBOX, ensure_root
 from jobstore.node.services import direct
@@ -58,7 +58,7 @@ def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
     job = store.claim(REQ, lambda _j: Verdict(take=True))
     assert job is not None
     settings = config.load_settings("JOBSTORE")
-    sandbox = Path(handlers.sandbox_dir(job, settings) or "")
+    sandbox = Path(fetching.sandbox_dir(job, settings) or "")
     sandbox.mkdir(mode=0o700)
     (sandbox / "job.out").write_text("out\n")
     (sandbox / "made.txt").write_text("new\n")
@@ -86,7 +86,7 @@ def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, nod
     assert taken.error is None and "handed to the agent" in taken.log[0]
     box = node / OUTBOX
     assert [p.name for p in node.iterdir()] == [OUTBOX]  # moved, out of the user's reach
-    name = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").name
+    name = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").name
     assert sorted(p.name for p in box.iterdir()) == [name, name + ".exit"]
     assert sorted(p.name for p in (box / name).iterdir()) == ["job.out", "made.txt"]
     assert store.get_job(job.id).status == job.status  # the exit waits for the outputs
@@ -100,7 +100,7 @@ def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, nod
 def test_a_hand_off_without_its_sandbox_holds_the_job(store: JobStore, node: Path,
                                                       tmp_path: Path) -> None:
     job, ad = _exited(store, tmp_path)
-    sandbox = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
+    sandbox = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
     for child in sandbox.iterdir():
         child.unlink()
     sandbox.rmdir()
@@ -120,7 +120,7 @@ def test_a_hand_off_of_another_attempt_is_refused(store: JobStore, node: Path,
     assert taken.stale  # recorded only, as any report with a wrong token; nothing moved
     assert store.get_job(job.id).status == job.status
     assert not (node / OUTBOX).exists() or not any((node / OUTBOX).iterdir())
-    assert Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").is_dir()
+    assert Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").is_dir()
 
 
 def test_a_forged_hand_off_takes_no_path_or_name_from_the_hook(store: JobStore, node: Path,
@@ -158,7 +158,7 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
                  max_attempts=3)
     job = store.claim(REQ, lambda _j: Verdict(take=True))
     assert job is not None
-    sandbox = Path(handlers.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
+    sandbox = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
     sandbox.mkdir(mode=0o700)
     (sandbox / "job.out").write_text("out\n")
     ad = (render_job(job, sandbox=str(sandbox), keyword="JOBSTORE", uid_domain="localdomain",

@@ -14,7 +14,7 @@ import pytest
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.db.store import JobStore
 from jobstore.node import sandbox, sandboxcalls
-from jobstore.node.handlers import HookRequest
+from jobstore.node.hookcall import HookRequest
 from jobstore.node.reports import Caller
 from jobstore.node.services import direct
 from jobstore.testing.support import ensure_account

@@ -18,7 +18,7 @@ from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 from jobstore.formats.jobads import render_job
 from jobstore.node import config, handlers
-from jobstore.node.handlers import HookRequest
+from jobstore.node.hookcall import HookRequest
 from jobstore.node.services import direct
 
 REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),

@@ -91,8 +91,8 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
     from jobstore.core.jobs import JobSpec
     from jobstore.db.engine import upgrade
     from jobstore.db.store import JobStore
-    from jobstore.node.handlers import send_record, store_identity
     from jobstore.node.reports import Caller
+    from jobstore.node.sending import send_record, store_identity
     from jobstore.node.services import direct
 
     url = f"sqlite:///{tmp_path / 'jobstore.db'}"

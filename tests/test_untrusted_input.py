@@ -33,9 +33,9 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.errors import BadReport, NotOwner, ProtocolError, UnknownJob
 from jobstore.node import spool
-from jobstore.node.handlers import send_record, store_identity
 from jobstore.node.hooktable import NAMES
 from jobstore.node.reports import CHANGE_COLUMNS, SERVICE, STARTER_EVENTS, Caller, Report
+from jobstore.node.sending import send_record, store_identity
 from jobstore.node.services import direct
 from jobstore.node.spool import NotMine
 

@@ -18,7 +18,7 @@ from jobstore.agent.outbox import Outbox
 from jobstore.agent.pruner import Pruner
 from jobstore.agent.slotads import SlotBoard
 from jobstore.errors import JobstoreError
-from jobstore.node import config, handlers, spool
+from jobstore.node import config, sending, spool
 from jobstore.node.inflight import CRASHES_BEFORE_HOLD, InFlight
 from jobstore.node.sandboxroot import INFLIGHT, ensure_private, ensure_root, sweep
 from jobstore.node.services import NodeServices
@@ -182,9 +182,9 @@ class Duties:
         """Send the reports left in this node's spools (their databases were away, a hook or
         the agent died before they went in)."""
         try:
-            send = handlers.spool_sender(self._services(), node=self._stores)
+            send = sending.spool_sender(self._services(), node=self._stores)
             for directory in self.spool_dirs():
-                done = spool.replay(directory, send, limit=10_000, group=handlers.record_group)
+                done = spool.replay(directory, send, limit=10_000, group=sending.record_group)
                 if done.sent or done.left or done.bad:
                     log.info("spool %s: %d report(s) replayed, %d left, %d quarantined%s",
                              directory, done.sent, done.left, done.bad,

@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobstore.db.channels import WORK, Listener
-from jobstore.node import config, handlers
+from jobstore.node import config
+from jobstore.node.hookcall import IdleSlot
 from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
@@ -94,7 +95,7 @@ def parse_shapes(payload: str) -> list[Shape] | None:
     return shapes or None
 
 
-def fits(idle: handlers.IdleSlot, shape: Shape | None) -> bool:
+def fits(idle: IdleSlot, shape: Shape | None) -> bool:
     """Could the slot that waits take work of `shape` (None: any)?"""
     if shape is None:
         return True
@@ -107,7 +108,7 @@ class Parked:
     """A fetch waiting: the server's work item (its connection open), its slot, its bound."""
 
     item: Any
-    idle: handlers.IdleSlot
+    idle: IdleSlot
     until: float  # time.monotonic()
     shapes: list[Shape] | None = field(default=None)  # what woke it, if something did
     polled: bool = False  # woken by a timer (POLL, SAFETY), not by a notification
@@ -167,7 +168,7 @@ class FetchWaits:
         self._lock = threading.Lock()
         self._parked: list[Parked] = []
         self._dbs: dict[str, _Database] = {}
-        self._empty: dict[bytes, tuple[handlers.IdleSlot, float]] = {}  # slot -> last nothing
+        self._empty: dict[bytes, tuple[IdleSlot, float]] = {}  # slot -> last nothing
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -191,12 +192,12 @@ class FetchWaits:
                                  _Database(next_wake=time.monotonic() + POLL))
         self._poke()
 
-    def nothing(self, stdin: bytes, idle: handlers.IdleSlot) -> None:
+    def nothing(self, stdin: bytes, idle: IdleSlot) -> None:
         """A claim for the slot of `stdin` found nothing."""
         with self._lock:
             self._empty[slot_key(stdin)] = (idle, time.monotonic())
 
-    def quiet(self, stdin: bytes) -> tuple[handlers.IdleSlot, bool] | None:
+    def quiet(self, stdin: bytes) -> tuple[IdleSlot, bool] | None:
         """The slot's last fetch that found nothing, when nothing can have changed since: its
         database announces new work (and has not, nor has its LISTEN been re-made). Such a
         fetch waits without a claim: an idle node makes none while the queue is empty. With

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jobstore.node import spool
-from jobstore.node.handlers import HookResponse
+from jobstore.node.hookcall import HookResponse
 
 # The metrics server's threads at most (one per connection being answered; more connections
 # are closed at once), and how long one may stay idle.

@@ -38,7 +38,8 @@ from jobstore.errors import AdError, DatabaseError, HookError, SandboxError, Unk
 from jobstore.formats.classads import get_int, get_str
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, render_job
 from jobstore.node import config, handlers, sandboxcalls
-from jobstore.node.handlers import HookRequest, HookResponse
+from jobstore.node.fetching import sandbox_dir
+from jobstore.node.hookcall import HookRequest, HookResponse
 from jobstore.node.reports import SERVICE, Caller
 from jobstore.node.sandbox import ATTR_HAND_OFF, Files, failed, transfer
 from jobstore.node.sandboxroot import ensure_outbox
@@ -116,7 +117,7 @@ class Outbox:
         if any(name.lower() == "outputdestination" for name in job.ad or {}):
             raise HookError("its outputs go to its output_destination, which JOB_EXIT sends "
                             "them to as the job's user: they are never handed to the agent")
-        sandbox = handlers.sandbox_dir(job, settings)
+        sandbox = sandbox_dir(job, settings)
         if sandbox is None:
             raise HookError("the job has no sandbox")
         target = ensure_outbox(settings.sandbox_root) / os.path.basename(sandbox)

@@ -1,10 +1,11 @@
 """`jobstore agent`: one per execute node; runs the hooks' handlers for the thin hook clients.
 
-One thread reads requests from the unix socket (non-blocking, with a deadline per connection
-and size limits, so that a slow or hostile client holds nothing but its own connection); a
-small pool of worker threads runs `handlers.handle` with the package imported once and one
-pooled database connection per database. Reports kept in the spool are replayed at start and
-every JOBSTORE_AGENT_REPLAY_INTERVAL seconds.
+One thread reads requests from the unix socket (`listener`: non-blocking, with a deadline per
+connection and size limits, so that a slow or hostile client holds nothing but its own
+connection); a small pool of worker threads runs `handlers.handle` with the package imported
+once and one pooled database connection per database (`node.services`), and holds the fetches
+that wait for work (`fetchwait`); the periodic duties run in threads of their own (`duties`).
+This module wires them together and serves each call.
 
 Signals, as condor_master sends them to a daemon that is not a DaemonCore daemon: SIGHUP
 (condor_reconfig) reloads the configuration; SIGTERM (graceful) and SIGQUIT (fast) stop it;
@@ -20,41 +21,31 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jobstore.agent import peers
 from jobstore.agent.attempts import Attempt, Attempts
 from jobstore.agent.duties import Duties
 from jobstore.agent.fetchwait import FetchWaits, Parked, slot_name, wait_bound
+from jobstore.agent.listener import WARN_EVERY, Conn, Listener, Throttle, Work, answer
 from jobstore.agent.outbox import Outbox
 from jobstore.agent.protocol import (
-    BUSY,
-    HEADER,
     HOLD,
-    MAX_REQUEST,
     OK,
     REFUSED,
-    body_length,
-    decode_body,
-    decode_env,
-    encode,
 )
 from jobstore.agent.slotads import SlotBoard
 from jobstore.agent.startdnudge import FetchActivity, nudge_startd
 from jobstore.agent.watch import AttemptWatch
 from jobstore.agent.work import WorkQueue
-from jobstore.errors import AgentError, ProtocolError
-from jobstore.node import bounded, config, directnote, handlers, sandboxcalls
+from jobstore.node import bounded, config, directnote, fetching, handlers, sandboxcalls, sending
 from jobstore.node.deferred import Deferred
-from jobstore.node.handlers import HookRequest, HookResponse
+from jobstore.node.hookcall import HookRequest, HookResponse, IdleSlot
 from jobstore.node.hookproc import append_hook_log, log_entry, one_line
-from jobstore.node.hooktable import DEADLINES, NAMES
+from jobstore.node.hooktable import DEADLINES
 from jobstore.node.services import NodeServices
 
 if TYPE_CHECKING:
@@ -63,55 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobstore.agent")
 # Everything the package logs (the spool's repairs and quarantines too) goes to the agent's log.
 _package_log = logging.getLogger("jobstore")
-SEND_TIMEOUT = 2.0
 MIN_WAIT = 0.05  # seconds: a fetch with less left of its wait is answered now
-WARN_EVERY = 10.0  # seconds between two warnings of one kind about one uid
 LOG_CALLS_PER_UID = 200  # an ordinary account's calls logged per WARN_EVERY seconds
-
-
-@dataclass(eq=False)
-class _Conn:
-    sock: socket.socket
-    peer: peers.Peer
-    service: bool  # a service account's: its own budget, served first
-    deadline: float
-    buf: bytearray = field(default_factory=bytearray)
-    need: int | None = None  # body length, once the header is in
-    charged: int = 0  # bytes counted against the uid's budget
-
-
-@dataclass
-class _Work:
-    conn: _Conn
-    hook: str
-    env: dict[str, str]
-    stdin: bytes
-    argv: list[str]
-    parked: Parked | None = None  # a waiting fetch woken: its wait
-    received: float = field(default_factory=time.monotonic)
-
-
-class _Throttle:
-    """At most one warning of a kind about one uid every WARN_EVERY seconds, so that a flood
-    of refused connections cannot fill the log; the next one says how many were left out."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seen: dict[tuple[str, int], tuple[float, int]] = {}
-
-    def warn(self, kind: str, uid: int, message: str, *args: object) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last, skipped = self._seen.get((kind, uid), (-WARN_EVERY, 0))
-            if now - last < WARN_EVERY:
-                self._seen[(kind, uid)] = (last, skipped + 1)
-                return
-            if len(self._seen) > 10_000:
-                self._seen.clear()
-            self._seen[(kind, uid)] = (now, 0)
-        if skipped:
-            message += f" ({skipped} more like it in the last {WARN_EVERY:g} s not logged)"
-        log.warning(message, *args)
 
 
 class _LogBudget:
@@ -149,13 +93,6 @@ class Agent:
         self.settings = config.load_agent_settings(socket_override)
         self.path = self.settings.socket
         self.services = config.service_uids(self.settings.startd_users)
-        self._lock = threading.Lock()
-        # Open connections (reading, queued or being served) and their bytes: the service
-        # accounts' in all, everybody else's in all and per uid.
-        self._service_conns = 0
-        self._other_conns = 0
-        self._conns: dict[int, int] = {}
-        self._bytes: dict[int, int] = {}
         self._stop = False
         self._reload = False
         self._attempts = Attempts()
@@ -163,7 +100,8 @@ class Agent:
         self.node_services = NodeServices()
         self._slots = SlotBoard(self.settings.update_interval, self.settings.classad_lifetime)
         self._metrics: AgentMetrics | None = None
-        self._throttle = _Throttle()
+        self._throttle = Throttle()
+        self._door = Listener(lambda: self.settings, lambda: self.services, self._throttle)
         self._hook_log_lock = threading.Lock()
         self._log_budget = _LogBudget()
         self._waits: FetchWaits | None = None
@@ -190,33 +128,6 @@ class Agent:
         _package_log.setLevel(logging.INFO)
         _package_log.propagate = False
 
-    def _listen(self) -> socket.socket:
-        path = Path(self.path)
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                raise AgentError(f"{path} exists and is not a socket")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # left behind by an agent that died
-            else:
-                raise AgentError(f"another jobstore agent is listening on {path}")
-            finally:
-                probe.close()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(str(path))
-        except OSError as exc:
-            listener.close()
-            raise AgentError(f"cannot listen on {path}: {exc.strerror}") from None
-        # Everybody may connect (job users run the starter hooks); peers.refusal decides.
-        os.chmod(path, 0o666)
-        listener.listen(1024)
-        listener.setblocking(False)
-        return listener
-
     # ---- main loop ------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -230,7 +141,7 @@ class Agent:
         kept_back = Deferred(self.settings.report_delay) if self.settings.report_delay else None
         served.deferred = kept_back
         self._duties.start()
-        listener = self._listen()
+        listener = self._door.open(self.path)
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
@@ -242,8 +153,8 @@ class Agent:
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, "listen")
         sel.register(wake_r, selectors.EVENT_READ, "wake")
-        conns: dict[int, _Conn] = {}
-        work: WorkQueue[_Work] = WorkQueue(self.settings.workers - self.settings.service_workers)
+        conns: dict[int, Conn] = {}
+        work: WorkQueue[Work] = WorkQueue(self.settings.workers - self.settings.service_workers)
         workers = [
             threading.Thread(target=self._work, args=(work,), name=f"hook-{i}", daemon=True)
             for i in range(self.settings.workers)
@@ -277,7 +188,7 @@ class Agent:
                 self._duties.tick()
                 for key, _ in sel.select(timeout=0.5):
                     if key.data == "listen":
-                        self._accept(listener, sel, conns)
+                        self._door.accept(listener, sel, conns)
                     elif key.data == "wake":
                         try:
                             while wake_r.recv(512):
@@ -285,13 +196,13 @@ class Agent:
                         except BlockingIOError:
                             pass
                     else:
-                        self._read(key.data, sel, conns, work)
+                        self._door.read(key.data, sel, conns, work)
                 now = time.monotonic()
                 for conn in [c for c in conns.values() if c.deadline < now]:
                     self._throttle.warn(
                         "slow", conn.peer.uid, "uid %d pid %d: request not complete after %g s,"
                         " dropped", conn.peer.uid, conn.peer.pid, self.settings.read_timeout)
-                    self._drop(conn, sel, conns)
+                    self._door.drop(conn, sel, conns)
                 if self._reload:
                     self._reload = False
                     self._do_reload()
@@ -304,16 +215,16 @@ class Agent:
             except OSError:
                 pass
             for conn in list(conns.values()):
-                self._drop(conn, sel, conns)
+                self._door.drop(conn, sel, conns)
             waiter.join()  # the waiting fetches answered (nothing)
             for item in work.close():  # queued, never started: the hooks fall back or retry
                 item.conn.sock.close()
-                self._release(item.conn)
+                self._door.release(item.conn)
             for t in workers:
                 t.join()
             served.deferred = None
             if kept_back is not None:  # what the hooks were told was taken goes in now
-                self._log_kept_back(handlers.apply_kept_back(kept_back.drain(), node=served))
+                self._log_kept_back(sending.apply_kept_back(kept_back.drain(), node=served))
             self._duties.join()
             if self._metrics is not None:
                 self._metrics.close()
@@ -358,165 +269,9 @@ class Agent:
                         self.path)
         log.info("configuration reloaded (service uids %s)", sorted(self.services))
 
-    # ---- connections ----------------------------------------------------------------------
-
-    def _admit(self, peer: peers.Peer, service: bool) -> bool:
-        """Count a new connection against its budget; False when the budget is spent."""
-        s = self.settings
-        with self._lock:
-            if service:
-                if self._service_conns >= s.max_service_clients:
-                    return False
-                self._service_conns += 1
-                return True
-            mine = self._conns.get(peer.uid, 0)
-            if self._other_conns >= s.max_clients or mine >= s.max_clients_per_uid:
-                return False
-            self._other_conns += 1
-            self._conns[peer.uid] = mine + 1
-            return True
-
-    def _charge(self, conn: _Conn, size: int) -> bool:
-        """Count the announced size of a request against its uid's byte budget."""
-        if conn.service:
-            return True
-        with self._lock:
-            held = self._bytes.get(conn.peer.uid, 0)
-            if held + size > self.settings.max_bytes_per_uid:
-                return False
-            self._bytes[conn.peer.uid] = held + size
-            conn.charged = size
-            return True
-
-    def _release(self, conn: _Conn) -> None:
-        with self._lock:
-            if conn.service:
-                self._service_conns -= 1
-                return
-            self._other_conns -= 1
-            uid = conn.peer.uid
-            left = self._conns.get(uid, 1) - 1
-            if left > 0:
-                self._conns[uid] = left
-            else:
-                self._conns.pop(uid, None)
-            if conn.charged:
-                held = self._bytes.get(uid, 0) - conn.charged
-                if held > 0:
-                    self._bytes[uid] = held
-                else:
-                    self._bytes.pop(uid, None)
-                conn.charged = 0
-
-    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector,
-                conns: dict[int, _Conn]) -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. out of file descriptors: try again later
-                self._throttle.warn("accept", -1, "accept failed: %s", exc)
-                return
-            try:
-                peer = peers.peer_of(sock)
-            except OSError:
-                sock.close()
-                continue
-            service = peer.uid in self.services
-            if not self._admit(peer, service):
-                self._throttle.warn("busy", peer.uid, "uid %d pid %d: too many connections, "
-                                    "declined", peer.uid, peer.pid)
-                self._answer(sock, [BUSY, b"0", b"", b"the jobstore agent is busy"], wait=False)
-                sock.close()
-                continue
-            sock.setblocking(False)
-            conn = _Conn(sock, peer, service, time.monotonic() + self.settings.read_timeout)
-            conns[sock.fileno()] = conn
-            sel.register(sock, selectors.EVENT_READ, conn)
-
-    def _drop(self, conn: _Conn, sel: selectors.BaseSelector, conns: dict[int, _Conn]) -> None:
-        sel.unregister(conn.sock)
-        conns.pop(conn.sock.fileno(), None)
-        conn.sock.close()
-        self._release(conn)
-
-    def _read(self, conn: _Conn, sel: selectors.BaseSelector, conns: dict[int, _Conn],
-              work: WorkQueue[_Work]) -> None:
-        try:
-            data = conn.sock.recv(256 * 1024)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(conn, sel, conns)
-            return
-        conn.buf += data
-        try:
-            if conn.need is None and len(conn.buf) >= HEADER:
-                conn.need = body_length(bytes(conn.buf[:HEADER]), MAX_REQUEST)
-                if not self._charge(conn, conn.need):
-                    self._throttle.warn("bytes", conn.peer.uid, "uid %d pid %d: more than %d "
-                                        "bytes of requests in flight, declined", conn.peer.uid,
-                                        conn.peer.pid, self.settings.max_bytes_per_uid)
-                    sel.unregister(conn.sock)
-                    conns.pop(conn.sock.fileno(), None)
-                    self._answer(conn.sock, [BUSY, b"0", b"", b"the jobstore agent is busy"],
-                                 wait=False)
-                    conn.sock.close()
-                    self._release(conn)
-                    return
-            if conn.need is None or len(conn.buf) < HEADER + conn.need:
-                return
-            if len(conn.buf) > HEADER + conn.need:
-                raise ProtocolError("data after the request")
-            items = decode_body(bytes(conn.buf[HEADER:]), big_item=2)
-            if len(items) < 3:
-                raise ProtocolError("request without hook, environment and stdin")
-            hook = items[0].decode("ascii")
-            if hook not in NAMES and hook not in sandboxcalls.CALLS:  # before anything logs it
-                raise ProtocolError("unknown hook")
-        except (ProtocolError, UnicodeDecodeError) as exc:
-            self._throttle.warn("bad", conn.peer.uid, "uid %d pid %d: bad request refused: %s",
-                                conn.peer.uid, conn.peer.pid, exc)
-            sel.unregister(conn.sock)
-            conns.pop(conn.sock.fileno(), None)
-            self._answer(conn.sock, [REFUSED, b"0", b"", f"bad request: {exc}".encode()],
-                         wait=False)
-            conn.sock.close()
-            self._release(conn)
-            return
-        sel.unregister(conn.sock)
-        conns.pop(conn.sock.fileno(), None)
-        conn.buf = bytearray()
-        argv = [os.fsdecode(a) for a in items[3:]]
-        item = _Work(conn, hook, decode_env(items[1]), items[2], argv)
-        work.put(item, None if conn.service else conn.peer.uid)
-
-    def _answer(self, sock: socket.socket, items: list[bytes], *, wait: bool = True,
-                fd: int | None = None) -> bool:
-        """Send a response (with the open file `fd` attached to its first bytes); the selector
-        thread (`wait=False`) never blocks on a client that does not read: what does not fit in
-        the socket buffer at once is dropped."""
-        try:
-            if wait:
-                sock.setblocking(True)
-                sock.settimeout(SEND_TIMEOUT)
-                data = encode(items)
-                if fd is not None:
-                    data = data[socket.send_fds(sock, [data], [fd]):]
-                sock.sendall(data)
-            else:
-                sock.setblocking(False)
-                sock.send(encode(items))
-        except OSError:
-            return False
-        return True
-
     # ---- work (worker threads) ------------------------------------------------------------
 
-    def _work(self, work: WorkQueue[_Work]) -> None:
+    def _work(self, work: WorkQueue[Work]) -> None:
         while True:
             got = work.get()
             if got is None:
@@ -527,7 +282,7 @@ class Agent:
             finally:
                 work.done(uid)
 
-    def _serve(self, item: _Work) -> None:
+    def _serve(self, item: Work) -> None:
         conn, hook, peer = item.conn, item.hook, item.conn.peer
         started = item.received
         response: HookResponse | None = None
@@ -537,7 +292,7 @@ class Agent:
             if refused:
                 self._throttle.warn("refused", peer.uid, "uid %d pid %d: refused: %s",
                                     peer.uid, peer.pid, refused)
-                self._answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
+                answer(conn.sock, [REFUSED, b"0", b"", refused.encode()])
                 return
             if hook == "fetch_job" and conn.service and item.parked is None:
                 self._fetches.seen(slot_name(item.stdin))
@@ -579,7 +334,7 @@ class Agent:
             if item.parked is not None and response.stdout and self._waits is not None:
                 self._waits.found(item.parked)
             try:
-                sent = self._answer(conn.sock, [
+                sent = answer(conn.sock, [
                     OK,
                     str(response.exit_code).encode(),
                     response.stdout,
@@ -607,11 +362,11 @@ class Agent:
         finally:
             if not waiting:
                 conn.sock.close()
-                self._release(conn)
+                self._door.release(conn)
             if self._metrics is not None and not waiting:  # a waiting call: when answered
                 self._metrics.observe(hook, response, time.monotonic() - started)
 
-    def _quiet_wait(self, item: _Work) -> bool:
+    def _quiet_wait(self, item: Work) -> bool:
         """Let the fetch wait without a claim when nothing is new since its slot's last claim
         (FetchWaits.quiet), doing the upkeep a fetch does now and then all the same; whether
         it waits."""
@@ -626,13 +381,13 @@ class Agent:
             self._waits.nothing(item.stdin, quiet)
         try:
             store = self.node_services.store_for(quiet.settings)
-            for note in handlers.upkeep(store, quiet.settings):
+            for note in fetching.upkeep(store, quiet.settings):
                 log.warning("fetch_job: %s", one_line(note))
         except Exception as exc:  # as in a fetch: the upkeep never costs the call
             log.warning("fetch_job: upkeep failed: %s: %s", type(exc).__name__, exc)
         return self._wait(item, HookResponse(idle=quiet), claimed=False)
 
-    def _nothing_idle(self, item: _Work) -> bool:
+    def _nothing_idle(self, item: Work) -> bool:
         """A waiting fetch woken by a timer (no notification) parks again without a claim when
         its queue has no idle job (one indexed read instead); whether it does."""
         assert item.parked is not None
@@ -641,7 +396,7 @@ class Agent:
         item.parked.polled = False
         return self._wait(item, HookResponse(idle=item.parked.idle), claimed=False)
 
-    def _no_idle_job(self, idle: handlers.IdleSlot) -> bool:
+    def _no_idle_job(self, idle: IdleSlot) -> bool:
         """Does the slot's queue have no idle job at all? (A failed read says it may have.)"""
         try:
             return not self.node_services.store_for(idle.settings).has_idle(idle.queue)
@@ -649,7 +404,7 @@ class Agent:
             log.warning("fetch_job: idle jobs not counted: %s: %s", type(exc).__name__, exc)
             return False
 
-    def _wait(self, item: _Work, response: HookResponse, claimed: bool = True) -> bool:
+    def _wait(self, item: Work, response: HookResponse, claimed: bool = True) -> bool:
         """Let a fetch that found nothing (`claimed`: by a claim, else known to find nothing)
         wait for work that fits its slot (JOBSTORE_FETCH_WAIT from its first try;
         jobstore.agent.fetchwait); whether it waits."""
@@ -665,7 +420,7 @@ class Agent:
             return False
         if item.parked is None:  # the hook's deadline moves on by the wait and a claim's time
             more = until - now + min(idle.settings.fetch_deadline, DEADLINES["fetch_job"])
-            if not self._answer(item.conn.sock, [HOLD, f"{more:.3f}".encode()]):
+            if not answer(item.conn.sock, [HOLD, f"{more:.3f}".encode()]):
                 return False
         self._waits.park(Parked(item, idle, until))
         if self._metrics is not None and item.parked is None:
@@ -675,7 +430,7 @@ class Agent:
 
     def _answer_nothing(self, parked: Parked) -> None:
         """A waiting fetch's bound came: no work (a small answer: never blocks the waits)."""
-        self._answer(parked.item.conn.sock, [OK, b"0", b"", b""], wait=False)
+        answer(parked.item.conn.sock, [OK, b"0", b"", b""], wait=False)
         self._hang_up(parked)
         if self._metrics is not None:
             self._metrics.observe("fetch_job", HookResponse(),
@@ -683,7 +438,7 @@ class Agent:
 
     def _hang_up(self, parked: Parked) -> None:
         parked.item.conn.sock.close()
-        self._release(parked.item.conn)
+        self._door.release(parked.item.conn)
 
     def _start_metrics(self) -> None:
         """Serve the metrics on JOBSTORE_AGENT_METRICS_PORT (a loopback address), if set; a
@@ -725,7 +480,7 @@ class Agent:
             if not due:
                 continue
             try:
-                self._log_kept_back(handlers.apply_kept_back(due, node=self.node_services))
+                self._log_kept_back(sending.apply_kept_back(due, node=self.node_services))
             except Exception as exc:  # the spool has them; the replay sends them
                 log.error("reports kept back not applied: %s", one_line(str(exc)))
 

@@ -221,7 +221,7 @@ def replay(ctx: Context, spool_dir: str | None) -> None:
     from pathlib import Path
 
     from jobstore.errors import SpoolError
-    from jobstore.node.handlers import record_group, spool_sender
+    from jobstore.node.sending import record_group, spool_sender
     from jobstore.node.services import direct
     from jobstore.node.spool import replay as replay_spool
 

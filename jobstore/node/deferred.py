@@ -37,7 +37,7 @@ class Pending:
     """A report kept back: what it is, where it waits in the spool, and its settings."""
 
     key: tuple[str, int, int]  # (keyword, job id, attempt)
-    report: Any  # node.handlers.Prepared: as the store applies it, its author checked
+    report: Any  # node.sending.Prepared: as the store applies it, its author checked
     spooled: spool.Spooled
     settings: Any  # node.config.Settings
     uid: int  # who sent it

@@ -114,7 +114,8 @@ def main(hook: str, *, stdin: bytes | None = None, started: float | None = None)
         if len(stdin) > MAX_STDIN:
             _log_line(hook, f"{hook}: stdin larger than {MAX_STDIN} bytes, ignored", to_stderr=True)
         else:
-            from jobstore.node.handlers import HookRequest, handle
+            from jobstore.node.handlers import handle
+            from jobstore.node.hookcall import HookRequest
             from jobstore.node.services import direct
 
             response = handle(

@@ -23,7 +23,7 @@ from jobstore.db.sandbox import CHECKPOINT, OUT, FileSource
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, HookError, SandboxError, UnknownJob
 from jobstore.node import config
-from jobstore.node.handlers import HookRequest, HookResponse
+from jobstore.node.hookcall import HookRequest, HookResponse
 from jobstore.node.inputcache import open_input
 from jobstore.node.sandbox import MAX_NAME, check_name
 from jobstore.node.sandboxroot import UPLOADS, ensure_private

@@ -5,7 +5,7 @@ database checks); jobstore.node.sandbox.transfer fills or empties the sandbox wi
 from __future__ import annotations
 
 from jobstore.errors import SandboxError
-from jobstore.node.handlers import HookRequest
+from jobstore.node.hookcall import HookRequest
 from jobstore.node.sandbox import Files
 from jobstore.node.sandboxcalls import handle
 from jobstore.node.services import direct

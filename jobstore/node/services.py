@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the store (SQLAlchemy) is imported only when a call needs t
     from classad2 import ClassAd
 
     from jobstore.db.store import JobStore
-    from jobstore.node.handlers import HookRequest, HookResponse
+    from jobstore.node.hookcall import HookRequest, HookResponse
 
 
 class NodeServices:
