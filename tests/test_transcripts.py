@@ -16,8 +16,6 @@ import os
 import pwd
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +28,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import TRANSCRIPTS
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
+from test_agent import Node
 
 from jobstore.core.jobs import Job, JobEvent, JobSpec
 from jobstore.core.states import Status
@@ -241,7 +240,7 @@ def env_for(db_url: str, condor_config: Path, tmp_path: Path):
 
 
 @pytest.fixture
-def replay_env(db_url: str, env_for):
+def replay_env(db_url: str, env_for, condor_config: Path, hook_dir: Path):
     """The hooks' environment for a replay. On PostgreSQL, an agent serves them, as shipped
     (JOBSTORE_HOOK_MODE=agent: they may not work alone); on SQLite (the slow step) they work
     alone, in direct mode."""
@@ -250,31 +249,23 @@ def replay_env(db_url: str, env_for):
         return
     base = Path(tempfile.mkdtemp(prefix="jobstore-replay-"))  # a short path for the socket
     os.chmod(base, 0o755)
-    socket, log = base / "agent.sock", base / "agent.log"
-    with open(log, "ab") as out:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "jobstore.cli", "agent", "--socket", str(socket)],
-            env=dict(env_for(), PATH=os.environ.get("PATH", "/usr/bin:/bin")),
-            stdout=out, stderr=out)
+    node = Node(base, db_url, condor_config, str(base / "agent.sock"), hook_dir,
+                base / "agent.log", spool=condor_config.parent / "spool")  # env_for's spool
     try:
-        end = time.monotonic() + 60
-        while "listening on" not in log.read_text():
-            assert agent.poll() is None and time.monotonic() < end, log.read_text()
-            time.sleep(0.02)
+        node.start(JOBSTORE_HOOK_LOG=str(env_for.log))
 
         def make(call_env: dict[str, str] | None = None) -> dict[str, str]:
-            return dict(env_for(call_env), JOBSTORE_AGENT_SOCKET=str(socket),
+            return dict(env_for(call_env), JOBSTORE_AGENT_SOCKET=node.socket,
                         JOBSTORE_HOOK_MODE="agent")
 
         make.log = env_for.log  # type: ignore[attr-defined]
         yield make
-        agent.terminate()
-        assert agent.wait(60) == 0, log.read_text()
-        no_traceback(log.read_text())
+        assert node.stop() == 0, node.log.read_text()
+        no_traceback(node.log.read_text())
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
+        if node.agent is not None:
+            node.agent.kill()
+            node.agent.wait()
         shutil.rmtree(base, ignore_errors=True)
 
 
