@@ -209,8 +209,10 @@ def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
                               (second, "slot2@node01", signal.SIGTERM)):
         node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")
         sad = slot_ad(slot)
-        job = node.hook("fetch_job", sad).stdout
-        assert b"JobstoreJobId = %d" % job_id in job
+        fetched = node.hook("fetch_job", sad)
+        job = fetched.stdout
+        assert b"JobstoreJobId = %d" % job_id in job, (
+            fetched, store.get_job(job_id), node.log.read_text())
         node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"])
         assert _status(store, job_id) == "fetched"  # kept back
         code = node.stop(how)

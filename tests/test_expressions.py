@@ -283,6 +283,7 @@ def test_a_stored_account_or_keyword_never_reaches_the_startd(
                       Owner='"root"', HookKeyword='"EVIL"')
     node.start()
     fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
+    assert fetched.stdout, (fetched, store.get_job(job_id), node.log.read_text())
     ad = parse_ad(fetched.stdout.decode())
     assert ad.get("JobstoreJobId") == job_id, (fetched, node.log.read_text())
     assert "OsUser" not in ad and ad.get("Owner") == owner
@@ -292,24 +293,28 @@ def test_a_stored_account_or_keyword_never_reaches_the_startd(
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_job_the_agent_died_reading_twice_is_held(node: Node, store: JobStore) -> None:  # noqa: F811
-    """What a crash of libclassad leaves in the agent's journal (the job a thread was reading)
-    counts at the next start; the second time, the job is held with the reason, and nothing
-    reads it again."""
+    """What a crash of libclassad leaves (a fault the agent's faulthandler writes down, the job
+    its threads were reading in the journal) counts at the next start, once per crash however
+    many threads read the job; the second time, the job is held with the reason, and nothing
+    reads it again. A SIGKILL from outside counts for nothing."""
     from jobstore.node.sandboxroot import INFLIGHT
 
     root = node.base / "sandboxes"
     with open(node.config, "a") as fh:
         fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
-    for crashes in (1, 2):
+    journal = root / INFLIGHT / "reading"
+    mark = f"JOBSTORE {job_id}".encode().ljust(95) + b"\n"
+    for how, then in ((signal.SIGKILL, "idle"), (signal.SIGKILL, "idle"),
+                      (signal.SIGSEGV, "idle"), (signal.SIGSEGV, "held")):
         node.start()
-        assert node.stop() == 0
-        journal = root / INFLIGHT / "reading"
-        journal.write_bytes(f"JOBSTORE {job_id}".encode().ljust(95) + b"\n")  # as a crash
+        assert node.stop(how) == -how
+        assert ((root / INFLIGHT / "fault").stat().st_size > 0) == (how == signal.SIGSEGV)
+        journal.write_bytes(mark * 2)  # two threads were reading it
         node.start()
         assert node.stop() == 0
         job = store.get_job(job_id)
-        assert job.status == ("idle" if crashes == 1 else "held"), (job, node.log.read_text())
+        assert job.status == then, (how, job, node.log.read_text())
     assert "died 2 times while it read this job's ad" in (job.reason or "")
     assert job.hold_code == holds.JOB_POLICY_UNDEFINED
 

@@ -6,16 +6,22 @@ gets past them.
 
 Each thread writes its own fixed-size slot of the file before it reads and blanks it after
 (one pwrite each, no fsync: a crashed process's writes are in the page cache all the same).
+Only a death by a fault of the process itself counts (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL:
+what a crash in libclassad is), which Python's faulthandler writes down in `fault` as it
+happens: a SIGKILL from outside (an admin, the OOM killer, condor_master) says nothing about the
+jobs being read at that moment. A job counts once per death, however many threads read it.
 Standard library only."""
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 SLOT = 96  # bytes per thread: "<keyword> <job id>", padded, and a newline
 CRASHES_BEFORE_HOLD = 2
@@ -28,11 +34,13 @@ class InFlight:
     def __init__(self, directory: Path) -> None:
         self.path = directory / "reading"
         self.counts = directory / "crashed.json"
+        self.fault = directory / "fault"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                            0o600)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._slots = 0
+        self._fault_file: TextIO | None = None
 
     @contextlib.contextmanager
     def reading(self, keyword: str, job_id: int) -> Iterator[None]:
@@ -46,9 +54,10 @@ class InFlight:
             os.pwrite(self._fd, _BLANK, slot * SLOT)
 
     def crashed(self) -> list[tuple[str, int]]:
-        """What a run that died left marked, counted across runs: the jobs (keyword, id)
-        marked CRASHES_BEFORE_HOLD times, to hold now (forgotten here); the journal emptied.
-        Call before any thread reads."""
+        """What a run that died of a fault left marked, counted across runs: the jobs
+        (keyword, id) marked in CRASHES_BEFORE_HOLD such runs, to hold now (forgotten here);
+        the journal emptied, and this process's faults written down from now on. Call before
+        any thread reads."""
         try:
             counts = json.loads(self.counts.read_text())
         except (OSError, ValueError):
@@ -57,10 +66,13 @@ class InFlight:
             counts = {}
         size = os.fstat(self._fd).st_size
         data = os.pread(self._fd, size, 0) if size else b""
+        marked = set()
         for raw in data.split(b"\n"):
             words = raw.decode("utf-8", "replace").split()
             if len(words) == 2 and words[1].isdigit():
-                key = f"{words[0]} {words[1]}"
+                marked.add(f"{words[0]} {words[1]}")
+        if self._faulted():
+            for key in marked:
                 counts[key] = int(counts.get(key, 0)) + 1
         os.ftruncate(self._fd, 0)
         due = [key for key, n in counts.items() if int(n) >= CRASHES_BEFORE_HOLD]
@@ -71,12 +83,33 @@ class InFlight:
         with os.fdopen(fd, "w") as out:
             json.dump(counts, out)
         os.replace(temp, self.counts)
+        self._watch_faults()
         return [(key.split()[0], int(key.split()[1])) for key in due]
+
+    def _faulted(self) -> bool:
+        """Whether the run before this one died of a fault (faulthandler wrote in `fault`)."""
+        try:
+            fd = os.open(self.fault, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "rb") as fh:
+            return bool(fh.read(1))
+
+    def _watch_faults(self) -> None:
+        """From now on, a fault of this process writes its threads' stacks in `fault`."""
+        fd = os.open(self.fault, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        self._fault_file = os.fdopen(fd, "w")  # faulthandler needs it open while enabled
+        faulthandler.enable(file=self._fault_file, all_threads=True)
 
     def clear(self) -> None:
         """Empty the journal: the process stops in order, so nothing it was reading crashed
         it."""
         os.ftruncate(self._fd, 0)
+        if self._fault_file is not None:
+            faulthandler.disable()
+            self._fault_file.close()
+            self._fault_file = None
 
     def _slot(self) -> int:
         slot = getattr(self._local, "slot", None)
