@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from classad2 import ClassAd
@@ -299,14 +300,13 @@ def test_a_job_the_agent_died_reading_twice_is_held(node: Node, store: JobStore)
     reads it again. A SIGKILL from outside counts for nothing."""
     from jobstore.node.sandboxroot import INFLIGHT
 
-    root = node.base / "sandboxes"
-    with open(node.config, "a") as fh:
-        fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
+    root = node.base / "sandboxes"  # the node's own (test_agent.node)
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     journal = root / INFLIGHT / "reading"
     mark = f"JOBSTORE {job_id}".encode().ljust(95) + b"\n"
-    for how, then in ((signal.SIGKILL, "idle"), (signal.SIGKILL, "idle"),
-                      (signal.SIGSEGV, "idle"), (signal.SIGSEGV, "held")):
+    # held at the second fault: had the SIGKILL counted, or a crash counted twice, the first
+    for how, then in ((signal.SIGKILL, "idle"), (signal.SIGSEGV, "idle"),
+                      (signal.SIGSEGV, "held")):
         node.start()
         assert node.stop(how) == -how
         assert ((root / INFLIGHT / "fault").stat().st_size > 0) == (how == signal.SIGSEGV)
@@ -317,6 +317,68 @@ def test_a_job_the_agent_died_reading_twice_is_held(node: Node, store: JobStore)
         assert job.status == then, (how, job, node.log.read_text())
     assert "died 2 times while it read this job's ad" in (job.reason or "")
     assert job.hold_code == holds.JOB_POLICY_UNDEFINED
+
+
+_OVERFLOW = """
+import sys, threading
+from pathlib import Path
+from classad2 import ClassAd
+from jobstore.node.inflight import InFlight
+journal = InFlight(Path(sys.argv[1]))
+journal.crashed()
+def read():
+    with journal.reading("JOBSTORE", 7):
+        ad = ClassAd("[A = " + "1+" * 5000 + "1]")
+        str(ad)
+threading.stack_size(256 * 1024)  # small enough for libclassad's recursion to overflow it
+thread = threading.Thread(target=read)
+thread.start()
+thread.join()
+"""
+
+
+def test_a_stack_overflow_in_libclassad_in_a_reading_thread_counts(tmp_path: Path) -> None:
+    """libclassad overflowing the C stack of the thread that reads a job (not the thread that
+    started the journal): the fault is written down, and two of them hold the job."""
+    import subprocess
+    import sys
+
+    from jobstore.node.inflight import InFlight
+
+    journal = tmp_path / "inflight"
+    journal.mkdir(mode=0o700)
+    for _ in range(2):
+        died = subprocess.run([sys.executable, "-c", _OVERFLOW, str(journal)],
+                              capture_output=True, timeout=60)
+        assert died.returncode == -signal.SIGSEGV, died.stderr[-2000:]
+        assert (journal / "fault").stat().st_size > 0
+    assert InFlight(journal).crashed() == [("JOBSTORE", 7)]
+
+
+@pytest.mark.parametrize("odd", ["directory", "symlink", "fifo"])
+def test_anything_but_a_file_where_the_fault_goes_is_replaced(tmp_path: Path, odd: str) -> None:
+    """A directory, a symlink or a FIFO where the fault record goes: the start neither hangs
+    nor fails, counts nothing from it, and writes its own record there."""
+    from jobstore.node.inflight import InFlight
+
+    fault = tmp_path / "fault"
+    if odd == "directory":
+        fault.mkdir()
+        (fault / "x").write_text("not a record")
+    elif odd == "symlink":
+        (tmp_path / "elsewhere").write_text("a fault")
+        fault.symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(fault)
+    (tmp_path / "reading").write_bytes(b"JOBSTORE 7".ljust(95) + b"\n")
+    (tmp_path / "crashed.json").write_text('{"JOBSTORE 7": 1}')
+    journal = InFlight(tmp_path)
+    try:
+        assert journal.crashed() == []
+        assert fault.is_file() and not fault.is_symlink()
+        assert json.loads((tmp_path / "crashed.json").read_text()) == {"JOBSTORE 7": 1}
+    finally:
+        journal.clear()
 
 
 def test_an_expression_that_kills_its_worker_twice_holds_the_job(

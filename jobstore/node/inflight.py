@@ -9,15 +9,20 @@ Each thread writes its own fixed-size slot of the file before it reads and blank
 Only a death by a fault of the process itself counts (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL:
 what a crash in libclassad is), which Python's faulthandler writes down in `fault` as it
 happens: a SIGKILL from outside (an admin, the OOM killer, condor_master) says nothing about the
-jobs being read at that moment. A job counts once per death, however many threads read it.
+jobs being read at that moment. Each reading thread gets a signal stack of its own, so that
+the handler also runs for a stack overflow in it. A job counts once per death, however many
+threads read it.
 Standard library only."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import json
 import os
+import shutil
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +30,15 @@ from typing import TextIO
 
 SLOT = 96  # bytes per thread: "<keyword> <job id>", padded, and a newline
 CRASHES_BEFORE_HOLD = 2
+ALTERNATE_STACK = 64 * 1024  # bytes: where a reading thread's fault handler runs
 _BLANK = b" " * (SLOT - 1) + b"\n"
+
+
+class _Stack(ctypes.Structure):
+    """sigaltstack(2)'s stack_t."""
+
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int),
+                ("ss_size", ctypes.c_size_t)]
 
 
 class InFlight:
@@ -58,6 +71,8 @@ class InFlight:
         (keyword, id) marked in CRASHES_BEFORE_HOLD such runs, to hold now (forgotten here);
         the journal emptied, and this process's faults written down from now on. Call before
         any thread reads."""
+        faulted = self._faulted()
+        self._watch_faults()
         try:
             counts = json.loads(self.counts.read_text())
         except (OSError, ValueError):
@@ -71,7 +86,7 @@ class InFlight:
             words = raw.decode("utf-8", "replace").split()
             if len(words) == 2 and words[1].isdigit():
                 marked.add(f"{words[0]} {words[1]}")
-        if self._faulted():
+        if faulted:
             for key in marked:
                 counts[key] = int(counts.get(key, 0)) + 1
         os.ftruncate(self._fd, 0)
@@ -83,17 +98,32 @@ class InFlight:
         with os.fdopen(fd, "w") as out:
             json.dump(counts, out)
         os.replace(temp, self.counts)
-        self._watch_faults()
         return [(key.split()[0], int(key.split()[1])) for key in due]
 
     def _faulted(self) -> bool:
-        """Whether the run before this one died of a fault (faulthandler wrote in `fault`)."""
+        """Whether the run before this one died of a fault (faulthandler wrote in `fault`);
+        anything but a file there is removed and says no."""
         try:
-            fd = os.open(self.fault, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.fault, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
-        with os.fdopen(fd, "rb") as fh:
-            return bool(fh.read(1))
+        except OSError:  # a symlink, or what cannot be opened
+            self._remove_fault()
+            return False
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return bool(os.read(fd, 1))
+        finally:
+            os.close(fd)
+        self._remove_fault()
+        return False
+
+    def _remove_fault(self) -> None:
+        if self.fault.is_dir() and not self.fault.is_symlink():
+            shutil.rmtree(self.fault, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fault.unlink()
 
     def _watch_faults(self) -> None:
         """From now on, a fault of this process writes its threads' stacks in `fault`."""
@@ -117,7 +147,23 @@ class InFlight:
             with self._lock:
                 slot = self._local.slot = self._slots
                 self._slots += 1
+            self._local.stack = _alternate_stack()
         return int(slot)
+
+
+def _alternate_stack() -> ctypes.Array[ctypes.c_char] | None:
+    """A stack of the calling thread's own for the fault handler, so that a C stack overflow
+    in this thread is written down too (faulthandler gives one to the thread that enables it
+    only); the caller keeps it as long as the thread lives. None where it cannot be had."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        stack = ctypes.create_string_buffer(ALTERNATE_STACK)
+        if libc.sigaltstack(ctypes.byref(_Stack(ctypes.addressof(stack), 0, ALTERNATE_STACK)),
+                            None) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return stack
 
 
 __all__ = ["CRASHES_BEFORE_HOLD", "InFlight"]
