@@ -4,11 +4,16 @@ a minimal HTCondor configuration file and the test fixtures (real HTCondor trans
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from examples import LARGE, SMALL, UNSPECIFIED_LARGE
+from hypothesis import settings
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
@@ -18,6 +23,10 @@ from jobstore.testing.support import libpq_url  # noqa: F401 - for the tests
 # tests of the waiting fetch (test_fetch_wait) set JOBSTORE_FETCH_WAIT themselves.
 os.environ.setdefault("_CONDOR_JOBSTORE_FETCH_WAIT", "0")
 os.environ.setdefault("_CONDOR_JOBSTORE_AGENT_NUDGE_COMMAND", "false")  # no startd to nudge
+
+# A Hypothesis test that names no number of examples: few in `make test`, more in test-slow.
+settings.register_profile("jobstore", max_examples=UNSPECIFIED_LARGE if LARGE else SMALL)
+settings.load_profile("jobstore")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).
@@ -126,8 +135,6 @@ def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     migrated template for a test whose fixtures migrate it, MIGRATED_BY)."""
     path = tmp_path / "jobstore.db"
     if _migrated(request):
-        import shutil
-
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         os.chmod(path, 0o660)
     return f"sqlite:///{path}"
@@ -142,17 +149,25 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def condor_config(tmp_path: Path) -> Path:
-    """Path of a minimal HTCondor configuration file (point CONDOR_CONFIG at it)."""
+def condor_config(tmp_path: Path) -> Iterator[Path]:
+    """Path of a minimal HTCondor configuration file (point CONDOR_CONFIG at it), with a
+    sandbox root of the test's own (an agent's journal, outbox and input cache are no other
+    test's), where job accounts can reach it."""
     log_dir = tmp_path / "log"
     log_dir.mkdir(exist_ok=True)
+    sandboxes = Path(tempfile.mkdtemp(prefix="jobstore-test-"))
+    os.chmod(sandboxes, 0o755)
     path = tmp_path / "condor_config"
     path.write_text(
         "UID_DOMAIN = localdomain\n"
         "STARTD_JOB_HOOK_KEYWORD = JOBSTORE\n"
         f"LOG = {log_dir}\n"
+        f"JOBSTORE_SANDBOX_ROOT = {sandboxes / 'sandboxes'}\n"
     )
-    return path
+    try:
+        yield path
+    finally:
+        shutil.rmtree(sandboxes, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

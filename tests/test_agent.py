@@ -105,6 +105,8 @@ def node(db_url: str) -> Iterator[Node]:
     config.write_text(
         "UID_DOMAIN = localdomain\nSTARTD_JOB_HOOK_KEYWORD = JOBSTORE\n"
         f"LOG = {base / 'log'}\nJOBSTORE_AGENT_READ_TIMEOUT = 1\n"
+        # the node's own: its agent's journal, outbox and input cache are no other test's
+        f"JOBSTORE_SANDBOX_ROOT = {base / 'sandboxes'}\n"
     )
     spool.ensure_dir(base / "spool")
     hooks = base / "hooks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shutil
@@ -26,7 +27,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.node import config
-from jobstore.testing.support import ensure_account
+from jobstore.testing.support import ensure_account, own_node_dirs
 
 SERVICE_ACCOUNT = "jscondor"
 JOB_USERS = ("jsalice", "jsbob")
@@ -39,6 +40,10 @@ def _ensure_account(name: str) -> pwd.struct_passwd:
 def _node(tmp: Path, db_url: str, **overrides) -> tuple[EmulatorConfig, Path]:  # type: ignore[no-untyped-def]
     hooks = install_hooks(tmp / "hooks", sys.executable)
     condor_config = write_node_config(tmp, db_url)
+    node_dirs = Path(tempfile.mkdtemp(prefix="jobstore-node-"))  # tmp may be everyone's to write
+    os.chmod(node_dirs, 0o755)
+    atexit.register(shutil.rmtree, node_dirs, True)
+    own_node_dirs(condor_config, node_dirs)
     cfg = EmulatorConfig(
         hooks=hooks,
         work_dir=str(tmp / "node"),

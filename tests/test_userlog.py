@@ -25,7 +25,7 @@ from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.formats.userlog import LogEvent, aborted_body, evicted_body, log_events
 from jobstore.node import config
-from jobstore.testing.support import a_job, ensure_account
+from jobstore.testing.support import a_job, ensure_account, own_node_dirs
 
 ET = htcondor2.JobEventType
 OWNER = "jsalice"
@@ -64,11 +64,16 @@ def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # ty
     else:
         db_url = request.getfixturevalue("pg_url")
     upgrade(db_url)
-    monkeypatch.setenv("CONDOR_CONFIG", str(write_node_config(base, db_url)))
+    condor_config = write_node_config(base, db_url)
+    node_dirs = Path(tempfile.mkdtemp(prefix="jobstore-node-"))  # base is everyone's to write
+    os.chmod(node_dirs, 0o755)
+    own_node_dirs(condor_config, node_dirs)
+    monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
     store = JobStore.from_url(db_url)
     yield store, base, db_url
     store.engine.dispose()
     shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(node_dirs, ignore_errors=True)
 
 
 def _read(path: Path) -> list[htcondor2.JobEvent]:

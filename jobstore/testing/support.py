@@ -57,6 +57,18 @@ def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> 
         raise RuntimeError(f"useradd {name}: {made.stderr.strip()}") from None
 
 
+def own_node_dirs(condor_config: Path, directory: Path) -> None:
+    """Give the node of `condor_config` a spool and a sandbox root in `directory` (root's,
+    one every account can traverse and none can write), so that its agent and hooks share no
+    journal, outbox, cache or report with another test's."""
+    from jobstore.node import spool
+
+    with open(condor_config, "a") as fh:
+        fh.write(f"JOBSTORE_SPOOL = {directory / 'spool'}\n"
+                 f"JOBSTORE_SANDBOX_ROOT = {directory / 'sandboxes'}\n")
+    spool.ensure_dir(directory / "spool")
+
+
 def ordinary_owner() -> str:
     """An ordinary account (uid >= 1000) to own jobs: the invoking user, or as root the recorded
     owner (created if missing), since fetch_job never hands out root's or a system account's
