@@ -34,14 +34,16 @@ demo: venv
 	$(VENV)/bin/jobstore demo
 
 # `make test`: everything but the long scale, concurrency, fault and emulated-node runs (marked
-# `slow`), in parallel; `make test-slow` runs those one at a time (they measure and load the
-# machine themselves). CI (.ci/run) runs both, one after the other.
+# `slow`), in parallel, with few examples per Hypothesis test; `make test-slow` runs those one at
+# a time (they measure and load the machine themselves), and the Hypothesis tests again with the
+# examples each asks for (tests/examples.py). CI (.ci/run) runs both, one after the other.
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) --maxprocesses=4 \
 		--durations=15 $(PYTEST_ARGS)
 
 test-slow: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "slow and not live" --durations=15 $(PYTEST_ARGS)
+	JOBSTORE_TEST_EXAMPLES=large $(PY) -m pytest -q -p no:cacheprovider \
+		-m "(slow or hypothesis) and not live" --durations=15 $(PYTEST_ARGS)
 
 # `make test-live`: tests/live on a personal pool of a real HTCondor (HTCONDOR_PREFIX, else
 # condor_master on PATH; skipped with one line otherwise), as root.

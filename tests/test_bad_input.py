@@ -14,6 +14,7 @@ import classad2
 import pytest
 import sqlalchemy as sa
 from conftest import TRANSCRIPTS
+from examples import examples
 from hookrun import HookResult, hook_env, run_hook
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -232,7 +233,7 @@ def test_non_utf8_job_ad_is_still_a_report(world: World) -> None:
 
 
 SETTINGS = settings(
-    max_examples=20,
+    max_examples=examples(20),
     deadline=None,
     derandomize=True,
     database=None,

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from classad2 import ExprTree
+from examples import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
@@ -147,7 +148,7 @@ def filled(store: JobStore) -> tuple[JobStore, list[Job]]:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

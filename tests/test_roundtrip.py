@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from argsplit import split_v2
 from conftest import TRANSCRIPTS
+from examples import examples
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from hypothesis import HealthCheck, given, settings
@@ -317,7 +318,7 @@ SUBMITTABLE = st.text(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(values=st.lists(st.text(max_size=20), min_size=1, max_size=6))
 def test_render_any_database_string(values: list[str]) -> None:
     """In-process: any string from the database is printed exactly on one line, or refused."""
@@ -360,7 +361,7 @@ def test_arbitrary_submitted_strings(node: Node, values: list[str]) -> None:
 
 
 @given(st.text(alphabet=st.characters(max_codepoint=0x2030), max_size=40))
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 def test_the_fast_and_the_remembered_render_line_say_what_classad2_says(value: str) -> None:
     """render_line's shortcuts (plain strings written directly, short lines remembered) give
     exactly the line, or the refusal, that asking classad2 gives."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import classad2
 import pytest
 from argsplit import split_v2
+from examples import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -729,7 +730,8 @@ WORDS = st.lists(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200), deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(words=WORDS)
 def test_arguments_round_trip(tmp_path: Path, words: list[str]) -> None:

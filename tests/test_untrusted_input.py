@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from examples import examples
 from hookseq import slot_ad
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -47,7 +48,7 @@ json_values = st.recursive(
 )
 FIELDS = ["keyword", "job_id", "event", "token", "attempt", "changes", "attrs", "slot", "host",
           "time", "store", "caller_uid", "owner", "user_log", "queue"]
-FUZZ = settings(max_examples=2000, deadline=None,
+FUZZ = settings(max_examples=examples(2000), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -103,7 +104,7 @@ def test_request_parser_never_raises_anything_else(data: bytes) -> None:
     assert set(env) <= {"_CONDOR_SLOT"}
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(files=st.lists(st.tuples(st.sampled_from(["a.report", "1-2-ab.report", ".1-2-ab.tmp",
                                                  ".1-2-ab.report.1.taking", "x"]),
                                 st.binary(max_size=200) | json_values.map(
@@ -153,7 +154,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, Job, st
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=examples(200), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_nothing_applied_that_a_genuine_report_could_not_apply(
@@ -194,7 +195,7 @@ raw = st.binary(max_size=200) | st.builds(
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-@settings(max_examples=200, deadline=None,
+@settings(max_examples=examples(200), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(payload=framed | raw)
 def test_live_agent_answers_anything_and_stays_up(node: Node, payload: bytes) -> None:  # noqa: F811
