@@ -40,10 +40,7 @@ def _ensure_account(name: str) -> pwd.struct_passwd:
 def _node(tmp: Path, db_url: str, **overrides) -> tuple[EmulatorConfig, Path]:  # type: ignore[no-untyped-def]
     hooks = install_hooks(tmp / "hooks", sys.executable)
     condor_config = write_node_config(tmp, db_url)
-    node_dirs = Path(tempfile.mkdtemp(prefix="jobstore-node-"))  # tmp may be everyone's to write
-    os.chmod(node_dirs, 0o755)
-    atexit.register(shutil.rmtree, node_dirs, True)
-    own_node_dirs(condor_config, node_dirs)
+    atexit.register(shutil.rmtree, own_node_dirs(condor_config), True)
     cfg = EmulatorConfig(
         hooks=hooks,
         work_dir=str(tmp / "node"),

@@ -65,9 +65,7 @@ def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # ty
         db_url = request.getfixturevalue("pg_url")
     upgrade(db_url)
     condor_config = write_node_config(base, db_url)
-    node_dirs = Path(tempfile.mkdtemp(prefix="jobstore-node-"))  # base is everyone's to write
-    os.chmod(node_dirs, 0o755)
-    own_node_dirs(condor_config, node_dirs)
+    node_dirs = own_node_dirs(condor_config)
     monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
     store = JobStore.from_url(db_url)
     yield store, base, db_url

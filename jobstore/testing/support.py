@@ -57,16 +57,22 @@ def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> 
         raise RuntimeError(f"useradd {name}: {made.stderr.strip()}") from None
 
 
-def own_node_dirs(condor_config: Path, directory: Path) -> None:
-    """Give the node of `condor_config` a spool and a sandbox root in `directory` (root's,
-    one every account can traverse and none can write), so that its agent and hooks share no
-    journal, outbox, cache or report with another test's."""
+def own_node_dirs(condor_config: Path) -> Path:
+    """Give the node of `condor_config` a spool and a sandbox root in a new directory of its
+    own (one every account can traverse and none can write, wherever the configuration is),
+    so that its agent and hooks share no journal, outbox, cache or report with another
+    test's; returns that directory, for the caller to remove."""
+    import tempfile
+
     from jobstore.node import spool
 
+    directory = Path(tempfile.mkdtemp(prefix="jobstore-node-"))
+    os.chmod(directory, 0o755)
     with open(condor_config, "a") as fh:
         fh.write(f"JOBSTORE_SPOOL = {directory / 'spool'}\n"
                  f"JOBSTORE_SANDBOX_ROOT = {directory / 'sandboxes'}\n")
     spool.ensure_dir(directory / "spool")
+    return directory
 
 
 def ordinary_owner() -> str:
