@@ -60,7 +60,7 @@ def role_url(url: str, role: str) -> str:
 
 
 def make_roles(url: str) -> dict[str, str]:
-    from jobstore.db.grants import UserRights, grant_hook_role, grant_user_role
+    from jobstore.db.backends import UserRights
     from jobstore.db.store import JobStore
 
     suffix = secrets.token_hex(4)
@@ -69,8 +69,9 @@ def make_roles(url: str) -> dict[str, str]:
         for role in roles.values():
             conn.execute(f"CREATE ROLE {role} LOGIN")
     owner = JobStore.from_url(url)
-    grant_hook_role(owner.engine, roles["agent"])
-    grant_user_role(owner.engine, roles["user"], UserRights(account=OWNER))
+    granted = owner.db.backend.roles()
+    granted.grant_hook(roles["agent"])
+    granted.grant_user(roles["user"], UserRights(account=OWNER))
     owner.engine.dispose()
     return roles
 

@@ -28,10 +28,10 @@ from psycopg import sql
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
 
+from jobstore.db.backends.postgresql.queries import without_begin
 from jobstore.db.constraint import plan
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import jobs
-from jobstore.db.sql import without_begin
 from jobstore.db.store import JobStore
 from jobstore.testing.support import libpq_url
 

@@ -100,7 +100,7 @@ def main() -> int:
     random.seed()
     started = time.monotonic()
     try:
-        from jobstore.db.engine import safe_url
+        from jobstore.db.urls import safe_url
 
         create_pg(env)
         backends = [("postgresql", env.pg_url)]

@@ -14,7 +14,7 @@ from contextlib import suppress
 import psycopg
 from common import KEYWORD, TP_CLAIMERS, Env, first, populate, progress, say, table, verdict
 
-from jobstore.db.sql import without_begin
+from jobstore.db.backends.postgresql.queries import without_begin
 from jobstore.testing.support import (
     libpq_url,
 )

@@ -23,8 +23,8 @@ from sqlalchemy.engine import make_url
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
+from jobstore.db.backends import UserRights
 from jobstore.db.engine import upgrade
-from jobstore.db.grants import UserRights, grant_hook_role, grant_user_role
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore, SlotRow
 from jobstore.errors import NotOwner, Refused
@@ -66,13 +66,14 @@ def pool(db_url: str) -> Iterator[Pool]:
         for role in roles.values():
             conn.execute(f"CREATE ROLE {role} LOGIN")
     owner = JobStore.from_url(db_url)
-    grant_user_role(owner.engine, roles["alice"], UserRights(account=ALICE))
-    grant_user_role(owner.engine, roles["bob"], UserRights(account=BOB))
-    grant_user_role(owner.engine, roles["portal"], UserRights(
+    granted = owner.db.backend.roles()
+    granted.grant_user(roles["alice"], UserRights(account=ALICE))
+    granted.grant_user(roles["bob"], UserRights(account=BOB))
+    granted.grant_user(roles["portal"], UserRights(
         super_user=True, may_impersonate=f"{ALICE}|{CAROL}"))
-    grant_user_role(owner.engine, roles["super"], UserRights(super_user=True))
-    grant_user_role(owner.engine, roles["admin"], UserRights(admin=True))
-    grant_hook_role(owner.engine, roles["agent"])
+    granted.grant_user(roles["super"], UserRights(super_user=True))
+    granted.grant_user(roles["admin"], UserRights(admin=True))
+    granted.grant_hook(roles["agent"])
     owner.engine.dispose()
     try:
         yield Pool(db_url, roles)
@@ -398,8 +399,6 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
     """Migrations 0012, 0014 and 0015 give the roles that held the agent's grants their
     policies, the slots table and the sandbox files."""
-    from jobstore.db.grants import hook_role_statements
-
     upgrade(db_url, "0011")
     role = f"js_old_agent_{uuid.uuid4().hex[:8]}"
     admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
@@ -409,7 +408,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         owner = JobStore.from_url(db_url)
         new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
                " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys")
-        old = [s.replace(", slots", "") for s in hook_role_statements(owner.engine, role)
+        old = [s.replace(", slots", "") for s in owner.db.backend.roles().hook_statements(role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.engine.begin() as conn:
             from sqlalchemy import text

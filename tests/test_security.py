@@ -26,7 +26,6 @@ from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.core.jobs import JobSpec
-from jobstore.db.grants import grant_hook_role
 from jobstore.db.store import ClaimRequest, DatabaseError, JobStore, Offer, Verdict
 from jobstore.node import spool
 
@@ -53,9 +52,9 @@ def secure_node(node: Node, users: dict[str, pwd.struct_passwd]) -> Iterator[Nod
     role = f"jobstore_hooks_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'hooks-pw'")
-    owner_engine = JobStore.from_url(node.db_url).engine
-    grant_hook_role(owner_engine, role)
-    owner_engine.dispose()
+    owner = JobStore.from_url(node.db_url)
+    owner.db.backend.roles().grant_hook(role)
+    owner.engine.dispose()
     secret = node.base / "db-password"
     secret.write_text("hooks-pw\n")
     os.chmod(secret, 0o600)

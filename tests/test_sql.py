@@ -11,7 +11,9 @@ import pytest
 
 from jobstore.core.jobs import EVENT_COLUMNS, JOB_COLUMNS, Job, JobEvent, JobSpec, parse_job_id
 from jobstore.core.states import Status
-from jobstore.db import channels, sql
+from jobstore.db import channels
+from jobstore.db.backends import statements
+from jobstore.db.backends.postgresql import queries as pg
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 
@@ -21,32 +23,41 @@ SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LIST
               "SET LOCAL", "SET statement", "GRANT ", "REVOKE ")
 
 
+# Each backend's statements: its own queries.sql, in its own parameter style
+BACKEND_QUERIES = {
+    "postgresql": (pg.QUERIES, re.compile(r"%\(\w+\)s")),
+    "sqlite": (statements.load("jobstore.db.backends.sqlite"),
+               re.compile(r"(?<![:\w]):[a-z_]+\b")),
+}
+
+
 def test_every_statement_has_a_name_a_purpose_and_sql() -> None:
-    assert set(sql.QUERIES) >= {"claim_in_autoclusters", "idle_autoclusters", "notify_event",
-                                "listen_events", "begin_transaction", "snapshot_bounds",
-                                "xact_horizon", "submitter_usage", "lock_limits", "limits_in_use"}
-    for st in sql.QUERIES.values():
-        assert st.purpose and st.sql and not st.sql.endswith(";"), st.name
+    assert set(pg.QUERIES) >= {"claim_in_autoclusters", "idle_autoclusters", "notify_event",
+                               "listen_events", "begin_transaction", "snapshot_bounds",
+                               "xact_horizon", "lock_limits", "grant_revoke", "door_act"}
+    assert set(BACKEND_QUERIES["sqlite"][0]) == {"idle_autoclusters"}
+    for queries, _ in BACKEND_QUERIES.values():
+        for st in queries.values():
+            assert st.purpose and st.sql and not st.sql.endswith(";"), st.name
 
 
 def test_a_statement_without_a_purpose_is_refused() -> None:
     with pytest.raises(ValueError, match="purpose"):
-        sql.parse("-- name: bare\nSELECT 1;\n")
+        statements.parse("-- name: bare\nSELECT 1;\n")
     with pytest.raises(ValueError, match="one name"):
-        sql.parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
+        statements.parse("-- name: a\n-- one\nSELECT 1;\n-- name: a\n-- two\nSELECT 2;\n")
 
 
-def test_each_statement_takes_one_parameter_style() -> None:
-    """PostgreSQL's own statements take psycopg's %(name)s, the portable ones :name (both
-    backends run them through SQLAlchemy); no statement mixes the two."""
-    psycopg_style = re.compile(r"%\(\w+\)s")
-    colon_style = re.compile(r"(?<![:\w]):[a-z_]+\b")
-    for name, statement in sql.QUERIES.items():
-        text = statement.sql
-        if name in sql.PORTABLE:
-            assert colon_style.search(text) and not psycopg_style.search(text), name
-        else:
-            assert not colon_style.search(text), name
+def test_each_backend_takes_its_own_parameter_style() -> None:
+    """PostgreSQL's statements take psycopg's %(name)s (they run on psycopg), SQLite's :name
+    (SQLAlchemy's text()); neither takes the other's."""
+    styles = {name: style for name, (_, style) in BACKEND_QUERIES.items()}
+    for backend, (queries, _) in BACKEND_QUERIES.items():
+        other = next(style for name, style in styles.items() if name != backend)
+        for name, statement in queries.items():
+            assert not other.search(statement.sql), (backend, name)
+    assert styles["postgresql"].search(pg.QUERIES["idle_autoclusters"].sql)
+    assert styles["sqlite"].search(BACKEND_QUERIES["sqlite"][0]["idle_autoclusters"].sql)
 
 
 def test_the_holding_statuses_are_the_negotiators() -> None:
@@ -58,8 +69,13 @@ def test_the_holding_statuses_are_the_negotiators() -> None:
     assert {"fetched", "accepted", "running"} == HANDED_OUT
     assert {s for s, p in PHASES.items() if p == "out"} == HANDED_OUT
     assert OUT_PHASE == "phase = 'out'"
-    for name in ("submitter_usage", "limits_in_use"):
-        assert "j.phase = 'out'" in sql.QUERIES[name].sql, name
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from jobstore.db.negotiator import LIMITS_IN_USE, SUBMITTER_USAGE
+
+    for statement in (SUBMITTER_USAGE, LIMITS_IN_USE):
+        for dialect in (postgresql.dialect(), sqlite.dialect()):
+            assert "jobs.phase = 'out'" in str(statement.compile(dialect=dialect))
     for index in jobs.indexes:
         if index.name in ("ix_jobs_active", "ix_jobs_lease"):
             assert str(index.dialect_options["postgresql"]["where"]) == OUT_PHASE
@@ -104,7 +120,7 @@ def test_the_database_gives_each_status_its_phase(store: JobStore) -> None:
 
 
 def test_listen_and_notify_use_one_channel() -> None:
-    assert f"LISTEN {channels.CHANNEL}" == sql.LISTEN_EVENTS
+    assert f"LISTEN {channels.CHANNEL}" == pg.LISTEN_EVENTS
 
 
 def test_no_statement_is_written_anywhere_else() -> None:
@@ -117,7 +133,7 @@ def test_no_statement_is_written_anywhere_else() -> None:
             if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                     and node.value.lstrip().startswith(SQL_STARTS)):
                 found.append(f"{rel}:{node.lineno}")
-    assert not found, f"hand-written SQL outside jobstore/db/queries.sql: {found}"
+    assert not found, f"hand-written SQL outside the backends' queries.sql: {found}"
 
 
 def test_typed_rows_have_every_column_of_their_table() -> None:

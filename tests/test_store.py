@@ -17,10 +17,10 @@ from bulk import clone
 from jobstore.core.jobs import JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
+from jobstore.db.backends.postgresql.queries import without_begin
 from jobstore.db.engine import upgrade
 from jobstore.db.rows import event_row
 from jobstore.db.schema import clusters, job_events, jobs
-from jobstore.db.sql import without_begin
 from jobstore.db.store import (
     AttemptReport,
     ClaimRequest,

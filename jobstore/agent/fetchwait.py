@@ -299,11 +299,14 @@ class FetchWaits:
         if db.listener is not None or time.monotonic() < db.retry_at:
             return
         db.retry_at = time.monotonic() + RELISTEN
-        if not url.startswith("postgresql"):
+        try:
+            store = self._stores.store_for(settings)
+        except Exception:
+            return  # the claims say why
+        if not store.can_listen:
             return
         since = time.monotonic()  # what came before it was not heard: claim again
         try:
-            store = self._stores.store_for(settings)
             listener = store.listener(WORK, self._connect_timeout)
             listener.open()
             if not listener.probe():

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import click
 
 from jobstore.cli.context import Context, fail, guard, pass_ctx
-from jobstore.db.engine import safe_url, server_warnings, upgrade
+from jobstore.db.backends import UserRights, server_warnings
+from jobstore.db.engine import safe_url, upgrade
 from jobstore.db.sandbox import MAX_INPUT_FILE_MB, MAX_INPUT_MB, MAX_OUTPUT_MB
 from jobstore.node import config
 
@@ -32,7 +33,7 @@ def init(ctx: Context) -> None:
                              protected=settings.protected_attrs)
     click.echo(f"job store ready: {safe_url(ctx.database_url)} (inputs: at most "
                f"{settings.max_input_file_mb} MB a file, {settings.max_input_mb} MB a job)")
-    for warning in server_warnings(ctx.database_url):
+    for warning in server_warnings(ctx.store.engine):
         click.echo(f"jobstore: warning: {warning}", err=True)
 
 
@@ -47,11 +48,8 @@ def grant(ctx: Context, role: str, print_only: bool) -> None:
     ROLE may read the job store, append events and change the columns a claim, a transition or a
     report changes; never a job's owner, command, queue, submitted ad or user log. Point the
     agent's JOBSTORE_DATABASE_URL at ROLE."""
-    from jobstore.db.grants import grant_hook_role, hook_role_statements
-
-    engine = ctx.store.engine
-    _show_grants(role, lambda: (hook_role_statements if print_only else grant_hook_role)(
-        engine, role))
+    roles = ctx.store.db.backend.roles()
+    _show_grants(role, lambda: (roles.hook_statements if print_only else roles.grant_hook)(role))
 
 
 def _show_grants(role: str, make: Callable[[], list[str]]) -> None:
@@ -97,16 +95,14 @@ def grant_user(ctx: Context, roles: tuple[str, ...], account: str | None, super_
     submitted it (peer authentication on the local socket makes the role the OS user), and only
     that owner, or a queue super user, may hold, release, remove or edit it. ROLE may be a group
     role: its members submit as themselves."""
-    from jobstore.db.grants import UserRights, grant_user_role, user_role_statements
-
     if account is not None and len(roles) > 1:
         raise click.UsageError("--account names the account of one role")
     rights = UserRights(account=account, super_user=super_user,
                         may_impersonate=may_impersonate, admin=admin, accounting_groups=groups)
-    engine = ctx.store.engine
-    make = user_role_statements if print_only else grant_user_role
+    granted = ctx.store.db.backend.roles()
+    make = granted.user_statements if print_only else granted.grant_user
     for role in roles:
-        _show_grants(role, functools.partial(make, engine, role, rights))
+        _show_grants(role, functools.partial(make, role, rights))
 
 
 @click.command("revoke-user")
@@ -118,11 +114,10 @@ def revoke_user(ctx: Context, roles: tuple[str, ...]) -> None:
     owner). Their jobs stay in the queue."""
     from sqlalchemy.exc import DBAPIError
 
-    from jobstore.db.grants import revoke_user_role
-
+    granted = ctx.store.db.backend.roles()
     for role in roles:
         try:
-            revoke_user_role(ctx.store.engine, role)
+            granted.revoke_user(role)
         except DBAPIError as exc:
             fail(f"cannot revoke from {role}: {str(exc.orig).strip().splitlines()[0]}")
             return

@@ -30,7 +30,7 @@ ACCEPT_SECONDS = 5.0  # a client that connects must send its command within this
 
 
 def preload() -> None:
-    from jobstore.db.engine import preload_drivers
+    from jobstore.db.backends import preload_drivers
 
     for name in PRELOAD:
         with contextlib.suppress(ImportError):

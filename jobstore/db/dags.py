@@ -21,7 +21,7 @@ from jobstore.core.jobs import Job, NodeJobs
 from jobstore.core.states import FINAL_VALUES
 from jobstore.db.backends import DAG, Door
 from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
-from jobstore.db.engine import json_value
+from jobstore.db.jsontext import json_value
 from jobstore.db.schema import dag_nodes, dags, job_events, jobs
 from jobstore.db.transactions import Transactions
 from jobstore.submit.dag import Dag

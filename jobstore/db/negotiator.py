@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from itertools import starmap
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    update,
+)
 
 from jobstore.core import fairshare, limits
 from jobstore.core.autoclusters import signature
@@ -25,7 +34,7 @@ from jobstore.core.claims import ClaimRequest, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
 from jobstore.core.jobs import Job
 from jobstore.core.states import HANDED_OUT, Event, Status
-from jobstore.db.backends import MENU
+from jobstore.db.backends import MENU, Params
 from jobstore.db.phases import status_in
 from jobstore.db.schema import (
     autocluster_limits,
@@ -34,10 +43,35 @@ from jobstore.db.schema import (
     jobs,
     submitters,
 )
-from jobstore.db.sql import LIMITS_IN_USE, SUBMITTER_USAGE
 from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Transitions
 from jobstore.errors import InvalidInput
+
+# a literal, not a parameter: the partial index ix_jobs_active is on it
+OUT: ColumnElement[str] = literal_column("'out'")
+
+# Fair share's view of some submitters: the accountant's row and the weighted slots their
+# handed-out jobs hold now (ix_jobs_active)
+SUBMITTER_USAGE = select(
+    submitters.c.name, submitters.c.factor, submitters.c.priority, submitters.c.usage,
+    submitters.c.updated_at, submitters.c.last_usage,
+    select(func.coalesce(func.sum(jobs.c.slot_weight), 0))
+    .where(jobs.c.submitter == submitters.c.name, jobs.c.phase == OUT)
+    .scalar_subquery().label("in_use"),
+).where(submitters.c.name.in_(bindparam("names", expanding=True)))
+
+# The units of each named concurrency limit that handed-out jobs hold, across all nodes: the jobs
+# of each autocluster that uses it, found under the autocluster's submitter in ix_jobs_active
+LIMITS_IN_USE = (
+    select(autocluster_limits.c.name, func.sum(autocluster_limits.c.amount).label("in_use"))
+    .select_from(autocluster_limits
+                 .join(autoclusters, autoclusters.c.id == autocluster_limits.c.autocluster_id)
+                 .join(jobs, and_(jobs.c.submitter == autoclusters.c.submitter,
+                                  jobs.c.autocluster_id == autocluster_limits.c.autocluster_id)))
+    .where(autocluster_limits.c.name.in_(bindparam("names", expanding=True)),
+           jobs.c.phase == OUT)
+    .group_by(autocluster_limits.c.name)
+)
 
 # Jobs of an autocluster a refused owner's claim puts on hold at once (the rest next time).
 HOLD_BATCH = 100
@@ -103,7 +137,7 @@ class Negotiator:
         found = conn.execute(select(autoclusters.c.id).where(*mine)).scalar()
         if found is not None:
             return int(found)
-        values = {
+        values: Params = {
             "signature": sig,
             "queue": job.queue,
             "owner": job.owner,
@@ -136,7 +170,7 @@ class Negotiator:
         whose concurrency limits have no room is passed over (with `req.limit`).
         """
         now = time.time()
-        params = {
+        params: Params = {
             "queue": req.queue,
             "cpus": req.offer.cpus,
             "memory": req.offer.memory,

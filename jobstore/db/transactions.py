@@ -4,13 +4,13 @@ is one), and one clean DatabaseError whatever the driver raised."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 
-from jobstore.db.backends import Backend, backend_for
+from jobstore.db.backends import Backend, Opened, Params, backend_for
 from jobstore.db.channels import Listener
 from jobstore.db.rows import PENDING
 from jobstore.errors import InvalidInput
@@ -78,8 +78,8 @@ class Transactions:
             yield conn
 
     @contextmanager
-    def opened(self, first: str | None = None, params: Mapping[str, Any] | None = None,
-                ) -> Iterator[tuple[Connection, Any]]:
+    def opened(self, first: str | None = None, params: Params | None = None,
+                ) -> Iterator[tuple[Connection, Opened]]:
         """One transaction, and what the backend read of its `first` read (backends.MENU,
         READ_JOB; `params`) in the round trip that opened it, for the backend's `menu` or
         `read_job` (`_connect`)."""
@@ -107,8 +107,8 @@ class Transactions:
             raise
         _after_commit(after, True)
 
-    def _connect(self, first: str | None = None, params: Mapping[str, Any] | None = None,
-                 ) -> tuple[Connection, Any]:
+    def _connect(self, first: str | None = None, params: Params | None = None,
+                 ) -> tuple[Connection, Opened]:
         """A connection in a transaction with its statement timeout, and what the backend
         read of `first` as it opened it (`opened`). A connection the server dropped (a
         restart, an idle timeout) is found by the statement that opens the transaction and

@@ -5,15 +5,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Protocol, TypeAlias
 
-from sqlalchemy import ColumnElement, Connection, Table, Update
+from sqlalchemy import URL, ColumnElement, Connection, Table, Update
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
 from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.db.channels import Listener
 from jobstore.db.rows import RowChange
 from jobstore.errors import JobstoreError
+
+# A value that crosses the seam: what a column or a bind parameter holds (JSON: objects, arrays)
+Value: TypeAlias = (str | int | float | bool | bytes | datetime | None
+                    | Sequence["Value"] | Mapping[str, "Value"])
+Params: TypeAlias = Mapping[str, Value]  # a statement's bind parameters, by name
+Row: TypeAlias = dict[str, Value]  # a row to insert, by column
+# What Backend.begin read in the round trip that opened a transaction, for menu, read_job or
+# read_jobs to take (each backend its own: a cursor, or None)
+Opened: TypeAlias = object
+# A row of the claim's menu: (autocluster id, submitter, concurrency_limits, head_id,
+# head_priority)
+MenuRow: TypeAlias = tuple[int, str, str | None, int, int]
 
 # The reads that may open a transaction in the round trip that begins it (Backend.begin)
 MENU = "idle_autoclusters"  # the claim's menu: Backend.menu
@@ -36,7 +51,7 @@ class Claim:
     (Transitions.fetch_transition): the columns it sets on the job (`values`, besides `claims`
     + 1 and the slot's weight, which the row decides) and its event's name and statuses."""
 
-    values: Mapping[str, Any]
+    values: Params
     event: str
     from_status: str
     to_status: str
@@ -44,7 +59,7 @@ class Claim:
 
 # The row-by-row claim of a backend that takes its jobs one by one: hand out `job` with these
 # extra columns (Transitions' own transition)
-HandOut = Callable[[Connection, Job, Mapping[str, Any]], None]
+HandOut = Callable[[Connection, Job, Params], None]
 
 # Change.kind: a job the caller named (its event written, or nothing when the action does not
 # apply to its status), one the session may not act on, one another transaction holds, one the
@@ -63,7 +78,7 @@ class Change:
     to_status: str | None
     attempt: int | None
     reason: str | None
-    attrs: Mapping[str, Any] | None
+    attrs: Mapping[str, Value] | None
     pending: bool  # a release that waits for the job's stopped attempt to end
     kind: str
 
@@ -136,7 +151,7 @@ class Door(Protocol):
                 attrs: Mapping[str, str], now: float) -> int:
         """A DAG: its own cluster (DAGManJobId) and row; its nodes come with dag_nodes."""
 
-    def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Mapping[str, Any]],
+    def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Params],
                   edges: Sequence[tuple[str, str]], categories: Mapping[str, int],
                   now: float) -> dict[str, int]:
         """A new DAG's nodes (name, procs, done, priority, category, abort_exit,
@@ -161,6 +176,38 @@ class Door(Protocol):
         """A DAG node's job started: a DAG with -maxidle may release more nodes."""
 
 
+@dataclass(frozen=True)
+class UserRights:
+    """What `jobstore grant-user` gives a role."""
+
+    account: str | None = None  # the OS account its members submit as (None: the role's name)
+    super_user: bool = False
+    may_impersonate: str | None = None  # a regular expression, as QUEUE_SUPER_USER_MAY_IMPERSONATE
+    admin: bool = False
+    # the accounting groups its account's jobs may be charged to (`accounting_group = G`)
+    accounting_groups: tuple[str, ...] = ()
+
+
+class Roles(Protocol):
+    """The database's roles, as `jobstore grant` and `grant-user` give them rights: each method
+    returns the statements it ran (`*_statements`: only makes them)."""
+
+    def hook_statements(self, role: str) -> list[str]:
+        """What gives `role` what the agent and the hooks need and nothing else."""
+
+    def grant_hook(self, role: str) -> list[str]:
+        """Apply hook_statements in one transaction."""
+
+    def user_statements(self, role: str, rights: UserRights) -> list[str]:
+        """What lets `role` read the queue and write through the door, with `rights`."""
+
+    def grant_user(self, role: str, rights: UserRights) -> list[str]:
+        """Apply user_statements and record the role's rights, in one transaction."""
+
+    def revoke_user(self, role: str) -> None:
+        """Take every right on the job store's tables from `role` and forget its rights."""
+
+
 class Backend(Protocol):
     """What the job store does differently on each database."""
 
@@ -177,25 +224,25 @@ class Backend(Protocol):
     def release(self, conn: Connection) -> None:
         """The end of `connect`'s connection."""
 
-    def begin(self, conn: Connection, first: str | None, params: Mapping[str, Any],
-              timeout_ms: int | None) -> Any:
+    def begin(self, conn: Connection, first: str | None, params: Params,
+              timeout_ms: int | None) -> Opened:
         """Open `conn`'s transaction, bounding its statements by `timeout_ms`; where the
         backend can, run the read named `first` (MENU, READ_JOB) in the same round trip and
         return what `menu` or `read_job` takes (None otherwise)."""
 
-    def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
+    def transaction(self, conn: Connection) -> AbstractContextManager[object]:
         """The transaction `begin` opened, committed at the end of its block or rolled back."""
 
-    def error(self, exc: BaseException, url: Any) -> JobstoreError:
+    def error(self, exc: BaseException, url: str | URL) -> JobstoreError:
         """What a failed transaction raises: one line (Refused for a refused privilege,
         InvalidInput for a value the database's checks refused)."""
 
     # ---- reading and locking -------------------------------------------------------------
-    def read_job(self, conn: Connection, opened: Any, job_id: int,
+    def read_job(self, conn: Connection, opened: Opened, job_id: int,
                  ) -> tuple[Job | None, str | None]:
         """The job row `begin` read unlocked and its version (None, None if there is none)."""
 
-    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+    def read_jobs(self, conn: Connection, opened: Opened, job_ids: Sequence[int],
                   ) -> dict[int, tuple[Job, str | None]]:
         """The job rows `begin` read unlocked (READ_JOBS) and their versions, by id (the ones
         there are)."""
@@ -210,11 +257,11 @@ class Backend(Protocol):
     def jobs_of(self, conn: Connection, ids: Sequence[int]) -> list[Job]:
         """The job rows of `ids` that the session may see."""
 
-    def id_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+    def id_in(self, column: ColumnElement[int], ids: Sequence[int]) -> ColumnElement[bool]:
         """`column IN ids`, as this database takes a long list best."""
 
     # ---- the negotiator ------------------------------------------------------------------
-    def menu(self, conn: Connection, opened: Any, params: Mapping[str, Any]) -> list[Any]:
+    def menu(self, conn: Connection, opened: Opened, params: Params) -> list[MenuRow]:
         """The queue's autoclusters with idle jobs that fit the slot (`params`: queue, cpus,
         memory, disk), each with its first job: rows of (id, submitter, concurrency_limits,
         head_id, head_priority)."""
@@ -228,30 +275,30 @@ class Backend(Protocol):
         that has one, with its `fetch` event; the job as it is now, or None."""
 
     # ---- writing -------------------------------------------------------------------------
-    def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
+    def record(self, conn: Connection, values: Row, change: RowChange | None,
                ) -> None:
         """Append the event `values` (after `change`, the job row's UPDATE, when given: it
         must hit the row, else RowChanged) and notify the followers at commit."""
 
-    def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
         """Append many events in one statement, and notify the followers once."""
 
     def notify(self, conn: Connection, payload: str, channel: str) -> None:
         """Announce `payload` on `channel` at commit (nothing where no one can listen)."""
 
-    def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
+    def insert_missing(self, conn: Connection, table: Table, values: Params,
                        keys: Sequence[str] | None = None) -> bool:
         """INSERT, or nothing when a row with the same key exists: whether it inserted."""
 
-    def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
+    def upsert(self, conn: Connection, table: Table, rows: list[Row],
                key: str, columns: Sequence[str]) -> None:
         """INSERT `rows`, or UPDATE `columns` of those whose `key` exists."""
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
                     staged: bool) -> None:
         """Insert many rows of one shape (`staged`: the session is under row-level security)."""
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
                         staged: bool) -> list[int]:
         """Insert rows of `table` (clusters or jobs), their new ids in order."""
 
@@ -289,8 +336,12 @@ class Backend(Protocol):
                  transaction: Callable[[], AbstractContextManager[Connection]]) -> Listener:
         """A listener on `channel` (only where `can_listen`)."""
 
-    def quote(self) -> Callable[[str], str]:
-        """How this database quotes an identifier, where it has roles (InvalidInput if not)."""
+    def server_warnings(self, conn: Connection) -> list[str]:
+        """What in the server's settings works against a job store."""
+
+    def roles(self) -> Roles:
+        """The database's roles: `jobstore grant` and `grant-user` (InvalidInput where it has
+        none: a SQLite store is one user's)."""
 
     def door(self, every: Callable[[], bool]) -> Door | None:
         """The database's own door for a submitter's writes (None: it has none, the package
@@ -300,16 +351,17 @@ class Backend(Protocol):
 
 # INSERT ... ON CONFLICT, which both databases write alike: `insert` is the dialect's INSERT of
 # the table (sqlalchemy.dialects.postgresql.insert or sqlite.insert)
+Insert: TypeAlias = PgInsert | SqliteInsert
 
 
-def insert_missing(conn: Connection, insert: Any, values: Mapping[str, Any],
+def insert_missing(conn: Connection, insert: Insert, values: Params,
                    keys: Sequence[str] | None) -> bool:
     """Backend.insert_missing, with the dialect's `insert`."""
     stmt = insert.values(**values).on_conflict_do_nothing(index_elements=keys)
-    return conn.execute(stmt.returning(*insert.table.primary_key.columns)).first() is not None
+    return conn.execute(stmt.returning(*insert.table.primary_key)).first() is not None
 
 
-def upsert(conn: Connection, insert: Any, rows: list[dict[str, Any]], key: str,
+def upsert(conn: Connection, insert: Insert, rows: list[Row], key: str,
            columns: Sequence[str]) -> None:
     """Backend.upsert, with the dialect's `insert`."""
     stmt = insert.values(rows)
@@ -318,5 +370,5 @@ def upsert(conn: Connection, insert: Any, rows: list[dict[str, Any]], key: str,
 
 
 __all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "Backend",
-           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "insert_missing",
-           "upsert"]
+           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "MenuRow", "Opened",
+           "Params", "Roles", "Row", "UserRights", "Value", "insert_missing", "upsert"]

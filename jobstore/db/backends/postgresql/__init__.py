@@ -5,7 +5,7 @@ bulk), LISTEN/NOTIFY (notify), and the session's identity from its role."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from functools import lru_cache
 from typing import Any
@@ -14,6 +14,7 @@ import psycopg
 from sqlalchemy import (
     ARRAY,
     JSON,
+    URL,
     BigInteger,
     ColumnElement,
     Connection,
@@ -38,6 +39,11 @@ from jobstore.db.backends.base import (
     Claim,
     HandOut,
     Identity,
+    MenuRow,
+    Opened,
+    Params,
+    Roles,
+    Row,
     insert_missing,
     upsert,
 )
@@ -45,13 +51,11 @@ from jobstore.db.backends.postgresql import driver
 from jobstore.db.backends.postgresql.bulk import insert_procs
 from jobstore.db.backends.postgresql.copy import copy_rows
 from jobstore.db.backends.postgresql.door import PgDoor
+from jobstore.db.backends.postgresql.grants import PgRoles
 from jobstore.db.backends.postgresql.kept import KeptConnection
 from jobstore.db.backends.postgresql.notify import PgListener, notify
-from jobstore.db.channels import CHANNEL, Listener
-from jobstore.db.engine import database_message, json_text
-from jobstore.db.rows import RowChange, event_row, note_event
-from jobstore.db.schema import jobs
-from jobstore.db.sql import (
+from jobstore.db.backends.postgresql.queries import (
+    AUTOVACUUM_SETTING,
     CLAIM_IN_AUTOCLUSTERS,
     FILE_CHUNKS,
     IDLE_AUTOCLUSTERS,
@@ -69,8 +73,13 @@ from jobstore.db.sql import (
     XACT_HORIZON,
     opening,
 )
-from jobstore.db.sql import READ_JOB as READ_JOB_SQL
-from jobstore.db.sql import READ_JOBS as READ_JOBS_SQL
+from jobstore.db.backends.postgresql.queries import READ_JOB as READ_JOB_SQL
+from jobstore.db.backends.postgresql.queries import READ_JOBS as READ_JOBS_SQL
+from jobstore.db.channels import CHANNEL, Listener
+from jobstore.db.jsontext import json_text
+from jobstore.db.rows import RowChange, event_row, note_event
+from jobstore.db.schema import jobs
+from jobstore.db.urls import database_message
 from jobstore.errors import (
     DatabaseError,
     InvalidInput,
@@ -124,18 +133,18 @@ class PostgreSQL:
         else:
             self._kept.end(conn)
 
-    def begin(self, conn: Connection, first: str | None, params: Mapping[str, Any],
-              timeout_ms: int | None) -> Any:
+    def begin(self, conn: Connection, first: str | None, params: Params,
+              timeout_ms: int | None) -> Opened:
         """BEGIN, set_config local to the transaction (begin_transaction; '0' for no timeout)
         and `first`, in one round trip; the cursor of `first`'s result."""
         cursor = driver.begin(conn, opening(None if first is None else _FIRST[first]), {
             "milliseconds": str(int(timeout_ms or 0)), **params})
         return None if first is None else cursor
 
-    def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
+    def transaction(self, conn: Connection) -> AbstractContextManager[object]:
         return driver.DriverTransaction(conn)  # no SQLAlchemy Transaction on the hot path
 
-    def error(self, exc: BaseException, url: Any) -> JobstoreError:
+    def error(self, exc: BaseException, url: str | URL) -> JobstoreError:
         orig = getattr(exc, "orig", None) or exc
         state = getattr(orig, "sqlstate", None)
         if state in DOOR_ERRORS:  # the door's own refusal: its message is the one line
@@ -149,15 +158,15 @@ class PostgreSQL:
 
     # ---- reading and locking -------------------------------------------------------------
 
-    def read_job(self, conn: Connection, opened: Any, job_id: int,
+    def read_job(self, conn: Connection, opened: Opened, job_id: int,
                  ) -> tuple[Job | None, str | None]:
-        found = driver.first_of(opened, opening(READ_JOB_SQL))
+        found = driver.first_of(_cursor(opened), opening(READ_JOB_SQL))
         return (None, None) if found is None else (found.job(), found["row_version"])
 
-    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+    def read_jobs(self, conn: Connection, opened: Opened, job_ids: Sequence[int],
                   ) -> dict[int, tuple[Job, str | None]]:
         read = [(row.job(), row["row_version"])
-                for row in driver.all_of(opened, opening(READ_JOBS_SQL))]
+                for row in driver.all_of(_cursor(opened), opening(READ_JOBS_SQL))]
         return {job.id: (job, version) for job, version in read}
 
     def as_read(self, change: Update, version: str | None) -> Update:
@@ -173,14 +182,15 @@ class PostgreSQL:
     def jobs_of(self, conn: Connection, ids: Sequence[int]) -> list[Job]:
         return [r.job() for r in driver.every(conn, JOB_HEADS, {"ids": list(ids)})]
 
-    def id_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+    def id_in(self, column: ColumnElement[int], ids: Sequence[int]) -> ColumnElement[bool]:
         """One array parameter (`= ANY`), not one a job."""
         return column == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
 
     # ---- the negotiator ------------------------------------------------------------------
 
-    def menu(self, conn: Connection, opened: Any, params: Mapping[str, Any]) -> list[Any]:
-        return list(opened.fetchall())  # read in the round trip that opened the transaction
+    def menu(self, conn: Connection, opened: Opened, params: Params) -> list[MenuRow]:
+        # read in the round trip that opened the transaction
+        return list(_cursor(opened).fetchall())
 
     def lock_limits(self, conn: Connection, names: Sequence[str]) -> None:
         driver.execute(conn, LOCK_LIMITS, {"names": list(names)}).fetchall()
@@ -216,7 +226,7 @@ class PostgreSQL:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
+    def record(self, conn: Connection, values: Row, change: RowChange | None,
                ) -> None:
         """The row's UPDATE, the event and the notification: one statement."""
         params = {**values, "attrs": _json(values["attrs"]), "channel": CHANNEL,
@@ -227,9 +237,9 @@ class PostgreSQL:
         params.update({f"set_{name}": value for name, value in change.values.items()},
                       claims=change.claims, version=change.version, row_status=change.status)
         if driver.execute(conn, _transition_sql(tuple(change.values)), params).rowcount != 1:
-            raise RowChanged(f"job {values['job_id']} changed under its transition")
+            raise RowChanged(f"job {values['job_id']!r} changed under its transition")
 
-    def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
         columns = {name: [row[name] for row in rows] for name in rows[0]}
         columns["attrs"] = [_json(value) for value in columns["attrs"]]
         driver.execute(conn, INSERT_EVENTS, columns)
@@ -238,20 +248,20 @@ class PostgreSQL:
     def notify(self, conn: Connection, payload: str, channel: str) -> None:
         notify(conn, payload, channel)
 
-    def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
+    def insert_missing(self, conn: Connection, table: Table, values: Params,
                        keys: Sequence[str] | None = None) -> bool:
         return insert_missing(conn, pg_insert(table), values, keys)
 
-    def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
+    def upsert(self, conn: Connection, table: Table, rows: list[Row],
                key: str, columns: Sequence[str]) -> None:
         upsert(conn, pg_insert(table), rows, key, columns)
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
                     staged: bool) -> None:
         """COPY, through a staging table under row-level security."""
         copy_rows(conn, table, rows, staged=staged)
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
                         staged: bool) -> list[int]:
         """COPY, the ids reserved from the table's sequence first."""
         reserved = driver.execute(conn, NEXT_IDS[table.name], {"n": len(rows)}).fetchall()
@@ -303,8 +313,15 @@ class PostgreSQL:
                  transaction: Callable[[], AbstractContextManager[Connection]]) -> Listener:
         return PgListener(self.engine, transaction, connect_timeout, channel)
 
-    def quote(self) -> Callable[[str], str]:
-        return self.engine.dialect.identifier_preparer.quote
+    def server_warnings(self, conn: Connection) -> list[str]:
+        """autovacuum off."""
+        if conn.execute(AUTOVACUUM_SETTING).scalar_one() == "on":
+            return []
+        return ["autovacuum is off on this server: the job store's tables keep every dead row"
+                " (jobstore prune removes history, only VACUUM reuses its space); turn it on"]
+
+    def roles(self) -> Roles:
+        return PgRoles(self.engine)
 
     def door(self, every: Callable[[], bool]) -> PgDoor:
         return PgDoor(every)
@@ -353,3 +370,9 @@ def _json(value: Any) -> str | None:
 
 
 __all__ = ["PostgreSQL"]
+
+
+def _cursor(opened: Opened) -> psycopg.Cursor[Any]:
+    """The cursor `begin` left on the result of the transaction's first read."""
+    assert isinstance(opened, psycopg.Cursor)
+    return opened

@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 from jobstore.core.jobs import JOB_COLUMNS, Job, ProcTemplate
 from jobstore.core.states import Event, Status
-from jobstore.db.engine import json_text
+from jobstore.db.jsontext import json_text
 from jobstore.db.rows import event_row
 from jobstore.db.schema import job_events, jobs
 

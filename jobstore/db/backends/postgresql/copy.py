@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import JSON, Connection, Table
 
-from jobstore.db.engine import json_text
-from jobstore.db.sql import QUERIES
+from jobstore.db.backends.postgresql.queries import QUERIES
+from jobstore.db.jsontext import json_text
 
 
 def copy_rows(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], *,

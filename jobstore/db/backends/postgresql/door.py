@@ -16,10 +16,10 @@ from jobstore.core.autoclusters import signature
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.db.backends.base import Change, InputFile
 from jobstore.db.backends.postgresql import driver
-from jobstore.db.engine import json_text
+from jobstore.db.backends.postgresql.queries import QUERIES
+from jobstore.db.jsontext import json_text
 from jobstore.db.rows import event_row, note_event
 from jobstore.db.schema import jobs
-from jobstore.db.sql import QUERIES
 
 CHUNK = 10_000  # procs of a templated submit per call
 # The statements (queries.sql): each calls one function of the door

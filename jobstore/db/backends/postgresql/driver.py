@@ -16,7 +16,7 @@ from psycopg.types.json import set_json_loads
 from sqlalchemy import Connection
 
 from jobstore.core.jobs import JOB_COLUMNS, Job
-from jobstore.db.engine import json_value
+from jobstore.db.jsontext import json_value
 
 AUTOCOMMIT_SET = "jobstore_autocommit_set"  # key in conn.info: `begin` turned autocommit on
 
@@ -77,7 +77,7 @@ def _run(conn: Connection, raw: psycopg.Connection[Any], cursor: psycopg.Cursor[
 
 
 def safe_json(raw: Any, record: Any) -> None:
-    """A new connection reads JSON as the store does (engine.json_value: a value nested too
+    """A new connection reads JSON as the store does (jsontext.json_value: a value nested too
     deep for Python's decoder is no RecursionError in whoever reads the row)."""
     set_json_loads(json_value, raw)
 

@@ -14,9 +14,7 @@ import psycopg
 from sqlalchemy import Connection, Engine
 
 from jobstore.db.backends.postgresql import driver
-from jobstore.db.channels import CHANNEL, FRESH_MS, SIGNED, STOPS, WORK, verified
-from jobstore.db.engine import database_message
-from jobstore.db.sql import (
+from jobstore.db.backends.postgresql.queries import (
     LISTEN_EVENTS,
     LISTEN_STOPS,
     LISTEN_WORK,
@@ -24,6 +22,8 @@ from jobstore.db.sql import (
     NOTIFY_KEY,
     NOTIFY_SIGNED,
 )
+from jobstore.db.channels import CHANNEL, FRESH_MS, SIGNED, STOPS, WORK, verified
+from jobstore.db.urls import database_message
 from jobstore.errors import DatabaseError
 
 _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}

@@ -1,30 +1,42 @@
 """The job store on SQLite: SQLAlchemy Core throughout, one writer at a time (BEGIN IMMEDIATE:
-jobstore.db.engine), so that a claim takes its job row by row and nothing needs a lock of its
+connect), so that a claim takes its job row by row and nothing needs a lock of its
 own; no sessions, notifications or server-side rows."""
 
 from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, Update, insert, select
+from sqlalchemy import URL, ColumnElement, Connection, Engine, Table, Update, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 
 from jobstore.core.claims import ClaimRequest
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.core.states import Status
-from jobstore.db.backends.base import Claim, HandOut, Identity, insert_missing, upsert
+from jobstore.db.backends.base import (
+    Claim,
+    HandOut,
+    Identity,
+    MenuRow,
+    Opened,
+    Params,
+    Roles,
+    Row,
+    insert_missing,
+    upsert,
+)
+from jobstore.db.backends.statements import load
 from jobstore.db.channels import Listener
-from jobstore.db.engine import database_message
 from jobstore.db.phases import status_in
 from jobstore.db.rows import RowChange, update_row
 from jobstore.db.schema import job_events, jobs, sandbox_chunks
-from jobstore.db.sql import IDLE_AUTOCLUSTERS_PORTABLE
+from jobstore.db.urls import database_message
 from jobstore.errors import DatabaseError, InvalidInput
+
+IDLE_AUTOCLUSTERS = load("jobstore.db.backends.sqlite")["idle_autoclusters"].clause
 
 
 class SQLite:
@@ -49,13 +61,13 @@ class SQLite:
     def release(self, conn: Connection) -> None:
         conn.close()
 
-    def begin(self, conn: Connection, first: str | None, params: Mapping[str, Any],
+    def begin(self, conn: Connection, first: str | None, params: Params,
               timeout_ms: int | None) -> None:
         """Nothing yet: SQLAlchemy's transaction (`transaction`) begins it."""
         return None
 
-    def transaction(self, conn: Connection) -> AbstractContextManager[Any]:
-        return conn.begin()  # BEGIN IMMEDIATE (jobstore.db.engine)
+    def transaction(self, conn: Connection) -> AbstractContextManager[object]:
+        return conn.begin()  # BEGIN IMMEDIATE (connect)
 
     def reads_tokens(self, conn: Connection) -> bool:
         return True  # one user's store
@@ -63,16 +75,16 @@ class SQLite:
     def door(self, every: Callable[[], bool]) -> None:
         return None  # one user's store: the package writes (jobstore.db.localdoor)
 
-    def error(self, exc: BaseException, url: Any) -> DatabaseError:
+    def error(self, exc: BaseException, url: str | URL) -> DatabaseError:
         return DatabaseError(database_message(exc, url))
 
     # ---- reading and locking -------------------------------------------------------------
 
-    def read_job(self, conn: Connection, opened: Any, job_id: int,
+    def read_job(self, conn: Connection, opened: Opened, job_id: int,
                  ) -> tuple[Job | None, str | None]:
         return self.lock_job(conn, job_id), None
 
-    def read_jobs(self, conn: Connection, opened: Any, job_ids: Sequence[int],
+    def read_jobs(self, conn: Connection, opened: Opened, job_ids: Sequence[int],
                   ) -> dict[int, tuple[Job, str | None]]:
         found = {job_id: self.lock_job(conn, job_id) for job_id in sorted(job_ids)}
         return {job_id: (job, None) for job_id, job in found.items() if job is not None}
@@ -90,13 +102,13 @@ class SQLite:
         rows = conn.execute(select(jobs).where(jobs.c.id.in_(list(ids))))
         return [Job.from_row(r._mapping) for r in rows]
 
-    def id_in(self, column: Any, ids: Sequence[int]) -> ColumnElement[bool]:
+    def id_in(self, column: ColumnElement[int], ids: Sequence[int]) -> ColumnElement[bool]:
         return column.in_(list(ids))  # type: ignore[no-any-return]
 
     # ---- the negotiator ------------------------------------------------------------------
 
-    def menu(self, conn: Connection, opened: Any, params: Mapping[str, Any]) -> list[Any]:
-        return list(conn.execute(IDLE_AUTOCLUSTERS_PORTABLE, dict(params)).all())
+    def menu(self, conn: Connection, opened: Opened, params: Params) -> list[MenuRow]:
+        return list(conn.execute(IDLE_AUTOCLUSTERS, dict(params)).all())
 
     def lock_limits(self, conn: Connection, names: Sequence[str]) -> None:
         return  # the write transaction is serialised already
@@ -124,31 +136,31 @@ class SQLite:
 
     # ---- writing -------------------------------------------------------------------------
 
-    def record(self, conn: Connection, values: dict[str, Any], change: RowChange | None,
+    def record(self, conn: Connection, values: Row, change: RowChange | None,
                ) -> None:
         if change is not None:
             update_row(conn, change, self.as_read)
         conn.execute(insert(job_events).values(**values))
 
-    def insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
         conn.execute(insert(job_events), rows)
 
     def notify(self, conn: Connection, payload: str, channel: str) -> None:
         return  # no one can listen: watchers poll
 
-    def insert_missing(self, conn: Connection, table: Table, values: Mapping[str, Any],
+    def insert_missing(self, conn: Connection, table: Table, values: Params,
                        keys: Sequence[str] | None = None) -> bool:
         return insert_missing(conn, sqlite_insert(table), values, keys)
 
-    def upsert(self, conn: Connection, table: Table, rows: list[dict[str, Any]],
+    def upsert(self, conn: Connection, table: Table, rows: list[Row],
                key: str, columns: Sequence[str]) -> None:
         upsert(conn, sqlite_insert(table), rows, key, columns)
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
                     staged: bool) -> None:
         conn.execute(insert(table), rows)
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[dict[str, Any]], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
                         staged: bool) -> list[int]:
         made = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
                             rows)
@@ -171,7 +183,7 @@ class SQLite:
 
     def local_identity(self) -> Identity:
         """A SQLite job store is one account's (the file's owner, or root:
-        jobstore.db.engine.make_engine): its session is the invoking account, trusted (looked
+        connect.engine): its session is the invoking account, trusted (looked
         up once)."""
         if self._identity is None:
             self._identity = Identity(pwd.getpwuid(os.getuid()).pw_name, trusted=True,
@@ -194,7 +206,10 @@ class SQLite:
                  transaction: Callable[[], AbstractContextManager[Connection]]) -> Listener:
         raise InvalidInput("a SQLite job store announces nothing: watch it by polling")
 
-    def quote(self) -> Callable[[str], str]:
+    def server_warnings(self, conn: Connection) -> list[str]:
+        return []
+
+    def roles(self) -> Roles:
         raise InvalidInput("database roles exist on PostgreSQL only")
 
 

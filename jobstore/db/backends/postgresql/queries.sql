@@ -1,11 +1,10 @@
--- The hand-written statements of the job store, by name; everything else is built with
--- SQLAlchemy Core from jobstore.db.schema, and the database's own functions (the door, the
--- DAG engine, the checks) are in the migrations' .sql files. Each statement: `-- name: NAME`,
--- a one-line `-- purpose`, then the SQL. Bind parameters are `:name` (run with SQLAlchemy's
--- text()), except in the statements of PostgreSQL's hot path (the transaction's start, the
--- claim, the reports) and the door's calls, which run straight on psycopg
--- (jobstore.db.backends.postgresql.driver) with its `%(name)s`.
--- The literal statuses, phases and events are jobstore.core.states' values (tests/test_sql.py checks).
+-- The hand-written statements of the PostgreSQL backend, by name (jobstore.db.backends.statements);
+-- everything else it runs is built with SQLAlchemy Core from jobstore.db.schema, and the
+-- database's own functions (the door, the DAG engine, the checks) are in the migrations' .sql
+-- files. Each statement: `-- name: NAME`, a one-line `-- purpose`, then the SQL. Bind parameters
+-- are psycopg's `%(name)s`: the statements run straight on psycopg
+-- (jobstore.db.backends.postgresql.driver), or without parameters through SQLAlchemy.
+-- The literal statuses, phases and events are jobstore.core.states' values (a test checks).
 
 -- name: idle_autoclusters
 -- The queue's autoclusters with idle jobs that fit the slot's resources, each with its first
@@ -27,49 +26,10 @@ FROM idle JOIN autoclusters AS a ON a.id = idle.ac
 WHERE a.request_cpus <= %(cpus)s AND a.request_memory <= %(memory)s
     AND a.request_disk <= %(disk)s;
 
--- name: idle_autoclusters_portable
--- idle_autoclusters for SQLite, which has no LATERAL: three index probes per autocluster.
-WITH RECURSIVE idle(id) AS (
-    SELECT min(autocluster_id) FROM jobs WHERE phase = 'idle' AND queue = :queue
-    UNION ALL
-    SELECT (SELECT min(j.autocluster_id) FROM jobs AS j
-            WHERE j.phase = 'idle' AND j.queue = :queue AND j.autocluster_id > idle.id)
-    FROM idle WHERE idle.id IS NOT NULL
-), heads AS (
-    SELECT a.id, a.submitter, a.concurrency_limits,
-        (SELECT j.id FROM jobs AS j
-         WHERE j.phase = 'idle' AND j.queue = :queue AND j.autocluster_id = a.id
-         ORDER BY j.priority DESC, j.id LIMIT 1) AS head_id
-    FROM idle JOIN autoclusters AS a ON a.id = idle.id
-    WHERE a.request_cpus <= :cpus AND a.request_memory <= :memory AND a.request_disk <= :disk
-)
-SELECT heads.id, heads.submitter, heads.concurrency_limits, heads.head_id,
-    h.priority AS head_priority
-FROM heads JOIN jobs AS h ON h.id = heads.head_id;
-
--- name: submitter_usage
--- Fair share's view of some submitters: the accountant's row and the weighted slots their
--- handed-out jobs hold now (ix_jobs_active).
-SELECT s.name, s.factor, s.priority, s.usage, s.updated_at, s.last_usage,
-    (SELECT coalesce(sum(j.slot_weight), 0) FROM jobs AS j
-     WHERE j.submitter = s.name AND j.phase = 'out') AS in_use
-FROM submitters AS s WHERE s.name IN :names;
-
 -- name: lock_limits
 -- Serialise the claims of jobs that use these concurrency limits (PostgreSQL; a SQLite write
 -- transaction is serialised already), in name order so that two claims never deadlock.
 SELECT name FROM concurrency_limits WHERE name = ANY(%(names)s) ORDER BY name FOR UPDATE;
-
--- name: limits_in_use
--- The units of each named concurrency limit that handed-out jobs hold, across all nodes: the
--- jobs of each autocluster that uses it, found under the autocluster's submitter in
--- ix_jobs_active.
-SELECT l.name, sum(l.amount) AS in_use
-FROM autocluster_limits AS l
-JOIN autoclusters AS a ON a.id = l.autocluster_id
-JOIN jobs AS j ON j.submitter = a.submitter AND j.autocluster_id = l.autocluster_id
-WHERE l.name IN :names AND j.phase = 'out'
-GROUP BY l.name;
 
 -- name: claim_in_autoclusters
 -- The claim on PostgreSQL in one round trip: lock the first idle job (claim order) of the first
