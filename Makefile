@@ -36,7 +36,7 @@ demo: venv
 # `make test`: everything but the long scale, concurrency, fault and emulated-node runs (marked
 # `slow`), in parallel, with few examples per Hypothesis test; `make test-slow` runs those one at
 # a time (they measure and load the machine themselves), and the Hypothesis tests again with the
-# examples each asks for (tests/examples.py). CI (.ci/run) runs both, one after the other.
+# examples each asks for (tests/support/examples.py). CI (.ci/run) runs both, one after the other.
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) --maxprocesses=4 \
 		--durations=15 $(PYTEST_ARGS)

@@ -32,7 +32,7 @@ from jobstore.db.engine import upgrade  # noqa: E402
 USERS = ("jsalice", "jsbob", "jscarol", "jsdave")
 SLOT = (b'Name = "slot1@bench"\nMachine = "bench"\nState = "Unclaimed"\nActivity = "Idle"\n'
         b"Cpus = 1\nMemory = 1024\nDisk = 1000000\nSlotTypeID = 0\nStart = true\n")
-FLOOD = ROOT / "tests" / "agent_flood.py"  # the same client as tests/test_security.py
+FLOOD = ROOT / "tests" / "support" / "agent_flood.py"  # the client of tests/system/test_security.py
 
 
 def account(name: str) -> pwd.struct_passwd:

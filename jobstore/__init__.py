@@ -35,7 +35,7 @@ __all__ = sorted(_PUBLIC)
 
 
 # No imports up here: the hooks import this package first, and `typing` alone would cost them
-# more than the rest of their start (tests/test_layers.py). Type checkers see the names below.
+# more than the rest of their start (tests/unit/test_layers.py). Type checkers see the names below.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from jobstore.api.dags import Submit  # noqa: F401

@@ -52,7 +52,7 @@ _STATUS_CASE = case(
 )
 
 # Job-ad attribute (lower case, ClassAd names are case-insensitive) -> column. They must hold
-# exactly what views.job_ad puts in the ad; tests/test_query.py checks that with classad2.
+# exactly what views.job_ad puts in the ad; tests/store/test_query.py checks that with classad2.
 ATTRIBUTES: dict[str, Column] = {
     "clusterid": Column(jobs.c.cluster_id, "int"),
     "procid": Column(jobs.c.proc_id, "int"),

@@ -1,6 +1,6 @@
 """The DAGs' engine where the database has none of its own (a SQLite store): DAGMan's work done
 in the transactions that change the jobs, as PostgreSQL's functions do it there (migration
-0019, jobstore_dag_*; tests/test_dags.py runs both).
+0019, jobstore_dag_*; tests/store/test_dags.py runs both).
 
 The transaction that ends a node's last job decides the node (done: every job completed with
 exit code 0), releases the children whose parents are all done (within the DAG's throttles:

@@ -287,7 +287,7 @@ passes = Table(
     Column("last_run_at", Epoch(), nullable=False),
 )
 
-# jobs.phase, computed from the status (jobstore.core.states.PHASES; tests/test_sql.py checks):
+# jobs.phase, computed from the status (jobstore.core.states.PHASES; tests/unit/test_sql.py checks):
 # the indexes name the phase, never the status, so that accept and start, which change the
 # status within a phase, are HOT updates on PostgreSQL (no new index entries). Migration 0010.
 PHASE = (

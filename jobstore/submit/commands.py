@@ -234,7 +234,7 @@ def lookup(key: str) -> Command | None:
 
 
 def markdown() -> str:
-    """The table as docs/submit-commands.md has it (tests/test_submit_commands.py checks)."""
+    """The table as docs/submit-commands.md has it (tests/unit/test_submit_commands.py checks)."""
     lines = ["# Submit commands", "",
              "What the job store does with each of condor_submit's commands (HTCondor 25's",
              "keyword table), generated from `jobstore/submit/commands.py`. A name that is no",

@@ -447,7 +447,7 @@ BEGIN
 END $$;
 
 -- Whether attribute `p_name` tells one job of an autocluster from another, matching never
--- looking at it (jobstore.core.autoclusters.PER_JOB; tests/test_one_door.py compares them).
+-- looking at it (jobstore.core.autoclusters.PER_JOB; tests/system/test_one_door.py compares them).
 CREATE FUNCTION jobstore_per_job(p_name text) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT lower(p_name) IN ('cmd', 'arguments', 'args', 'environment', 'env', 'iwd', 'in',

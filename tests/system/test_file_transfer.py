@@ -273,7 +273,7 @@ def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(no
 def test_the_file_guides_example(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """docs/files.md's wc.sub, as written there: submitted, its input removed, run,
     transfer-data."""
-    guide = (Path(__file__).resolve().parent.parent / "docs" / "files.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "files.md").read_text()
     block = guide.split("$ cat wc.sub\n", 1)[1]
     text = block[:block.index("queue\n") + len("queue\n")]
     assert "transfer_input_files = in.txt" in text and "output = count.out" in text

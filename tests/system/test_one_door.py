@@ -437,7 +437,7 @@ def test_the_database_knows_what_matching_does_not_look_at() -> None:
     """The door's list of attributes one autocluster's jobs may differ in is the package's."""
     from jobstore.core.autoclusters import PER_JOB
 
-    sql = (Path(__file__).parent.parent / "jobstore" / "db" / "migrations" / "versions"
+    sql = (Path(__file__).parents[2] / "jobstore" / "db" / "migrations" / "versions"
            / "0019_one_door.sql").read_text()
     body = sql[sql.index("CREATE FUNCTION jobstore_per_job"):]
     start = body.index("IN (") + 4

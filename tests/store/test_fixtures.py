@@ -49,4 +49,4 @@ def test_fixtures_dir(fixtures_dir: Path):
     transcripts = fixtures_dir / "htcondor-transcripts"
     assert (transcripts / "README.md").is_file()
     assert (transcripts / "01-normal-job" / "01-FETCH_WORK.stdin").is_file()
-    assert Path(__file__).resolve().parent in fixtures_dir.parents
+    assert Path(__file__).resolve().parents[1] in fixtures_dir.parents

@@ -17,7 +17,7 @@ from jobstore.db.backends.postgresql import queries as pg
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 
-PACKAGE = Path(__file__).resolve().parents[1] / "jobstore"
+PACKAGE = Path(__file__).resolve().parents[2] / "jobstore"
 # Words that start a hand-written statement in a string literal.
 SQL_STARTS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "WITH ", "LISTEN ", "NOTIFY ",
               "SET LOCAL", "SET statement", "GRANT ", "REVOKE ")

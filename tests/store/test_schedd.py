@@ -202,7 +202,7 @@ def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:
 
 
 def _guide_example() -> str:
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "python-api.md").read_text()
     return guide.split("```python\n", 1)[1].split("```", 1)[0]
 
 

@@ -188,7 +188,7 @@ def test_groups_and_is_final():
 
 # ---- docs/states.md ---------------------------------------------------------------------------
 
-STATES_DOC = Path(__file__).resolve().parents[1] / "docs" / "states.md"
+STATES_DOC = Path(__file__).resolve().parents[2] / "docs" / "states.md"
 OUTCOMES: dict[Status | str, tuple[Status, ...]] = {
     REQUEUE: (S.IDLE, S.FAILED), EXIT_POLICY: (S.COMPLETED, S.IDLE, S.FAILED)}
 

@@ -29,7 +29,7 @@ from jobstore.testing.support import ordinary_owner
 WORKERS = 16
 STORE_JOBS = 2000
 HOOK_JOBS = 300
-WORKER_SCRIPT = Path(__file__).with_name("claim_worker.py")
+WORKER_SCRIPT = Path(__file__).parents[1] / "support" / "claim_worker.py"
 SLOT_AD = Path("htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin")
 
 
@@ -242,7 +242,7 @@ def test_concurrency_limit_is_never_overshot(db_url, job_owner):
         clone(store, first, LIMIT_JOBS - 1)
     finally:
         store.engine.dispose()
-    script = Path(__file__).with_name("limit_worker.py")
+    script = Path(__file__).parents[1] / "support" / "limit_worker.py"
     results = run_workers(script, db_url, [f"slot{n}@node" for n in range(LIMIT_WORKERS)])
     held = [h for r in results for h in r["held"]]
     ids = [h[0] for h in held]

@@ -1,6 +1,6 @@
 """The day-to-day guide (docs/usage.md) as a newcomer runs it: every command line of its block
 is one the `jobstore` command takes, and runs or fails with one line (a job it names may
-not exist here); the htcondor2 example is run by tests/test_schedd.py."""
+not exist here); the htcondor2 example is run by tests/store/test_schedd.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-USAGE = Path(__file__).resolve().parent.parent / "docs" / "usage.md"
+USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
 LONG_RUNNING = {"watch", "agent", "demo", "emulate"}  # checked with --help
 
 

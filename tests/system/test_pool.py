@@ -19,7 +19,7 @@ from jobstore.core.jobs import JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 
-TRANSCRIPT = (Path(__file__).parent / "fixtures" / "htcondor-transcripts" / "01-normal-job"
+TRANSCRIPT = (Path(__file__).parents[1] / "fixtures" / "htcondor-transcripts" / "01-normal-job"
               / "01-FETCH_WORK.stdin")
 
 

@@ -203,5 +203,5 @@ def test_a_refused_command_queues_nothing(schedd: Any) -> None:  # noqa: F811
 def test_the_documented_table_is_the_code() -> None:
     from jobstore.submit.commands import markdown
 
-    doc = Path(__file__).resolve().parent.parent / "docs" / "submit-commands.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "submit-commands.md"
     assert doc.read_text() == markdown(), "regenerate docs/submit-commands.md from markdown()"

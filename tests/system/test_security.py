@@ -342,7 +342,7 @@ def test_hook_does_not_trust_a_socket_another_user_serves(
     os.chmod(out, 0o666)
     fake = subprocess.Popen([sys.executable, "-c", FAKE_AGENT, path, str(out)],
                             stdout=subprocess.PIPE, user=carol.pw_uid, group=carol.pw_gid,
-                            extra_groups=[], env={"PYTHONPATH": str(Path(__file__).parent.parent)})
+                            extra_groups=[], env={"PYTHONPATH": str(Path(__file__).parents[2])})
     try:
         assert fake.stdout is not None and fake.stdout.readline() == b"ready\n"
         got = nd.hook("fetch_job", slot_ad("slot1@node01"), user=condor,
@@ -361,7 +361,7 @@ def test_hook_does_not_trust_a_socket_another_user_serves(
 # ---- 4. condor's hooks are served first -----------------------------------------------------
 
 
-FLOOD = Path(__file__).resolve().parent / "agent_flood.py"
+FLOOD = Path(__file__).resolve().parents[1] / "support" / "agent_flood.py"
 
 
 def test_other_users_cannot_crowd_out_the_startd(
@@ -382,7 +382,7 @@ def test_other_users_cannot_crowd_out_the_startd(
             floods.append(subprocess.Popen(
                 [sys.executable, str(FLOOD), nd.socket, "40", "16" if i == 0 else "0", "1"],
                 stdout=subprocess.PIPE, user=u.pw_uid, group=u.pw_gid, extra_groups=[],
-                env={"PYTHONPATH": str(Path(__file__).parent.parent)}))
+                env={"PYTHONPATH": str(Path(__file__).parents[2])}))
         for p in floods:
             assert p.stdout is not None and p.stdout.readline() == b"flooding\n"
         got = nd.hook("fetch_job", slot_ad("slot1@node01"), user=condor,

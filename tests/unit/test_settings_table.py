@@ -25,7 +25,7 @@ from jobstore.node.settingtable import (
     Setting,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Set by the tests' conftest for every test; a test of the defaults takes them away.
 CONFTEST_PARAMS = ("JOBSTORE_FETCH_WAIT", "JOBSTORE_AGENT_NUDGE_COMMAND")
 # A setting a drop-in sets, or shows in a comment: `JOBSTORE_X = value`, `# JOBSTORE_X = value`.

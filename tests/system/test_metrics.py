@@ -146,7 +146,7 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
     served = {f.name for text in (store_metrics(store).decode(),
                                   generate_latest(agent.registry).decode())
               for f in text_string_to_metric_families(text)}
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     documented = {re.sub(r"_total$", "", n) for n in
                   re.findall(r"^\| `(jobstore_\w+)`", (docs / "metrics.md").read_text(), re.M)}
     if store.engine.dialect.name != "postgresql":
