@@ -71,7 +71,7 @@ def pg_admin_url() -> str:
 
 # The fixtures that migrate the test's database first: a test using one of them gets a copy of
 # a database migrated once per test process (their own upgrade() then finds it at head).
-MIGRATED_BY = frozenset({"store", "node", "pool", "schedd", "pg_store"})
+MIGRATED_BY = frozenset({"store", "node", "pool", "schedd", "pg_store", "schema_engine"})
 
 
 def _migrated(request: pytest.FixtureRequest) -> bool:

@@ -22,7 +22,7 @@ from jobstore.errors import JobstoreError
 Value: TypeAlias = (str | int | float | bool | bytes | datetime | None
                     | Sequence["Value"] | Mapping[str, "Value"])
 Params: TypeAlias = Mapping[str, Value]  # a statement's bind parameters, by name
-Row: TypeAlias = dict[str, Value]  # a row to insert, by column
+Row: TypeAlias = Mapping[str, Value]  # a row to insert, by column
 # What Backend.begin read in the round trip that opened a transaction, for menu, read_job or
 # read_jobs to take (each backend its own: a cursor, or None)
 Opened: TypeAlias = object
@@ -280,7 +280,7 @@ class Backend(Protocol):
         """Append the event `values` (after `change`, the job row's UPDATE, when given: it
         must hit the row, else RowChanged) and notify the followers at commit."""
 
-    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
+    def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         """Append many events in one statement, and notify the followers once."""
 
     def notify(self, conn: Connection, payload: str, channel: str) -> None:
@@ -290,15 +290,15 @@ class Backend(Protocol):
                        keys: Sequence[str] | None = None) -> bool:
         """INSERT, or nothing when a row with the same key exists: whether it inserted."""
 
-    def upsert(self, conn: Connection, table: Table, rows: list[Row],
+    def upsert(self, conn: Connection, table: Table, rows: Sequence[Row],
                key: str, columns: Sequence[str]) -> None:
         """INSERT `rows`, or UPDATE `columns` of those whose `key` exists."""
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                     staged: bool) -> None:
         """Insert many rows of one shape (`staged`: the session is under row-level security)."""
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                         staged: bool) -> list[int]:
         """Insert rows of `table` (clusters or jobs), their new ids in order."""
 
@@ -361,7 +361,7 @@ def insert_missing(conn: Connection, insert: Insert, values: Params,
     return conn.execute(stmt.returning(*insert.table.primary_key)).first() is not None
 
 
-def upsert(conn: Connection, insert: Insert, rows: list[Row], key: str,
+def upsert(conn: Connection, insert: Insert, rows: Sequence[Row], key: str,
            columns: Sequence[str]) -> None:
     """Backend.upsert, with the dialect's `insert`."""
     stmt = insert.values(rows)

@@ -91,8 +91,10 @@ from jobstore.errors import (
 
 CLAIM_CHUNK = 64  # autoclusters per claim statement
 # The SQLSTATEs the door's functions raise (migration 0019), and what each is here
-DOOR_ERRORS: dict[str, Callable[[str], JobstoreError]] = {
-    "JS001": InvalidInput, "JS002": Refused, "JS004": UnknownCluster}
+# Refusals whose message is the one line to show: the door's own, and a value one of the
+# database's checks refused (check_violation: a constraint, or a trigger's limit)
+REFUSALS: dict[str, Callable[[str], JobstoreError]] = {
+    "JS001": InvalidInput, "JS002": Refused, "JS004": UnknownCluster, "23514": InvalidInput}
 _FIRST = {MENU: IDLE_AUTOCLUSTERS, READ_JOB: READ_JOB_SQL, READ_JOBS: READ_JOBS_SQL}
 
 
@@ -147,10 +149,10 @@ class PostgreSQL:
     def error(self, exc: BaseException, url: str | URL) -> JobstoreError:
         orig = getattr(exc, "orig", None) or exc
         state = getattr(orig, "sqlstate", None)
-        if state in DOOR_ERRORS:  # the door's own refusal: its message is the one line
+        if state in REFUSALS:
             diag = getattr(orig, "diag", None)
             message = (diag.message_primary if diag is not None else None) or str(orig)
-            return DOOR_ERRORS[state](message.strip().splitlines()[0])
+            return REFUSALS[state](message.strip().splitlines()[0])
         if isinstance(orig, psycopg.errors.InsufficientPrivilege):
             first = str(orig).strip().splitlines()[0] if str(orig).strip() else "permission denied"
             return Refused(f"the job store's database refused it: {first}")
@@ -184,7 +186,7 @@ class PostgreSQL:
 
     def id_in(self, column: ColumnElement[int], ids: Sequence[int]) -> ColumnElement[bool]:
         """One array parameter (`= ANY`), not one a job."""
-        return column == any_(bindparam("page_ids", list(ids), type_=ARRAY(BigInteger)))
+        return column == any_(bindparam("ids", list(ids), type_=ARRAY(BigInteger), unique=True))
 
     # ---- the negotiator ------------------------------------------------------------------
 
@@ -239,7 +241,7 @@ class PostgreSQL:
         if driver.execute(conn, _transition_sql(tuple(change.values)), params).rowcount != 1:
             raise RowChanged(f"job {values['job_id']!r} changed under its transition")
 
-    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
+    def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         columns = {name: [row[name] for row in rows] for name in rows[0]}
         columns["attrs"] = [_json(value) for value in columns["attrs"]]
         driver.execute(conn, INSERT_EVENTS, columns)
@@ -252,18 +254,20 @@ class PostgreSQL:
                        keys: Sequence[str] | None = None) -> bool:
         return insert_missing(conn, pg_insert(table), values, keys)
 
-    def upsert(self, conn: Connection, table: Table, rows: list[Row],
+    def upsert(self, conn: Connection, table: Table, rows: Sequence[Row],
                key: str, columns: Sequence[str]) -> None:
         upsert(conn, pg_insert(table), rows, key, columns)
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                     staged: bool) -> None:
         """COPY, through a staging table under row-level security."""
         copy_rows(conn, table, rows, staged=staged)
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                         staged: bool) -> list[int]:
         """COPY, the ids reserved from the table's sequence first."""
+        if table.name not in NEXT_IDS:
+            raise InvalidInput(f"{table.name}: rows numbered here are clusters or jobs")
         reserved = driver.execute(conn, NEXT_IDS[table.name], {"n": len(rows)}).fetchall()
         ids = [int(row[0]) for row in reserved]
         copy_rows(conn, table, [{"id": i, **row} for i, row in zip(ids, rows, strict=True)],

@@ -142,7 +142,7 @@ class SQLite:
             update_row(conn, change, self.as_read)
         conn.execute(insert(job_events).values(**values))
 
-    def insert_events(self, conn: Connection, rows: list[Row]) -> None:
+    def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         conn.execute(insert(job_events), rows)
 
     def notify(self, conn: Connection, payload: str, channel: str) -> None:
@@ -152,15 +152,15 @@ class SQLite:
                        keys: Sequence[str] | None = None) -> bool:
         return insert_missing(conn, sqlite_insert(table), values, keys)
 
-    def upsert(self, conn: Connection, table: Table, rows: list[Row],
+    def upsert(self, conn: Connection, table: Table, rows: Sequence[Row],
                key: str, columns: Sequence[str]) -> None:
         upsert(conn, sqlite_insert(table), rows, key, columns)
 
-    def insert_rows(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_rows(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                     staged: bool) -> None:
         conn.execute(insert(table), rows)
 
-    def insert_numbered(self, conn: Connection, table: Table, rows: list[Row], *,
+    def insert_numbered(self, conn: Connection, table: Table, rows: Sequence[Row], *,
                         staged: bool) -> list[int]:
         made = conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
                             rows)
