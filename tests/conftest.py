@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from examples import LARGE, SMALL, UNSPECIFIED_LARGE
 from hypothesis import settings
+from pgpool import DatabasePool
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
@@ -98,6 +99,16 @@ def pg_template(pg_admin_url: str):
 
 
 @pytest.fixture(scope="session")
+def pg_pool(pg_admin_url: str, pg_template: str) -> Iterator[DatabasePool]:
+    """This test process's migrated databases, used again (pgpool)."""
+    pool = DatabasePool(pg_admin_url, pg_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database file migrated once for this test process."""
     from jobstore.db.engine import upgrade
@@ -109,15 +120,20 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def pg_url(pg_admin_url: str, request: pytest.FixtureRequest):
-    """SQLAlchemy URL of a fresh PostgreSQL database, dropped after the test: empty, or a copy
-    of the migrated template for a test whose fixtures migrate it (MIGRATED_BY)."""
+    """SQLAlchemy URL of a fresh PostgreSQL database, dropped after the test: empty, or for a
+    test whose fixtures migrate it (MIGRATED_BY) one as a copy of the migrated template is,
+    emptied for the next test after it (pgpool)."""
+    if _migrated(request):
+        pool: DatabasePool = request.getfixturevalue("pg_pool")
+        taken = pool.take()
+        try:
+            yield pool.url(taken)
+        finally:
+            pool.give_back(taken)
+        return
     name = f"jobstore_test_{uuid.uuid4().hex}"
     admin = libpq_url(pg_admin_url)
     create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
-    if _migrated(request):
-        template = request.getfixturevalue("pg_template")
-        create = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template))
     with psycopg.connect(admin, connect_timeout=5, autocommit=True) as conn:
         conn.execute(create)
     try:
