@@ -70,13 +70,10 @@ def pg_admin_url() -> str:
     return url
 
 
-# The fixtures that migrate the test's database first: a test using one of them gets a copy of
-# a database migrated once per test process (their own upgrade() then finds it at head).
-MIGRATED_BY = frozenset({"store", "node", "pool", "schedd", "pg_store", "schema_engine"})
-
-
 def _migrated(request: pytest.FixtureRequest) -> bool:
-    return not MIGRATED_BY.isdisjoint(request.fixturenames)
+    """Whether the test's database starts at the newest schema (a copy of a template migrated
+    once per test process: its own upgrade() finds it there), as all but a few do."""
+    return request.node.get_closest_marker("empty_database") is None
 
 
 @pytest.fixture(scope="session")
@@ -120,9 +117,9 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def pg_url(pg_admin_url: str, request: pytest.FixtureRequest):
-    """SQLAlchemy URL of a fresh PostgreSQL database, dropped after the test: empty, or for a
-    test whose fixtures migrate it (MIGRATED_BY) one as a copy of the migrated template is,
-    emptied for the next test after it (pgpool)."""
+    """SQLAlchemy URL of a PostgreSQL database for the test alone: as a copy of the migrated
+    template is, emptied for the next test after it (pgpool), or (empty_database) a new empty
+    one, dropped after it."""
     if _migrated(request):
         pool: DatabasePool = request.getfixturevalue("pg_pool")
         taken = pool.take()
@@ -147,8 +144,8 @@ def pg_url(pg_admin_url: str, request: pytest.FixtureRequest):
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    """SQLAlchemy URL of a new SQLite database file in the test's tmp_path (a copy of the
-    migrated template for a test whose fixtures migrate it, MIGRATED_BY)."""
+    """SQLAlchemy URL of a new SQLite database file in the test's tmp_path: a copy of the
+    migrated template, or (empty_database) none yet."""
     path = tmp_path / "jobstore.db"
     if _migrated(request):
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,38 @@ def alembic_config(url: str):  # type: ignore[no-untyped-def]
     return cfg
 
 
+@lru_cache(maxsize=1)
+def head_revision() -> str | None:
+    """The newest migration's revision (its scripts read once per process)."""
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Create or upgrade the schema (what `jobstore init` does)."""
+    """Create or upgrade the schema (what `jobstore init` does); a store at the newest
+    revision already is left as it is, without loading the migrations."""
     from alembic import command
 
     parsed = parse_url(url)
     after = database(parsed.get_backend_name()).before_upgrade(parsed)
     try:
-        command.upgrade(alembic_config(url), revision)
+        if revision != "head" or _revision(url) != head_revision():
+            command.upgrade(alembic_config(url), revision)
     except DBAPIError as exc:  # e.g. the server is unreachable: one line, no traceback
         orig = exc.orig or exc
         first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
         raise DatabaseError(f"database {safe_url(url)}: {first}") from None
     after()
+
+
+def _revision(url: str) -> str | None:
+    """The store's revision (None: no schema yet)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url, create=True)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()

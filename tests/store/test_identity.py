@@ -396,6 +396,7 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
             conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
+@pytest.mark.empty_database
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
     """Migrations 0012, 0014 and 0015 give the roles that held the agent's grants their
     policies, the slots table and the sandbox files."""
@@ -473,6 +474,7 @@ def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: Jo
         conn.execute(f"INSERT INTO sandbox_files VALUES ('{ALICE}', '{'c' * 64}', 2097152, 0)")
 
 
+@pytest.mark.empty_database
 def test_a_submitters_role_granted_before_0015_loses_the_agents_file_policies(
         db_url: str) -> None:
     """0015 took every role that may update jobs.status for an agent's, so a submitter's role

@@ -20,6 +20,8 @@ from alembic.script import ScriptDirectory
 from jobstore.db.engine import alembic_config, make_engine, upgrade
 from jobstore.db.schema import metadata
 
+pytestmark = pytest.mark.empty_database  # each test migrates its database itself
+
 # the command of the environment that runs the tests (this checkout's, never another's)
 JOBSTORE_CLI = Path(sys.executable).parent / "jobstore"
 

@@ -69,8 +69,8 @@ def test_an_answer_the_node_was_too_busy_to_compute_in_time_is_no_bomb() -> None
         assert evaluator.matches(job, SLOT) is True
         (worker,) = evaluator._idle
         os.kill(worker.proc.pid, signal.SIGSTOP)
+        started = time.monotonic()  # before the timer's start: it wakes the worker 1 s after
         threading.Timer(1.0, os.kill, (worker.proc.pid, signal.SIGCONT)).start()
-        started = time.monotonic()
         assert evaluator.matches(job, SLOT) is True
         assert time.monotonic() - started >= 1.0  # past the 0.5 s bound on the clock
         (worker,) = evaluator._idle
