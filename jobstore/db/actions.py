@@ -21,12 +21,13 @@ from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL, FINAL_VALUES, Event, Status
 from jobstore.db.backends import ACTED, DENIED, SKIPPED, Change, Door
 from jobstore.db.phases import status_not_in
-from jobstore.db.reads import public_jobs
+from jobstore.db.reads import JobReads, public_jobs
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Outcome
+from jobstore.errors import NotOwner, UnknownJob
 from jobstore.formats import views
-from jobstore.formats.edits import edit_changes
+from jobstore.formats.edits import edit_changes, edit_target
 
 PAGE = 1000
 SHOWN = 50  # outcomes kept for a caller to print, the failures first
@@ -87,11 +88,44 @@ def outcome_of(change: Change, name: str = "") -> Outcome:
 
 
 class PagedActions:
-    """Hold, release, remove or edit every job of a selection, PAGE jobs a transaction."""
+    """Hold, release, remove or edit one job, or every job of a selection, PAGE jobs a
+    transaction."""
 
-    def __init__(self, db: Transactions, door: Door) -> None:
+    def __init__(self, db: Transactions, door: Door, reads: JobReads) -> None:
         self.db = db
         self.door = door
+        self.reads = reads
+
+    def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
+        """An owner's or a queue super user's hold (HoldReasonCode 1, UserRequest), release or
+        rm of one job (NotOwner for anyone else, decided by the database on PostgreSQL)."""
+        with self.db.transaction() as conn:
+            changes = self.door.act(conn, [job_id], event.value, reason,
+                                    (holds.USER_REQUEST, 0), skip_locked=False, now=time.time())
+        mine = [c for c in changes if c.job_id == job_id and c.kind in (ACTED, DENIED)]
+        if not mine:
+            raise UnknownJob(job_id)
+        if mine[0].kind == DENIED:
+            raise NotOwner(job_id, self.db.identity().account, str(event))
+        return outcome_of(mine[0], self._name(job_id))
+
+    def edit(self, job_id: int, attr: str, value: str, *, now: float | None = None) -> bool:
+        """condor_qedit of one waiting (idle or held) job: set attribute `attr` to the
+        expression `value`; whether the job was edited (False when it is not waiting). Owner,
+        the job store's own attributes and those it computes cannot change (ValueError); a
+        change of what matching sees moves the job to its new autocluster."""
+        totals = self.edit_where(jobs.c.id == job_id, attr, value, now=now)
+        if totals.denied:
+            raise NotOwner(job_id, self.db.identity().account, "edit")
+        if not totals.success:
+            self.reads.get_job(job_id)  # UnknownJob when there is none
+        return bool(totals.success)
+
+    def _name(self, job_id: int) -> str:
+        try:
+            return views.job_id(self.reads.get_job(job_id))
+        except UnknownJob:
+            return ""
 
     def act_where(
         self,
@@ -116,13 +150,14 @@ class PagedActions:
         self.in_pages(where, keep, act, totals, event, page=page, connection=connection)
         return totals
 
-    def edit_where(self, where: ColumnElement[bool], name: str, text: str, *,
+    def edit_where(self, where: ColumnElement[bool], attr: str, value: str, *,
                    keep: Callable[[Job], bool] | None = None, page: int = PAGE,
                    now: float | None = None) -> ActTotals:
-        """condor_qedit `name` = `text` (checked: formats.edits.edit_target) of the jobs `where`
-        selects (and `keep` keeps), in pages: the waiting ones that this session may change
-        are edited (`success`), the others counted (`bad_status`: not waiting; `denied`: not
-        this session's)."""
+        """condor_qedit of the jobs `where` selects (and `keep` keeps), in pages of `page`
+        jobs, each one transaction: the waiting ones that this session may change are edited
+        (`success`), the others counted (`bad_status`: not waiting; `denied`: not this
+        session's). ValueError as `edit` (formats.edits.edit_target)."""
+        name, text = edit_target(attr, value)
         totals = ActTotals()
 
         def edit(conn: Connection, chosen: list[Job], at: float, skip: bool) -> list[Change]:

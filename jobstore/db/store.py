@@ -1,5 +1,4 @@
-"""The job store: a façade that composes its parts (JobStore), with its own paths of admin
-events and edits.
+"""The job store: a façade that composes its parts (JobStore) and names their methods.
 
 Every change of a job's state goes through `Transitions.apply`, which updates the row and appends
 its event in the same transaction: a hook's report through `reports.Reports`, the periodic
@@ -14,18 +13,17 @@ from contextlib import AbstractContextManager
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from classad2 import ClassAd
-from sqlalchemy import ColumnElement, Connection, Engine, delete, insert, select
+from sqlalchemy import Connection, Engine
 
-from jobstore.core import holds, policy
+from jobstore.core import policy
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import (
     Job,
     JobSpec,
 )
-from jobstore.core.states import Event
-from jobstore.db.actions import PAGE as ACT_PAGE
-from jobstore.db.actions import ActTotals, PagedActions, outcome_of
-from jobstore.db.backends import ACTED, DENIED, Door, Identity
+from jobstore.db.actions import ActTotals, PagedActions
+from jobstore.db.adminsettings import AdminSettings
+from jobstore.db.backends import Door
 from jobstore.db.dags import DagStore
 from jobstore.db.engine import make_engine
 from jobstore.db.gauges import Gauges
@@ -36,19 +34,15 @@ from jobstore.db.reads import AUTOCLUSTER_KEY, JobReads
 from jobstore.db.reports import AttemptReport, Reports
 from jobstore.db.retention import Pruned, Retention
 from jobstore.db.sandbox import SandboxFiles
-from jobstore.db.schema import job_attr_rules, jobs
 from jobstore.db.slots import SlotAds, SlotRow
 from jobstore.db.submissions import Submissions
 from jobstore.db.transactions import AfterCommit, CommitListener, Transactions
 from jobstore.db.transitions import Outcome, Transitions
 from jobstore.errors import (
     DatabaseError,
-    InvalidInput,
-    NotOwner,
     UnknownJob,
 )
-from jobstore.formats import userlog, views
-from jobstore.formats.edits import edit_target
+from jobstore.formats import userlog
 
 __all__ = [
     "AttemptReport",
@@ -87,13 +81,12 @@ class JobStore:
     """The job database: a façade over its parts, each with one job, composed here
     (`db`: transactions on the backend; `transitions`: the state machine's writes;
     `negotiator`: the claim and the accountant; `reports`: the hooks' reports; `maintenance`:
-    the periodic policy, the reaper, the prune's pass; `actions`: set-based hold, release, rm,
-    qedit; `submissions`; `reads`; `slots`; `files`: the sandboxes; `retention`; `metrics`: the
-    gauges; `dags`). Its own methods are the admin paths of one job; the rest are its parts',
-    named below. Thread-safe as far as the engine is; holds no session state but the remembered
-    verdicts of the claim (Negotiator.verdicts) and who its sessions are (`identity`)."""
-
-    _identity: Identity | None = None
+    the periodic policy, the reaper, the prune's pass; `actions`: hold, release, rm, qedit of
+    one job or of a selection; `submissions`; `reads`; `slots`; `files`: the sandboxes;
+    `retention`; `metrics`: the gauges; `dags`; `admin_settings`: condor_userprio's and the
+    attribute rules). Its methods are its parts', named below. Thread-safe as far as the engine
+    is; holds no session state but the remembered verdicts of the claim (Negotiator.verdicts)
+    and who its sessions are (Transactions.identity)."""
 
     def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000, *,
                  user_log: bool = True) -> None:
@@ -106,11 +99,12 @@ class JobStore:
         self.door: Door = (self.db.backend.door(self.db.listens_to_every_job)
                            or LocalDoor(self.db, self.transitions, self.negotiator))
         self.transitions.follow_dags(self.door)
-        self.actions = PagedActions(self.db, self.door)
+        self.reads = JobReads(self.db)
+        self.actions = PagedActions(self.db, self.door, self.reads)
+        self.admin_settings = AdminSettings(self.db, self.door)
         self.files = SandboxFiles(self.db, self.door)
         self.submissions = Submissions(self.db, self.door, self.files)
         self.dags = DagStore(self.db, self.door, self.submissions)
-        self.reads = JobReads(self.db)
         self.slots = SlotAds(self.db)
         self.retention = Retention(self.db)
         self.metrics = Gauges(self.db)
@@ -165,7 +159,14 @@ class JobStore:
     listener = _to("db", Transactions.listener)
     update_priorities = _to("negotiator", Negotiator.update_priorities)
     usage_table = _to("negotiator", Negotiator.usage_table)
+    identity = _to("db", Transactions.identity)
+    admin = _to("actions", PagedActions.admin)
+    edit = _to("actions", PagedActions.edit)
     act_where = _to("actions", PagedActions.act_where)
+    edit_where = _to("actions", PagedActions.edit_where)
+    set_factor = _to("admin_settings", AdminSettings.set_factor)
+    reset_usage = _to("admin_settings", AdminSettings.reset_usage)
+    set_attr_rules = _to("admin_settings", AdminSettings.set_attr_rules)
     get_job = _to("reads", JobReads.get_job)
     attempt_states = _to("reads", JobReads.attempt_states)
     attempts_on = _to("reads", JobReads.attempts_on)
@@ -260,102 +261,3 @@ class JobStore:
             specs, owner=owner, queue=queue, max_attempts=max_attempts,
             submit_file=submit_file, now=now or time.time(), connection=connection,
             idempotency_key=idempotency_key, check=check)
-
-    # ---- reports and admin events -------------------------------------------------------
-
-
-    def identity(self) -> Identity:
-        """Who this store's sessions are, as the database decides (PostgreSQL: the session's
-        role, migration 0012). A database without sessions of its own (SQLite) is one user's
-        (the file's owner, or root: engine.make_engine), so its session is the invoking
-        account, trusted."""
-        if self._identity is None:
-            self._identity = self.db.backend.local_identity()
-        if self._identity is None:
-            with self.db.transaction() as conn:
-                self._identity = self.db.backend.session_identity(conn)
-        return self._identity
-
-    def _identity_on(self, conn: Connection, callers: bool) -> Identity:
-        """`identity`, read on `conn` if it is not known yet; a caller's connection
-        (`callers`) may be another role's: read on it every time."""
-        local = self.db.backend.local_identity()
-        if local is not None:
-            return local
-        if callers:
-            return self.db.backend.session_identity(conn)
-        if self._identity is None:
-            self._identity = self.db.backend.session_identity(conn)
-        return self._identity
-
-    def admin(self, job_id: int, event: Event, reason: str | None = None) -> Outcome:
-        """An owner's or a queue super user's hold (HoldReasonCode 1, UserRequest), release or
-        rm of one job (NotOwner for anyone else, decided by the database on PostgreSQL)."""
-        with self.db.transaction() as conn:
-            changes = self.door.act(conn, [job_id], event.value, reason,
-                                    (holds.USER_REQUEST, 0), skip_locked=False, now=time.time())
-        mine = [c for c in changes if c.job_id == job_id and c.kind in (ACTED, DENIED)]
-        if not mine:
-            raise UnknownJob(job_id)
-        if mine[0].kind == DENIED:
-            raise NotOwner(job_id, self.identity().account, str(event))
-        return outcome_of(mine[0], self._name(job_id))
-
-    def _name(self, job_id: int) -> str:
-        try:
-            return views.job_id(self.reads.get_job(job_id))
-        except UnknownJob:
-            return ""
-
-    def edit(self, job_id: int, attr: str, value: str, *, now: float | None = None) -> bool:
-        """condor_qedit of one waiting (idle or held) job: set attribute `attr` to the
-        expression `value`; whether the job was edited (False when it is not waiting). Owner,
-        the job store's own attributes and those it computes cannot change (ValueError); a
-        change of what matching sees moves the job to its new autocluster."""
-        totals = self.edit_where(jobs.c.id == job_id, attr, value, now=now)
-        if totals.denied:
-            raise NotOwner(job_id, self.identity().account, "edit")
-        if not totals.success:
-            self.reads.get_job(job_id)  # UnknownJob when there is none
-        return bool(totals.success)
-
-    def edit_where(self, where: ColumnElement[bool], attr: str, value: str, *,
-                   keep: Callable[[Job], bool] | None = None, page: int = ACT_PAGE,
-                   now: float | None = None) -> ActTotals:
-        """condor_qedit of the jobs `where` selects (and `keep` keeps), in pages of `page`
-        jobs, each one transaction: the waiting ones that this session may change are edited
-        (`success`), the others counted (`bad_status`: not waiting; `denied`: not this
-        session's). ValueError as `edit`."""
-        name, text = edit_target(attr, value)
-        return self.actions.edit_where(where, name, text, keep=keep, page=page, now=now)
-
-    def set_attr_rules(self, *, immutable: Sequence[str], protected: Sequence[str]) -> None:
-        """The admin's rules on job attributes (HTCondor's IMMUTABLE_JOB_ATTRS and
-        SECURE_JOB_ATTRS: never submitted nor edited; PROTECTED_JOB_ATTRS: edited by a queue
-        super user only), over the job store's own, which stay (as `jobstore init` sets them)."""
-        rows = {n.lower(): "protected" for n in protected}
-        rows.update({n.lower(): "immutable" for n in immutable})
-        with self.db.transaction() as conn:
-            conn.execute(delete(job_attr_rules).where(job_attr_rules.c.origin == "config"))
-            system = set(conn.execute(select(job_attr_rules.c.name)).scalars())
-            new = [{"name": n, "rule": r, "origin": "config"} for n, r in rows.items()
-                   if n not in system]
-            if new:
-                conn.execute(insert(job_attr_rules), new)
-
-    def set_factor(self, name: str, factor: float) -> bool:
-        """condor_userprio -setfactor (the admin's); False when the submitter is unknown."""
-        if not factor >= 1.0:
-            raise InvalidInput("a priority factor must be at least 1")
-        with self.db.transaction() as conn:
-            return self.door.set_factor(conn, name, factor)
-
-    def reset_usage(self, name: str | None = None, *, now: float | None = None) -> int:
-        """condor_userprio -resetusage (one submitter) or -resetall: accumulated usage to 0 and
-        real priority to its lowest value (the admin's). Returns the rows reset."""
-        with self.db.transaction() as conn:
-            return self.door.reset_usage(conn, name, time.time() if now is None else now)
-
-    # ---- the job's own policy: the periodic pass ---------------------------------------
-
-

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, event
 
-from jobstore.db.backends import Backend, Opened, Params, backend_for
+from jobstore.db.backends import Backend, Identity, Opened, Params, backend_for
 from jobstore.db.channels import Listener
 from jobstore.db.rows import PENDING
 from jobstore.errors import InvalidInput
@@ -29,12 +29,13 @@ _log = logging.getLogger(__name__)
 
 class Transactions:
     """The job database's engine and backend, and how a unit of work runs on it; holds no
-    session state."""
+    session state but who its sessions are (`identity`)."""
 
     def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000) -> None:
         self.engine = engine
         self.statement_timeout_ms = statement_timeout_ms
         self.backend: Backend = backend_for(engine)
+        self._identity: Identity | None = None
         # Commit listeners (see CommitListener), wired where stores are built (JobStore)
         self.listeners: list[CommitListener] = []
         self._log_only: set[CommitListener] = set()  # those that look only at jobs with a log
@@ -49,6 +50,17 @@ class Transactions:
         """Can a row with a lower id commit after one with a higher id (concurrent writers
         drawing from one sequence), so that a reader must look back for late ones?"""
         return self.backend.ids_commit_out_of_order
+
+    def identity(self) -> Identity:
+        """Who this store's sessions are, as the database decides (PostgreSQL: the session's
+        role); a database without sessions of its own (SQLite) is one user's (the file's owner,
+        or root), so its session is the invoking account, trusted."""
+        if self._identity is None:
+            self._identity = self.backend.local_identity()
+        if self._identity is None:
+            with self.transaction() as conn:
+                self._identity = self.backend.session_identity(conn)
+        return self._identity
 
     def listener(self, channel: str, connect_timeout: int) -> Listener:
         """A listener on one of the store's channels (jobstore.db.channels; `can_listen`)."""
