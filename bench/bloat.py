@@ -25,10 +25,10 @@ import time
 import psycopg
 from common import DEFAULT_ADMIN_URL, cleanup, create_pg, make_env, say, table
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
+from jobstore.core.claims import Offer
 from jobstore.core.states import Event
 from jobstore.db.store import JobStore
+from jobstore.testing.factories import claim, claim_request, report, submit
 from jobstore.testing.support import libpq_url
 
 TABLES = ("jobs", "job_events", "clusters")
@@ -71,8 +71,7 @@ def set_autovacuum(url: str, on: bool | None) -> None:
 
 def run(url: str, minutes: float, rate: float, retention: float) -> int:
     store = JobStore.from_url(url, pool=True)
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600)
+    req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot="slot1@bench")
     start = time.monotonic()
     end = start + minutes * 60
     warm = start + min(max(2 * retention, minutes * 60 / 4), minutes * 60 / 2)
@@ -92,16 +91,13 @@ def run(url: str, minutes: float, rate: float, retention: float) -> int:
         if due <= 0:
             time.sleep(min(0.05, 1 / rate))
             continue
-        store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", args="x", proc_id=i)
-                      for i in range(due)], owner="alice", queue="default", max_attempts=3)
+        submit(store, due, args="x")
         for _ in range(due):
-            job = store.claim(req, lambda _j: Verdict(take=True))
+            job = claim(store, req)
             assert job is not None
-            store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims)
-            store.report(job.id, Event.START, token=job.token, attempt=job.claims,
-                         changes={"job_pid": 4242})
-            store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                         changes={"exit_code": 0})
+            report(store, job, Event.ACCEPT)
+            report(store, job, Event.START, changes={"job_pid": 4242})
+            report(store, job, Event.EXIT, changes={"exit_code": 0})
         done += due
     samples.append((time.monotonic() - start, sample(url)))
     store.engine.dispose()

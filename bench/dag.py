@@ -34,17 +34,15 @@ from schedd_scale import DEFAULT_ADMIN_URL, make_db  # noqa: E402
 from jobstore.api.dags import submit_dag  # noqa: E402
 from jobstore.api.submission import submit_path  # noqa: E402
 from jobstore.core import policy  # noqa: E402
-from jobstore.core.claims import ClaimRequest, Offer, Verdict  # noqa: E402
 from jobstore.core.jobs import Job  # noqa: E402
 from jobstore.core.states import Event  # noqa: E402
 from jobstore.db.store import JobStore  # noqa: E402
 from jobstore.formats import views  # noqa: E402
 from jobstore.node import config  # noqa: E402
+from jobstore.testing.factories import claim, claim_request, report  # noqa: E402
 from jobstore.testing.support import libpq_url  # noqa: E402
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600,
-                   shape="bench")
+REQ = claim_request(slot="slot1@bench", shape="bench")
 SUB = "executable = /bin/true\narguments = $(JOB)\nqueue\n"
 
 
@@ -69,8 +67,8 @@ def drain(store: JobStore) -> tuple[int, float, list[float]]:
     loop would stop early."""
     n, reports = 0, []
     started = time.perf_counter()
-    while (job := store.claim(REQ, lambda _j: Verdict(take=True))) is not None:
-        store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+    while (job := claim(store, REQ)) is not None:
+        report(store, job, Event.START)
         reports.append(exit_report(store, job))
         n += 1
     return n, time.perf_counter() - started, reports
@@ -149,9 +147,9 @@ def main() -> int:
                 f"JOB N{i} n.sub NOOP\n" for i in range(count)) + "PARENT A CHILD N0\n"
                 + "".join(f"PARENT N{i} CHILD N{i + 1}\n" for i in range(count - 1))),
                 settings, owner="alice")
-            job = store.claim(REQ, lambda _j: Verdict(take=True))
+            job = claim(store, REQ)
             assert job is not None
-            store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+            report(store, job, Event.START)
             took[count] = exit_report(store, job)
         short, long_ = args.noop // 4, args.noop
         print(f"a chain of NOOP nodes after one job, that job's exit report: {took[short]:.2f} s"

@@ -131,19 +131,18 @@ def periodic_updates(url: str, store) -> tuple[float, float, float]:  # type: ig
     """(commits, WAL bytes, index entries of jobs) per periodic update of a running job."""
     from common import submit_one
 
-    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.core.claims import Offer
     from jobstore.core.states import Event
+    from jobstore.testing.factories import claim, claim_request, report
 
     job_id = submit_one(store)
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot="slot1@bench", host="bench", keyword=KEYWORD, claim_lease=120)
-    job = store.claim(req, lambda _row: Verdict(take=True))
+    job = claim(store, claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                                     slot="slot1@bench", keyword=KEYWORD, claim_lease=120))
     if job is None or job.id != job_id:
         raise RuntimeError(f"the periodic-update job {job_id} was not the one claimed")
     t0 = time.time()
-    store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=120, now=t0)
-    store.report(job_id, Event.START, token=job.token, attempt=job.claims, lease=900,
-                 changes={"job_pid": 4242}, now=t0 + 1)
+    report(store, job, Event.ACCEPT, lease=120, now=t0)
+    report(store, job, Event.START, lease=900, changes={"job_pid": 4242}, now=t0 + 1)
 
     def entries() -> int:  # index tuples inserted into jobs' indexes (all of them)
         with psycopg.connect(libpq_url(url), autocommit=True) as conn:
@@ -158,8 +157,8 @@ def periodic_updates(url: str, store) -> tuple[float, float, float]:  # type: ig
         at = t0 + 1 + 300 * k
         if store.reap(now=at):
             raise RuntimeError(f"the lease of job {job_id} ran out at update {k}")
-        store.report(job_id, Event.START, token=job.token, attempt=job.claims, lease=900,
-                     changes={"job_pid": 4242, "remote_user_cpu": 10.0 * k}, now=at)
+        report(store, job, Event.START, lease=900,
+               changes={"job_pid": 4242, "remote_user_cpu": 10.0 * k}, now=at)
     wal1, commits1, _ = counters(url, SETTLE)
     cold = entries() - cold0
     n = PERIODIC_UPDATES

@@ -15,13 +15,13 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
     import psycopg
 
     from jobstore.core.states import Event
-    from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+    from jobstore.db.store import JobStore, Offer
+    from jobstore.testing.factories import claim_request, report, take_every
 
     say("")
     say(f"== 3. Fetch latency on PostgreSQL: JobStore.claim (hook engine: connect + claim),"
         f" claim + reject-to-idle loop, up to {samples} claims")
     store = JobStore.from_url(env.pg_url)
-    take = Verdict(take=True)
     out: dict[int, tuple[float, float, float]] = {}
     with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as admin:
         for size in (10, big):
@@ -30,8 +30,8 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
             populate(admin, queue, size, ad)
             fill = time.perf_counter() - t
             progress(f"latency with {size} idle jobs (populated in {fill:.1f} s)")
-            req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                               slot="slot1@node", host="node", keyword=KEYWORD, claim_lease=600)
+            req = claim_request(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                                slot="slot1@node", keyword=KEYWORD)
             lat: list[float] = []
             stop_at = time.monotonic() + budget / 2
             for i in range(samples + 10):
@@ -39,11 +39,11 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
                     say(f"   ({size:,} idle jobs: {len(lat)} claims, the time budget is spent)")
                     break
                 t = time.perf_counter()
-                job = store.claim(req, lambda _row: take)
+                job = store.claim(req, take_every)
                 dt = time.perf_counter() - t
                 if job is None:
                     raise RuntimeError(f"no idle job in {queue}")
-                store.report(job.id, Event.REJECT, token=job.token, attempt=job.claims)
+                report(store, job, Event.REJECT)
                 if i >= 10:  # the first few warm the caches
                     lat.append(dt)
             idle = first(admin.execute(

@@ -120,11 +120,11 @@ def make_judge() -> Callable[[Any], Any]:
 
 
 def request(queue: str, shape: str | None, **kw: Any):  # type: ignore[no-untyped-def]
-    from jobstore.core.claims import ClaimRequest, Offer
+    from jobstore.core.claims import Offer
+    from jobstore.testing.factories import claim_request
 
-    return ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=4096, disk=10**7),
-                        slot="slot1@node", host="node", keyword="JOBSTORE", claim_lease=600,
-                        shape=shape, **kw)
+    return claim_request(queue=queue, offer=Offer(cpus=1, memory=4096, disk=10**7),
+                         slot="slot1@node", shape=shape, **kw)
 
 
 def timed_fetches(
@@ -224,23 +224,22 @@ def section_many(env: Env, samples: int) -> dict[str, float]:
 
 def tp_worker(url: str, queue: str, slot: str, on: bool, seconds: float, barrier: Any,
               results: Any) -> None:  # pragma: no cover - a subprocess
-    from jobstore.core.claims import Verdict
     from jobstore.core.states import Event
     from jobstore.db.store import JobStore
+    from jobstore.testing.factories import report, take_every
 
     store = JobStore.from_url(url, pool=True, connect_timeout=30)
     kw: dict[str, Any] = {"fair_share": on, "limit": (lambda _name: 1e9) if on else None}
     req = request(queue, "s", **kw)
     req = dataclasses.replace(req, slot=slot)
-    take = Verdict(take=True)
     count = 0
     barrier.wait(120)
     t0 = time.monotonic()
     while time.monotonic() < t0 + seconds:
-        job = store.claim(req, lambda _j: take)
+        job = store.claim(req, take_every)
         if job is None:
             break
-        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+        report(store, job, Event.EXIT)
         count += 1
     results.put((count, time.monotonic() - t0))
     store.engine.dispose()
@@ -286,9 +285,9 @@ def section_throughput(env: Env, seconds: float, jobs: int) -> dict[int, float]:
 
 
 def section_shares(env: Env, ticks: int) -> dict[str, float]:
-    from jobstore.core.claims import Verdict
     from jobstore.core.states import Event
     from jobstore.db.store import JobStore
+    from jobstore.testing.factories import report, take_every
 
     say("")
     say("== 4. Shares of a 32-slot node by priority factor (PostgreSQL)")
@@ -309,24 +308,19 @@ def section_shares(env: Env, ticks: int) -> dict[str, float]:
         target = {n: v / sum(inv.values()) for n, v in inv.items()}
         rng = random.Random(11)
         running: dict[int, tuple[Any, int]] = {}  # slot -> (job, tick it ends)
-        take = Verdict(take=True)
-
-        def always(_job: Any, take: Any = take) -> Any:
-            return take
-
         distances = []
         warmup = ticks // 4
         try:
             for tick in range(ticks):
                 for slot, (job, end) in list(running.items()):
                     if end <= tick:
-                        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+                        report(store, job, Event.EXIT)
                         del running[slot]
                 for slot in range(32):
                     if slot not in running:
                         req = request(queue, "s")
                         req = dataclasses.replace(req, slot=f"slot{slot}@node")
-                        job = store.claim(req, always)
+                        job = store.claim(req, take_every)
                         if job is not None:
                             running[slot] = (job, tick + rng.randint(5, 15))
                 if tick >= warmup:

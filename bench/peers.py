@@ -71,14 +71,12 @@ def install(system: str, url: str) -> None:
 def enqueue(system: str, url: str, n: int) -> None:
     """n jobs, each carrying the time it was queued."""
     if system == "jobstore":
-        from jobstore.core.jobs import JobSpec
         from jobstore.db.store import JobStore
+        from jobstore.testing.factories import submit
 
         store = JobStore.from_url(url)
         for start in range(0, n, 1000):
-            specs = [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i)
-                     for i in range(min(1000, n - start))]
-            store.submit(specs, owner="alice", queue="default", max_attempts=3)
+            submit(store, min(1000, n - start))
         store.engine.dispose()
     elif system == "procrastinate":
         app = _procrastinate_app(url)
@@ -133,16 +131,16 @@ def _record(out: str, latency: float) -> None:
 def work(system: str, url: str, drain: bool, out: str | None, until: float) -> None:
     """One worker process: drain the queue (throughput) or serve until `until` (latency)."""
     if system == "jobstore":
-        from jobstore.core.claims import ClaimRequest, Offer, Verdict
+        from jobstore.core.claims import Offer
         from jobstore.core.states import Event
         from jobstore.db.store import JobStore
+        from jobstore.testing.factories import claim, claim_request, report
 
         store = JobStore.from_url(url, pool=True)
-        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                           slot=f"slot{os.getpid()}@bench", host="bench", keyword="JOBSTORE",
-                           claim_lease=120)
+        req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                            slot=f"slot{os.getpid()}@bench", claim_lease=120)
         while True:
-            job = store.claim(req, lambda _j: Verdict(take=True))
+            job = claim(store, req)
             if job is None:
                 if drain or time.time() > until:
                     break
@@ -150,12 +148,9 @@ def work(system: str, url: str, drain: bool, out: str | None, until: float) -> N
                 continue
             if out:
                 _record(out, time.time() - job.submitted_at)
-            token, attempt = job.token, job.claims
-            store.report(job.id, Event.ACCEPT, token=token, attempt=attempt, lease=120)
-            store.report(job.id, Event.START, token=token, attempt=attempt,
-                         changes={"job_pid": os.getpid()}, lease=900)
-            store.report(job.id, Event.EXIT, token=token, attempt=attempt,
-                         changes={"exit_code": 0})
+            report(store, job, Event.ACCEPT, lease=120)
+            report(store, job, Event.START, changes={"job_pid": os.getpid()}, lease=900)
+            report(store, job, Event.EXIT, changes={"exit_code": 0})
         store.engine.dispose()
     elif system == "procrastinate":
         app = _procrastinate_app(url, out)

@@ -44,10 +44,10 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.submit.description import parse_submit_text
+from jobstore.testing.factories import claim_request, take_every
 from jobstore.testing.support import libpq_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common, hookcost
@@ -160,14 +160,12 @@ def measure_projection(url: str, env: dict[str, str], repeat: int) -> None:
 
 def claim_latencies(store: JobStore, stop: threading.Event, seconds: float) -> list[float]:
     """JobStore.claim on queue `other` (in this process) for `seconds` or until stop."""
-    req = ClaimRequest(queue="other", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                       slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600,
-                       shape="bench")
+    req = claim_request(queue="other", slot="slot1@bench", shape="bench")
     out: list[float] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end and not stop.is_set():
         t = time.perf_counter()
-        job = store.claim(req, lambda j: Verdict(take=True))
+        job = store.claim(req, take_every)
         out.append(time.perf_counter() - t)
         if job is None:
             break

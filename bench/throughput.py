@@ -42,20 +42,20 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
 
     from jobstore.core.states import Event
     from jobstore.db.engine import make_engine
-    from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+    from jobstore.db.store import JobStore, Offer
+    from jobstore.testing.factories import claim_request, take_every
 
     store = JobStore(make_engine(url, pool=True))
     seen: list[tuple[str, dict] | None] = []  # None: a commit
-    req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot="slot0@node", host="node", keyword=KEYWORD, claim_lease=600,
-                       shape=SHAPE)
+    req = claim_request(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                        slot="slot0@node", keyword=KEYWORD, shape=SHAPE)
     for cycle in range(2):
         if cycle == 1:
             sa.event.listen(store.engine, "before_cursor_execute",
                             lambda _c, _cur, stmt, params, *_a: seen.append(
                                 (stmt, dict(params or {}))))
             sa.event.listen(store.engine, "commit", lambda _conn: seen.append(None))
-        job = store.claim(req, lambda _row: Verdict(take=True))
+        job = store.claim(req, take_every)
         if job is None:
             raise RuntimeError("no idle job to capture a claim with")
         store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
@@ -157,16 +157,15 @@ def tp_worker(  # type: ignore[no-untyped-def]
         else:
             from jobstore.core.states import Event
             from jobstore.db.engine import make_engine
-            from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+            from jobstore.db.store import JobStore, Offer
+            from jobstore.testing.factories import claim_request, take_every
 
             store = JobStore(make_engine(url, connect_timeout=30, pool=mode == "pooled"))
-            req = ClaimRequest(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                               slot=slot, host="node", keyword=KEYWORD, claim_lease=600,
-                               shape=SHAPE)
-            take = Verdict(take=True)
+            req = claim_request(queue=queue, offer=Offer(cpus=1, memory=1024, disk=1 << 20),
+                                slot=slot, host="node", keyword=KEYWORD, shape=SHAPE)
 
             def one() -> bool:
-                job = store.claim(req, lambda _row: take)
+                job = store.claim(req, take_every)
                 if job is None:
                     return False
                 out = store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)

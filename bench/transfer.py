@@ -38,7 +38,7 @@ from common import first  # noqa: E402
 from schedd_scale import DEFAULT_ADMIN_URL, make_db  # noqa: E402
 
 from jobstore.agent.client import _AgentFiles  # noqa: E402
-from jobstore.core.claims import ClaimRequest, Offer, Verdict  # noqa: E402
+from jobstore.core.claims import Offer  # noqa: E402
 from jobstore.db.store import JobStore  # noqa: E402
 from jobstore.node.sandbox import (  # noqa: E402
     Files,
@@ -50,11 +50,11 @@ from jobstore.node.sandbox import (  # noqa: E402
 from jobstore.node.sandboxdirect import DirectFiles  # noqa: E402
 from jobstore.node.sandboxroot import CACHE  # noqa: E402
 from jobstore.submit.description import parse_submit_text  # noqa: E402
+from jobstore.testing.factories import claim, claim_request  # noqa: E402
 from jobstore.testing.support import libpq_url  # noqa: E402
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**9),
-                   slot="slot1@bench", host="bench", keyword="JOBSTORE", claim_lease=600,
-                   shape="bench")
+REQ = claim_request(offer=Offer(cpus=1, memory=1024, disk=10**9), slot="slot1@bench",
+                    shape="bench")
 TABLES = ("sandbox_files", "sandbox_chunks", "job_files")
 
 
@@ -86,7 +86,7 @@ def claimed_job(store: JobStore, tmp: Path, size_mb: int):  # type: ignore[no-un
                               f"transfer_input_files = {src}\nrequest_disk = 1GB\nqueue\n",
                               base_dir=tmp)
     store.submit(specs, owner=owner(), queue="default", max_attempts=3)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None
     return job, src
 

@@ -31,32 +31,25 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
 from jobstore.api.watch import subscribe
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
+from jobstore.core.claims import Verdict
 from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
+from jobstore.testing.factories import claim, claim_request, report, submit
 from jobstore.testing.support import libpq_url
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REQ = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@bench",
-                   host="bench", keyword="JOBSTORE", claim_lease=600)
+REQ = claim_request(slot="slot1@bench")
 EXIT = {"ExitCode": 0, "ExitBySignal": False}
-
-
-def submit(store: JobStore, n: int) -> list[int]:
-    new = [JobSpec(cmd="/bin/true", request_memory=64, proc_id=i) for i in range(n)]
-    return store.submit(new, owner="alice", queue="default", max_attempts=5)[1]
 
 
 def report_exit(store: JobStore, job: int) -> float:
     """Claim `job`, commit its JOB_EXIT; the time the report returned (committed)."""
-    claimed = store.claim(REQ, lambda row: Verdict(take=row.id == job))
+    claimed = claim(store, REQ, judge=lambda row: Verdict(take=row.id == job))
     assert claimed is not None and claimed.id == job
-    store.report(job, Event.EXIT, token=claimed.token, attempt=claimed.claims,
-                 changes={"exit_code": 0, "exit_by_signal": False},
-                 exit_policy=lambda row: exit_verdict(row, EXIT))
+    report(store, claimed, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False},
+           exit_policy=lambda row: exit_verdict(row, EXIT))
     return time.time()
 
 
@@ -90,7 +83,7 @@ class WatchProcess:
 
 
 def latency(url: str, store: JobStore, args: list[str], n: int) -> list[float]:
-    jobs = submit(store, n + 1)
+    jobs = submit(store, n + 1, max_attempts=5, iwd="", request_memory=64)
     w = WatchProcess(url, [*args, "--since", str(store.last_event_id())])
     try:
         # ready: a sentinel transition is printed (--since: even if it precedes the start)

@@ -1,1 +1,2 @@
-"""Shared test and benchmark support: database URLs, accounts, hook environments."""
+"""Shared test and benchmark support: database URLs, accounts, hook environments, and the claims,
+jobs and reports they make (factories)."""

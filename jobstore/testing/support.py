@@ -12,8 +12,6 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from jobstore.core.jobs import Job, JobSpec
-
 # The account that owns the recorded jobs of the transcripts (uid 1001 on the recording node).
 RECORDED_OWNER = "alice"
 RECORDED_UID = 1001
@@ -125,14 +123,6 @@ def insert_identity(stdin: bytes, identity: list[bytes], *, reply_fetch: bool = 
         lines.insert(pos, new)
         end += 1
     return b"\n".join(lines)
-
-
-def a_job(**columns: object) -> Job:
-    """An idle job of cluster 1 owned by the recorded owner, with `columns` changed: a job row
-    for in-process tests of what renders or logs a job."""
-    job = Job.queued(JobSpec(cmd="/bin/true"), id=1, cluster_id=1, owner=RECORDED_OWNER,
-                     queue="default", ad={"Cmd": "/bin/true"}, max_attempts=1, now=0.0)
-    return job.but(**columns)
 
 
 def first(cursor: Any) -> Any:

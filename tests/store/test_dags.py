@@ -14,7 +14,7 @@ from test_end_to_end import node_db  # noqa: F401 - the fixture
 
 from jobstore.api.dags import submit_dag
 from jobstore.core import policy
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.claims import Verdict
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event
 from jobstore.db.store import AttemptReport, JobStore
@@ -22,9 +22,9 @@ from jobstore.errors import DagError
 from jobstore.formats import views
 from jobstore.node import config
 from jobstore.submit.dag import read_dag
+from jobstore.testing.factories import claim, claim_request, report
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 SUB = "executable = /bin/true\narguments = $(JOB) $(word)\nqueue\n"
 # root submits for an ordinary account; an ordinary account only as herself
 OWNER = "alice" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
@@ -130,20 +130,19 @@ def _states(store: JobStore, dag_id: int) -> dict[str, str]:
 def _exit(store: JobStore, job: Job, code: int) -> None:
     """JOB_EXIT exit with `code`, the job's retry policy applied as the hook's handler does."""
     attrs = {"ExitCode": code, "ExitBySignal": False}
-    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                 changes={"exit_code": code, "exit_by_signal": False}, attrs=attrs,
-                 exit_policy=lambda row: policy.exit_verdict(
-                     row, attrs, views.policy_ad(row, attrs)))
+    report(store, job, Event.EXIT, changes={"exit_code": code, "exit_by_signal": False},
+           attrs=attrs, exit_policy=lambda row: policy.exit_verdict(
+               row, attrs, views.policy_ad(row, attrs)))
 
 
 def _run(store: JobStore, exits: dict[str, int] | None = None) -> list[str]:
     """Run every claimable job to its end, as a slot would, each exiting with its node's code
     in `exits` (0 otherwise), until none is left; the nodes in the order they ran."""
     ran = []
-    while (job := store.claim(REQ, lambda _j: Verdict(take=True))) is not None:
+    while (job := claim(store, REQ)) is not None:
         node = job.ad["DAGNodeName"]["expr"].strip('"')
         ran.append(node)
-        store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+        report(store, job, Event.START)
         _exit(store, job, (exits or {}).get(node, 0))
     return ran
 
@@ -249,7 +248,7 @@ ABORT-DAG-ON B 4 RETURN 17
 """)
     exits = {"A": 1}
     ran: list[str] = []
-    while (job := store.claim(REQ, lambda _j: Verdict(take=True))) is not None:
+    while (job := claim(store, REQ)) is not None:
         node = job.ad["DAGNodeName"]["expr"].strip('"')
         ran.append(node)
         code = exits.get(node, 0) if not (node == "A" and ran.count("A") == 3) else 0
@@ -312,10 +311,10 @@ def test_maxidle_releases_a_node_when_a_job_starts(store: JobStore, settings: co
     fan = "".join(f"JOB W{i} node.sub\n" for i in range(5))
     dag_id = _queued(store, tmp_path, settings, fan, maxidle=2)
     assert list(_states(store, dag_id).values()).count("queued") == 2
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None
     assert list(_states(store, dag_id).values()).count("queued") == 2  # fetched: not yet
-    store.report(job.id, Event.START, token=job.token, attempt=job.claims)
+    report(store, job, Event.START)
     assert list(_states(store, dag_id).values()).count("queued") == 3
     _exit(store, job, 0)
     assert len(_run(store)) == 4
@@ -326,11 +325,11 @@ def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings
                                       tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, DIAMOND + "FINAL F node.sub\n")
     assert store.pause_dag(dag_id, held=True)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None  # A was queued before the hold: it runs
     _exit(store, job, 0)
     assert _states(store, dag_id)["B"] == "ready"  # held: not released
-    assert store.claim(REQ, lambda _j: Verdict(take=True)) is None
+    assert claim(store, REQ) is None
     assert store.pause_dag(dag_id, held=False)
     assert _states(store, dag_id)["B"] == "queued"
     assert store.remove_dag(dag_id)
@@ -651,7 +650,7 @@ def test_a_batch_of_a_dag_nodes_reports_is_made_once_on_its_locked_row(
     batch of its reports locks the row at once instead of failing on its own first write and
     being made again."""
     _queued(store, tmp_path, settings, "JOB A node.sub\n")
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None and "DAGNodeName" in job.ad
     tries: list[bool] = []
     real = store.reports._report_batch

@@ -20,7 +20,6 @@ from conftest import libpq_url
 from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.backends import UserRights
@@ -28,12 +27,14 @@ from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore, SlotRow
 from jobstore.errors import NotOwner, Refused
+from jobstore.testing.factories import claim, claim_request, report
 from jobstore.testing.support import ensure_account
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
 JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
 SPEC = [JobSpec(cmd="/bin/true")]
+REQ = claim_request(claim_lease=120, shape="s")  # the agent's fetch
 # OS accounts of the submitters (created as root; elsewhere only names the database maps to)
 ALICE, BOB, CAROL = "jsalice", "jsbob", "jscarol"
 
@@ -295,11 +296,9 @@ def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -
     agent = pool.store("agent")
     alice, bob = pool.store("alice"), pool.store("bob")
     try:
-        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
-                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
-        job = agent.claim(request, lambda j: Verdict(take=True))
+        job = claim(agent, REQ)
         assert job is not None and job.id == bob_job
-        agent.report(bob_job, Event.ACCEPT, token=job.token, attempt=job.claims, lease=120)
+        report(agent, job, Event.ACCEPT, lease=120)
         with pytest.raises(NotOwner):
             alice.admin(bob_job, Event.HOLD, "no")
         assert owner.get_job(bob_job).status == "accepted"
@@ -419,12 +418,9 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         upgrade(db_url)
         _, (job_id,) = owner.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
         agent = JobStore.from_url(make_url(db_url).set(username=role).render_as_string(False))
-        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
-                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
-        job = agent.claim(request, lambda j: Verdict(take=True))
+        job = claim(agent, REQ)
         assert job is not None and job.id == job_id
-        assert agent.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims,
-                            lease=120).after == "accepted"
+        assert report(agent, job, Event.ACCEPT, lease=120).after == "accepted"
         with agent.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
         agent.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])
@@ -531,13 +527,10 @@ def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owne
     try:
         settings = config.load_settings(None, pool.url("alice"))
         dag_id = submit_dag(alice, str(tmp_path / "chain.dag"), settings).dag_id
-        request = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
-                               host="n", keyword="JOBSTORE", claim_lease=120, shape="s")
         for _ in range(2):  # A, then B: each end releases the next
-            job = agent.claim(request, lambda j: Verdict(take=True))
+            job = claim(agent, REQ)
             assert job is not None and job.owner == ALICE
-            agent.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                         changes={"exit_code": 0, "exit_by_signal": False})
+            report(agent, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False})
         assert {n.name: n.status for n in alice.dag_nodes_of(dag_id)} == {
             "A": "done", "B": "done", "C": "queued"}
         assert bob.dag_of(dag_id) is None and bob.dag_nodes_of(dag_id) == []

@@ -285,8 +285,9 @@ def test_cli_init_refuses_unusable_urls(url, condor_config):
 def test_upgrade_gives_existing_jobs_autoclusters_and_submitters(db_url):
     """A job store of revision 0001 with queued jobs: after the upgrade every job has its
     submitter and an autocluster (shared by identical jobs), and the idle ones are claimable."""
-    from jobstore.core.claims import ClaimRequest, Offer, Verdict
+    from jobstore.core.claims import Offer
     from jobstore.db.store import JobStore
+    from jobstore.testing.factories import claim, claim_request
 
     upgrade(db_url, "0001")
     engine = make_engine(db_url)
@@ -316,9 +317,8 @@ def test_upgrade_gives_existing_jobs_autoclusters_and_submitters(db_url):
         assert None not in groups
         assert groups[0] == groups[1] == groups[3] != groups[2]
         assert [u.name for u, _ in store.usage_table()] == ["alice"]
-        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=8192, disk=4096),
-                           slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=60)
-        claimed = {store.claim(req, lambda _j: Verdict(take=True)).id for _ in range(3)}
+        req = claim_request(offer=Offer(cpus=1, memory=8192, disk=4096), claim_lease=60)
+        claimed = {claim(store, req).id for _ in range(3)}
         assert claimed == {jobs[0].id, jobs[1].id, jobs[2].id}
     finally:
         store.engine.dispose()

@@ -13,14 +13,21 @@ from classad2 import ClassAd
 
 from jobstore.core import fairshare, limits
 from jobstore.core.autoclusters import signature
-from jobstore.core.claims import ClaimRequest, Offer, Verdict, VerdictCache
+from jobstore.core.claims import Offer, Verdict, VerdictCache
 from jobstore.core.fairshare import Usage
-from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.store import JobStore
 from jobstore.formats.jobads import job_classad
 from jobstore.formats.matching import matches, slot_shape
-from jobstore.testing.support import a_job
+from jobstore.testing.factories import (
+    a_job,
+    claim,
+    claim_request,
+    claimed,
+    report,
+    submit,
+    take_every,
+)
 
 BIG = Offer(cpus=64, memory=1 << 20, disk=1 << 40)
 DAY = 86400.0
@@ -163,20 +170,7 @@ def test_slot_shape_ignores_volatile_attributes() -> None:
 # ---- the store ----------------------------------------------------------------------------
 
 
-def request(*, slot: str = "slot1@node", **kw: Any) -> ClaimRequest:
-    return ClaimRequest(queue="default", offer=BIG, slot=slot, host="node", keyword="JOBSTORE",
-                        claim_lease=600, **kw)
-
-
-def submit(store: JobStore, n: int = 1, *, owner: str = "alice", **kw: Any) -> list[int]:
-    specs = [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i, **kw) for i in range(n)]
-    return store.submit(specs, owner=owner, queue="default", max_attempts=3)[1]
-
-
-def take(_job: Any) -> Verdict:
-    return Verdict(take=True)
-
-
+REQ = claim_request(offer=BIG, slot="slot1@node")
 SLOT = ClassAd({"Name": "slot1@node", "Cpus": 1, "Memory": 1024, "Disk": 10**6,
                 "OpSys": "LINUX", "Arch": "X86_64", "Start": True})
 
@@ -199,11 +193,11 @@ def test_a_matching_job_behind_20000_that_cannot_match_is_found(store):
         judged.append(job.id)
         return real_judge(job)
 
-    assert store.claim(request(shape="cpu-only"), judge).id == fits[0]
+    assert claimed(store, REQ, shape="cpu-only", judge=judge).id == fits[0]
     assert len(judged) == 2
-    assert store.claim(request(shape="cpu-only"), judge).id == fits[1]
+    assert claimed(store, REQ, shape="cpu-only", judge=judge).id == fits[1]
     assert len(judged) == 2  # remembered
-    assert store.claim(request(shape="cpu-only"), judge) is None
+    assert claim(store, REQ, shape="cpu-only", judge=judge) is None
     assert store.stats()  # the GPU jobs are all still idle
     assert sum(1 for j in store.list_jobs(statuses=["idle"])) == 20_000
 
@@ -212,7 +206,7 @@ def test_claim_order_within_a_submitter_is_priority_then_age(store):
     low = submit(store, 2, requirements="TARGET.Cpus >= 1")
     high = submit(store, 2, priority=5)
     mid = submit(store, 1, priority=1, requirements="TARGET.Memory > 0")
-    got = [store.claim(request(shape="s"), take).id for _ in range(5)]
+    got = [claimed(store, REQ, shape="s").id for _ in range(5)]
     assert got == [*high, *mid, *low]
 
 
@@ -223,7 +217,7 @@ def test_two_owners_share_the_slots_from_the_first_fetch(store):
     submit(store, 1000, owner="bob")
     held = {"alice": 0, "bob": 0}
     for n in range(40):
-        job = store.claim(request(slot=f"slot{n}@node", shape="s"), take)
+        job = claimed(store, REQ, slot=f"slot{n}@node", shape="s")
         held[job.owner] += 1
         assert abs(held["alice"] - held["bob"]) <= 1, (n, held)
     # a finished job frees its share: the next slot goes to whoever holds fewer
@@ -237,14 +231,14 @@ def test_priority_factors_give_shares_in_their_ratio(store):
     assert not store.set_factor("nobody", 2.0)
     with pytest.raises(ValueError):
         store.set_factor("bob", 0.5)
-    owners = [store.claim(request(shape="s"), take).owner for _ in range(30)]
+    owners = [claimed(store, REQ, shape="s").owner for _ in range(30)]
     assert owners.count("alice") == 20 and owners.count("bob") == 10
 
 
 def test_fair_share_off_is_priority_then_age(store):
     first = submit(store, 5, owner="alice")
     submit(store, 5, owner="bob")
-    got = [store.claim(request(shape="s", fair_share=False), take).id for _ in range(5)]
+    got = [claimed(store, REQ, shape="s", fair_share=False).id for _ in range(5)]
     assert got == first
 
 
@@ -252,7 +246,7 @@ def test_accounting_group_is_the_submitter(store):
     submit(store, 4, owner="alice", accounting_group="physics")
     submit(store, 4, owner="bob", accounting_group="physics", accounting_group_user="alice")
     submit(store, 4, owner="carol")
-    owners = [store.claim(request(shape="s"), take) for _ in range(4)]
+    owners = [claimed(store, REQ, shape="s") for _ in range(4)]
     subs = sorted(j.submitter for j in owners)
     assert subs.count("carol") == 2 and subs.count("physics.alice") == 2
     table = {u.name: u for u, _ in store.usage_table()}
@@ -263,14 +257,14 @@ def test_accounting_group_is_the_submitter(store):
 def test_slot_weight_is_what_a_submitter_holds(store):
     submit(store, 2, owner="alice", request_cpus=3)
     submit(store, 2, owner="bob")
-    a = store.claim(request(shape="p", partitionable=True, fair_share=False), take)
+    a = claimed(store, REQ, shape="p", partitionable=True, fair_share=False)
     assert (a.owner, a.slot_weight) == ("alice", 3.0)
-    b = store.claim(request(shape="s", weight=4.0, fair_share=False), take)
+    b = claimed(store, REQ, shape="s", weight=4.0, fair_share=False)
     assert b.slot_weight == 4.0
     held = {u.name: u.in_use for u, _ in store.usage_table()}
     assert held == {"alice": 7.0, "bob": 0.0}
     # bob holds less: he gets the next slot although alice's jobs are older
-    assert store.claim(request(shape="s"), take).owner == "bob"
+    assert claimed(store, REQ, shape="s").owner == "bob"
 
 
 def test_accountant_decays_priorities_once_per_interval(store):
@@ -278,7 +272,7 @@ def test_accountant_decays_priorities_once_per_interval(store):
     submit(store, 1, owner="bob")
     t0 = store.usage_table()[0][0].updated_at
     for _ in range(4):
-        store.claim(request(shape="s", fair_share=False), take)
+        claim(store, REQ, shape="s", fair_share=False)
     assert store.update_priorities(halflife=DAY, interval=60, now=t0 + 30) == 0  # not due
     assert store.update_priorities(halflife=DAY, interval=60, now=t0 + DAY) == 2
     assert store.update_priorities(halflife=DAY, interval=60, now=t0 + DAY + 1) == 0
@@ -300,18 +294,18 @@ def test_concurrency_limit_caps_jobs_across_slots(store):
     def cap(name: str) -> float:
         return {"lic": 3.0}.get(name, math.inf)
 
-    got = [store.claim(request(slot=f"s{n}", shape="s", limit=cap), take) for n in range(6)]
+    got = [claim(store, REQ, slot=f"s{n}", shape="s", limit=cap) for n in range(6)]
     assert [j.id for j in got if j] == [*lic[:3], *plain]
     assert got[5] is None
     assert store.get_job(lic[0]).concurrency_limits == "lic"
     # a job that leaves frees its units, whatever the way out
-    store.report(got[0].id, Event.EXIT, token=got[0].token, attempt=got[0].claims)
-    assert store.claim(request(shape="s", limit=cap), take).id == lic[3]
+    report(store, got[0], Event.EXIT)
+    assert claimed(store, REQ, shape="s", limit=cap).id == lic[3]
     store.admin(got[1].id, Event.REMOVE)
-    assert store.claim(request(shape="s", limit=cap), take).id == lic[4]
+    assert claimed(store, REQ, shape="s", limit=cap).id == lic[4]
     # without limits enforced, nothing holds them back
     more = submit(store, 2, concurrency_limits="lic")
-    assert store.claim(request(shape="s"), take).id == more[0]
+    assert claimed(store, REQ, shape="s").id == more[0]
 
 
 def test_limit_amounts_and_several_limits(store):
@@ -321,11 +315,11 @@ def test_limit_amounts_and_several_limits(store):
     def cap(name: str) -> float:
         return {"db": 3.0, "lic": 5.0}.get(name, math.inf)
 
-    first = store.claim(request(shape="s", limit=cap, fair_share=False), take)
+    first = claimed(store, REQ, shape="s", limit=cap, fair_share=False)
     assert first.id == big[0]
     # db holds 2 of 3: the next big job (2 more) does not fit, a small one (1) does
-    assert store.claim(request(shape="s", limit=cap, fair_share=False), take).id == small[0]
-    assert store.claim(request(shape="s", limit=cap, fair_share=False), take) is None
+    assert claimed(store, REQ, shape="s", limit=cap, fair_share=False).id == small[0]
+    assert claim(store, REQ, shape="s", limit=cap, fair_share=False) is None
 
 
 def test_refused_owner_autocluster_is_held(store):
@@ -333,9 +327,10 @@ def test_refused_owner_autocluster_is_held(store):
     ok = submit(store, 1)
 
     def judge(job: Any) -> Verdict:
-        return Verdict(hold_reason="jobs may not run as root") if job.owner == "root" else take(job)
+        return (Verdict(hold_reason="jobs may not run as root") if job.owner == "root"
+                else take_every(job))
 
-    assert store.claim(request(shape="s"), judge).id == ok[0]
+    assert claimed(store, REQ, shape="s", judge=judge).id == ok[0]
     assert {store.get_job(i).status for i in ids} == {"held"}
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from jobstore.agent.outbox import Outbox
 from jobstore.core import holds
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import Job
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
@@ -28,9 +27,9 @@ from jobstore.node.reports import SERVICE
 from jobstore.node.sandboxroot import OUTBOX, ensure_root
 from jobstore.node.services import direct
 from jobstore.submit.description import parse_submit_text
+from jobstore.testing.factories import claim, claim_request
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 
 
 @pytest.fixture
@@ -55,7 +54,7 @@ def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
                               base_dir=tmp)
     store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
                  max_attempts=3)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None
     settings = config.load_settings("JOBSTORE")
     sandbox = Path(fetching.sandbox_dir(job, settings) or "")
@@ -159,7 +158,7 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
         base_dir=tmp_path)
     store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
                  max_attempts=3)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None
     sandbox = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
     sandbox.mkdir(mode=0o700)

@@ -13,12 +13,12 @@ import pytest
 from classad2 import ClassAd, ExprTree
 
 from jobstore.core import holds, policy
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
+from jobstore.core.claims import Verdict
 from jobstore.core.states import Event
 from jobstore.db.store import JobStore
 from jobstore.formats import views
-from jobstore.testing.support import a_job, ordinary_owner
+from jobstore.testing.factories import a_job, claim_request, report, running, submit
+from jobstore.testing.support import ordinary_owner
 
 # ---- policy: pure functions ---------------------------------------------------------------
 
@@ -112,22 +112,7 @@ def test_on_exit_remove_decides_over_max_retries() -> None:
 
 # ---- through the store ------------------------------------------------------------------------
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6), slot="slot1@n",
-                   host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
-
-
-def submit(store: JobStore, **custom: str) -> int:
-    spec = JobSpec(cmd="/bin/true", iwd="/tmp", custom=custom)
-    return store.submit([spec], owner="alice", queue="default", max_attempts=3)[1][0]
-
-
-def running(store: JobStore, **changes: Any) -> Any:
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
-    assert job is not None
-    out = store.report(job.id, Event.START, token=job.token, attempt=job.claims,
-                       changes={"job_pid": 42, **changes})
-    assert out.after == "running"
-    return store.get_job(job.id)
+REQ = claim_request(shape="s")
 
 
 def exit_with(store: JobStore, job: Any, code: int) -> Any:
@@ -136,14 +121,14 @@ def exit_with(store: JobStore, job: Any, code: int) -> Any:
     def exit_policy(row: Any) -> policy.ExitVerdict:
         return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
-    return store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                        changes={"exit_code": code}, attrs=attrs, exit_policy=exit_policy)
+    return report(store, job, Event.EXIT, changes={"exit_code": code}, attrs=attrs,
+                  exit_policy=exit_policy)
 
 
 def test_periodic_pass_removes_holds_and_releases(store: JobStore) -> None:
-    gone = submit(store, PeriodicRemove="JobStatus == 1")
-    kept = submit(store, PeriodicRemove="JobStatus == 2")
-    plain = submit(store)
+    (gone,) = submit(store, custom={"PeriodicRemove": "JobStatus == 1"})
+    (kept,) = submit(store, custom={"PeriodicRemove": "JobStatus == 2"})
+    (plain,) = submit(store)
     assert store.get_job(plain).periodic is None and store.get_job(gone).periodic
     changed = store.police()
     assert [(o.job_id, o.after) for o in changed] == [(gone, "removed")]
@@ -153,7 +138,7 @@ def test_periodic_pass_removes_holds_and_releases(store: JobStore) -> None:
     assert store.get_job(kept).status == "idle" and store.get_job(plain).status == "idle"
     assert store.police() == []
     # a release by policy, but never of a job the user held
-    rel = submit(store, PeriodicRelease="true")
+    (rel,) = submit(store, custom={"PeriodicRelease": "true"})
     store.admin(rel, Event.HOLD, "by hand")
     assert (store.get_job(rel).hold_code, store.police()) == (holds.USER_REQUEST, [])
     store.admin(rel, Event.RELEASE)
@@ -161,12 +146,11 @@ def test_periodic_pass_removes_holds_and_releases(store: JobStore) -> None:
 
 
 def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
-    job_id = submit(store, PeriodicHold="RemoteUserCpu > 10", PeriodicHoldReason='"cpu"',
-                    PeriodicHoldSubCode="9")
-    job = running(store, remote_user_cpu=5.0)
+    (job_id,) = submit(store, custom={"PeriodicHold": "RemoteUserCpu > 10",
+                                      "PeriodicHoldReason": '"cpu"', "PeriodicHoldSubCode": "9"})
+    job = running(store, REQ, changes={"remote_user_cpu": 5.0})
     assert job.status == "running"
-    out = store.report(job.id, Event.UPDATE, token=job.token, attempt=job.claims,
-                       changes={"remote_user_cpu": 11.0})
+    out = report(store, job, Event.UPDATE, changes={"remote_user_cpu": 11.0})
     assert out.after == "running"  # the report itself is applied, then the policy acts
     held = store.get_job(job_id)
     assert (held.status, held.reason, held.hold_code, held.hold_subcode, held.num_holds) == (
@@ -181,8 +165,9 @@ def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
 
 
 def test_allowed_job_duration_in_the_periodic_pass(store: JobStore) -> None:
-    job_id = submit(store, AllowedJobDuration="100")
-    job = running(store)
+    (job_id,) = submit(store, custom={"AllowedJobDuration": "100"})
+    job = running(store, REQ)
+    assert job.fetched_at is not None
     assert store.police(now=job.fetched_at + 50) == []
     (out,) = store.police(now=job.fetched_at + 100)
     assert (out.job_id, out.after) == (job_id, "held")
@@ -190,37 +175,36 @@ def test_allowed_job_duration_in_the_periodic_pass(store: JobStore) -> None:
 
 
 def test_on_exit_hold_and_on_exit_remove_at_exit(store: JobStore) -> None:
-    held_id = submit(store, OnExitHold="ExitCode != 0", OnExitHoldReason='"bad exit"',
-                     OnExitHoldSubCode="4")
-    out = exit_with(store, running(store), 3)
+    (held_id,) = submit(store, custom={"OnExitHold": "ExitCode != 0",
+                                       "OnExitHoldReason": '"bad exit"', "OnExitHoldSubCode": "4"})
+    out = exit_with(store, running(store, REQ), 3)
     held = store.get_job(held_id)
     assert (out.event, held.status, held.reason, held.hold_code, held.hold_subcode) == (
         "hold", "held", "bad exit", holds.JOB_POLICY, 4)
     assert held.exit_code == 3
-    again_id = submit(store, OnExitRemove="ExitCode == 0")
-    assert exit_with(store, running(store), 1).after == "idle"
+    (again_id,) = submit(store, custom={"OnExitRemove": "ExitCode == 0"})
+    assert exit_with(store, running(store, REQ), 1).after == "idle"
     again = store.get_job(again_id)
     assert again.attempts == 1
-    assert exit_with(store, running(store), 0).after == "completed"
+    assert exit_with(store, running(store, REQ), 0).after == "completed"
 
 
 def test_hook_holds_carry_their_codes(store: JobStore) -> None:
     submit(store)
-    job = running(store)
-    store.report(job.id, Event.HOOK_HOLD, token=job.token, attempt=job.claims)
+    job = running(store, REQ)
+    report(store, job, Event.HOOK_HOLD)
     assert store.get_job(job.id).hold_code == holds.STARTD_HELD_JOB
-    root = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="root",
-                        queue="default", max_attempts=3)[1][0]
+    (root,) = submit(store, owner="root")
     store.claim(REQ, lambda j: Verdict(hold_reason="jobs may not run as root"))
     assert store.get_job(root).hold_code == holds.FAILED_TO_ACCESS_USER_ACCOUNT
 
 
 def test_one_periodic_pass_per_interval_in_the_pool(store: JobStore) -> None:
     assert store.police_due(60, now=900.0) is None  # no job has a periodic expression
-    submit(store, PeriodicRemove="false")
+    submit(store, custom={"PeriodicRemove": "false"})
     assert store.police_due(60, now=1000.0) == []
     assert store.police_due(60, now=1030.0) is None  # another node's pass ran 30 s ago
-    submit(store, PeriodicRemove="true")
+    submit(store, custom={"PeriodicRemove": "true"})
     assert [o.event for o in store.police_due(60, now=1061.0) or ()] == ["remove"]
 
 
@@ -229,9 +213,8 @@ def test_user_log_has_the_hold_codes(store: JobStore) -> None:
     base = Path(tempfile.mkdtemp(prefix="jobstore-policy-"))
     base.chmod(0o777)  # the log is written as the job's owner, who must reach it
     log = base / "job.log"
-    spec = JobSpec(cmd="/bin/true", iwd="/tmp", user_log=str(log),
-                   custom={"PeriodicHold": "true", "PeriodicHoldSubCode": "12"})
-    store.submit([spec], owner=ordinary_owner(), queue="default", max_attempts=3)
+    submit(store, owner=ordinary_owner(), user_log=str(log),
+           custom={"PeriodicHold": "true", "PeriodicHoldSubCode": "12"})
     store.police()
     text = log.read_text()
     shutil.rmtree(base)
@@ -271,9 +254,7 @@ def test_prepare_job_holds_a_job_that_cannot_start(
     upgrade(db_url)
     store = JobStore.from_url(db_url)
     try:
-        full = {"cmd": "/bin/true", "iwd": "/tmp", **spec}
-        (job_id,) = store.submit([JobSpec(**full)], owner=ordinary_owner(), queue="default",
-                                 max_attempts=3)[1]
+        (job_id,) = submit(store, owner=ordinary_owner(), **spec)
         seq = run_sequence(hook_dir, hook_env(db_url, condor_config), "slot1@node01")
         assert seq.job_id == job_id
         prepared = next(c for c in seq.calls if c.hook == "prepare_job")
@@ -306,8 +287,7 @@ def test_launch_check_can_be_turned_off_and_leaves_other_jobs_alone(
     env = hook_env(db_url, condor_config)
     store = JobStore.from_url(db_url)
     try:
-        (job_id,) = store.submit([JobSpec(cmd="/no/such/executable", iwd="/tmp")],
-                                 owner=ordinary_owner(), queue="default", max_attempts=3)[1]
+        (job_id,) = submit(store, owner=ordinary_owner(), cmd="/no/such/executable")
         seq = run_sequence(hook_dir, env, "slot1@node01")
         assert seq.job_id == job_id
         assert next(c for c in seq.calls if c.hook == "prepare_job").returncode == 0

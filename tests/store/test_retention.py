@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 from test_cli import cli, db  # noqa: F401 - the CLI fixture
-from test_winding_down import running, submit
 
 from jobstore.core.durations import describe, parse_duration
 from jobstore.core.states import Event
 from jobstore.db.schema import STORAGE_PARAMETERS, clusters, job_events, jobs
 from jobstore.db.store import JobStore
+from jobstore.testing.factories import report, running, submit
 
 
 def _count(store: JobStore, table, *where) -> int:  # type: ignore[no-untyped-def]
@@ -26,9 +26,8 @@ def _count(store: JobStore, table, *where) -> int:  # type: ignore[no-untyped-de
 
 
 def _complete(store: JobStore) -> int:
-    job = running(store)
-    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                 changes={"exit_code": 0})
+    job = running(store, lease=600)
+    report(store, job, Event.EXIT, changes={"exit_code": 0})
     assert store.get_job(job.id).status == "completed"
     return job.id
 
@@ -39,7 +38,7 @@ def test_prune_removes_only_finished_history(store: JobStore) -> None:
     done_b, idle_b = submit(store, 2)  # cluster B: one completes, one stays idle
     (held,) = submit(store)
     finished = [_complete(store) for _ in range(2)]
-    assert running(store).id == stopped
+    assert running(store, lease=600).id == stopped
     store.admin(stopped, Event.REMOVE, "removed while it runs")  # still winding down
     finished.append(_complete(store))
     assert sorted(finished) == sorted([*done_a, done_b])

@@ -15,14 +15,13 @@ import pytest
 from sqlalchemy import text
 
 import jobstore
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.submit import SubmitError
+from jobstore.testing.factories import claim, claim_request, claimed, report
 from jobstore.testing.support import ordinary_owner
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 
 
 @pytest.fixture
@@ -130,7 +129,7 @@ def test_edit_follows_condor_qedit(schedd: Any) -> None:
             schedd.edit(f"{cluster}.0", attr, "1")
     with pytest.raises(ValueError, match="not a ClassAd expression"):
         schedd.edit(f"{cluster}.0", "MyTag", "(((")
-    running = schedd.store.claim(REQ, lambda _j: Verdict(take=True))
+    running = claim(schedd.store, REQ)
     assert running is not None
     assert schedd.edit(f"{running.cluster_id}.{running.proc_id}", "JobPrio", "9") == 0
 
@@ -245,18 +244,15 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
     store = schedd.store
     cluster = schedd.submit(sleep_job()).cluster()
     t0 = 1_800_000_000.0
-    first = store.claim(REQ, lambda _j: Verdict(take=True))
-    store.report(first.id, Event.START, token=first.token, attempt=first.claims,
-                 changes={"job_pid": 1}, now=t0)
-    store.report(first.id, Event.EVICT, token=first.token, attempt=first.claims, now=t0 + 100)
-    second = store.claim(REQ, lambda _j: Verdict(take=True))
-    store.report(second.id, Event.START, token=second.token, attempt=second.claims,
-                 changes={"job_pid": 2}, now=t0 + 200)
+    first = claimed(store, REQ)
+    report(store, first, Event.START, changes={"job_pid": 1}, now=t0)
+    report(store, first, Event.EVICT, now=t0 + 100)
+    second = claimed(store, REQ)
+    report(store, second, Event.START, changes={"job_pid": 2}, now=t0 + 200)
     # a periodic update with new usage: the running attempt's time is counted once, at its end
-    store.report(second.id, Event.START, token=second.token, attempt=second.claims,
-                 changes={"job_pid": 2, "remote_user_cpu": 12.0}, now=t0 + 215)
-    store.report(second.id, Event.EXIT, token=second.token, attempt=second.claims,
-                 changes={"exit_code": 0}, now=t0 + 230)
+    report(store, second, Event.START, changes={"job_pid": 2, "remote_user_cpu": 12.0},
+           now=t0 + 215)
+    report(store, second, Event.EXIT, changes={"exit_code": 0}, now=t0 + 230)
     job = store.get_job(second.id)
     (ad,) = schedd.history(f"ClusterId == {cluster}")
     expected = {"NumJobStarts": 2, "JobStartDate": int(t0), "JobCurrentStartDate": int(t0 + 200),
@@ -294,9 +290,9 @@ def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:
     assert (ad["HoldReason"], ad["HoldReasonCode"], ad["HoldReasonSubCode"]) == (
         "disk full", 1, 42)
     assert schedd.reschedule() is None
-    job = schedd.store.claim(REQ, lambda j: Verdict(take=True))
+    job = claim(schedd.store, REQ)
     assert job is not None and job.cluster_id == cluster
-    schedd.store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
+    report(schedd.store, job, Event.ACCEPT, lease=600)
     (epoch,) = schedd.jobEpochHistory(f"ClusterId == {cluster} && ProcId == 1")
     assert (epoch["ProcId"], epoch["NumShadowStarts"], epoch["RemoteHost"]) == (
         1, 1, "slot1@n")

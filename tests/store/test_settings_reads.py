@@ -13,16 +13,14 @@ from typing import Any
 
 import pytest
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 from jobstore.formats.jobads import render_job
 from jobstore.node import config, handlers
 from jobstore.node.hookcall import HookRequest
 from jobstore.node.services import direct
+from jobstore.testing.factories import claim, claim_request, submit
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 
 
 @pytest.fixture
@@ -38,9 +36,8 @@ def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
 def _exit_ad(store: JobStore) -> tuple[int, bytes]:
     """A claimed job of this account and its JOB_EXIT ad."""
     me = pwd.getpwuid(os.geteuid()).pw_name
-    store.submit([JobSpec(proc_id=0, cmd="/bin/true", iwd="/tmp")], owner=me,
-                 queue="default", max_attempts=3)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    submit(store, owner=me)
+    job = claim(store, REQ)
     assert job is not None
     ad = render_job(job, sandbox="/tmp", keyword="JOBSTORE", uid_domain="localdomain",
                     job_lease_duration=2400)

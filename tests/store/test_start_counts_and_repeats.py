@@ -8,28 +8,25 @@ import time
 import pytest
 
 from jobstore.api.watch import JobFinished, watch
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobEvent, JobSpec
+from jobstore.core.jobs import JobEvent
 from jobstore.core.states import Event
 from jobstore.db.store import JobStore
 from jobstore.formats import views
+from jobstore.testing.factories import claim, claim_request, report, submit
 from jobstore.testing.support import ordinary_owner
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 
 
 def _ran_without_a_start_report(store: JobStore) -> int:
     """A job whose attempt exited before its start report came; then the late start report."""
-    _, (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=ordinary_owner(),
-                                queue="default", max_attempts=3)
-    job = store.claim(REQ, lambda j: Verdict(take=True))
+    (job_id,) = submit(store, owner=ordinary_owner())
+    job = claim(store, REQ)
     assert job is not None
-    store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
-    done = store.report(job_id, Event.EXIT, token=job.token, attempt=job.claims,
-                        changes={"exit_code": 0})
+    report(store, job, Event.ACCEPT, lease=600)
+    done = report(store, job, Event.EXIT, changes={"exit_code": 0})
     assert done.after == "completed"
-    late = store.report(job_id, Event.START, token=job.token, attempt=job.claims)
+    late = report(store, job, Event.START)
     assert late.stale
     return job_id
 

@@ -14,7 +14,6 @@ import pytest
 import sqlalchemy as sa
 from bulk import clone
 
-from jobstore.core.jobs import JobSpec
 from jobstore.core.policy import ExitVerdict
 from jobstore.core.states import Event
 from jobstore.db.backends.postgresql.queries import without_begin
@@ -23,48 +22,28 @@ from jobstore.db.rows import event_row
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import (
     AttemptReport,
-    ClaimRequest,
     JobStore,
     Offer,
     UnknownJob,
     Verdict,
 )
 from jobstore.errors import DatabaseError, InvalidInput
+from jobstore.testing.factories import (
+    claim,
+    claim_request,
+    claimed,
+    job_spec,
+    report,
+    running,
+    submit,
+)
 from jobstore.testing.support import first, libpq_url
 
 FAR_FUTURE = time.time() + 10 * 365 * 86400
 BIG = Offer(cpus=64, memory=1 << 20, disk=1 << 40)
 
 
-def new_job(proc_id: int = 0, **kw: Any) -> JobSpec:
-    args: dict[str, Any] = dict(cmd="/bin/true", iwd="/tmp")
-    args.update(kw)
-    return JobSpec(proc_id=proc_id, **args)
-
-
-def submit(store: JobStore, n: int = 1, *, max_attempts: int = 3, queue: str = "default",
-           **kw: Any) -> list[int]:
-    return store.submit(
-        [new_job(i, **kw) for i in range(n)], owner="alice", queue=queue, max_attempts=max_attempts
-    )[1]
-
-
-def request(offer: Offer = BIG, *, slot: str = "slot1@node", queue: str = "default",
-            **kw: Any) -> ClaimRequest:
-    return ClaimRequest(queue=queue, offer=offer, slot=slot, host="node", keyword="JOBSTORE",
-                        claim_lease=120, **kw)
-
-
-def take(_row: Any) -> Verdict:
-    return Verdict(take=True)
-
-
-def claim(store: JobStore, **kw: Any):  # type: ignore[no-untyped-def]
-    return store.claim(request(**kw), take)
-
-
-def report(store: JobStore, job, event: Event, **kw: Any):  # type: ignore[no-untyped-def]
-    return store.report(job.id, event, token=job.token, attempt=job.claims, **kw)
+REQ = claim_request(offer=BIG, slot="slot1@node", claim_lease=120)
 
 
 def assert_event_chain(store: JobStore, job_id: int, expected: list[tuple[str, str, str]]) -> None:
@@ -89,7 +68,7 @@ def rows(store: JobStore, table: sa.Table) -> list[dict]:
 def test_submit_creates_cluster_jobs_and_events(store):
     t0 = time.time()
     cluster, ids = store.submit(
-        [new_job(0), new_job(1, priority=5, max_retries=1), new_job(2)],
+        [job_spec(0), job_spec(1, priority=5, max_retries=1), job_spec(2)],
         owner="alice",
         queue="q1",
         max_attempts=4,
@@ -137,12 +116,12 @@ def test_claim_order_is_priority_then_age(store):
     d = submit(store, 1, priority=10)
     other = submit(store, 1, priority=100, queue="other")
     got = []
-    while (job := claim(store)) is not None:
+    while (job := claim(store, REQ)) is not None:
         assert job.status == "fetched"
         got.append(job.id)
     assert got == [*b, *d, *a, *c]
     assert store.get_job(other[0]).status == "idle"
-    assert claim(store, queue="other").id == other[0]
+    assert claimed(store, REQ, queue="other").id == other[0]
 
 
 def test_claim_judges_one_job_per_autocluster(store):
@@ -156,13 +135,13 @@ def test_claim_judges_one_job_per_autocluster(store):
         seen.append(row.id)
         return Verdict(take=row.id in other)
 
-    assert store.claim(request(shape="s1"), judge).id == other[0]
+    assert claimed(store, REQ, shape="s1", judge=judge).id == other[0]
     assert sorted(seen) == [same[0], other[0]]  # each autocluster's first job, once
-    assert store.claim(request(shape="s1"), judge).id == other[1]
+    assert claimed(store, REQ, shape="s1", judge=judge).id == other[1]
     assert len(seen) == 2  # remembered for this shape
-    store.claim(request(shape="s2"), judge)
+    claim(store, REQ, shape="s2", judge=judge)
     assert len(seen) == 4
-    store.claim(request(), judge)
+    claim(store, REQ, judge=judge)
     assert len(seen) == 6
 
 
@@ -191,7 +170,7 @@ def test_claim_resource_prefilter(store, offer, fits):
         return Verdict(take=True)
 
     claimed = set()
-    while (job := store.claim(request(offer), judge)) is not None:
+    while (job := claim(store, REQ, offer=offer, judge=judge)) is not None:
         claimed.add(job.id)
     assert claimed == judged == {by_name[n] for n in fits}
     for name, job_id in by_name.items():
@@ -201,12 +180,12 @@ def test_claim_resource_prefilter(store, offer, fits):
 def test_claim_judge_skips(store):
     (first,) = submit(store, requirements="TARGET.Arch == \"ARM\"")
     (second,) = submit(store)
-    job = store.claim(request(), lambda row: Verdict(take=row.id != first))
+    job = claimed(store, REQ, judge=lambda row: Verdict(take=row.id != first))
     assert job.id == second
     skipped = store.get_job(first)
     assert (skipped.status, skipped.claims, skipped.reason) == ("idle", 0, None)
     assert len(store.events(first)) == 1  # only submit
-    assert store.claim(request(), lambda row: Verdict()) is None
+    assert claim(store, REQ, judge=lambda row: Verdict()) is None
 
 
 def test_claim_judge_holds(store):
@@ -218,7 +197,7 @@ def test_claim_judge_holds(store):
             return Verdict(hold_reason="jobs may not run as root")
         return Verdict(take=True)
 
-    job = store.claim(request(slot="slot3@node"), judge)
+    job = claimed(store, REQ, slot="slot3@node", judge=judge)
     assert job.id == second
     held = store.get_job(first)
     assert held.status == "held"
@@ -229,23 +208,23 @@ def test_claim_judge_holds(store):
     assert ev.reason == "jobs may not run as root" and ev.slot == "slot3@node"
     assert_event_chain(store, first, [("hold", "idle", "held")])
     # a held job is never claimed
-    assert claim(store) is None
+    assert claim(store, REQ) is None
 
 
 def test_claim_without_idle_jobs_returns_none(store):
-    assert claim(store) is None
+    assert claim(store, REQ) is None
     (job_id,) = submit(store)
     store.admin(job_id, Event.HOLD, "admin")
-    assert claim(store) is None
+    assert claim(store, REQ) is None
     store.admin(job_id, Event.RELEASE)
-    assert claim(store).id == job_id
-    assert claim(store) is None
+    assert claimed(store, REQ).id == job_id
+    assert claim(store, REQ) is None
 
 
 def test_claim_sets_attempt_token_and_lease(store):
     (job_id,) = submit(store)
     t0 = time.time()
-    job = claim(store, slot="slot7@node")
+    job = claimed(store, REQ, slot="slot7@node")
     stored = store.get_job(job_id)
     assert job.token == stored.token and len(job.token) == 32
     assert job.claims == stored.claims == 1
@@ -263,7 +242,7 @@ def test_claim_sets_attempt_token_and_lease(store):
 
 def test_report_with_the_right_token(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     out = report(store, job, Event.ACCEPT, lease=900, slot="slot1@node")
     assert (out.before, out.after, out.changed, out.stale) == ("fetched", "accepted", True, False)
     assert store.get_job(job_id).lease_ends_at > time.time() + 800
@@ -289,7 +268,7 @@ def test_report_with_the_right_token(store):
 
 def test_a_report_committed_late_is_not_dated_before_the_transition_it_follows(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     t = time.time()
     report(store, job, Event.START, now=t + 5)
     report(store, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False}, now=t + 4)
@@ -325,7 +304,7 @@ def _of(job, event: Event, now: float, **kw: Any) -> tuple[int, AttemptReport]: 
 
 def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     _count_row_writes(store)
     t = time.time()
     exited = {"exit_code": 0, "exit_by_signal": False}
@@ -354,7 +333,7 @@ def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
 
 def test_prepare_job_of_an_accepted_job_records_nothing_and_of_a_running_one_is_ignored(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     report(store, job, Event.ACCEPT, lease=120)
     assert not report(store, job, Event.PREPARE, lease=900).changed
     report(store, job, Event.START, changes={"job_pid": 7})
@@ -369,7 +348,7 @@ def test_a_kept_row_change_is_written_when_no_later_transition_takes_it(store):
     """The job's last report in the batch is stale (it writes only its event): the accept's
     change is still written, before the commit."""
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     _count_row_writes(store)
     t = time.time()
     old = job.but(claims=job.claims - 1)
@@ -386,7 +365,7 @@ def test_a_batch_of_reports_locks_no_row_and_reads_them_as_it_opens(store):
     """The agent's batches (report_many) on PostgreSQL: the rows are read unlocked with
     their versions as the transaction opens, and each written once, after its events."""
     submit(store, 2)
-    jobs_ = [claim(store), claim(store)]
+    jobs_ = [claimed(store, REQ), claimed(store, REQ)]
     _count_row_writes(store)
     statements: list[str] = []
 
@@ -414,7 +393,7 @@ def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, mo
     events and writes are rolled back and it is made again under a lock, on the row as the
     other left it (nothing of either lost, no event twice)."""
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     backend, url = store.db.backend, store.engine.url.render_as_string(False)
     real, reads = backend.read_jobs, []
 
@@ -459,7 +438,7 @@ def test_a_batch_and_an_action_on_the_same_jobs_do_not_deadlock(store, monkeypat
     import threading
 
     submit(store, 2)
-    a, b = sorted([claim(store), claim(store)], key=lambda j: j.id)
+    a, b = sorted([claimed(store, REQ), claimed(store, REQ)], key=lambda j: j.id)
     t = time.time()
     store.report_many([_of(a, Event.ACCEPT, t, lease=900), _of(b, Event.ACCEPT, t, lease=900)])
     url = libpq_url(store.engine.url.render_as_string(False))
@@ -507,7 +486,7 @@ def _stale_check(store, job_id, before_row, out, n_events_before):  # type: igno
 @pytest.mark.parametrize("event", [Event.ACCEPT, Event.START, Event.EXIT, Event.HOOK_REMOVE])
 def test_report_with_a_wrong_token_is_stale(store, event):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     before, n = store.get_job(job_id), len(store.events(job_id))
     out = store.report(job_id, event, token="0" * 32, attempt=job.claims,
                        changes={"exit_code": 9, "job_pid": 1})
@@ -525,9 +504,9 @@ def test_report_with_a_wrong_token_is_stale(store, event):
 
 def test_report_from_an_old_attempt_is_stale(store):
     (job_id,) = submit(store)
-    old = claim(store)
+    old = claimed(store, REQ)
     assert report(store, old, Event.REJECT).after == "idle"
-    new = claim(store)
+    new = claimed(store, REQ)
     assert new.claims == 2 and new.token != old.token
     before, n = store.get_job(job_id), len(store.events(job_id))
     for event in (Event.ACCEPT, Event.PREPARE, Event.EXIT, Event.EVICT):
@@ -541,14 +520,14 @@ def test_report_from_an_old_attempt_is_stale(store):
 def test_reject_does_not_count_an_attempt(store):
     (job_id,) = submit(store, max_attempts=1)
     for n in (1, 2, 3):
-        job = claim(store)
+        job = claimed(store, REQ)
         assert job.claims == n
         out = report(store, job, Event.REJECT if n % 2 else Event.CLAIM_EVICTED)
         assert out.after == "idle"
         stored = store.get_job(job_id)
         assert (stored.attempts, stored.token, stored.lease_expires_at) == (0, None, None)
     # whereas an evict does count, and with max_attempts=1 the job fails
-    job = claim(store)
+    job = claimed(store, REQ)
     out = report(store, job, Event.EVICT)
     assert out.after == "failed"
     assert store.get_job(job_id).attempts == 1
@@ -556,13 +535,13 @@ def test_reject_does_not_count_an_attempt(store):
 
 def test_evict_requeues_and_counts(store):
     (job_id,) = submit(store, max_attempts=2)
-    job = claim(store)
+    job = claimed(store, REQ)
     report(store, job, Event.START)
     out = report(store, job, Event.EVICT)
     assert out.after == "idle"
     stored = store.get_job(job_id)
     assert stored.attempts == 1 and "attempt 1 of 2 used" in stored.reason
-    job = claim(store)
+    job = claimed(store, REQ)
     assert job.reason is None and store.get_job(job_id).reason is None
     assert report(store, job, Event.EVICT).after == "failed"
     failed = store.get_job(job_id)
@@ -576,11 +555,11 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
     row) and for an earlier one (from its fetch event); an event from another slot, and a stale
     report, are read as they came."""
     (job_id,) = submit(store, max_attempts=3)
-    first_try = claim(store, slot="slot1@node")
+    first_try = claimed(store, REQ, slot="slot1@node")
     report(store, first_try, Event.ACCEPT, slot="slot1@node", host="node")
     report(store, first_try, Event.START, slot="slot1@node")
     report(store, first_try, Event.EVICT, slot="slot1@node")
-    second = claim(store, slot="slot2@node")
+    second = claimed(store, REQ, slot="slot2@node")
     report(store, second, Event.ACCEPT, slot="slot2@node", host="node")
     report(store, first_try, Event.UPDATE)  # stale, naming no slot: read as it came
     report(store, second, Event.START, slot="slot3@node", host="node")  # not where it was
@@ -608,12 +587,12 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
 def test_exit_policy_through_the_store(store):
     (job_id,) = submit(store, max_attempts=2)
     retry = lambda row: ExitVerdict(False, True)  # noqa: E731
-    job = claim(store)
+    job = claimed(store, REQ)
     assert report(store, job, Event.EXIT, exit_policy=retry).after == "idle"
-    job = claim(store)
+    job = claimed(store, REQ)
     assert report(store, job, Event.EXIT, exit_policy=retry).after == "failed"
     (other,) = submit(store, max_attempts=2)
-    job = claim(store)
+    job = claimed(store, REQ)
     out = report(store, job, Event.EXIT, exit_policy=lambda row: ExitVerdict(False, False))
     assert out.after == "completed"
     assert store.get_job(other).attempts == 0
@@ -621,7 +600,7 @@ def test_exit_policy_through_the_store(store):
 
 def test_second_job_exit_is_harmless(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     report(store, job, Event.START)
     assert report(store, job, Event.EXIT, changes={"exit_code": 0}).after == "completed"
     before, n = store.get_job(job_id), len(store.events(job_id))
@@ -634,7 +613,7 @@ def test_second_job_exit_is_harmless(store):
 
 def test_accept_after_prepare_or_start_is_harmless(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     assert report(store, job, Event.PREPARE, lease=900).after == "accepted"
     lease = store.get_job(job_id).lease_expires_at
     out = report(store, job, Event.ACCEPT, lease=120)  # the late REPLY_FETCH accept
@@ -662,7 +641,7 @@ def test_accept_after_prepare_or_start_is_harmless(store):
 def test_reap_requeues_expired_leases_then_fails(store):
     (job_id,) = submit(store, max_attempts=2)
     (untouched,) = submit(store)
-    first = claim(store)
+    first = claimed(store, REQ)
     assert store.reap() == []  # lease not yet expired
     out = store.reap(now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
@@ -671,7 +650,7 @@ def test_reap_requeues_expired_leases_then_fails(store):
     assert "lease of attempt 1 expired" in stored.reason
     # the old attempt's late report is stale
     assert report(store, first, Event.ACCEPT).stale
-    second = claim(store)
+    second = claimed(store, REQ)
     assert second.id == job_id and second.claims == 2
     report(store, second, Event.START)
     out = store.reap(now=FAR_FUTURE)
@@ -691,10 +670,10 @@ def test_reap_due_recovers_leases_once_per_interval_in_the_pool(store):
     """The agents' pass (a job whose startd died comes back though no slot fetches): whoever
     asks first within an interval reaps; the others are told it is not due."""
     (job_id,) = submit(store)
-    claim(store)
+    claim(store, REQ)
     out = store.reap_due(10, now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
-    claim(store)
+    claim(store, REQ)
     assert store.reap_due(10, now=FAR_FUTURE + 5) is None
     out = store.reap_due(10, now=FAR_FUTURE + 11)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
@@ -707,7 +686,7 @@ def test_reap_due_takes_no_pass_when_nothing_ran_out(store):
     assert store.reap_due(10, now=FAR_FUTURE) is None
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM passes")).scalar() == 0
-    claim(store)
+    claim(store, REQ)
     assert store.reap_due(10) is None  # its lease has not run out
     out = store.reap_due(10, now=FAR_FUTURE)
     assert [(o.job_id, o.after) for o in out] == [(job_id, "idle")]
@@ -715,7 +694,7 @@ def test_reap_due_takes_no_pass_when_nothing_ran_out(store):
 
 def test_reap_respects_renewed_leases(store):
     (job_id,) = submit(store)
-    job = claim(store)
+    job = claimed(store, REQ)
     now = time.time()
     report(store, job, Event.START, lease=900)
     assert store.reap(now=now + 300) == []  # the 120 s claim lease was renewed to 900 s
@@ -744,7 +723,7 @@ def test_admin_hold_release_rm(store):
         ("hold", "idle", "held"), ("release", "held", "idle"), ("remove", "idle", "removed"),
     ])
     # hold of a running job voids its attempt: the starter's reports become stale
-    job = claim(store)
+    job = claimed(store, REQ)
     assert job.id == b
     report(store, job, Event.START)
     assert store.admin(b, Event.HOLD, "admin hold").after == "held"
@@ -768,7 +747,7 @@ def test_every_state_change_has_exactly_one_event(store):
         return out
 
     jobs_ = {}
-    while (job := claim(store)) is not None:
+    while (job := claim(store, REQ)) is not None:
         changed[job.id] += 1
         jobs_[job.id] = job
     j = [jobs_[i] for i in ids]
@@ -816,7 +795,7 @@ def _capture_claim_statements(store: JobStore) -> list[tuple[str, Any]]:
 
     sa.event.listen(store.engine, "before_cursor_execute", listener)
     try:
-        job = claim(store, offer=Offer(cpus=1, memory=1024, disk=4096))
+        job = claimed(store, REQ, offer=Offer(cpus=1, memory=1024, disk=4096))
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", listener)
     assert job is not None and job.status == "fetched"
@@ -868,7 +847,7 @@ def test_status_queries_use_the_phase_indexes(pg_url: str) -> None:
     clone(store, first, 20_000, status="completed")
     clone(store, first, 20_000)
     for _ in range(5):
-        claim(store)
+        claim(store, REQ)
     captured: list[tuple[str, Any]] = []
 
     def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
@@ -904,7 +883,7 @@ def test_a_report_applies_to_the_row_as_it_is_when_it_changed_meanwhile(pg_url: 
     other = sa.create_engine(pg_url)
     try:
         (job_id,) = submit(store)
-        job = claim(store)
+        job = claimed(store, REQ)
         t0 = time.time()
         report(store, job, Event.START, changes={"job_pid": 7}, now=t0)
         calls: list[int] = []
@@ -972,8 +951,7 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
     try:
-        (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                                 queue="default", max_attempts=3)[1]
+        (job_id,) = submit(store)
         with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
             for round_ in range(3):
                 (pid,) = _backends(admin)  # the store's kept connection
@@ -1026,14 +1004,12 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
     the lease is renewed, still in place (lease_renewed_until, which no index names)."""
     import psycopg
     from conftest import libpq_url
-    from test_winding_down import running
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
     try:
-        (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                                 queue="default", max_attempts=3)[1]
-        job = running(store)  # START with job_pid 42, lease 600
+        (job_id,) = submit(store)
+        job = running(store, lease=600)  # START with job_pid 42, lease 600
         lease = store.get_job(job_id).lease_expires_at
 
         def hot_updates() -> int:
@@ -1051,14 +1027,14 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
             return seen
 
         before = settled()
-        out = store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                           changes={"job_pid": 42, "remote_user_cpu": 3.0}, lease=600)
+        out = report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 3.0},
+                     lease=600)
         assert out.changed and store.get_job(job_id).lease_expires_at == lease
         assert store.get_job(job_id).remote_user_cpu == 3.0
         assert settled() == before + 1
         later = time.time() + 100  # 500 s of 600 left: renewed
-        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                     changes={"job_pid": 42, "remote_user_cpu": 4.0}, lease=600, now=later)
+        report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 4.0},
+               lease=600, now=later)
         renewed = store.get_job(job_id)
         assert renewed.lease_ends_at == pytest.approx(later + 600)
         assert renewed.lease_expires_at == lease
@@ -1071,18 +1047,14 @@ def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) 
     """LEASE_DURATION 900 s, UPDATE_JOB_INFO every 300 s (STARTER_UPDATE_INTERVAL) with
     nothing new, some of them lost: whenever an update arrives, the lease has not run out, and
     the reaper, running just before it, leaves the job alone."""
-    from test_winding_down import running
-
-    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                             queue="default", max_attempts=3)[1]
-    job = running(store)  # START with job_pid 42, lease 600
+    (job_id,) = submit(store)
+    job = running(store, lease=600)  # START with job_pid 42, lease 600
     t0 = time.time()
     for k in (0, 1, 3, 4, 6, 7):  # updates 2 and 5 are lost
         at = t0 + 300 * k
         assert (store.get_job(job_id).lease_ends_at or 0) > at, k
         assert store.reap(now=at) == [], k
-        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                     changes={"job_pid": 42}, lease=900, now=at)
+        report(store, job, Event.START, changes={"job_pid": 42}, lease=900, now=at)
     assert store.get_job(job_id).status == "running"
 
 
@@ -1092,16 +1064,13 @@ def test_the_reaper_indexes_a_renewed_lease_and_expires_only_a_lease_run_out(
     """A lease renewed in place (lease_renewed_until) outlives the expiry the reaper's index
     holds: the reaper then moves that expiry up, with no event; once the renewal has run out
     too, the lease expires."""
-    from test_winding_down import running
-
-    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                             queue="default", max_attempts=3)[1]
-    job = running(store)  # START with job_pid 42, lease 600
+    (job_id,) = submit(store)
+    job = running(store, lease=600)  # START with job_pid 42, lease 600
     first = store.get_job(job_id).lease_expires_at
     assert first is not None
     at = first - 100
-    store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                 changes={"job_pid": 42, "remote_user_cpu": 1.0}, lease=600, now=at)
+    report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 1.0}, lease=600,
+           now=at)
     assert store.get_job(job_id).lease_expires_at == first
     events = len(store.events(job_id))
     assert store.reap(now=first + 1) == []
@@ -1118,17 +1087,14 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     """UPDATE_JOB_INFO of a running job with the same values moments after its lease was
     renewed: no row version and no event; new usage is written with its event; a lease renewed
     longer ago (past a tenth of its length) is renewed in the row, without an event."""
-    from test_winding_down import running
-
-    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                             queue="default", max_attempts=3)[1]
-    job = running(store)  # START with job_pid 42, lease 600
+    (job_id,) = submit(store)
+    job = running(store, lease=600)  # START with job_pid 42, lease 600
     events = len(store.events(job_id))
     now = time.time()
 
     def update(at: float, **changes: Any) -> Any:
-        return store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                            changes={"job_pid": 42, **changes}, lease=600, now=at)
+        return report(store, job, Event.START, changes={"job_pid": 42, **changes}, lease=600,
+                      now=at)
 
     same = update(now + 10)
     assert (same.changed, same.after, same.reason) == (False, "running", "nothing new")
@@ -1158,10 +1124,10 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
     store = JobStore.from_url(pg_url, pool=True)
     try:
         submit(store, 2)
-        claim(store, shape="small")  # the autocluster's verdict is remembered from here on
+        claim(store, REQ, shape="small")  # the autocluster's verdict is remembered from here on
         seen: list[str] = []
         commits: list[bool] = []
-        token: list[str] = []
+        token: list[str | None] = []
 
         def listener(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
             seen.append(" ".join(statement.split()))
@@ -1170,7 +1136,7 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
 
         sa.event.listen(store.engine, "before_cursor_execute", listener)
         sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
-        job = claim(store, shape="small")
+        job = claimed(store, REQ, shape="small")
         token.append(job.token)
         out = report(store, job, Event.EXIT, changes={"exit_code": 0})
         assert out.after == "completed"
@@ -1199,9 +1165,9 @@ def test_the_opening_round_trip_quotes_what_it_binds(pg_url: str) -> None:
             submit(store, queue=queue)
         (job_id,) = submit(store, queue="o.brien")
         (other,) = submit(store)
-        assert claim(store, queue="o") is None
-        assert claim(store, queue=queue) is None
-        job = claim(store, queue="o.brien")
+        assert claim(store, REQ, queue="o") is None
+        assert claim(store, REQ, queue=queue) is None
+        job = claim(store, REQ, queue="o.brien")
         assert job is not None and job.id == job_id
         assert store.get_job(other).status == "idle"
     finally:
@@ -1216,11 +1182,11 @@ def test_a_column_a_migration_adds_does_not_confuse_the_hot_path(pg_url: str) ->
     store = JobStore.from_url(pg_url, pool=True)
     try:
         submit(store, 2)
-        first = claim(store)
+        first = claimed(store, REQ)
         report(store, first, Event.EXIT)
         with store.engine.begin() as conn:
             conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN site_note text DEFAULT 'x'"))
-        second = claim(store)
+        second = claim(store, REQ)
         assert second is not None and second.id != first.id and second.status == "fetched"
         assert report(store, second, Event.EXIT).after == "completed"
     finally:
@@ -1239,7 +1205,7 @@ def test_a_claim_is_one_transition_on_both_databases(pg_url: str, sqlite_url: st
         store = JobStore.from_url(url)
         try:
             submit(store, 2)
-            job = claim(store)
+            job = claim(store, REQ)
             assert job is not None
             row = {k: v for k, v in rows(store, jobs)[0].items() if k != "phase"}
             event = store.events(job.id)[-1]
@@ -1296,7 +1262,7 @@ def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
         sa.event.listen(store.engine, "rollback", lambda _conn: rollbacks.append(True))
         _fail_after_an_event(store, job_id)
         assert rollbacks == [True]
-        job = claim(store)
+        job = claim(store, REQ)
         assert job is not None and report(store, job, Event.EXIT).after == "completed"
     finally:
         store.engine.dispose()
@@ -1323,7 +1289,7 @@ def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
     store = JobStore.from_url(pg_url, pool=True, statement_timeout_ms=300)
     try:
         submit(store)
-        job = claim(store)
+        job = claimed(store, REQ)
         with (_holding(pg_url, "SELECT id FROM jobs WHERE id = %s FOR UPDATE", job.id),
               pytest.raises(DatabaseError, match="statement timeout")):
             report(store, job, Event.EXIT)
@@ -1342,14 +1308,14 @@ def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> No
     store = JobStore.from_url(pg_url, pool=True, statement_timeout_ms=300)
     try:
         submit(store, 2)
-        job = claim(store)
+        job = claimed(store, REQ)
         with _holding(pg_url, "LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"):
             with pytest.raises(DatabaseError, match="statement timeout"):
-                claim(store)
+                claim(store, REQ)
             with pytest.raises(DatabaseError, match="statement timeout"):
                 report(store, job, Event.EXIT)
         assert report(store, job, Event.EXIT).after == "completed"
-        assert claim(store) is not None
+        assert claim(store, REQ) is not None
     finally:
         store.engine.dispose()
 
@@ -1364,9 +1330,9 @@ def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> Non
     try:
         with store.db.transaction():  # lends the kept connection: what follows takes the pool's one
             submit(store)
-            report(store, claim(store), Event.EXIT)
+            report(store, claimed(store, REQ), Event.EXIT)
         with store.engine.connect() as conn, conn.begin() as tx:
-            store.submit([new_job()], owner="alice", queue="default", max_attempts=1,
+            store.submit([job_spec()], owner="alice", queue="default", max_attempts=1,
                          connection=conn)
             tx.rollback()
         assert len(rows(store, jobs)) == 1
@@ -1419,14 +1385,14 @@ def test_a_pooled_store_keeps_one_connection_out_of_its_pool(pg_url: str) -> Non
             (job_id, _) = submit(store, 2)
             kept = _backends(admin)
             assert len(kept) == 1
-            report(store, claim(store), Event.EXIT)
+            report(store, claimed(store, REQ), Event.EXIT)
             assert store.get_job(job_id).status == "completed"
             assert _backends(admin) == kept
             with store.engine.connect() as conn:  # the pool's capacity is untouched
                 pooled = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
             assert pooled not in kept and len(_backends(admin)) == 2
             with store.db.transaction():
-                job = claim(store)
+                job = claim(store, REQ)
                 assert job is not None and report(store, job, Event.EXIT).after == "completed"
             # the server ends a closed session's backend a moment after the client closed it
             assert _until(lambda: _backends(admin) == kept)

@@ -12,43 +12,26 @@ import pytest
 from jobstore.agent.attempts import Attempt, Attempts
 from jobstore.agent.watch import grace, judge, restored
 from jobstore.core import holds, policy
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.channels import STOPS
 from jobstore.db.engine import upgrade
 from jobstore.db.reads import AttemptState
 from jobstore.db.store import JobStore
 from jobstore.formats import views
+from jobstore.testing.factories import claim, claim_request, report, running, submit
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@node1", host="node1", keyword="JOBSTORE", claim_lease=600,
-                   shape="s")
-
-
-def submit(store: JobStore, n: int = 1, **custom: str) -> list[int]:
-    specs = [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i, custom=custom) for i in range(n)]
-    return store.submit(specs, owner="alice", queue="default", max_attempts=3)[1]
-
-
-def running(store: JobStore, req: ClaimRequest = REQ) -> Any:
-    job = store.claim(req, lambda _j: Verdict(take=True))
-    assert job is not None
-    store.report(job.id, Event.START, token=job.token, attempt=job.claims,
-                 changes={"job_pid": 42}, lease=600)
-    return store.get_job(job.id)
+REQ = claim_request(slot="slot1@node1", shape="s")
 
 
 def evict(store: JobStore, job: Any) -> Any:
     """The JOB_EXIT evict of `job`'s attempt (the one it had when it ran)."""
-    return store.report(job.id, Event.EVICT, token=job.token, attempt=job.claims,
-                        attrs={"VacateReasonCode": 1010})
+    return report(store, job, Event.EVICT, attrs={"VacateReasonCode": 1010})
 
 
 def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
         store: JobStore) -> None:
     (job_id,) = submit(store)
-    job = running(store)
+    job = running(store, REQ, lease=600)
     held = store.admin(job_id, Event.HOLD, "held while it runs")
     assert (held.before, held.after) == ("running", "held")
     row = store.get_job(job_id)
@@ -59,7 +42,7 @@ def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
     assert waiting.pending and not waiting.changed
     assert "still ending on slot1@node1" in (waiting.reason or "")
     assert store.get_job(job_id).status == "held"  # not idle: another slot could take it
-    assert store.claim(REQ, lambda _j: Verdict(take=True)) is None
+    assert claim(store, REQ) is None
     again = store.admin(job_id, Event.RELEASE, "released by the administrator")
     assert again.pending
 
@@ -75,7 +58,7 @@ def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
         ("evict", "held", None),  # stale: recorded, changes nothing
         ("release", "held", "idle"),
     ]
-    second = store.claim(REQ, lambda _j: Verdict(take=True))
+    second = claim(store, REQ)
     assert second is not None and second.claims == job.claims + 1
 
 
@@ -88,15 +71,15 @@ def test_a_release_without_a_running_attempt_is_at_once(store: JobStore) -> None
 
 
 def test_a_report_that_ends_the_attempt_leaves_nothing_winding_down(store: JobStore) -> None:
-    (job_id,) = submit(store, OnExitHold="ExitCode == 3")
-    job = running(store)
+    (job_id,) = submit(store, custom={"OnExitHold": "ExitCode == 3"})
+    job = running(store, REQ, lease=600)
     attrs = {"ExitCode": 3, "ExitBySignal": False}
 
     def exit_policy(row: Any) -> policy.ExitVerdict:
         return policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
-    out = store.report(job_id, Event.EXIT, token=job.token, attempt=job.claims,
-                       changes={"exit_code": 3}, attrs=attrs, exit_policy=exit_policy)
+    out = report(store, job, Event.EXIT, changes={"exit_code": 3}, attrs=attrs,
+                 exit_policy=exit_policy)
     assert out.after == "held"
     row = store.get_job(job_id)
     assert (row.hold_code, row.winding_down_until) == (holds.JOB_POLICY, None)
@@ -106,12 +89,12 @@ def test_a_report_that_ends_the_attempt_leaves_nothing_winding_down(store: JobSt
 def test_a_stale_report_of_an_older_attempt_does_not_end_the_winding_down(
         store: JobStore) -> None:
     (job_id,) = submit(store)
-    job = running(store)
+    job = running(store, REQ, lease=600)
     store.admin(job_id, Event.REMOVE, "removed while it runs")
     older = store.report(job_id, Event.EVICT, token=job.token, attempt=job.claims - 1)
     assert older.stale
     assert store.get_job(job_id).winding_down_until is not None
-    update = store.report(job_id, Event.UPDATE, token=job.token, attempt=job.claims)
+    update = report(store, job, Event.UPDATE)
     assert update.stale  # not an end: still winding down
     assert store.get_job(job_id).winding_down_until is not None
     evict(store, job)
@@ -120,7 +103,7 @@ def test_a_stale_report_of_an_older_attempt_does_not_end_the_winding_down(
 
 def test_reap_gives_up_waiting_and_carries_out_the_pending_release(store: JobStore) -> None:
     (job_id,) = submit(store)
-    running(store)
+    running(store, REQ, lease=600)
     store.admin(job_id, Event.HOLD, "held")
     assert store.admin(job_id, Event.RELEASE, "released").pending
     deadline = store.get_job(job_id).winding_down_until
@@ -133,10 +116,10 @@ def test_reap_gives_up_waiting_and_carries_out_the_pending_release(store: JobSto
 
 def test_attempts_on_a_node_after_a_restart(store: JobStore) -> None:
     ids = submit(store, 4)
-    other = ClaimRequest(**{**REQ.__dict__, "slot": "slot1@node2", "host": "node2"})
-    a = running(store)
-    b = running(store, ClaimRequest(**{**REQ.__dict__, "slot": "slot2@node1"}))
-    c = running(store, other)
+    other = claim_request(slot="slot1@node2", shape="s")
+    a = running(store, REQ, lease=600)
+    b = running(store, claim_request(slot="slot2@node1", shape="s"), lease=600)
+    c = running(store, other, lease=600)
     store.admin(a.id, Event.REMOVE, "removed while the agent was down")
     found = store.attempts_on(["node1"])
     assert [(n.job_id, n.slot, n.attempt) for n in found] == [
@@ -158,7 +141,7 @@ def test_a_hold_of_a_handed_out_job_notifies_the_agents(pg_url: str) -> None:
         idle, _ = submit(store, 2)
         store.admin(idle, Event.HOLD, "idle: nothing runs")
         assert listener.wait(0.3) == []
-        job = running(store)
+        job = running(store, REQ, lease=600)
         store.admin(job.id, Event.HOLD, "held while it runs")
         assert listener.wait(5) == [str(job.id)]
     finally:
@@ -218,19 +201,18 @@ def test_every_handed_out_stage_winds_down(store: JobStore, stage: str, event: E
     """A hold or rm of a fetched, accepted or running job leaves its attempt winding down
     on its slot (the agent finds it), until the attempt's end is reported."""
     (job_id,) = submit(store)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None
     if stage != "fetched":
-        store.report(job_id, Event.ACCEPT, token=job.token, attempt=job.claims)
+        report(store, job, Event.ACCEPT)
     if stage == "running":
-        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                     changes={"job_pid": 42})
+        report(store, job, Event.START, changes={"job_pid": 42})
     assert store.get_job(job_id).status == stage
     out = store.admin(job_id, event, "stopped")
     assert out.after == ("held" if event == Event.HOLD else "removed")
     assert [n.job_id for n in store.attempts_on(["node1"])] == [job_id]
     end = Event.REJECT if stage != "running" else Event.EVICT
-    store.report(job_id, end, token=job.token, attempt=job.claims)
+    report(store, job, end)
     assert store.get_job(job_id).winding_down_until is None
     assert store.attempts_on(["node1"]) == []
 

@@ -12,14 +12,14 @@ import time
 
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import JobStore, Offer
+from jobstore.testing.factories import claim, claim_request, report
 
 
 def main(url: str, slot: str) -> None:
     # One connection per transaction, as the hooks use the store (make_engine's default).
     store = JobStore(make_engine(url, connect_timeout=30))
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot,
-                       host="node", keyword="JOBSTORE", claim_lease=600)
+    req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot, host="node")
     print("ready", flush=True)
     sys.stdin.readline()
     ids = []
@@ -38,13 +38,9 @@ def main(url: str, slot: str) -> None:
                     raise
                 locked += 1
 
-    def take(_row):  # type: ignore[no-untyped-def]
-        return Verdict(take=True)
-
     start = time.time()
-    while (job := retry(lambda: store.claim(req, take))) is not None:
-        out = retry(lambda job=job: store.report(
-            job.id, Event.EXIT, token=job.token, attempt=job.claims))
+    while (job := retry(lambda: claim(store, req))) is not None:
+        out = retry(lambda job=job: report(store, job, Event.EXIT))
         if out.after != "completed" or out.stale:
             raise SystemExit(f"job {job.id}: EXIT gave {out}")
         ids.append(job.id)

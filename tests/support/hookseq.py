@@ -13,9 +13,9 @@ from pathlib import Path
 
 from hookrun import CLOSED_OUTPUT, hook_preexec
 
-from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 from jobstore.formats import classads
+from jobstore.testing.factories import submit
 from jobstore.testing.support import ordinary_owner  # noqa: F401 - for the tests
 
 
@@ -23,10 +23,8 @@ def submit_jobs(store: JobStore, n: int, owner: str, *, max_attempts: int = 5,
                 cmd: str = "/bin/true", queue: str = "default",
                 concurrency_limits: str | None = None) -> list[int]:
     """One cluster of `n` idle jobs through the store API (each with its submit event)."""
-    new = [JobSpec(cmd=cmd, iwd="/tmp", request_memory=64, proc_id=i,
-                   concurrency_limits=concurrency_limits) for i in range(n)]
-    _, ids = store.submit(new, owner=owner, queue=queue, max_attempts=max_attempts)
-    return ids
+    return submit(store, n, owner=owner, queue=queue, max_attempts=max_attempts, cmd=cmd,
+                  request_memory=64, concurrency_limits=concurrency_limits)
 
 
 def slot_ad(name: str, machine: str = "node01.example.org") -> bytes:

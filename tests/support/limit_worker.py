@@ -14,7 +14,8 @@ import time
 
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import JobStore, Offer
+from jobstore.testing.factories import claim, claim_request, report
 
 LIMIT = 3
 HOLD = 0.2  # long enough that three holds overlap even on a loaded machine
@@ -22,9 +23,8 @@ HOLD = 0.2  # long enough that three holds overlap even on a loaded machine
 
 def main(url: str, slot: str) -> None:
     store = JobStore(make_engine(url, connect_timeout=30))
-    req = ClaimRequest(
-        queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot,
-        host="node", keyword="JOBSTORE", claim_lease=600, shape="s",
+    req = claim_request(
+        offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot, host="node", shape="s",
         limit=lambda name: LIMIT if name == "lic" else math.inf,
     )
     print("ready", flush=True)
@@ -40,7 +40,7 @@ def main(url: str, slot: str) -> None:
                 if "database is locked" not in str(exc):
                     raise
     while idle_rounds < 20:
-        job = retry(lambda: store.claim(req, lambda _job: Verdict(take=True)))
+        job = retry(lambda: claim(store, req))
         if job is None:  # every job held elsewhere or done: wait for one to come free
             idle_rounds += 1
             time.sleep(0.02)
@@ -49,8 +49,7 @@ def main(url: str, slot: str) -> None:
         claimed = time.time()
         time.sleep(HOLD)
         done = time.time()
-        out = retry(lambda job=job: store.report(job.id, Event.EXIT, token=job.token,
-                                                 attempt=job.claims))
+        out = retry(lambda job=job: report(store, job, Event.EXIT))
         if out.after != "completed" or out.stale:
             raise SystemExit(f"job {job.id}: EXIT gave {out}")
         held.append([job.id, claimed, done])

@@ -26,8 +26,6 @@ from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.agent.protocol import MAGIC, MAX_REQUEST
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
-from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
@@ -36,6 +34,7 @@ from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
 from jobstore.node import directnote, spool
 from jobstore.node.deferred import MAX_PER_UID, Deferred, Pending
+from jobstore.testing.factories import claim, report, submit
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
 
@@ -494,9 +493,8 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     call and no `jobstore reap` (PERIODIC_EXPR_INTERVAL = 1 here)."""
     with open(node.config, "a") as fh:
         fh.write("PERIODIC_EXPR_INTERVAL = 1\n")
-    spec = JobSpec(cmd="/bin/true", iwd="/tmp", custom={"PeriodicRemove": "JobStatus == 1"})
-    (job_id,) = store.submit([spec], owner=ordinary_owner(), queue="default",
-                             max_attempts=3)[1]
+    (job_id,) = submit(store, owner=ordinary_owner(),
+                       custom={"PeriodicRemove": "JobStatus == 1"})
     node.start()
     row = store.get_job(job_id)
     node.wait_log(f"job {row.cluster_id}.{row.proc_id}: periodic policy: remove idle -> removed")
@@ -509,8 +507,7 @@ def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:
     with its events, and keeps the idle one."""
     with open(node.config, "a") as fh:
         fh.write("JOBSTORE_HISTORY_RETENTION = 1s\nJOBSTORE_PRUNE_INTERVAL = 10\n")
-    gone, idle = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i) for i in (0, 1)],
-                              owner=ordinary_owner(), queue="default", max_attempts=3)[1]
+    gone, idle = submit(store, 2, owner=ordinary_owner())
     store.admin(gone, Event.REMOVE, "old news")
     time.sleep(1.1)
     node.start()
@@ -531,15 +528,12 @@ def test_a_held_running_job_is_ended_by_its_next_update(
         pytest.skip("the job's user reaches the database only on PostgreSQL here")
     alice = accounts[1]
     (job_id,) = submit_jobs(store, 1, alice.pw_name)
-    job = store.claim(ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n",
-                                   host="n", keyword="JOBSTORE", claim_lease=600),
-                      lambda _j: Verdict(take=True))
+    job = claim(store)
     assert job is not None
     sleeper = subprocess.Popen(["sleep", "300"], user=alice.pw_uid, group=alice.pw_gid,
                                extra_groups=[], start_new_session=True)
     try:
-        store.report(job_id, Event.START, token=job.token, attempt=job.claims,
-                     changes={"job_pid": sleeper.pid})
+        report(store, job, Event.START, changes={"job_pid": sleeper.pid})
         store.admin(job_id, Event.HOLD, "held by hand")
         ad = render_job(job, keyword="JOBSTORE", uid_domain="localdomain",
                         job_lease_duration=2400).encode()

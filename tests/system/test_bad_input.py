@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import JobStore
 from jobstore.formats import classads
+from jobstore.testing.factories import claim, report
 from jobstore.testing.support import insert_identity
 
 T = TRANSCRIPTS
@@ -115,9 +116,7 @@ class World:
 
     def reset_idle_job(self) -> None:
         job = self.store.get_job(self.idle_job)
-        self.store.report(
-            self.idle_job, Event.REJECT, token=job.token, attempt=job.claims
-        )
+        report(self.store, job, Event.REJECT)
 
 
 @pytest.fixture
@@ -125,13 +124,9 @@ def world(store: JobStore, hook_dir: Path, condor_config: Path, db_url: str, tmp
     new = [JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64)]
     store.submit(new, owner="alice", queue="default", max_attempts=5)
     _, (idle_job,) = store.submit(new, owner="alice", queue="default", max_attempts=5)
-    req = ClaimRequest(
-        queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@node01.example.org",
-        host="node01.example.org", keyword="TEST", claim_lease=600,  # the samples' keyword
-    )
-    job = store.claim(req, lambda row: Verdict(take=True))
+    job = claim(store, slot="slot1@node01.example.org", keyword="TEST")  # the samples' keyword
     assert job is not None and job.id != idle_job
-    store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims, lease=600)
+    report(store, job, Event.ACCEPT, lease=600)
     identity = [
         f"JobstoreAttempt = {job.claims}".encode(),
         f"JobstoreJobId = {job.id}".encode(),

@@ -260,8 +260,8 @@ def test_grant_prints_and_applies_least_privilege(db: str) -> None:
 def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
     """condor_userprio's table for the submitters of a submit file with accounting_group, a
     factor set by the admin, usage reset; bad input is one line and exit status 1."""
-    from jobstore.core.claims import ClaimRequest, Offer, Verdict
     from jobstore.db.store import JobStore
+    from jobstore.testing.factories import claim
 
     grouped = _write(tmp_path, "g.sub", "executable = /bin/true\naccounting_group = physics\n"
                      "concurrency_limits = lic\nqueue 3\n")
@@ -269,10 +269,7 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
     assert submit(db, grouped).returncode == 0 and submit(db, plain).returncode == 0
     store = JobStore.from_url(db)
     try:
-        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                           slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=60,
-                           weight=2.0)
-        job = store.claim(req, lambda _j: Verdict(take=True))
+        job = claim(store, claim_lease=60, weight=2.0)
         assert job is not None
     finally:
         store.engine.dispose()
@@ -343,22 +340,19 @@ def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> 
 def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: Path) -> None:
     """A report of an ended attempt and a repeated accept are recorded (JSON, --all) but not
     shown by default; `watch` says what it waits for."""
-    from jobstore.core.claims import ClaimRequest, Offer, Verdict
     from jobstore.core.states import Event
     from jobstore.db.store import JobStore
+    from jobstore.testing.factories import claim, report
 
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
     store = JobStore.from_url(db)
     try:
-        job = store.claim(ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6),
-                                       slot="slot1@n", host="n", keyword="JOBSTORE",
-                                       claim_lease=60), lambda _j: Verdict(take=True))
+        job = claim(store, claim_lease=60)
         assert job is not None
-        store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims)
-        store.report(job.id, Event.ACCEPT, token=job.token, attempt=job.claims)  # repeated
-        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                     changes={"exit_code": 0})
-        store.report(job.id, Event.UPDATE, token=job.token, attempt=job.claims)  # late
+        report(store, job, Event.ACCEPT)
+        report(store, job, Event.ACCEPT)  # repeated
+        report(store, job, Event.EXIT, changes={"exit_code": 0})
+        report(store, job, Event.UPDATE)  # late
     finally:
         store.engine.dispose()
     shown = cli(db, "events", "1.0").stdout

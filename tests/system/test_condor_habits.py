@@ -11,18 +11,16 @@ import pytest
 from sqlalchemy import func, select
 from test_cli import cli, db, submit  # noqa: F401 - the db fixture
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.states import Event
 from jobstore.db import actions
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 from jobstore.submit.description import parse_submit_text
+from jobstore.testing.factories import claim, claim_request
 from jobstore.testing.support import ordinary_owner
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@node", host="node", keyword="JOBSTORE", claim_lease=600,
-                   shape="node")
+REQ = claim_request(slot="slot1@node", shape="node")
 
 
 def _sub(tmp_path: Path, text: str) -> Path:
@@ -120,7 +118,7 @@ def test_a_big_cluster_is_edited_in_pages(db: str) -> None:  # noqa: F811
         cluster, ids = store.submit(specs, owner=ordinary_owner(), queue="default",
                                     max_attempts=3)
         store.admin(ids[3], Event.HOLD, "held first")
-        running = store.claim(REQ, lambda _j: Verdict(take=True))
+        running = claim(store, REQ)
         assert running is not None and running.id == ids[0]
         before = store.get_job(ids[5]).autocluster_id
         totals = store.edit_where(jobs.c.cluster_id == cluster, "RequestMemory", "2048",

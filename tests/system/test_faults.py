@@ -23,15 +23,15 @@ from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from test_concurrency import fill
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account, _node, _submit
 
-from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine, upgrade
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import JobStore, Offer
 from jobstore.emulator import Emulator
 from jobstore.node import spool
 from jobstore.node.sending import record_group, spool_sender
 from jobstore.node.services import direct
+from jobstore.testing.factories import claim, claim_request, report, submit
 
 FINAL = {"completed", "failed", "removed"}
 ENDS_ATTEMPT = {"idle", "completed", "failed", "held", "removed"}
@@ -361,16 +361,14 @@ MANY_JOBS = 5000
 
 def _many_worker(url: str, slot: str, queue) -> None:  # type: ignore[no-untyped-def]
     store = JobStore(make_engine(url, connect_timeout=30, pool=True))
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot=slot, host="node", keyword="JOBSTORE", claim_lease=600)
+    req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot, host="node")
     ids: list[int] = []
     error = None
     try:
-        while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
+        while (job := claim(store, req)) is not None:
             for event in (Event.START, Event.EXIT):
-                out = store.report(job.id, event, token=job.token, attempt=job.claims,
-                                   changes={"job_pid": 7} if event == Event.START else None,
-                                   lease=600)
+                out = report(store, job, event,
+                             changes={"job_pid": 7} if event == Event.START else None, lease=600)
                 if not out.changed:
                     raise RuntimeError(f"job {job.id}: {event}: {out}")
             ids.append(job.id)
@@ -446,9 +444,7 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
     jobs_n = 200
     seeding = JobStore.from_url(url)
     try:
-        _, ids = seeding.submit(
-            [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i) for i in range(jobs_n)],
-            owner=owner, queue="default", max_attempts=50)
+        ids = submit(seeding, jobs_n, owner=owner, max_attempts=50)
     finally:
         seeding.engine.dispose()
     internal: list[str] = []
@@ -469,18 +465,14 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
 
     def worker(n: int) -> None:
         store = JobStore.from_url(url, pool=True, connect_timeout=2)
-        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                           slot=f"slot{n}@faults", host="faults", keyword="JOBSTORE",
-                           claim_lease=600)
+        req = claim_request(slot=f"slot{n}@faults")
         try:
             while not stop.is_set():
-                job = call(store.claim, req, lambda _j: Verdict(take=True))
+                job = call(claim, store, req)
                 if job is None:
                     return
-                call(store.report, job.id, Event.START, token=job.token, attempt=job.claims,
-                     changes={"job_pid": 1000 + n})
-                call(store.report, job.id, Event.EXIT, token=job.token, attempt=job.claims,
-                     changes={"exit_code": 0})
+                call(report, store, job, Event.START, changes={"job_pid": 1000 + n})
+                call(report, store, job, Event.EXIT, changes={"exit_code": 0})
         finally:
             store.engine.dispose()
 

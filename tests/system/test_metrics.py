@@ -15,13 +15,11 @@ import pytest
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from prometheus_client.parser import text_string_to_metric_families
 from test_agent import Node, node, store  # noqa: F401 - fixtures
-from test_winding_down import REQ
 
 from jobstore.api.metrics import store_metrics
-from jobstore.core.claims import Verdict
-from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 from jobstore.node import spool
+from jobstore.testing.factories import claim, job_spec, submit
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -34,10 +32,10 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_store_view(store: JobStore) -> None:  # noqa: F811
-    specs = [JobSpec(cmd="/bin/true", iwd="/tmp", proc_id=i) for i in range(3)]
+    specs = [job_spec(i) for i in range(3)]
     store.submit(specs, owner="alice", queue="default", max_attempts=3, now=time.time() - 100)
     store.submit(specs[:1], owner="bob", queue="gpu", max_attempts=3)
-    assert store.claim(REQ, lambda _j: Verdict(take=True)) is not None
+    assert claim(store, slot="slot1@node1", shape="s") is not None
     store.update_priorities(interval=0)
     got = samples(store_metrics(store).decode())
     assert got[("jobstore_store_up", ())] == 1
@@ -118,8 +116,7 @@ def test_agent_metrics_only_on_loopback(node: Node) -> None:  # noqa: F811
 
 def test_metrics_command(store: JobStore) -> None:  # noqa: F811
     url = store.engine.url.render_as_string(hide_password=False)
-    store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice", queue="default",
-                 max_attempts=3)
+    submit(store)
     env = {k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"}
     done = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", url, "metrics"],
                           capture_output=True, text=True, timeout=60, env=env)
@@ -137,8 +134,7 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
     from jobstore.agent.metrics import AgentMetrics
     from jobstore.node.hookcall import HookResponse
 
-    store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice", queue="default",
-                 max_attempts=3)
+    submit(store)
     store.update_priorities(interval=0)
     agent = AgentMetrics(lambda: [tmp_path], lambda: 0)
     spooled = HookResponse(error="x kept in the spool: y", database_error=True, spooled=True)

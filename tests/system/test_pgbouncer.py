@@ -18,7 +18,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -30,7 +29,8 @@ from sqlalchemy.engine import make_url
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine, upgrade
 from jobstore.db.schema import job_events, jobs
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.db.store import JobStore, Offer
+from jobstore.testing.factories import claim, claim_request, report
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 ADMIN_USER = "postgres"
@@ -117,15 +117,13 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
     errors: list[str] = []
     store = JobStore(make_engine(url, connect_timeout=30, pool=pooled))
     # the whole negotiator: two submitters (fair share) and a concurrency limit (locked, counted)
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                       slot=slot, host="node", keyword="JOBSTORE", claim_lease=600,
-                       limit=lambda _name: 1000.0)
+    req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot=slot, host="node",
+                        limit=lambda _name: 1000.0)
     try:
-        while (job := store.claim(req, lambda _row: Verdict(take=True))) is not None:
-            kw: dict[str, Any] = {"token": job.token, "attempt": job.claims, "lease": 600}
+        while (job := claim(store, req)) is not None:
             for event, changes in ((Event.PREPARE, {}), (Event.START, {"job_pid": 4242}),
                                    (Event.EXIT, {"exit_code": 0})):
-                out = store.report(job.id, event, changes=changes, **kw)
+                out = report(store, job, event, changes=changes, lease=600)
                 if out.stale or not out.changed:
                     errors.append(f"job {job.id}: {event}: {out}")
             ids.append(job.id)

@@ -31,7 +31,7 @@ from jobstore.db.store import JobStore
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
 from jobstore.node import config
-from jobstore.testing.support import a_job
+from jobstore.testing.factories import a_job
 
 SLOT = TRANSCRIPTS
 SLOT_AD = "01-normal-job/01-FETCH_WORK.stdin"

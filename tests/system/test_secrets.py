@@ -168,7 +168,7 @@ def test_no_secret_in_a_repr() -> None:
     from jobstore.core.states import Event
     from jobstore.node.config import Settings
     from jobstore.node.reports import Report
-    from jobstore.testing.support import a_job
+    from jobstore.testing.factories import a_job
 
     token, password = "tok-3f1e0c9a", "pw-8d2b7e41"
     shown = [

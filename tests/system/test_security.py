@@ -25,9 +25,9 @@ from sqlalchemy.engine import make_url
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
-from jobstore.core.jobs import JobSpec
-from jobstore.db.store import ClaimRequest, DatabaseError, JobStore, Offer, Verdict
+from jobstore.db.store import DatabaseError, JobStore, Offer
 from jobstore.node import spool
+from jobstore.testing.factories import claim, claim_request, submit
 
 FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
 ENDED = b"ExitCode = 0\nExitBySignal = false\n"
@@ -218,17 +218,15 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
     role_store = JobStore.from_url(make_url(nd.db_url).set(password="hooks-pw")
                                    .render_as_string(hide_password=False))
     try:
-        req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
-                           slot="slot9@node01", host="node01", keyword="JOBSTORE", claim_lease=60,
-                           limit=lambda name: 1.0)
-        got = [role_store.claim(req, lambda _job: Verdict(take=True)) for _ in range(3)]
+        req = claim_request(offer=Offer(cpus=1, memory=1024, disk=1 << 20), slot="slot9@node01",
+                            claim_lease=60, limit=lambda name: 1.0)
+        got = [claim(role_store, req) for _ in range(3)]
         assert sum(1 for j in got if j and j.id in limited) == 1
         assert sum(1 for j in got if j) == 2
         assert role_store.update_priorities(interval=0) >= 2
         # ... and the jobs' periodic policy pass, with its hold codes
-        (policed,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp",
-                                           custom={"PeriodicHold": "true"})],
-                                  owner=alice.pw_name, queue="other", max_attempts=3)[1]
+        (policed,) = submit(store, owner=alice.pw_name, queue="other",
+                            custom={"PeriodicHold": "true"})
         assert role_store.police_due(0) is not None
         assert (store.get_job(policed).status, store.get_job(policed).hold_code) == ("held", 3)
         # ... but it may not delete: the history is pruned by the tables' owner

@@ -25,7 +25,8 @@ from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.formats.userlog import LogEvent, aborted_body, evicted_body, log_events
 from jobstore.node import config
-from jobstore.testing.support import a_job, ensure_account, own_node_dirs
+from jobstore.testing.factories import a_job
+from jobstore.testing.support import ensure_account, own_node_dirs
 
 ET = htcondor2.JobEventType
 OWNER = "jsalice"

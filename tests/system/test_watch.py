@@ -19,12 +19,13 @@ from hookseq import ordinary_owner, run_sequence, submit_jobs
 from test_faults import private_pg  # noqa: F401 - the module-scoped private cluster fixture
 
 from jobstore.api.watch import JobEvent, JobFinished, subscribe, watch
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.core.claims import Verdict
 from jobstore.core.policy import exit_verdict
 from jobstore.core.states import Event
 from jobstore.db.channels import CHANNEL as NOTIFY_CHANNEL
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
+from jobstore.testing.factories import claim, report
 from jobstore.testing.support import first
 
 TIMEOUT = 120
@@ -228,14 +229,11 @@ def test_since_replays_history_then_follows(db_url):
 
 
 def _run(store: JobStore, job: int, event: Event, exit_code: int = 0) -> None:
-    req = ClaimRequest(queue="default", offer=Offer(1, 1024, 10**6), slot="slot1@n", host="n",
-                       keyword="JOBSTORE", claim_lease=60)
-    claimed = store.claim(req, lambda row: Verdict(take=row.id == job))
+    claimed = claim(store, claim_lease=60, judge=lambda row: Verdict(take=row.id == job))
     assert claimed is not None and claimed.id == job
     attrs = {"ExitCode": exit_code, "ExitBySignal": False}
-    store.report(job, event, token=claimed.token, attempt=claimed.claims,
-                 changes={"exit_code": exit_code, "exit_by_signal": False},
-                 exit_policy=lambda row: exit_verdict(row, attrs))
+    report(store, claimed, event, changes={"exit_code": exit_code, "exit_by_signal": False},
+           exit_policy=lambda row: exit_verdict(row, attrs))
 
 
 def test_until_done_exit_status(sqlite_url):

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.db.store import JobStore
 from jobstore.node import sandbox, sandboxcalls
 from jobstore.node.hookcall import HookRequest
 from jobstore.node.reports import Caller
 from jobstore.node.services import direct
+from jobstore.testing.factories import claim, claim_request
 from jobstore.testing.support import ensure_account
 
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 
 
 def _ad(iwd: Path, extra: str = "") -> bytes:
@@ -102,7 +101,7 @@ def test_the_agent_serves_an_attempts_files_to_its_owner_only(store: JobStore,
     specs = parse_submit_text("executable = /bin/cat\ntransfer_executable = false\n"
                               "transfer_input_files = in.txt\nqueue\n", base_dir=tmp_path)
     store.submit(specs, owner=me, queue="default", max_attempts=3)
-    job = store.claim(REQ, lambda _j: Verdict(take=True))
+    job = claim(store, REQ)
     assert job is not None and job.token
     url = store.engine.url.render_as_string(False)
     os.environ["JOBSTORE_DATABASE_URL"] = url

@@ -87,22 +87,20 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
     replay from the spool) also keeps, as ReportedAt, the time its hook made it."""
     import time
 
-    from jobstore.core.claims import ClaimRequest, Offer, Verdict
     from jobstore.core.jobs import JobSpec
     from jobstore.db.engine import upgrade
     from jobstore.db.store import JobStore
     from jobstore.node.reports import Caller
     from jobstore.node.sending import send_record, store_identity
     from jobstore.node.services import direct
+    from jobstore.testing.factories import claim
 
     url = f"sqlite:///{tmp_path / 'jobstore.db'}"
     upgrade(url)
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
     store = JobStore.from_url(url)
     store.submit([JobSpec(cmd="/bin/true")], owner="alice", queue="default", max_attempts=1)
-    job = store.claim(ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                                   slot="slot1@node01", host="node01", keyword="JOBSTORE",
-                                   claim_lease=600), lambda _row: Verdict(take=True))
+    job = claim(store, slot="slot1@node01")
     assert job is not None
     made = time.time() - 60
 

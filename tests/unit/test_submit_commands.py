@@ -11,12 +11,12 @@ import htcondor2
 import pytest
 from test_schedd import schedd  # noqa: F401 - the fixture
 
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.formats.jobads import submitted_ad
 from jobstore.formats.matching import matches
 from jobstore.submit import SubmitError
 from jobstore.submit.commands import COMMANDS, PREFIXES, lookup
 from jobstore.submit.description import parse_submit_text
+from jobstore.testing.factories import claim, claim_request
 
 # The submit keywords of HTCondor 25's condor_submit (SUBMIT_KEY_* and SUBMIT_CMD_*).
 HTCONDOR_25 = """
@@ -78,8 +78,7 @@ PREFIXED = ["request_FPGAs", "require_FPGAs", "ec2_tag_Name", "ec2_parameter_x",
             "cloud_label_x", "Remote_grid_resource", "_container_port"]
 
 # A value each handled command accepts (the rest take "1").
-REQ = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                   slot="slot1@n", host="n", keyword="JOBSTORE", claim_lease=600, shape="s")
+REQ = claim_request(shape="s")
 HANDLED_SAMPLES = {
     "executable": "/bin/sh", "arguments": "a b", "environment": "A=1", "env": "A=1",
     "input": "in", "stdin": "in", "output": "out", "stdout": "out", "error": "err",
@@ -173,11 +172,11 @@ def test_hold_true_queues_the_jobs_held_with_code_15(schedd: Any) -> None:  # no
     ads = schedd.query(f"ClusterId == {cluster}")
     assert [(a["JobStatus"], a["HoldReasonCode"], a["HoldReason"], a["JobBatchName"])
             for a in ads] == [(5, 15, "submitted on hold at user's request", "nightly")] * 3
-    assert schedd.store.claim(REQ, lambda j: Verdict(take=True)) is None  # nothing runs
+    assert claim(schedd.store, REQ) is None  # nothing runs
     events = schedd.store.events(ads[0]["JobstoreJobId"])
     assert [(e.event, e.to_status) for e in events] == [("submit", "idle"), ("hold", "held")]
     assert schedd.act(htcondor2.JobAction.Release, cluster)["TotalSuccess"] == 3
-    assert schedd.store.claim(REQ, lambda j: Verdict(take=True)) is not None
+    assert claim(schedd.store, REQ) is not None
 
 
 def test_request_gpus_is_matched_against_the_slots_gpus(schedd: Any) -> None:  # noqa: F811

@@ -28,7 +28,6 @@ from jobstore.agent.protocol import (
     decode_env,
     encode,
 )
-from jobstore.core.claims import ClaimRequest, Offer, Verdict
 from jobstore.core.jobs import Job, JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
@@ -39,6 +38,7 @@ from jobstore.node.reports import CHANGE_COLUMNS, SERVICE, STARTER_EVENTS, Calle
 from jobstore.node.sending import send_record, store_identity
 from jobstore.node.services import direct
 from jobstore.node.spool import NotMine
+from jobstore.testing.factories import claim
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
@@ -146,9 +146,7 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, Job, st
     s = JobStore.from_url(url)
     s.submit([JobSpec(cmd="/bin/true", request_memory=64)], owner=ME, queue="default",
              max_attempts=1_000_000)
-    req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=10**6),
-                       slot="slot1@node01", host="node01", keyword="JOBSTORE", claim_lease=600)
-    job = s.claim(req, lambda row: Verdict(take=True))
+    job = claim(s, slot="slot1@node01")
     assert job is not None
     return s, job, url
 
