@@ -26,7 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_ADMIN_URL, OWNER, cleanup, create_pg, make_env, node_env, say, table
+from common import (
+    DEFAULT_ADMIN_URL,
+    HOOK_MODE_ENV,
+    OWNER,
+    cleanup,
+    create_pg,
+    make_env,
+    node_env,
+    say,
+    table,
+)
 from hookcost import load_calls
 
 from jobstore.testing.support import ensure_account
@@ -118,6 +128,7 @@ def rate(tree: Path, admin_url: str, code: str, amount: float) -> float:
 def fetch_p50(tree: Path, admin_url: str) -> float:
     """p50 wall seconds of the tree's FETCH_WORK hook handing out a job through its agent."""
     env = fresh_db(admin_url)
+    HOOK_MODE_ENV.clear()  # the last run's stop_agent left the hooks in direct mode
     try:
         hooks = env.tmp / "tree-hooks"
         hooks.mkdir(mode=0o755)
@@ -148,6 +159,10 @@ def fetch_p50(tree: Path, admin_url: str) -> float:
             if b"JobstoreJobId" not in done.stdout:
                 raise RuntimeError(f"{tree}: FETCH_WORK handed out nothing: "
                                    f"{done.stderr.decode(errors='replace')[-300:]}")
+        through_agent = env.hook_log.read_text().count("(agent,")
+        if through_agent < FETCHES:
+            raise RuntimeError(f"{tree}: {FETCHES - through_agent} FETCH_WORK runs did not go "
+                               "through the agent")
         return statistics.median(walls)
     finally:
         cleanup(env)
