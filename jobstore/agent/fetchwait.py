@@ -301,8 +301,9 @@ class FetchWaits:
         db.retry_at = time.monotonic() + RELISTEN
         try:
             store = self._stores.store_for(settings)
-        except Exception:
-            return  # the claims say why
+        except Exception as exc:
+            log.warning("waiting fetches: cannot LISTEN: %s: polling", exc)
+            return
         if not store.can_listen:
             return
         since = time.monotonic()  # what came before it was not heard: claim again

@@ -66,7 +66,8 @@ def head_revision() -> str | None:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Create or upgrade the schema (what `jobstore init` does); a store at the newest
-    revision already is left as it is, without loading the migrations."""
+    revision already is left as it is, without running alembic (the newest revision is read
+    from the migrations once per process: head_revision)."""
     from alembic import command
 
     parsed = parse_url(url)

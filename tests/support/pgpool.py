@@ -4,8 +4,9 @@ rows (grants, policies, owners, functions, columns, settings: a role's objects w
 role from being dropped) is dropped instead, as every database was before.
 
 Creating a database from the template writes the whole template into the WAL; emptying one
-writes a few pages. Only what the catalog and the rows hold is compared and reset: a test that
-needs more than rows from a database of its own takes `pg_url` without a migrating fixture.
+writes a few pages. Only what the catalog and the rows hold is compared and reset (not the
+planner's statistics: a test about plans runs ANALYZE); a test that needs an empty database of
+its own is marked `empty_database`.
 """
 
 from __future__ import annotations
@@ -124,9 +125,15 @@ class DatabasePool:
         return name
 
     def give_back(self, name: str) -> None:
-        """Empty `name` for the next test, or drop it if the test changed more than rows."""
+        """Empty `name` for the next test, under a new name (what the test left running cannot
+        reach it), or drop it if the test changed more than rows or still holds a session."""
+        renamed = f"jobstore_test_{uuid.uuid4().hex}"
         try:
             self._end_sessions(name)
+            with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                    sql.Identifier(name), sql.Identifier(renamed)))  # fails while one connects
+            name = renamed
             with self._connect(name) as conn:
                 if _fingerprint(conn) != self.fingerprint:
                     raise LookupError("changed beyond its rows")
@@ -167,7 +174,7 @@ class DatabasePool:
 
     def _end_sessions(self, name: str) -> None:
         with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            conn.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
 
     @contextmanager

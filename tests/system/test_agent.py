@@ -390,7 +390,7 @@ def test_one_database_connection_per_node(node: Node, store: JobStore) -> None:
     with psycopg.connect(libpq_url(node.db_url), autocommit=True) as conn:
         held = [q for (q,) in conn.execute(
             "SELECT query FROM pg_stat_activity WHERE datname = %s AND pid <> "
-            "pg_backend_pid()", (name,))]
+            "pg_backend_pid() AND backend_type = 'client backend'", (name,))]
     listening = [q for q in held if q.startswith("LISTEN")]
     assert len(held) - len(listening) == 1 and len(listening) <= 1, held
     assert node.stop() == 0
