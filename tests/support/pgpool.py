@@ -21,7 +21,8 @@ from sqlalchemy.engine import make_url
 
 from jobstore.testing.support import libpq_url
 
-# What a test may change besides rows, as names (no oids): a copy of the template has the same.
+# What a test may change besides rows, as names and definitions (no oids): a copy of the
+# template has the same.
 FINGERPRINT = """
 SELECT md5(string_agg(x, E'\\n' ORDER BY x)) FROM (
     SELECT 'rel ' || c.oid::regclass::text || ' ' || c.relkind::text
@@ -40,7 +41,25 @@ SELECT md5(string_agg(x, E'\\n' ORDER BY x)) FROM (
     WHERE n.nspname = 'public' AND a.attnum > 0 AND NOT a.attisdropped
     UNION ALL
     SELECT 'con ' || conrelid::regclass::text || ' ' || conname || ' ' || convalidated::text
+        || ' ' || pg_get_constraintdef(oid)
     FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'idx ' || pg_get_indexdef(i.indexrelid) FROM pg_index i
+        JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE c.relnamespace = 'public'::regnamespace
+    UNION ALL
+    SELECT 'def ' || adrelid::regclass::text || ' ' || adnum::text || ' '
+        || pg_get_expr(adbin, adrelid)
+    FROM pg_attrdef
+    UNION ALL
+    SELECT 'seq ' || seqrelid::regclass::text || ' ' || seqincrement::text || ' '
+        || seqmin::text || ' ' || seqmax::text || ' ' || seqcycle::text
+    FROM pg_sequence
+    UNION ALL
+    SELECT 'rule ' || ev_class::regclass::text || ' ' || rulename FROM pg_rewrite
+    WHERE ev_class IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace)
+    UNION ALL
+    SELECT 'evt ' || evtname FROM pg_event_trigger
     UNION ALL
     SELECT 'pol ' || polrelid::regclass::text || ' ' || polname || ' ' || polcmd::text || ' '
         || polroles::text || ' ' || coalesce(pg_get_expr(polqual, polrelid), '')
@@ -52,6 +71,7 @@ SELECT md5(string_agg(x, E'\\n' ORDER BY x)) FROM (
     UNION ALL
     SELECT 'fn ' || p.oid::regprocedure::text || ' ' || p.proowner::regrole::text || ' '
         || coalesce(p.proacl::text, '') || ' ' || md5(coalesce(p.prosrc, ''))
+        || ' ' || p.prosecdef::text || ' ' || coalesce(p.proconfig::text, '')
     FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
     WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
     UNION ALL
