@@ -18,7 +18,6 @@ from sqlalchemy import (
     select,
     tuple_,
 )
-from sqlalchemy.orm import aliased
 
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
@@ -48,7 +47,7 @@ def where_ran(name: str) -> Label[Any]:
     the row's while the attempt is the job's latest, else the first of the attempt's events
     that names one. An event that names a slot of its own, and a report that changed nothing
     (a stale one), are read as they were stored."""
-    earlier = aliased(job_events)
+    earlier = job_events.alias()
     first = (
         select(earlier.c[name])
         .where(earlier.c.job_id == job_events.c.job_id,
