@@ -16,8 +16,9 @@ PY := $(VENV)/bin/python
 INSTALL := $(if $(filter .venv,$(VENV)),-e ,)
 SOURCES := $(if $(INSTALL),,$(shell find jobstore -type f \( -name '*.py' -o -name '*.sql' -o -name '*.mako' \)))
 PYTEST_ARGS ?=
-# `make test` runs its tests in this many processes (pytest-xdist; `auto`: one per CPU, at most 4).
-TEST_WORKERS ?= auto
+# `make test` runs its tests in this many processes (pytest-xdist): two per CPU, at most 8, as
+# many of its tests wait on other processes.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((n * 2 > 8 ? 8 : n * 2)))
 
 .PHONY: venv demo test test-slow test-live test-all lint bench docs
 
@@ -38,7 +39,7 @@ demo: venv
 # a time (they measure and load the machine themselves), and the Hypothesis tests again with the
 # examples each asks for (tests/support/examples.py). CI (.ci/run) runs both, one after the other.
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) --maxprocesses=4 \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) \
 		--durations=15 $(PYTEST_ARGS)
 
 test-slow: venv

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import clirun
 import psycopg
 import pytest
 from conftest import libpq_url
@@ -126,8 +127,8 @@ def _cli(pool: Pool, part: str, *args: str, account: str | None = None
         kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [],
                   "cwd": user.pw_dir}
         env["HOME"] = user.pw_dir
-    return subprocess.run([*JOBSTORE, "--db", pool.url(part), *args], capture_output=True,
-                          text=True, timeout=120, env=env, **kwargs)
+    return clirun.run([*JOBSTORE, "--db", pool.url(part), *args], capture_output=True,
+                      text=True, timeout=120, env=env, **kwargs)
 
 
 def _users_file(account: str, tmp_path: Path, name: str, text: str) -> Path:
@@ -356,7 +357,7 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
     try:
-        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role, "--account",
+        r = clirun.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role, "--account",
                             "jsdave"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert "GRANT EXECUTE ON FUNCTION jobstore_new_cluster" in r.stdout
@@ -369,17 +370,17 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
         finally:
             dave.engine.dispose()
         assert owner.get_job(job_id).owner == "jsdave"
-        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
+        r = clirun.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
                             "--may-impersonate", "x"], capture_output=True, text=True,
-                           timeout=60)
+                       timeout=60)
         assert r.returncode == 1 and "--super-user" in _one_line(r.stderr)
-        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
+        r = clirun.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
                             "--super-user", "--may-impersonate", "(?P<name>a)"],
-                           capture_output=True, text=True, timeout=60)  # Python's, not PG's
+                       capture_output=True, text=True, timeout=60)  # Python's, not PG's
         assert r.returncode == 1
         assert "not one regular expression PostgreSQL takes" in _one_line(r.stderr)
-        r = subprocess.run([*JOBSTORE, "--db", pool.owner_url, "revoke-user", role],
-                           capture_output=True, text=True, timeout=60)
+        r = clirun.run([*JOBSTORE, "--db", pool.owner_url, "revoke-user", role],
+                       capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
                                  .render_as_string(False))

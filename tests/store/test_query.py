@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import clirun
 import pytest
 from classad2 import ExprTree
 from examples import examples
@@ -210,7 +211,7 @@ def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[Job]]) 
 
 
 def cli(db_url: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return clirun.run(
         [sys.executable, "-m", "jobstore.cli", "--db", db_url, *args],
         capture_output=True,
         text=True,

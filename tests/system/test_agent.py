@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import clirun
 import psycopg
 import pytest
 from conftest import libpq_url
@@ -62,9 +63,9 @@ class Node:
         self.log.write_text("")
         env = dict(self.env(**extra), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
         with open(self.log, "ab") as err:
-            self.agent = subprocess.Popen(
+            self.agent = clirun.popen(
                 [sys.executable, "-m", "jobstore.cli", "agent", "--socket", self.socket],
-                env=env, stdout=err, stderr=err, preexec_fn=hook_preexec(False),
+                env=env, stdout=err, stderr=err, signals_blocked=True,
             )
         self.wait_log("listening on")
 
@@ -282,9 +283,9 @@ def test_agent_check_says_which_mode_the_hooks_are_in(node: Node) -> None:
         fh.write(f"JOBSTORE_HOOK_FETCH_WORK = {node.hooks}/fetch_job\n")
 
     def check() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "jobstore.cli", "agent", "--check"],
-                              env=dict(node.env(), PATH=os.environ.get("PATH", "/usr/bin")),
-                              capture_output=True, text=True, timeout=WAIT)
+        return clirun.run([sys.executable, "-m", "jobstore.cli", "agent", "--check"],
+                          env=dict(node.env(), PATH=os.environ.get("PATH", "/usr/bin")),
+                          capture_output=True, text=True, timeout=WAIT)
 
     before = check()
     assert before.returncode == 1, before.stdout + before.stderr

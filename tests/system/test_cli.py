@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import clirun
 import pytest
 from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
@@ -22,7 +23,7 @@ JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
 def cli(db_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full = {**os.environ, **(env or {})}
     full.pop("JOBSTORE_DATABASE_URL", None)
-    return subprocess.run(
+    return clirun.run(
         [*JOBSTORE, "--db", db_url, *args], capture_output=True, text=True, timeout=120, env=full
     )
 
@@ -395,10 +396,10 @@ def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
     assert submit(db, sub).returncode == 0
     # as from a terminal: SIGINT not ignored (a shell's background job ignores it, and a
     # Python started so raises no KeyboardInterrupt)
-    proc = subprocess.Popen([*JOBSTORE, "--db", db, "emulate", "--slots", "2", "--timeout",
+    proc = clirun.popen([*JOBSTORE, "--db", db, "emulate", "--slots", "2", "--timeout",
                              "600", *condor_user], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                        stderr=subprocess.PIPE, text=True, env=env,
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     store = JobStore.from_url(db)
     try:
         end = time.monotonic() + 60

@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import clirun
 import pytest
 import sqlalchemy as sa
 from hookseq import ordinary_owner
@@ -67,8 +68,8 @@ def run(db_url: str, config_file: Path, args: list[str]) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSTORE_")}
     env["CONDOR_CONFIG"] = str(config_file)
     head = [] if "--db" in args else ["--db", db_url]
-    return subprocess.run([sys.executable, "-m", "jobstore.cli", *head, *args],
-                          capture_output=True, text=True, timeout=60, env=env)
+    return clirun.run([sys.executable, "-m", "jobstore.cli", *head, *args],
+                      capture_output=True, text=True, timeout=60, env=env)
 
 
 def counts(db_url: str) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import clirun
 import pytest
 import sqlalchemy as sa
 from conftest import TRANSCRIPTS
@@ -85,8 +86,8 @@ def write_config(tmp_path: Path, extra: str = "") -> Path:
 def cli(config_file: Path, *args: str, env: dict[str, str] | None = None):
     full = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "JOBSTORE_"))}
     full.update(CONDOR_CONFIG=str(config_file), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "jobstore.cli", *args], capture_output=True,
-                          text=True, timeout=60, env=full)
+    return clirun.run([sys.executable, "-m", "jobstore.cli", *args], capture_output=True,
+                      text=True, timeout=60, env=full)
 
 
 def assert_one_clean_line(stderr: str) -> None:

@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import clirun
 import pytest
 
 from jobstore.agent.hooktemplates import install_hooks
@@ -114,7 +115,7 @@ class _AgentProc:
     def start(self) -> None:
         said = self.log.read_text() if self.log.exists() else ""
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = clirun.popen(
                 [sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket", self.sock],
                 env={**os.environ, "CONDOR_CONFIG": str(self.condor_config)},
                 stdout=out,
@@ -235,7 +236,7 @@ def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-unt
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_demo_command_runs() -> None:
     """The README's first command: `jobstore demo` runs its jobs to completion."""
-    proc = subprocess.run(
+    proc = clirun.run(
         [sys.executable, "-m", "jobstore.cli", "demo"],
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import clirun
 import pytest
 from classad2 import ClassAd
 from hookseq import slot_ad, submit_jobs
@@ -201,7 +202,6 @@ def test_a_stored_value_no_reader_takes_holds_its_job_and_crashes_nothing(
     """The probe's 60,000-term expression, planted past the database's checks: the agent
     never hands it to libclassad (it holds the job, saying why) and serves the next job;
     `jobstore q -l` shows the job."""
-    import subprocess
     import sys
 
     owner = ordinary_owner()
@@ -213,9 +213,9 @@ def test_a_stored_value_no_reader_takes_holds_its_job_and_crashes_nothing(
     held = store.get_job(bomb)
     assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED), held.reason
     assert "cannot be read" in (held.reason or "") and "Requirements" in (held.reason or "")
-    q = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, "q", "-l"],
-                       capture_output=True, text=True, timeout=60,
-                       env=node.env(PATH="/usr/bin:/bin"))
+    q = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, "q", "-l"],
+                   capture_output=True, text=True, timeout=60,
+                   env=node.env(PATH="/usr/bin:/bin"))
     assert q.returncode == 0 and f"ClusterId = {held.cluster_id}" in q.stdout, q.stderr
     assert node.stop() == 0
 
@@ -248,7 +248,6 @@ def test_a_stored_value_of_no_ads_shape_holds_its_job_and_fails_no_reader(
     expression, an integer no ClassAd holds, an array, JSON nested deeper than Python's
     decoder goes): each job is held saying why, the next job is fetched, and condor_q, -l and
     condor_rm work for everyone."""
-    import subprocess
     import sys
 
     owner = ordinary_owner()
@@ -265,8 +264,8 @@ def test_a_stored_value_of_no_ads_shape_holds_its_job_and_fails_no_reader(
         assert "cannot be read" in (held.reason or ""), held.reason
     env = node.env(PATH="/usr/bin:/bin")
     for args in (["q"], ["q", "-l"], ["history"], ["rm", str(store.get_job(bad[-1]).cluster_id)]):
-        done = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, *args],
-                              capture_output=True, text=True, timeout=60, env=env)
+        done = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, *args],
+                          capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
     assert node.stop() == 0
 

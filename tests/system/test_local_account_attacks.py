@@ -10,13 +10,13 @@ import json
 import os
 import pwd
 import socket
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import clirun
 import pytest
 from hookseq import slot_ad
 from test_agent import WAIT, Node, node  # noqa: F401 - fixture
@@ -112,8 +112,8 @@ def test_foreign_spool_records_do_not_block_a_genuine_one(
     for i in range(1_000):  # sorted before the genuine one; more than a replay looked at
         _write_as(nd.spool / f"{i:020d}-1-ff.report", data, carol)
     env = dict(nd.env(), JOBSTORE_DATABASE_URL=nd.db_url)
-    done = subprocess.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
-                          capture_output=True, timeout=120)
+    done = clirun.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
+                      capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert store.get_job(job_id).status == "completed"
     assert b"1 report(s) sent, 0 left, 1000 quarantined" in done.stdout
@@ -255,7 +255,7 @@ def test_a_job_of_a_service_account_is_refused_at_submit_and_held_at_fetch(
     sub = tmp_path / "job.sub"
     sub.write_text("executable = /bin/true\nqueue\n")
     env = dict(node.env(), JOBSTORE_DATABASE_URL=node.db_url)
-    r = subprocess.run([sys.executable, "-m", "jobstore.cli", "submit", str(sub), "--owner",
+    r = clirun.run([sys.executable, "-m", "jobstore.cli", "submit", str(sub), "--owner",
                         SERVICE_ACCOUNT], env=env, capture_output=True, text=True, timeout=60)
     if os.geteuid() == 0:  # (elsewhere only root may name another owner at all)
         assert r.returncode == 1
@@ -294,14 +294,14 @@ def test_a_sqlite_store_is_one_users(tmp_path: Path) -> None:
     make_engine(url).dispose()  # root may
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "JOBSTORE_"))}
     for user, code in ((bob, 1), (alice, 0)):
-        r = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", url, "q"], env=env,
-                           capture_output=True, text=True, timeout=60, user=user.pw_uid,
-                           group=user.pw_gid, extra_groups=[], cwd="/")
+        r = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", url, "q"], env=env,
+                       capture_output=True, text=True, timeout=60, user=user.pw_uid,
+                       group=user.pw_gid, extra_groups=[], cwd="/")
         assert r.returncode == code, r.stderr
     assert r.stderr == ""
-    r = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", url, "q"], env=env,
-                       capture_output=True, text=True, timeout=60, user=bob.pw_uid,
-                       group=bob.pw_gid, extra_groups=[], cwd="/")
+    r = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", url, "q"], env=env,
+                   capture_output=True, text=True, timeout=60, user=bob.pw_uid,
+                   group=bob.pw_gid, extra_groups=[], cwd="/")
     assert r.stderr.strip() == (f"jobstore: the SQLite job store {db} belongs to {alice.pw_name}:"
                                 " a SQLite job store is one user's (its owner's and root's); use"
                                 " PostgreSQL, where each submitter has her own role, for a shared"

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import clirun
 import pytest
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from prometheus_client.parser import text_string_to_metric_families
@@ -107,7 +107,7 @@ def test_agent_metrics_only_on_loopback(node: Node) -> None:  # noqa: F811
     with open(node.config, "a") as fh:
         fh.write("JOBSTORE_AGENT_METRICS_PORT = 9100\nJOBSTORE_AGENT_METRICS_ADDRESS = 0.0.0.0\n")
     env = dict(node.env(), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
-    started = subprocess.run([sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket",
+    started = clirun.run([sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket",
                               node.socket], env=env, capture_output=True, text=True, timeout=60)
     assert started.returncode == 1
     assert started.stderr.strip() == ("jobstore: JOBSTORE_AGENT_METRICS_ADDRESS must be a loopback"
@@ -118,8 +118,8 @@ def test_metrics_command(store: JobStore) -> None:  # noqa: F811
     url = store.engine.url.render_as_string(hide_password=False)
     submit(store)
     env = {k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"}
-    done = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", url, "metrics"],
-                          capture_output=True, text=True, timeout=60, env=env)
+    done = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", url, "metrics"],
+                      capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert samples(done.stdout)[("jobstore_jobs", (("queue", "default"), ("status", "idle")))] == 1
 

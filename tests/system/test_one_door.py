@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import clirun
 import psycopg
 import pytest
 
@@ -56,10 +57,10 @@ class Door:
     def cli(self, account: str, *args: str) -> subprocess.CompletedProcess[str]:
         """`jobstore` as the OS account `account` with its own role."""
         user = ensure_account(account, home=True)
-        return subprocess.run([sys.executable, "-m", "jobstore.cli", "--db",
+        return clirun.run([sys.executable, "-m", "jobstore.cli", "--db",
                                self.server.url(account), *args], capture_output=True, text=True,
-                              timeout=120, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
-                              cwd=user.pw_dir, env=self.env(account))
+                          timeout=120, user=user.pw_uid, group=user.pw_gid, extra_groups=[],
+                          cwd=user.pw_dir, env=self.env(account))
 
     def env(self, account: str) -> dict[str, str]:
         return {"PATH": "/usr/bin:/bin", "HOME": f"/home/{account}", "LANG": "C.UTF-8",

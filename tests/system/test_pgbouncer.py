@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import clirun
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -163,7 +164,7 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
     hook_config.write_text(Path(condor_config).read_text() + "JOBSTORE_QUEUE = hooks\n")
     # Follows the hook queue's jobs from their first event (--since 0: whenever it gets going),
     # through PgBouncer, until they are all done.
-    watcher = subprocess.Popen(
+    watcher = clirun.popen(
         [sys.executable, "-m", "jobstore.cli", "--db", bouncer_url, "watch", "--until-done",
          "--since", "0",
          "--json", "-q", "hooks"],

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import clirun
 import pytest
 from hookseq import ordinary_owner, slot_ad, submit_jobs
 from test_agent import Node, node, store  # noqa: F401 - fixtures
@@ -24,8 +25,8 @@ TRANSCRIPT = (Path(__file__).parents[1] / "fixtures" / "htcondor-transcripts" / 
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", url, *args],
-                          capture_output=True, text=True, timeout=60)
+    return clirun.run([sys.executable, "-m", "jobstore.cli", "--db", url, *args],
+                      capture_output=True, text=True, timeout=60)
 
 
 def test_slot_board_publishes_the_newest_ads_and_expires_stale_ones(db_url: str) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import clirun
 import pytest
 import sqlalchemy as sa
 from conftest import TRANSCRIPTS
@@ -80,8 +81,8 @@ class Life:
     def cli(self, *args: str, config: Path | None = None) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBSTORE_")}
         env["CONDOR_CONFIG"] = str(config or self.config())
-        r = subprocess.run([sys.executable, "-m", "jobstore.cli", *args], capture_output=True,
-                           timeout=60, env=env)
+        r = clirun.run([sys.executable, "-m", "jobstore.cli", *args], capture_output=True,
+                       timeout=60, env=env)
         self.outputs += [r.stdout, r.stderr]
         assert b"Traceback" not in r.stderr
         return r

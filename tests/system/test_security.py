@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import clirun
 import psycopg
 import pytest
 from conftest import libpq_url
@@ -258,8 +259,8 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
     _write_as(nd.spool / "00000000000000000004-1-dd.report", b"[" * 100_000, carol)
     _write_as(nd.spool / "00000000000000000005-1-ee.report", b" " * 70_000, carol)
     env = dict(nd.env(), JOBSTORE_DATABASE_URL=nd.db_url)
-    done = subprocess.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
-                          capture_output=True, timeout=WAIT)
+    done = clirun.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
+                      capture_output=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr
     assert b"1 report(s) sent, 0 left, 5 quarantined" in done.stdout
     assert store.get_job(job_id).status == "completed"

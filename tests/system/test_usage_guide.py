@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import clirun
 import pytest
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
@@ -40,17 +39,17 @@ def test_every_day_to_day_command_runs(tmp_path: Path, condor_config: Path) -> N
     db = f"sqlite:///{tmp_path / 'jobstore.db'}"
     env = {**{k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"},
            "CONDOR_CONFIG": str(condor_config), "JOBSTORE_SPOOL": str(tmp_path / "spool")}
-    base = [sys.executable, "-m", "jobstore.cli", "--db", db]
-    assert subprocess.run([*base, "init"], env=env, capture_output=True).returncode == 0
+    base = [*clirun.JOBSTORE_CLI, "--db", db]
+    assert clirun.run([*base, "init"], env=env, capture_output=True).returncode == 0
     owner = ["--owner", "nobody"] if os.geteuid() == 0 else []
-    subprocess.run([*base, "submit", "job.sub", *owner], cwd=tmp_path, env=env,
+    clirun.run([*base, "submit", "job.sub", *owner], cwd=tmp_path, env=env,
                    capture_output=True)
 
     def run(command: str) -> tuple[str, int, str] | None:
         argv = shlex.split(command)[1:]
         if argv[0] in LONG_RUNNING:
             argv = [argv[0], "--help"]
-        r = subprocess.run([*base, *argv], cwd=tmp_path, env=env, capture_output=True,
+        r = clirun.run([*base, *argv], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=120)
         err = r.stderr.strip()
         if (r.returncode not in (0, 1) or "Traceback" in err or "Usage:" in err

@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import datetime
 
+import clirun
 import psycopg
 import pytest
 from conftest import libpq_url
@@ -37,8 +38,7 @@ class Watcher:
     def __init__(self, url: str, *args: str) -> None:
         self.url = url
         cmd = [sys.executable, "-m", "jobstore.cli", "--db", url, "watch", "--json", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = clirun.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.err: list[str] = []
         self._threads = [threading.Thread(target=self._drain, args=(s, d), daemon=True)
@@ -261,10 +261,10 @@ def test_until_done_exit_status(sqlite_url):
         assert {r["job_id"]: (r["status"], r["succeeded"]) for r in records} == {
             ok: ("completed", True), bad_code: ("completed", False),
             removed: ("removed", False), failed: ("failed", False)}
-        help_text = subprocess.run([sys.executable, "-m", "jobstore.cli", "watch", "--help"],
-                                   capture_output=True, text=True).stdout
+        help_text = clirun.run([sys.executable, "-m", "jobstore.cli", "watch", "--help"],
+                               capture_output=True, text=True).stdout
         assert "status 0 if all completed" in " ".join(help_text.split())
-        usage = subprocess.run([sys.executable, "-m", "jobstore.cli", "--db", sqlite_url,
+        usage = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", sqlite_url,
                                 "watch", "--status", "bogus"], capture_output=True, text=True)
         assert usage.returncode == 2
     finally:
