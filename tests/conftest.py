@@ -17,8 +17,9 @@ from hypothesis import settings
 from pgpool import DatabasePool
 from psycopg import sql
 from sqlalchemy.engine import make_url
+from testdata import FIXTURES
 
-from jobstore.testing.support import libpq_url  # noqa: F401 - for the tests
+from jobstore.testing.support import libpq_url
 
 # The agents the tests start answer a fetch that finds nothing at once, as hook_env's do; the
 # tests of the waiting fetch (test_fetch_wait) set JOBSTORE_FETCH_WAIT themselves.
@@ -30,9 +31,6 @@ settings.register_profile("jobstore", max_examples=UNSPECIFIED_LARGE if LARGE el
 settings.load_profile("jobstore")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Test data that lives with the tests: real HTCondor 25 hook transcripts (see its README).
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-TRANSCRIPTS = FIXTURES / "htcondor-transcripts"
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_end_to_end import node_db  # noqa: F401 - the fixture
+from emulatornode import node_db  # noqa: F401 - the fixture
 
 from jobstore.api.dags import submit_dag
 from jobstore.core import policy
@@ -425,12 +425,12 @@ def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no
     and a FINAL node last."""
     from contextlib import ExitStack
 
-    from test_end_to_end import _agent, _give_node, _job_owner, _node
+    from emulatornode import emulated_node, give_node, job_owner, running_agent
 
     from jobstore.emulator import Emulator
 
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     sub = tmp / "submit"
     sub.mkdir()
     marks = tmp / "marks"
@@ -450,12 +450,12 @@ def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no
         "CATEGORY C small\nMAXJOBS small 1\n")
     settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
     dag_id = submit_dag(store, str(sub / "diamond.dag"), settings, owner=owner).dag_id
-    cfg, condor_config = _node(tmp, store.engine.url.render_as_string(False))
+    cfg, condor_config = emulated_node(tmp, store.engine.url.render_as_string(False))
     if os.geteuid() == 0:
-        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
+        give_node(cfg, store, tmp, owner, personal=mode == "direct")
     with ExitStack() as stack:
         if mode == "agent":
-            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         Emulator(cfg).run(until=lambda: store.dag_of(dag_id).status != "running",  # type: ignore[union-attr]
                           timeout=120, wait_for_jobs=True)
     dag = store.dag_of(dag_id)
@@ -514,7 +514,7 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """`jobstore submit-dag`, `q -batch`, `q -dag`, and hold/release/rm of the DAG's id; a DAG
     file with a refused command fails with one line naming it, and queues nothing."""
-    from test_cli import cli
+    from jobstorecli import cli
 
     from jobstore.db.engine import upgrade
 

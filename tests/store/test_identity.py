@@ -11,98 +11,34 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import clirun
 import psycopg
 import pytest
-from conftest import libpq_url
+from rolepool import ALICE, BOB, CAROL, SPEC, Pool, pool, submitted  # noqa: F401 - the pool fixture
 from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 
-from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
-from jobstore.db.backends import UserRights
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore, SlotRow
 from jobstore.errors import NotOwner, Refused
 from jobstore.testing.factories import claim, claim_request, report
-from jobstore.testing.support import ensure_account
+from jobstore.testing.support import ensure_account, libpq_url
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 
 JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
-SPEC = [JobSpec(cmd="/bin/true")]
 REQ = claim_request(claim_lease=120, shape="s")  # the agent's fetch
-# OS accounts of the submitters (created as root; elsewhere only names the database maps to)
-ALICE, BOB, CAROL = "jsalice", "jsbob", "jscarol"
-
-
-@dataclass
-class Pool:
-    """A job store with its owner's URL and one role per part: two submitters, a portal (a
-    queue super user that may submit for ALICE and CAROL), a plain super user, an admin and an
-    agent."""
-
-    owner_url: str
-    roles: dict[str, str]  # part -> role name
-
-    def url(self, part: str) -> str:
-        return make_url(self.owner_url).set(username=self.roles[part]).render_as_string(
-            hide_password=False)
-
-    def store(self, part: str) -> JobStore:
-        return JobStore.from_url(self.url(part))
 
 
 @pytest.fixture
-def pool(db_url: str) -> Iterator[Pool]:
-    upgrade(db_url)
-    suffix = uuid.uuid4().hex[:8]
-    roles = {part: f"js_{part}_{suffix}"
-             for part in ("alice", "bob", "portal", "super", "admin", "agent")}
-    admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        for role in roles.values():
-            conn.execute(f"CREATE ROLE {role} LOGIN")
-    owner = JobStore.from_url(db_url)
-    granted = owner.db.backend.roles()
-    granted.grant_user(roles["alice"], UserRights(account=ALICE))
-    granted.grant_user(roles["bob"], UserRights(account=BOB))
-    granted.grant_user(roles["portal"], UserRights(
-        super_user=True, may_impersonate=f"{ALICE}|{CAROL}"))
-    granted.grant_user(roles["super"], UserRights(super_user=True))
-    granted.grant_user(roles["admin"], UserRights(admin=True))
-    granted.grant_hook(roles["agent"])
-    owner.engine.dispose()
-    try:
-        yield Pool(db_url, roles)
-    finally:
-        with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
-            for role in roles.values():
-                conn.execute(f"DROP OWNED BY {role}")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            for role in roles.values():
-                conn.execute(f"DROP ROLE IF EXISTS {role}")
-
-
-@pytest.fixture
-def owner(pool: Pool) -> Iterator[JobStore]:
+def owner(pool: Pool) -> Iterator[JobStore]:  # noqa: F811
     s = JobStore.from_url(pool.owner_url)
     yield s
     s.engine.dispose()
-
-
-def _submitted(pool: Pool, part: str, owner: str | None = None) -> int:
-    store = pool.store(part)
-    try:
-        who = owner or store.identity().account
-        _, (job_id,) = store.submit(SPEC, owner=who, queue="default", max_attempts=3)
-        return job_id
-    finally:
-        store.engine.dispose()
 
 
 def _snapshot(store: JobStore) -> tuple[list[tuple], list[tuple], int]:
@@ -117,7 +53,7 @@ def _snapshot(store: JobStore) -> tuple[list[tuple], list[tuple], int]:
     return cl, jb, ev
 
 
-def _cli(pool: Pool, part: str, *args: str, account: str | None = None
+def _cli(pool: Pool, part: str, *args: str, account: str | None = None  # noqa: F811
          ) -> subprocess.CompletedProcess:
     """`jobstore` with `part`'s role; as root, run as the OS account `account` as well."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "JOBSTORE_"))}
@@ -150,7 +86,7 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_the_owner_is_the_account_the_database_says(pool: Pool, owner: JobStore) -> None:
+def test_the_owner_is_the_account_the_database_says(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     alice = pool.store("alice")
     try:
         assert alice.identity().account == ALICE and not alice.identity().super_user
@@ -164,11 +100,11 @@ def test_the_owner_is_the_account_the_database_says(pool: Pool, owner: JobStore)
         alice.engine.dispose()
 
 
-def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
+def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,  # noqa: F811
                                                   tmp_path: Path) -> None:
     from jobstore.api.schedd import Schedd
 
-    bob_job = _submitted(pool, "bob")
+    bob_job = submitted(pool, "bob")
     before = _snapshot(owner)
     alice = pool.store("alice")
     try:
@@ -217,13 +153,13 @@ def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,
     assert _snapshot(owner) == before
 
 
-def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobStore) -> None:
+def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     """Her own rows may not look like a running attempt on some slot (an agent would vacate
     that slot), nor carry a priority factor, nor stand for another's autocluster."""
     from jobstore.core.autoclusters import signature
     from jobstore.core.jobs import Job
 
-    alice_job = _submitted(pool, "alice")
+    alice_job = submitted(pool, "alice")
     job = owner.get_job(alice_job)
     before = _snapshot(owner)
     bob_sig = signature(Job.queued(SPEC[0], id=0, cluster_id=0, owner=BOB, queue="default",
@@ -250,7 +186,7 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
             "signature": bob_sig}])))
     alice_ac = owner.find_jobs(job.cluster_id, 1)[0].autocluster_id
     assert _snapshot(owner)[:2] != before[:2]  # her new job
-    bob_job = _submitted(pool, "bob")
+    bob_job = submitted(pool, "bob")
     with owner.engine.connect() as conn:
         from jobstore.db.schema import autoclusters
 
@@ -262,8 +198,8 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
     assert owner.get_job(bob_job).autocluster_id != alice_ac
 
 
-def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:
-    bob_job = _submitted(pool, "bob")
+def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:  # noqa: F811
+    bob_job = submitted(pool, "bob")
     alice, bob, sup = pool.store("alice"), pool.store("bob"), pool.store("super")
     try:
         before = _snapshot(owner)
@@ -291,9 +227,9 @@ def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStor
             s.engine.dispose()
 
 
-def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -> None:
+def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     """The probe's attack: alice holds bob's running job. Refused; bob's own hold stops it."""
-    bob_job = _submitted(pool, "bob")
+    bob_job = submitted(pool, "bob")
     agent = pool.store("agent")
     alice, bob = pool.store("alice"), pool.store("bob")
     try:
@@ -310,7 +246,7 @@ def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -
             s.engine.dispose()
 
 
-def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,
+def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,  # noqa: F811
                                                                  owner: JobStore) -> None:
     portal, sup = pool.store("portal"), pool.store("super")
     try:
@@ -329,8 +265,8 @@ def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,
         sup.engine.dispose()
 
 
-def test_userprio_changes_need_the_admin_role(pool: Pool, owner: JobStore) -> None:
-    _submitted(pool, "bob")
+def test_userprio_changes_need_the_admin_role(pool: Pool, owner: JobStore) -> None:  # noqa: F811
+    submitted(pool, "bob")
     (row, _), = owner.usage_table()
     for part in ("alice", "super"):
         r = _cli(pool, part, "userprio", "-setfactor", row.name, "10000")
@@ -342,16 +278,16 @@ def test_userprio_changes_need_the_admin_role(pool: Pool, owner: JobStore) -> No
     assert owner.usage_table()[0][0].factor == 10
 
 
-def test_everyone_reads_the_queue(pool: Pool) -> None:
+def test_everyone_reads_the_queue(pool: Pool) -> None:  # noqa: F811
     """Reads stay open to every submitter, as condor_q's are."""
-    _submitted(pool, "bob")
-    _submitted(pool, "alice")
+    submitted(pool, "bob")
+    submitted(pool, "alice")
     r = _cli(pool, "alice", "q", "-af", "Owner", account=ALICE)
     assert r.returncode == 0, r.stderr
     assert sorted(r.stdout.split()) == sorted([ALICE, BOB])
 
 
-def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:
+def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     role = f"js_dave_{uuid.uuid4().hex[:8]}"
     admin = libpq_url(make_url(pool.owner_url).set(database="postgres").render_as_string(False))
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -437,13 +373,13 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
 
 
 
-def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: JobStore) -> None:
+def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     """A submitter's client that skips the store's check cannot store more than the limits
     (migration 0016's triggers, through the door's functions): a file over
     max_input_file_mb, a job's inputs over max_input_mb, bytes beyond their file's declared
     size; the agent may store a larger output. Her raw INSERTs are refused outright."""
     owner.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
-    cluster = owner.get_job(_submitted(pool, "alice")).cluster_id
+    cluster = owner.get_job(submitted(pool, "alice")).cluster_id
     sha = "a" * 64
     refused = [
         f"SELECT jobstore_store_file('{ALICE}', '{sha}', 2097152)",
@@ -513,7 +449,7 @@ def test_a_submitters_role_granted_before_0015_loses_the_agents_file_policies(
                 conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
-def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owner: JobStore,
+def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owner: JobStore,  # noqa: F811
                                                                 tmp_path: Path) -> None:
     """With the grants of `jobstore grant-user` and `jobstore grant` only: a submitter queues
     a DAG, the agent's role runs its nodes and releases their children as their parents end,

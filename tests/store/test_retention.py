@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobstorecli import cli, db  # noqa: F401 - the CLI fixture
 from sqlalchemy import func, select, text
-from test_cli import cli, db  # noqa: F401 - the CLI fixture
 
 from jobstore.core.durations import describe, parse_duration
 from jobstore.core.states import Event
@@ -136,9 +136,8 @@ def test_init_warns_when_the_server_does_not_autovacuum(pg_url: str,
                                                           condor_config: Path) -> None:
     """The tables' autovacuum settings need autovacuum: `jobstore init` says when it is off."""
     import psycopg
-    from conftest import libpq_url
 
-    from jobstore.testing.support import first
+    from jobstore.testing.support import first, libpq_url
 
     with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
         on = first(conn.execute("SHOW autovacuum")) == "on"

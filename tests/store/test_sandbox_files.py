@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from rolepool import ALICE, BOB, Pool, pool, submitted  # noqa: F401 - the pool fixture
 from sqlalchemy import func, select
-from test_identity import ALICE, BOB, Pool, _submitted, pool  # noqa: F401 - the pool fixture
 
 from jobstore.db import sandbox
 from jobstore.db.sandbox import IN, OUT, FileSource
@@ -89,7 +89,7 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
     read it nor list it, nor store a file as bob; bob, a super user and the agent can."""
     secret = b"bob's secret input"
     sha = hashlib.sha256(secret).hexdigest()
-    bob_job = _submitted(pool, "bob")
+    bob_job = submitted(pool, "bob")
     stores = {part: pool.store(part) for part in ("alice", "bob", "super", "agent")}
     try:
         bob = stores["bob"]
@@ -112,7 +112,7 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
             alice.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
                                     direction=OUT, sources=[_file(tmp_path, "x.txt", b"x")])
         # her own copy of the same bytes is her own row: it shows her nothing of bob's
-        mine = alice.get_job(_submitted(pool, "alice")).cluster_id
+        mine = alice.get_job(submitted(pool, "alice")).cluster_id
         with alice.db.transaction() as conn:
             alice.files.store_inputs(conn, cluster_id=mine, proc_id=None, owner=ALICE,
                                      sources=[_file(tmp_path, "same.txt", secret)])

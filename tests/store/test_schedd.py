@@ -12,6 +12,7 @@ from typing import Any
 import classad2
 import htcondor2
 import pytest
+from scheddapi import schedd  # noqa: F401 - the fixture
 from sqlalchemy import text
 
 import jobstore
@@ -24,20 +25,12 @@ from jobstore.testing.support import ordinary_owner
 REQ = claim_request(shape="s")
 
 
-@pytest.fixture
-def schedd(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    upgrade(db_url)
-    monkeypatch.chdir(tmp_path)
-    with jobstore.Schedd(url=db_url, owner=ordinary_owner()) as s:
-        yield s
-
-
 def sleep_job(**extra: str) -> htcondor2.Submit:
     return htcondor2.Submit({"executable": "/bin/sleep", "arguments": "60",
                              "transfer_executable": "false", **extra})
 
 
-def test_submit_and_query_as_htcondor2(schedd: Any) -> None:
+def test_submit_and_query_as_htcondor2(schedd: Any) -> None:  # noqa: F811
     result = schedd.submit(sleep_job(), count=3)
     assert isinstance(result, jobstore.SubmitResult)
     assert (result.first_proc(), result.num_procs()) == (0, 3)
@@ -59,7 +52,7 @@ def test_submit_and_query_as_htcondor2(schedd: Any) -> None:
     assert schedd.query("ClusterId == -1") == []
 
 
-def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> None:
+def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> None:  # noqa: F811
     text_job = schedd.submit("executable = /bin/echo\narguments = hi\n"
                              "transfer_executable = false\nqueue 2\n")
     assert text_job.num_procs() == 2
@@ -87,7 +80,7 @@ def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> N
     assert schedd.spool(spooled) is None and spooled.num_procs() == 1
 
 
-def test_act_returns_htcondor2_totals(schedd: Any) -> None:
+def test_act_returns_htcondor2_totals(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=3).cluster()
     held = schedd.act(htcondor2.JobAction.Hold, [f"{cluster}.0", f"{cluster}.1"], "wait")
     assert isinstance(held, classad2.ClassAd)
@@ -112,7 +105,7 @@ def test_act_returns_htcondor2_totals(schedd: Any) -> None:
         schedd.act(htcondor2.JobAction.Suspend, cluster)
 
 
-def test_edit_follows_condor_qedit(schedd: Any) -> None:
+def test_edit_follows_condor_qedit(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=2).cluster()
     assert schedd.edit(f"{cluster}.0", "JobPrio", "7") == 1
     assert schedd.edit(f"ClusterId == {cluster}", "MyTag", '"blue"') == 2
@@ -134,7 +127,7 @@ def test_edit_follows_condor_qedit(schedd: Any) -> None:
     assert schedd.edit(f"{running.cluster_id}.{running.proc_id}", "JobPrio", "9") == 0
 
 
-def test_history_newest_first_with_match_and_since(schedd: Any) -> None:
+def test_history_newest_first_with_match_and_since(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=3).cluster()
     for proc in (1, 0, 2):
         schedd.act(htcondor2.JobAction.Remove, f"{cluster}.{proc}")
@@ -145,7 +138,7 @@ def test_history_newest_first_with_match_and_since(schedd: Any) -> None:
     assert schedd.query(f"ClusterId == {cluster}") == []  # finished: history only
 
 
-def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any) -> None:
+def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any) -> None:  # noqa: F811
     engine = schedd.store.engine
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE workflow_steps (name VARCHAR(20))"))
@@ -169,7 +162,7 @@ def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any)
         schedd.submit(sleep_job(), connection=idle)
 
 
-def test_an_idempotency_key_queues_once(schedd: Any) -> None:
+def test_an_idempotency_key_queues_once(schedd: Any) -> None:  # noqa: F811
     first = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
     again = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
     assert (again.cluster(), again.job_ids) == (first.cluster(), first.job_ids)
@@ -184,7 +177,7 @@ def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     import os
 
-    with jobstore.Schedd(url=db_url) as schedd:
+    with jobstore.Schedd(url=db_url) as schedd:  # noqa: F811
         if os.geteuid() == 0:
             with pytest.raises(SubmitError, match="may not run as root"):
                 schedd.submit(sleep_job())
@@ -192,7 +185,7 @@ def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
             assert schedd.submit(sleep_job()).num_procs() == 1
 
 
-def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:
+def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job()).cluster()
     job = schedd.store.find_jobs(cluster)[0]
     schedd.store.admin(job.id, Event.HOLD, "by the admin")
@@ -235,7 +228,7 @@ def test_the_python_guides_htcondor2_workflow_runs(db_url: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
+def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:  # noqa: F811
     """NumJobStarts, JobStartDate (the first start), JobCurrentStartDate, RemoteWallClockTime
     (not counted again by an update while running) and CompletionDate over two attempts, the
     same in the ad, the JSON form and RUN_TIME."""
@@ -264,7 +257,7 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:
     assert hit["ProcId"] == 0
 
 
-def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:
+def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:  # noqa: F811
     """htcondor2's exception types, ServerTime, a callback's None, int() of a
     result, count with queue, a hold's (reason, code), jobEpochHistory, reschedule; and one
     kept connection between calls."""

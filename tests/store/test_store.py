@@ -985,9 +985,9 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
     goes through the store's transaction, which replaces it, so the probe still succeeds (and
     the agent does not fall back to polling for a minute)."""
     import psycopg
-    from conftest import libpq_url
 
     from jobstore.db.channels import STOPS
+    from jobstore.testing.support import libpq_url
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
@@ -1012,7 +1012,8 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
     so no indexed column changes and PostgreSQL makes a HOT update (no index entries); later,
     the lease is renewed, still in place (lease_renewed_until, which no index names)."""
     import psycopg
-    from conftest import libpq_url
+
+    from jobstore.testing.support import libpq_url
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)

@@ -1,10 +1,15 @@
-"""Many jobs fast for the tests: copies of a submitted job, made in the database itself."""
+"""Many jobs fast for the tests: copies of a submitted job, made in the database itself
+(`clone`), and a queue filled with them (`fill`)."""
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 
-from jobstore.core.jobs import JOB_COLUMNS
+from jobstore.core.jobs import JOB_COLUMNS, JobSpec
+from jobstore.db.engine import upgrade
+from jobstore.db.schema import job_events, jobs
 from jobstore.db.store import JobStore
 
 _COPIED = [c for c in JOB_COLUMNS if c not in ("id", "proc_id", "status", "priority")]
@@ -30,3 +35,26 @@ def clone(store: JobStore, job_id: int, n: int, *, status: str = "idle",
             f"SELECT {base} + i, :status, {priority}, {cols} FROM jobs, {series} WHERE id = :id"
         ), {"id": job_id, "status": status})
         conn.exec_driver_sql("ANALYZE")
+
+
+def fill(url: str, n: int, owner: str) -> list[int]:
+    """One cluster of n idle jobs (one autocluster) with their submit events, copied in bulk."""
+    upgrade(url)
+    store = JobStore.from_url(url)
+    try:
+        _, (first,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=owner,
+                                   queue="default", max_attempts=3)
+        clone(store, first, n - 1)
+        now = time.time()
+        with store.engine.begin() as conn:
+            ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).scalars())
+            conn.execute(
+                job_events.insert(),
+                [
+                    dict(job_id=i, time=now, event="submit", to_status="idle", attempt=0)
+                    for i in ids[1:]
+                ],
+            )
+        return ids
+    finally:
+        store.engine.dispose()

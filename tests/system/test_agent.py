@@ -5,134 +5,37 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import clirun
 import psycopg
 import pytest
-from conftest import libpq_url
-from hookrun import hook_env
+from agentnode import WAIT, Node, node, store  # noqa: F401 - fixtures
+from emulatornode import JOB_USERS, SERVICE_ACCOUNT, ensure_home_account
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
-from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
-from jobstore.agent.hooktemplates import install_hooks
 from jobstore.agent.protocol import MAGIC, MAX_REQUEST
 from jobstore.core.states import Event
-from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.formats import classads
 from jobstore.formats.jobads import render_job
-from jobstore.node import directnote, spool
+from jobstore.node import directnote
 from jobstore.node.deferred import MAX_PER_UID, Deferred, Pending
 from jobstore.testing.factories import claim, report, submit
-
-WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
-
-
-@dataclass
-class Node:
-    """A node directory every account can traverse: hooks, config, spool, the agent's socket."""
-
-    base: Path
-    db_url: str
-    config: Path
-    socket: str
-    hooks: Path
-    log: Path
-    agent: subprocess.Popen | None = None
-    spool: Path | None = None  # default: base/spool
-
-    def env(self, **extra: str) -> dict[str, str]:
-        spool_dir = self.spool or self.base / "spool"
-        env: dict[str, Any] = {
-            "JOBSTORE_AGENT_SOCKET": self.socket, "JOBSTORE_SPOOL": str(spool_dir), **extra}
-        return hook_env(self.db_url, self.config, **env)
-
-    def start(self, **extra: str) -> None:
-        self.log.write_text("")
-        env = dict(self.env(**extra), PATH=os.environ.get("PATH", "/usr/bin:/bin"))
-        with open(self.log, "ab") as err:
-            self.agent = clirun.popen(
-                [sys.executable, "-m", "jobstore.cli", "agent", "--socket", self.socket],
-                env=env, stdout=err, stderr=err, signals_blocked=True,
-            )
-        self.wait_log("listening on")
-
-    def wait_log(self, text: str, after: int = 0) -> None:
-        end = time.monotonic() + WAIT
-        while text not in self.log.read_text()[after:]:
-            assert self.agent is None or self.agent.poll() is None, self.log.read_text()
-            assert time.monotonic() < end, f"no {text!r} in agent log: {self.log.read_text()}"
-            time.sleep(0.05)
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.agent is not None
-        self.agent.send_signal(sig)
-        code = self.agent.wait(WAIT)
-        self.agent = None
-        return code
-
-    def hook(self, name: str, stdin: bytes, argv: list[str] | None = None,
-             user: pwd.struct_passwd | None = None, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(self.hooks / name), *(argv or [])], input=stdin, capture_output=True,
-            env=self.env(**env), timeout=WAIT, preexec_fn=hook_preexec(False),
-            user=user.pw_uid if user else None, group=user.pw_gid if user else None,
-            extra_groups=[] if user else None,
-        )
+from jobstore.testing.support import libpq_url
 
 
-@pytest.fixture
-def node(db_url: str) -> Iterator[Node]:
-    base = Path(tempfile.mkdtemp(prefix="jobstore-agent-"))
-    os.chmod(base, 0o755)
-    if db_url.startswith("sqlite"):
-        db_url = f"sqlite:///{base / 'jobstore.db'}"
-    upgrade(db_url)
-    (base / "log").mkdir()
-    config = base / "condor_config"
-    config.write_text(
-        "UID_DOMAIN = localdomain\nSTARTD_JOB_HOOK_KEYWORD = JOBSTORE\n"
-        f"LOG = {base / 'log'}\nJOBSTORE_AGENT_READ_TIMEOUT = 1\n"
-        # the node's own: its agent's journal, outbox and input cache are no other test's
-        f"JOBSTORE_SANDBOX_ROOT = {base / 'sandboxes'}\n"
-    )
-    spool.ensure_dir(base / "spool")
-    hooks = base / "hooks"
-    install_hooks(hooks, sys.executable)
-    n = Node(base, db_url, config, str(base / "agent.sock"), hooks, base / "agent.log")
-    try:
-        yield n
-    finally:
-        if n.agent is not None:
-            n.agent.kill()
-            n.agent.wait()
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def store(node: Node) -> Iterator[JobStore]:
-    s = JobStore.from_url(node.db_url)
-    yield s
-    s.engine.dispose()
-
-
-def _status(store: JobStore, job_id: int) -> str:
+def _status(store: JobStore, job_id: int) -> str:  # noqa: F811
     return store.get_job(job_id).status
 
 
-def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
+def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:  # noqa: F811
     """Every hook of a job's life answered by the agent (JOBSTORE_HOOK_MODE=agent: no fallback);
     the hot path imports nothing but the standard library; SIGTERM ends it cleanly."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
@@ -159,7 +62,7 @@ def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
+def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:  # noqa: F811
     """No socket: the hooks do the work themselves; JOBSTORE_HOOK_MODE=agent says so instead."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     refused = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
@@ -169,7 +72,7 @@ def test_fallback_when_no_agent_runs(node: Node, store: JobStore) -> None:
     assert seq.job_id == job_id and _status(store, job_id) == "completed"
 
 
-def _events_and_transactions(node: Node, job_id: int) -> list[tuple[str, str]]:
+def _events_and_transactions(node: Node, job_id: int) -> list[tuple[str, str]]:  # noqa: F811
     """(event, the id of the transaction that wrote it) of job `job_id`, in order."""
     with psycopg.connect(libpq_url(node.db_url)) as conn:
         return [(str(e), str(x)) for e, x in conn.execute(
@@ -177,7 +80,7 @@ def _events_and_transactions(node: Node, job_id: int) -> list[tuple[str, str]]:
             (job_id,)).fetchall()]
 
 
-def _wait_status(store: JobStore, job_id: int, status: str) -> None:
+def _wait_status(store: JobStore, job_id: int, status: str) -> None:  # noqa: F811
     deadline = time.monotonic() + WAIT
     while _status(store, job_id) != status:
         assert time.monotonic() < deadline, _status(store, job_id)
@@ -185,7 +88,7 @@ def _wait_status(store: JobStore, job_id: int, status: str) -> None:
 
 
 def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
-        node: Node, store: JobStore) -> None:
+        node: Node, store: JobStore) -> None:  # noqa: F811
     """REPLY_FETCH's accept and the first update go in with PREPARE_JOB (which, the job
     accepted, records nothing), the update that saw the job start with JOB_EXIT: a life of
     three transactions, every transition recorded in order."""
@@ -203,7 +106,7 @@ def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
 
 
 def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
-        node: Node, store: JobStore) -> None:
+        node: Node, store: JobStore) -> None:  # noqa: F811
     """An accept kept back is in the spool: an agent killed with it leaves it to the next
     agent's replay; an agent that stops applies what it kept back before it exits."""
     first, second = submit_jobs(store, 2, ordinary_owner())
@@ -228,7 +131,7 @@ def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
 
 
 def test_a_refused_report_leaves_the_reports_kept_back_for_that_attempt(
-        node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]) -> None:
+        node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]) -> None:  # noqa: F811
     """A starter hook of an account with no name, or of another user, about alice's attempt:
     refused, and alice's accept kept back for that attempt still goes in."""
     _, alice, bob = accounts
@@ -264,7 +167,7 @@ def test_reports_of_one_account_kept_back_are_bounded() -> None:
 
 
 def test_a_hook_that_finds_no_agent_where_the_node_names_one_says_so_once(
-        node: Node, store: JobStore) -> None:
+        node: Node, store: JobStore) -> None:  # noqa: F811
     hook_log = node.base / "log" / "JobstoreHookLog"
     submit_jobs(store, 2, ordinary_owner())
     for _ in range(2):
@@ -278,7 +181,7 @@ def test_a_hook_that_finds_no_agent_where_the_node_names_one_says_so_once(
     assert noted[1].startswith(f"fetch_job: no jobstore agent at {node.socket}")
 
 
-def test_agent_check_says_which_mode_the_hooks_are_in(node: Node) -> None:
+def test_agent_check_says_which_mode_the_hooks_are_in(node: Node) -> None:  # noqa: F811
     with open(node.config, "a") as fh:
         fh.write(f"JOBSTORE_HOOK_FETCH_WORK = {node.hooks}/fetch_job\n")
 
@@ -302,7 +205,7 @@ def test_agent_check_says_which_mode_the_hooks_are_in(node: Node) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None:
+def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None:  # noqa: F811
     """Fetched and accepted through the agent; the agent is SIGKILLed; the starter hooks fall
     back to direct mode and the job completes exactly once."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
@@ -328,7 +231,7 @@ def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) -> None:
+def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) -> None:  # noqa: F811
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     node.start()
 
@@ -355,7 +258,7 @@ def test_hostile_clients_do_not_block_a_good_one(node: Node, store: JobStore) ->
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:
+def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:  # noqa: F811
     """The agent reads each keyword's settings once, and again on SIGHUP: a changed file
     changes nothing until then."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner(), queue="gpu")
@@ -375,7 +278,7 @@ def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None:
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_one_database_connection_per_node(node: Node, store: JobStore) -> None:
+def test_one_database_connection_per_node(node: Node, store: JobStore) -> None:  # noqa: F811
     """Eight slots fetch at once through the agent; afterwards it holds one pooled connection
     (besides the connection its watch LISTENs on)."""
     ids = submit_jobs(store, 8, ordinary_owner())
@@ -404,13 +307,13 @@ def test_one_database_connection_per_node(node: Node, store: JobStore) -> None:
 def accounts() -> tuple[pwd.struct_passwd, pwd.struct_passwd, pwd.struct_passwd]:
     if os.geteuid() != 0:
         pytest.skip("needs root to create accounts and drop privileges")
-    return (_ensure_account(SERVICE_ACCOUNT), _ensure_account(JOB_USERS[0]),
-            _ensure_account(JOB_USERS[1]))
+    return (ensure_home_account(SERVICE_ACCOUNT), ensure_home_account(JOB_USERS[0]),
+            ensure_home_account(JOB_USERS[1]))
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_peer_uid_decides_who_may_call(
-    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]  # noqa: F811
 ) -> None:
     condor, alice, bob = accounts
     with open(node.config, "a") as fh:
@@ -434,7 +337,7 @@ def test_peer_uid_decides_who_may_call(
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_job_user_without_credentials_spools_for_the_agent(
-    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]  # noqa: F811
 ) -> None:
     """The password file is the service's only: with the agent down, a starter hook run as the
     job's user keeps its report in the spool (one line), and the agent sends it at start."""
@@ -462,7 +365,7 @@ def test_job_user_without_credentials_spools_for_the_agent(
 
 
 def test_agent_fetches_share_slots_and_respect_limits(
-    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...]  # noqa: F811
 ) -> None:
     """Through the agent (one store, verdicts remembered): two owners who queued in turn hold
     slots in turn, and a limit from the configuration caps the jobs that name it."""
@@ -489,7 +392,7 @@ def test_agent_fetches_share_slots_and_respect_limits(
     assert node.stop() == 0
 
 
-def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> None:
+def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> None:  # noqa: F811
     """A job whose periodic_remove fires is removed by the agent's periodic pass, with no hook
     call and no `jobstore reap` (PERIODIC_EXPR_INTERVAL = 1 here)."""
     with open(node.config, "a") as fh:
@@ -503,7 +406,7 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     assert node.stop() == 0
 
 
-def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:
+def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:  # noqa: F811
     """With JOBSTORE_HISTORY_RETENTION = 1, the agent removes a job removed over a second ago,
     with its events, and keeps the idle one."""
     with open(node.config, "a") as fh:
@@ -521,7 +424,7 @@ def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:
 
 @pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_held_running_job_is_ended_by_its_next_update(
-    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...], mode: str
+    node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...], mode: str  # noqa: F811
 ) -> None:
     """`jobstore hold` (or rm) of a running job: the next UPDATE_JOB_INFO of its attempt, run as
     the job's user, ends the job's process group; the job stays held with its reason."""

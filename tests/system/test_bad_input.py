@@ -13,11 +13,11 @@ from pathlib import Path
 import classad2
 import pytest
 import sqlalchemy as sa
-from conftest import TRANSCRIPTS
 from examples import examples
 from hookrun import HookResult, hook_env, run_hook
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testdata import TRANSCRIPTS
 
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event

@@ -6,38 +6,16 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import clirun
 import pytest
-from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
+from jobstorecli import JOBSTORE, cli, db, submit  # noqa: F401 - the db fixture
+from testdata import TRANSCRIPTS
 
 from jobstore.testing.support import ordinary_owner as _owner
-
-JOBSTORE = [sys.executable, "-m", "jobstore.cli"]
-
-
-def cli(db_url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    full = {**os.environ, **(env or {})}
-    full.pop("JOBSTORE_DATABASE_URL", None)
-    return clirun.run(
-        [*JOBSTORE, "--db", db_url, *args], capture_output=True, text=True, timeout=120, env=full
-    )
-
-
-def submit(db_url: str, path: Path, *extra: str) -> subprocess.CompletedProcess:
-    owner = ["--owner", _owner()] if os.geteuid() == 0 else []
-    return cli(db_url, "submit", str(path), *owner, *extra)
-
-
-@pytest.fixture
-def db(db_url: str, condor_config: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
-    assert cli(db_url, "init").returncode == 0
-    return db_url
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -47,7 +25,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
+def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:  # noqa: F811
     sub = _write(
         tmp_path,
         "a.sub",
@@ -76,7 +54,7 @@ def test_submit_q_json_and_long(db: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:
+def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:  # noqa: F811
     """condor_q's single-dash options (-nobatch -totals -limit -format -json -long -run) and
     condor_history's columns, job ids and -match; `jobstore qedit` as condor_qedit."""
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\npriority = 3\nqueue 4\n"))
@@ -110,7 +88,7 @@ def test_condor_q_options_and_history_columns(db: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
+def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:  # noqa: F811
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue 2\n"))
     assert cli(db, "hold", "1.0", "-r", "maintenance").returncode == 0
     held = json.loads(cli(db, "q", "--json", "-s", "held").stdout)
@@ -144,7 +122,7 @@ def test_hold_release_rm_history_stats_events(db: str, tmp_path: Path) -> None:
         ("executable = /bin/true\nuniverse = docker\nqueue\n", "universe"),
     ],
 )
-def test_bad_submit_files_change_nothing(db: str, tmp_path: Path, text: str, message: str) -> None:
+def test_bad_submit_files_change_nothing(db: str, tmp_path: Path, text: str, message: str) -> None:  # noqa: F811
     r = submit(db, _write(tmp_path, "bad.sub", text))
     assert r.returncode != 0
     assert message.lower() in r.stderr.lower()
@@ -153,14 +131,14 @@ def test_bad_submit_files_change_nothing(db: str, tmp_path: Path, text: str, mes
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_errors_are_one_line(db: str, tmp_path: Path) -> None:
+def test_errors_are_one_line(db: str, tmp_path: Path) -> None:  # noqa: F811
     for args in (("q", "42.0"), ("rm", "nope"), ("events", "9"), ("submit", "/nonexistent")):
         r = cli(db, *args)
         assert r.returncode == 1, args
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_root_jobs_are_refused(db: str, tmp_path: Path) -> None:
+def test_root_jobs_are_refused(db: str, tmp_path: Path) -> None:  # noqa: F811
     sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
     r = cli(db, "submit", str(sub), "--owner", "root")
     assert r.returncode == 1 and "root" in r.stderr
@@ -176,7 +154,7 @@ def test_bad_database_url_is_one_line(condor_config: Path, monkeypatch: pytest.M
 
 
 def test_evict_claim_requeues_a_fetched_job(
-    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,  # noqa: F811
 ) -> None:
     """EVICT_CLAIM is never called by HTCondor 25, but if it comes, the job goes back."""
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
@@ -210,7 +188,7 @@ def test_fetch_never_hangs_on_a_silent_database(
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_allowed_owners_at_submit_and_at_fetch(
-    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,
+    db: str, tmp_path: Path, hook_dir: Path, condor_config: Path,  # noqa: F811
 ) -> None:
     """JOBSTORE_ALLOWED_OWNERS is checked at submit, and again at fetch (config may change)."""
     sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
@@ -231,14 +209,14 @@ def test_allowed_owners_at_submit_and_at_fetch(
 
 
 @pytest.mark.parametrize("owner", ["a@b", "-rf", "x y", "a\nb"])
-def test_owner_must_be_an_account_name(db: str, tmp_path: Path, owner: str) -> None:
+def test_owner_must_be_an_account_name(db: str, tmp_path: Path, owner: str) -> None:  # noqa: F811
     sub = _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n")
     r = cli(db, "submit", str(sub), "--owner", owner)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
     assert json.loads(cli(db, "q", "--json").stdout) == []
 
 
-def test_grant_prints_and_applies_least_privilege(db: str) -> None:
+def test_grant_prints_and_applies_least_privilege(db: str) -> None:  # noqa: F811
     """`jobstore grant ROLE`: the statements name the columns a hook may change and never the
     ones submit decides; a missing role or SQLite is one line, exit 1."""
     if not db.startswith("postgresql"):
@@ -258,7 +236,7 @@ def test_grant_prints_and_applies_least_privilege(db: str) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
+def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:  # noqa: F811
     """condor_userprio's table for the submitters of a submit file with accounting_group, a
     factor set by the admin, usage reset; bad input is one line and exit status 1."""
     from jobstore.db.store import JobStore
@@ -305,7 +283,7 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> None:
+def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> None:  # noqa: F811
     """`jobstore hold` is HoldReasonCode 1 (UserRequest); a periodic_hold is 3 with the submit
     file's subcode and reason; `q -hold` shows both like condor_q -hold, `reap` runs the pass."""
     path = _write(tmp_path, "p.sub", "executable = /bin/true\nperiodic_hold = JobStatus == 1\n"
@@ -325,7 +303,7 @@ def test_q_hold_lists_held_jobs_with_their_codes(db: str, tmp_path: Path) -> Non
     assert af.stdout.split() == ["3", "5", "1"]
 
 
-def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> None:
+def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> None:  # noqa: F811
     """`jobstore emulate` with nothing runnable but a held job: it stops at once (not at its
     timeout) and says which job is held and why, with exit status 1."""
     submit(db, _write(tmp_path, "a.sub", "executable = /bin/true\nqueue\n"))
@@ -338,7 +316,7 @@ def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> 
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: Path) -> None:
+def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: Path) -> None:  # noqa: F811
     """A report of an ended attempt and a repeated accept are recorded (JSON, --all) but not
     shown by default; `watch` says what it waits for."""
     from jobstore.core.states import Event
@@ -382,7 +360,7 @@ def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
 
     base = Path(tempfile.mkdtemp(prefix="jobstore-ctrlc-"))
     os.chmod(base, 0o777)
-    db = f"sqlite:///{base / 'jobstore.db'}"
+    db = f"sqlite:///{base / 'jobstore.db'}"  # noqa: F811
     env = {**{k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"},
            "CONDOR_CONFIG": str(condor_config)}
     assert cli(db, "init", env=env).returncode == 0

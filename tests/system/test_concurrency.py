@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from bulk import clone
+from bulk import clone, fill
 from hookrun import hook_env, run_hook
 
 from jobstore.core.jobs import JobSpec
@@ -39,29 +39,6 @@ def job_owner() -> str:
     owner = ordinary_owner()
     assert 1000 <= pwd.getpwnam(owner).pw_uid < 65534
     return owner
-
-
-def fill(url: str, n: int, owner: str) -> list[int]:
-    """One cluster of n idle jobs (one autocluster) with their submit events, copied in bulk."""
-    upgrade(url)
-    store = JobStore.from_url(url)
-    try:
-        _, (first,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=owner,
-                                   queue="default", max_attempts=3)
-        clone(store, first, n - 1)
-        now = time.time()
-        with store.engine.begin() as conn:
-            ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).scalars())
-            conn.execute(
-                job_events.insert(),
-                [
-                    dict(job_id=i, time=now, event="submit", to_status="idle", attempt=0)
-                    for i in ids[1:]
-                ],
-            )
-        return ids
-    finally:
-        store.engine.dispose()
 
 
 def check_database(url: str, ids: list[int], final: str) -> None:

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from jobstorecli import cli, db, submit  # noqa: F401 - the db fixture
 from sqlalchemy import func, select
-from test_cli import cli, db, submit  # noqa: F401 - the db fixture
 
 from jobstore.core.states import Event
 from jobstore.db import actions

@@ -18,10 +18,10 @@ from typing import Any
 import clirun
 import pytest
 import sqlalchemy as sa
-from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner, submit_jobs
-from test_faults import PrivateCluster, _pg_bin
+from privatepg import PrivateCluster, pg_bin
+from testdata import TRANSCRIPTS
 
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
@@ -37,7 +37,7 @@ def scram_pg():
     """A private cluster: `postgres` trusted, every other role must give its password."""
     if os.geteuid() != 0:
         pytest.skip("a private PostgreSQL cluster needs root (initdb runs as `postgres`)")
-    bindir = _pg_bin()
+    bindir = pg_bin()
     if bindir is None:
         pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
     base = Path(tempfile.mkdtemp(prefix="jobstore-cred-pg-"))

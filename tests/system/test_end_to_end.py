@@ -2,80 +2,36 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import pwd
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import clirun
 import pytest
+from emulatornode import (  # noqa: F401 - node_db: the fixture
+    JOB_USERS,
+    SERVICE_ACCOUNT,
+    AgentProc,
+    emulated_node,
+    ensure_home_account,
+    give_node,
+    job_owner,
+    node_db,
+    running_agent,
+    submit_text,
+)
 
-from jobstore.agent.hooktemplates import install_hooks
-from jobstore.api.submission import submit_path
-from jobstore.cli.demo import write_node_config
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
-from jobstore.node import config
-from jobstore.testing.support import ensure_account, own_node_dirs
-
-SERVICE_ACCOUNT = "jscondor"
-JOB_USERS = ("jsalice", "jsbob")
-
-
-def _ensure_account(name: str) -> pwd.struct_passwd:
-    return ensure_account(name, home=True)
-
-
-def _node(tmp: Path, db_url: str, **overrides) -> tuple[EmulatorConfig, Path]:  # type: ignore[no-untyped-def]
-    hooks = install_hooks(tmp / "hooks", sys.executable)
-    condor_config = write_node_config(tmp, db_url)
-    atexit.register(shutil.rmtree, own_node_dirs(condor_config), True)
-    cfg = EmulatorConfig(
-        hooks=hooks,
-        work_dir=str(tmp / "node"),
-        keyword="JOBSTORE",
-        static_slots=4,
-        cpus=4,
-        memory=4096,
-        initial_update_interval=0.5,
-        update_interval=2.0,
-        min_rearm=0.2,
-        fetch_work_delay='ifThenElse(State == "Claimed" && Activity == "Idle",0,1)',
-        env={
-            "PATH": "/usr/bin:/bin",
-            "HOME": "/",
-            "CONDOR_CONFIG": str(condor_config),
-            "JOBSTORE_DATABASE_URL": db_url,
-        },
-    )
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg, condor_config
-
-
-def _submit(store: JobStore, tmp: Path, text: str, owner: str | None = None) -> list[int]:
-    sub = tmp / "submit"
-    sub.mkdir(exist_ok=True)
-    path = sub / "jobs.sub"
-    path.write_text(text)
-    if owner:
-        os.chown(sub, pwd.getpwnam(owner).pw_uid, pwd.getpwnam(owner).pw_gid)
-    settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
-    _, ids = submit_path(store, path, settings, owner=owner)
-    return ids
-
 
 FIFTY = """\
 executable = /bin/sh
@@ -85,79 +41,12 @@ queue 50
 """
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """A node directory every account can traverse (pytest's tmp_path is not: its parent is
-    mode 700), with the job store on SQLite in it or on a fresh PostgreSQL database."""
-    base = Path(tempfile.mkdtemp(prefix="jobstore-e2e-"))
-    os.chmod(base, 0o755)
-    if request.param == "sqlite":
-        db_url = f"sqlite:///{base / 'jobstore.db'}"
-    else:
-        db_url = request.getfixturevalue("pg_url")
-    upgrade(db_url)
-    monkeypatch.setenv("CONDOR_CONFIG", str(write_node_config(base, db_url)))
-    store = JobStore.from_url(db_url)
-    yield store, base
-    store.engine.dispose()
-    shutil.rmtree(base, ignore_errors=True)
-
-
-class _AgentProc:
-    """`jobstore agent -f` on a socket in `tmp`, logging to `tmp/agent.log` (appended to, so
-    that a restart keeps what the first one said)."""
-
-    def __init__(self, tmp: Path, condor_config: Path) -> None:
-        self.sock, self.log, self.condor_config = str(tmp / "agent.sock"), tmp / "agent.log", \
-            condor_config
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        said = self.log.read_text() if self.log.exists() else ""
-        with open(self.log, "ab") as out:
-            self.proc = clirun.popen(
-                [sys.executable, "-m", "jobstore.cli", "agent", "-f", "--socket", self.sock],
-                env={**os.environ, "CONDOR_CONFIG": str(self.condor_config)},
-                stdout=out,
-                stderr=out,
-            )
-        deadline = time.monotonic() + 60
-        while self.log.read_text().count("listening on") <= said.count("listening on"):
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(60) == 0, self.log.read_text()
-        self.proc = None
-
-
-@contextmanager
-def _agent(tmp: Path, condor_config: Path, startd_user: str | None,
-           fallback: bool = False) -> Iterator[dict[str, str]]:
-    """`jobstore agent` on a socket in `tmp`; yields the hook environment that uses it (only
-    it, unless `fallback`: then the hooks work directly while it is down)."""
-    if startd_user:
-        with open(condor_config, "a") as fh:
-            fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {startd_user}\n")
-    agent = _AgentProc(tmp, condor_config)
-    agent.start()
-    try:
-        # JOBSTORE_HOOK_MODE=agent: no fallback, so every call below went through the agent
-        yield {"JOBSTORE_AGENT_SOCKET": agent.sock,
-               **({} if fallback else {"JOBSTORE_HOOK_MODE": "agent"})}
-    finally:
-        if agent.proc is not None:
-            agent.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["direct", "agent"])
-def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     store, tmp = node_db
-    owner = _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
-    ids = _submit(store, tmp, FIFTY, owner)
+    owner = ensure_home_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
+    ids = submit_text(store, tmp, FIFTY, owner)
     evicted: list[int] = []
 
     def vacate_first_five(_index: int, ad: dict) -> float | None:  # type: ignore[type-arg]
@@ -167,14 +56,14 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
             return 0.3
         return None
 
-    cfg, condor_config = _node(
+    cfg, condor_config = emulated_node(
         tmp, str(store.engine.url.render_as_string(False)), vacate_after=vacate_first_five
     )
     if os.geteuid() == 0:
-        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
+        give_node(cfg, store, tmp, owner, personal=mode == "direct")
     with ExitStack() as stack:
         if mode == "agent":
-            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         report = Emulator(cfg).run(
             until=lambda: not store.list_jobs(), timeout=900, wait_for_jobs=True
         )
@@ -207,22 +96,22 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
 # (test_identity.py::test_sqlite_is_one_users_store)
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("node_db", ["postgresql"], indirect=True)
-def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-untyped-def]
+def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """As root: startd hooks as the service account, starter hooks and the job as the owner."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create accounts and drop privileges")
     store, tmp = node_db
-    owner = _ensure_account(JOB_USERS[1])
-    _submit(
+    owner = ensure_home_account(JOB_USERS[1])
+    submit_text(
         store,
         tmp,
         "executable = /usr/bin/id\narguments = -un\noutput = who.out\nqueue\n",
         owner.pw_name,
     )
-    cfg, _ = _node(
+    cfg, _ = emulated_node(
         tmp,
         str(store.engine.url.render_as_string(False)),
-        condor_user=_ensure_account(SERVICE_ACCOUNT).pw_name,
+        condor_user=ensure_home_account(SERVICE_ACCOUNT).pw_name,
     )
     for path in (tmp, tmp / "jobstore.db"):
         if path.exists():
@@ -272,44 +161,27 @@ def _vacating_node(store: JobStore, tmp: Path, host: str = "node01.example.org",
     script.write_text(f'#!/bin/sh\nprintf %s "$1" > "{control}/.vacate-$2"'
                       f' && mv "{control}/.vacate-$2" "{control}/vacate-$2"\n')
     script.chmod(0o755)
-    cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
-                               static_slots=1, cpus=1, control_dir=str(control), host=host,
-                               **overrides)
+    cfg, condor_config = emulated_node(tmp, str(store.engine.url.render_as_string(False)),
+                                       static_slots=1, cpus=1, control_dir=str(control),
+                                       host=host, **overrides)
     with open(condor_config, "a") as fh:
         fh.write(f"JOBSTORE_AGENT_VACATE_COMMAND = {script}\nJOBSTORE_AGENT_WATCH_INTERVAL = 1\n"
                  f"NETWORK_HOSTNAME = {host}\n")
     if os.geteuid() == 0:
-        _give_node(cfg, store, tmp, None, personal=False)
+        give_node(cfg, store, tmp, None, personal=False)
     return cfg, condor_config
 
 
-def _give_node(cfg: EmulatorConfig, store: JobStore, tmp: Path, owner: str | None, *,
-               personal: bool) -> None:
-    """As root: the startd's hooks run as the service account, in a node directory open to it
-    and to the jobs' owner. A SQLite store is one user's: with no agent (`personal`) the node
-    is its jobs' owner's own, as `jobstore demo`'s, and every hook runs as her."""
-    os.chmod(tmp, 0o777)
-    if store.engine.dialect.name == "sqlite" and personal and owner:
-        user = pwd.getpwnam(owner)
-        os.chown(str(store.engine.url.database), user.pw_uid, user.pw_gid)
-        cfg.condor_user = owner
-        return
-    cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
-
-
-def _job_owner() -> str | None:
-    return _ensure_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
-
-
-def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None:  # type: ignore[no-untyped-def]
+def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """The agent learns that a running job was removed (JOBSTORE_AGENT_WATCH_INTERVAL) and asks
     the startd to vacate its slot gracefully (here the emulator, through
     JOBSTORE_AGENT_VACATE_COMMAND): the job's process ends long before its `sleep 600` would,
     the job stays removed, and the slot fetches the next job, which completes."""
     store, tmp = node_db
-    owner = _job_owner()
-    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
-    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+    owner = job_owner()
+    (long_job,) = submit_text(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n",
+                              owner)
+    (next_job,) = submit_text(store, tmp, "executable = /bin/true\nqueue\n", owner)
     # the starter's one update says the job runs; no later one (whose answer would stop the
     # job from its hook) races the agent's vacate
     cfg, condor_config = _vacating_node(store, tmp, update_interval=600.0)
@@ -322,7 +194,7 @@ def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None
         return store.get_job(next_job).status == "completed"
 
     with ExitStack() as stack:
-        cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
     assert removed, "the long job never ran"
     job = store.get_job(long_job)
@@ -349,18 +221,18 @@ exec sleep 600
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None:  # type: ignore[no-untyped-def]
+def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """condor_hold then condor_release of a running job that ignores its KillSig: the agent
     vacates gracefully, the job keeps its hold until the attempt ends (the startd's hard kill
     after job_max_vacate_time), the release made meanwhile takes effect then, and only then
     does the job run again (attempt 2, which completes): never two attempts at once."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     script = tmp / "submit" / "stubborn.sh"
     script.parent.mkdir(exist_ok=True)
     script.write_text(STUBBORN)
     script.chmod(0o755)
-    (job_id,) = _submit(store, tmp, f"executable = {script}\ninitialdir = {script.parent}\n"
+    (job_id,) = submit_text(store, tmp, f"executable = {script}\ninitialdir = {script.parent}\n"
                         "job_max_vacate_time = 2\nkill_sig = SIGTERM\nqueue\n", owner)
     cfg, condor_config = _vacating_node(store, tmp)
     acted: list[Any] = []
@@ -372,7 +244,7 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
         return store.get_job(job_id).status == "completed"
 
     with ExitStack() as stack:
-        cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+        cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
     assert [(o.after, o.pending) for o in acted] == [("held", False), ("held", True)]
     seen = [(e.event, e.from_status, e.to_status, e.attempt) for e in store.events(job_id)]
@@ -389,20 +261,21 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ignore[no-untyped-def]
+def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """A running job is removed while the node's agent is down (the hooks work directly
     meanwhile): the agent that starts next finds the attempt in the job store (its node's
     FULL_HOSTNAME) and vacates the slot, so that the job ends and the slot runs the next one."""
     store, tmp = node_db
-    owner = _job_owner()
-    (long_job,) = _submit(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n", owner)
-    (next_job,) = _submit(store, tmp, "executable = /bin/true\nqueue\n", owner)
+    owner = job_owner()
+    (long_job,) = submit_text(store, tmp, "executable = /bin/sleep\narguments = 600\nqueue\n",
+                              owner)
+    (next_job,) = submit_text(store, tmp, "executable = /bin/true\nqueue\n", owner)
     # no UPDATE_JOB_INFO after the first: only the agent can end the job here
     cfg, condor_config = _vacating_node(store, tmp, update_interval=600.0)
     if cfg.condor_user:
         with open(condor_config, "a") as fh:
             fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {cfg.condor_user}\n")
-    agent = _AgentProc(tmp, condor_config)
+    agent = AgentProc(tmp, condor_config)
     cfg.env["JOBSTORE_AGENT_SOCKET"] = agent.sock
     restarted: list[bool] = []
 
@@ -430,17 +303,17 @@ def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ign
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
-def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None:  # type: ignore[no-untyped-def]
+def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     """Two nodes with their agents fetch from one job store. A job whose periodic_hold fires
     while it runs (the agent's periodic pass, PERIODIC_EXPR_INTERVAL 1 s) is held with
     HoldReasonCode 3, its slot is vacated, and neither node ever fetches it again while the
     other jobs run on both."""
     store, base = node_db
-    owner = _job_owner()
-    (held_job,) = _submit(
+    owner = job_owner()
+    (held_job,) = submit_text(
         store, base, "executable = /bin/sleep\narguments = 600\n"
         "periodic_hold = time() - JobCurrentStartDate > 1\nqueue\n", owner)
-    quick = _submit(store, base, "executable = /bin/sleep\narguments = 1\nqueue 6\n", owner)
+    quick = submit_text(store, base, "executable = /bin/sleep\narguments = 1\nqueue 6\n", owner)
     nodes = []
     for name in ("a", "b"):
         tmp = base / f"node-{name}"
@@ -461,7 +334,7 @@ def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None
 
     with ExitStack() as stack:
         for tmp, cfg, condor_config in nodes:
-            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         other = threading.Thread(target=Emulator(nodes[1][1]).run,
                                  kwargs={"until": done.is_set, "timeout": 120,
                                          "wait_for_jobs": False})
@@ -492,10 +365,10 @@ def test_the_agent_hears_of_a_removal_on_postgresql_without_polling(
     base = Path(tempfile.mkdtemp(prefix="jobstore-e2e-"))
     os.chmod(base, 0o755)
     try:
-        owner = _job_owner()
-        (long_job,) = _submit(store, base, "executable = /bin/sleep\narguments = 600\nqueue\n",
+        owner = job_owner()
+        (long_job,) = submit_text(store, base, "executable = /bin/sleep\narguments = 600\nqueue\n",
                               owner)
-        (next_job,) = _submit(store, base, "executable = /bin/true\nqueue\n", owner)
+        (next_job,) = submit_text(store, base, "executable = /bin/true\nqueue\n", owner)
         # no UPDATE_JOB_INFO after the first: only the agent can end the job here
         cfg, condor_config = _vacating_node(store, base, update_interval=600.0)
         with open(condor_config, "a") as fh:
@@ -509,7 +382,7 @@ def test_the_agent_hears_of_a_removal_on_postgresql_without_polling(
             return store.get_job(next_job).status == "completed"
 
         with ExitStack() as stack:
-            cfg.env.update(stack.enter_context(_agent(base, condor_config, cfg.condor_user)))
+            cfg.env.update(stack.enter_context(running_agent(base, condor_config, cfg.condor_user)))
             Emulator(cfg).run(until=until, timeout=25, wait_for_jobs=False)
         assert removed, "the long job never ran"
         assert store.get_job(next_job).status == "completed"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import clirun
 import pytest
+from agentnode import Node, node, store  # noqa: F401 - fixtures
 from classad2 import ClassAd
 from hookseq import slot_ad, submit_jobs
-from test_agent import Node, node, store  # noqa: F401 - fixtures
 
 from jobstore.core import holds, policy
 from jobstore.core.jobs import JobSpec

@@ -9,8 +9,6 @@ import os
 import pwd
 import random
 import shutil
-import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -18,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from bulk import fill
+from emulatornode import JOB_USERS, SERVICE_ACCOUNT, emulated_node, ensure_home_account, submit_text
 from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
-from test_concurrency import fill
-from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account, _node, _submit
+from privatepg import private_pg  # noqa: F401 - the module-scoped private cluster fixture
 
 from jobstore.core.states import Event
 from jobstore.db.engine import DatabaseError, make_engine, upgrade
@@ -35,84 +34,6 @@ from jobstore.testing.factories import claim, claim_request, report, submit
 
 FINAL = {"completed", "failed", "removed"}
 ENDS_ATTEMPT = {"idle", "completed", "failed", "held", "removed"}
-
-
-# ---- a private PostgreSQL cluster that the tests may stop -------------------------------------
-
-
-def _pg_bin() -> Path | None:
-    base = Path("/usr/lib/postgresql")
-    versions = sorted((p for p in base.glob("*") if (p / "bin" / "initdb").exists()),
-                      key=lambda p: int(p.name) if p.name.isdigit() else 0)
-    return versions[-1] / "bin" if versions else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivateCluster:
-    def __init__(self, bindir: Path, base: Path) -> None:
-        self.bindir, self.base, self.data = bindir, base, base / "data"
-        self.port = _free_port()
-
-    def _run(self, *args: str) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
-
-    def init(self) -> None:
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U",
-                  "postgres")
-
-    def start(self) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l",
-                  str(self.base / "server.log"), "-o",
-                  f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1", "-w", "start")
-
-    def stop(self) -> None:
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
-
-    def create_database(self, name: str) -> str:
-        engine = sa.create_engine(self.url(), isolation_level="AUTOCOMMIT")
-        try:
-            with engine.connect() as conn:
-                conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        finally:
-            engine.dispose()
-        return self.url(name)
-
-
-@pytest.fixture(scope="module")
-def private_pg():
-    if os.geteuid() != 0:
-        pytest.skip("a private PostgreSQL cluster needs root (initdb runs as `postgres`)")
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
-    try:
-        pwd.getpwnam("postgres")
-    except KeyError:
-        pytest.skip("no `postgres` account to run a private cluster as")
-    base = Path(tempfile.mkdtemp(prefix="jobstore-faults-pg-"))
-    pg = pwd.getpwnam("postgres")
-    os.chown(base, pg.pw_uid, pg.pw_gid)
-    os.chmod(base, 0o755)
-    cluster = PrivateCluster(bindir, base)
-    cluster.init()
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        try:
-            cluster.stop()
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # ---- checks over job_events ----------------------------------------------------------------
@@ -191,7 +112,7 @@ queue 40
 
 
 @pytest.mark.slow
-def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
+def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:  # noqa: F811
     url = private_pg.create_database("faults_restart")
     upgrade(url)
     base = Path(tempfile.mkdtemp(prefix="jobstore-faults-node-"))
@@ -202,7 +123,7 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
     store = JobStore.from_url(url)
     try:
-        cfg, condor_config = _node(base, url)
+        cfg, condor_config = emulated_node(base, url)
         with condor_config.open("a") as fh:
             fh.write(f"JOBSTORE_CLAIM_LEASE = 20\nJOBSTORE_LEASE_DURATION = 30\n"
                      f"JOBSTORE_SPOOL = {spool_dir}\n")
@@ -210,9 +131,9 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None:
         monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
         owner = None
         if os.geteuid() == 0:
-            owner = _ensure_account(JOB_USERS[0]).pw_name
-            cfg.condor_user = _ensure_account(SERVICE_ACCOUNT).pw_name
-        ids = _submit(store, base, FORTY, owner)
+            owner = ensure_home_account(JOB_USERS[0]).pw_name
+            cfg.condor_user = ensure_home_account(SERVICE_ACCOUNT).pw_name
+        ids = submit_text(store, base, FORTY, owner)
         os.chmod(base, 0o1777)
         if (base / "JobstoreHookLog").exists():
             os.chmod(base / "JobstoreHookLog", 0o666)
@@ -432,7 +353,7 @@ RESTART_WORKERS = 4
 
 
 @pytest.mark.slow
-def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None:
+def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None:  # noqa: F811
     """Workers claim jobs and report START and EXIT through pooled stores (as the agent does)
     while PostgreSQL is restarted RESTARTS times. Every failed call must be the store's
     DatabaseError (one line, as the hooks turn into nothing printed or a spooled report), never

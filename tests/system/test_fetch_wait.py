@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from agentnode import WAIT, Node, node, store  # noqa: F401 - the fixtures
 from hookseq import ordinary_owner, slot_ad, submit_jobs
-from test_agent import WAIT, Node, node, store  # noqa: F401 - the fixtures
 
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
@@ -475,7 +475,8 @@ def test_forged_notifications_wake_no_fetch(waiting: Node, store: JobStore) -> N
     if not waiting.db_url.startswith("postgresql"):
         pytest.skip("SQLite announces nothing to forge")
     import psycopg
-    from conftest import libpq_url
+
+    from jobstore.testing.support import libpq_url
 
     proc = _fetch(waiting, "slot1@node01")
     _parked(waiting, 1)

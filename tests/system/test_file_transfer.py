@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from emulatornode import emulated_node, give_node, job_owner, node_db, running_agent, submit_text  # noqa: F401
 from sqlalchemy import func, select, update
-from test_end_to_end import _agent, _give_node, _job_owner, _node, _submit, node_db  # noqa: F401
 
 from jobstore.api.query import Shown
 from jobstore.api.retrieve import retrieve
@@ -71,20 +71,20 @@ def _sandboxes(tmp: Path) -> list[Path]:
 
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
          env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
-    cfg, condor_config = _node(tmp, str(store.engine.url.render_as_string(False)),
+    cfg, condor_config = emulated_node(tmp, str(store.engine.url.render_as_string(False)),
                                static_slots=slots, cpus=slots, **node)
     cfg.env.update(env or {})
     root = tmp / "sandboxes"
     with open(condor_config, "a") as fh:
         fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
     if os.geteuid() == 0:
-        _give_node(cfg, store, tmp, owner, personal=mode == "direct")
+        give_node(cfg, store, tmp, owner, personal=mode == "direct")
     if mode == "direct":
         ensure_root(str(root))  # what the agent, or the admin, makes
     emulator = Emulator(cfg)
     with ExitStack() as stack:
         if mode == "agent":
-            cfg.env.update(stack.enter_context(_agent(tmp, condor_config, cfg.condor_user)))
+            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         emulator.run(until=lambda: all(j.status in until_status
                                        for j in store.list_jobs(include_final=True)),
                      timeout=120, wait_for_jobs=True)
@@ -95,9 +95,9 @@ def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status:
 @pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     sub = _files(tmp, owner)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
     for gone in ("in.txt", "count.sh", "data/a.csv"):  # from now on only the store has them
         (sub / gone).unlink()
     _run(store, tmp, owner, mode, {"completed", "held", "failed"})
@@ -124,9 +124,9 @@ def test_an_input_that_cannot_be_had_holds_the_job(node_db) -> None:  # type: ig
     """Stored bytes that no longer match their hash: PREPARE_JOB holds the job with
     HoldReasonCode 13 and the reason; it never runs, and no sandbox is left."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     _files(tmp, owner)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
     with store.engine.begin() as conn:
         conn.execute(update(sandbox_chunks).where(sandbox_chunks.c.seq == 0)
                      .values(data=b"three little wordz\n"))  # in.txt's length
@@ -143,9 +143,9 @@ def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None: 
     """transfer_output_files names a file the job did not write: JOB_EXIT holds the job with
     HoldReasonCode 12 (as HTCondor's shadow would) and leaves the sandbox for a look."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     _files(tmp, owner)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="transfer_output_files = count.txt, never.txt"), owner)
     _run(store, tmp, owner, "agent", {"held", "completed"})
     job = store.get_job(job_id)
@@ -187,7 +187,7 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
     that never answers hold their jobs (HoldReasonCode 13), the latter within the timeout."""
     store, tmp = node_db
     base, silent = web
-    owner = _job_owner()
+    owner = job_owner()
     _files(tmp, owner)
     jobs = {}
     for label, url in (("ok", f"{base}/data.txt"), ("missing", f"{base}/nope.txt"),
@@ -195,7 +195,7 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
         text = ("executable = /bin/cat\narguments = data.txt\ntransfer_executable = false\n"
                 f"should_transfer_files = YES\ntransfer_input_files = {url}\n"
                 f"output = {label}.out\nrequest_memory = 32\nqueue\n")
-        (jobs[label],) = _submit(store, tmp, text, owner)
+        (jobs[label],) = submit_text(store, tmp, text, owner)
     _run(store, tmp, owner, "agent", {"completed", "held"},
          env={"JOBSTORE_URL_TIMEOUT": "1"}, slots=3)
     ok, missing, silent_job = (store.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
@@ -230,9 +230,9 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
     job, whose next attempt starts from them (HTCondor's self-checkpointing, which fetched jobs
     had not); its last exit brings the outputs back."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     _script(tmp, owner, CHECKPOINTING)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="checkpoint_exit_code = 85\ntransfer_checkpoint_files = ckpt.txt\n"
               "transfer_output_files = result.txt"), owner)
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
@@ -249,9 +249,9 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     _script(tmp, owner, EVICTED)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="when_to_transfer_output = ON_EXIT_OR_EVICT"), owner)  # every new file saved
     evicted: list[int] = []
 
@@ -278,9 +278,9 @@ def test_the_file_guides_example(node_db) -> None:  # type: ignore[no-untyped-de
     text = block[:block.index("queue\n") + len("queue\n")]
     assert "transfer_input_files = in.txt" in text and "output = count.out" in text
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     sub = _files(tmp, owner)
-    (job_id,) = _submit(store, tmp, text, owner)
+    (job_id,) = submit_text(store, tmp, text, owner)
     (sub / "in.txt").unlink()  # the node needs no copy of it
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
     assert store.get_job(job_id).status == "completed", store.get_job(job_id).reason
@@ -294,9 +294,9 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
     the sandbox to the agent, which moves it into its outbox, sends the outputs, and records
     the exit only then; nothing is lost and nothing is left."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     sub = _files(tmp, owner)
-    (job_id,) = _submit(store, tmp, SUBMIT.format(extra=""), owner)
+    (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
          env={"JOBSTORE_OUTPUT_SECONDS": "0"})
     job = store.get_job(job_id)
@@ -332,7 +332,7 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
     an http:// URL, under their remapped names, as the job's user; nothing goes into the store
     and transfer-data has nothing to write."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     sub = _files(tmp, owner)
     shared = tmp / "shared-out"
     shared.mkdir()
@@ -350,7 +350,7 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
         ids = {}
         for label, url in (("file", f"file://{shared}"),
                            ("http", f"http://127.0.0.1:{server.server_address[1]}/jobs/")):
-            (ids[label],) = _submit(store, tmp, SUBMIT.format(extra=(
+            (ids[label],) = submit_text(store, tmp, SUBMIT.format(extra=(
                 f"output_destination = {url}\n"
                 "transfer_output_remaps = \"count.txt = n/words.txt\"")), owner)
         _run(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
@@ -377,10 +377,10 @@ def test_a_flood_of_outputs_is_refused_at_its_request_disk(node_db) -> None:  # 
     outputs could not be sent, and the store has grown by about its RequestDisk, not by
     100 MB."""
     store, tmp = node_db
-    owner = _job_owner()
+    owner = job_owner()
     _script(tmp, owner, "#!/bin/sh\nfor i in $(seq 200); do head -c 524288 /dev/zero"
                         " > out.$i; done\n")
-    (job_id,) = _submit(store, tmp, "executable = count.sh\nshould_transfer_files = YES\n"
+    (job_id,) = submit_text(store, tmp, "executable = count.sh\nshould_transfer_files = YES\n"
                         "request_disk = 1024\nqueue\n", owner)
 
     def stored() -> int:

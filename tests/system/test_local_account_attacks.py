@@ -18,18 +18,18 @@ from pathlib import Path
 
 import clirun
 import pytest
+from agentnode import WAIT, Node, node  # noqa: F401 - fixture
+from emulatornode import JOB_USERS, SERVICE_ACCOUNT
 from hookseq import slot_ad
-from test_agent import WAIT, Node, node  # noqa: F401 - fixture
-from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT
-from test_metrics import _free_port, samples
-from test_security import (  # noqa: F401 - fixtures
+from metricsread import free_port, samples
+from securenode import (  # noqa: F401 - fixtures
     ENDED,
-    _accepted_job,
-    _exit_spooled,
-    _write_as,
+    accepted_job,
+    exit_spooled,
     secure_node,
     store,
     users,
+    write_as,
 )
 
 from jobstore.agent.hooktemplates import install_hooks
@@ -105,12 +105,12 @@ def test_foreign_spool_records_do_not_block_a_genuine_one(
 ) -> None:
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
     assert nd.spool is not None
-    job_id, genuine = _exit_spooled(nd, store, alice)
+    job_id, genuine = exit_spooled(nd, store, alice)
     record = json.loads(genuine.read_bytes())
     record["store"] = "0" * len(str(record.get("store", "x")))  # another job store
     data = json.dumps(record).encode()
     for i in range(1_000):  # sorted before the genuine one; more than a replay looked at
-        _write_as(nd.spool / f"{i:020d}-1-ff.report", data, carol)
+        write_as(nd.spool / f"{i:020d}-1-ff.report", data, carol)
     env = dict(nd.env(), JOBSTORE_DATABASE_URL=nd.db_url)
     done = clirun.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
                       capture_output=True, timeout=120)
@@ -127,11 +127,11 @@ def test_a_refused_job_exit_changes_nothing(
     """carol sends alice's JOB_EXIT (with its token) as her own: refused, and the agent still
     follows alice's attempt."""
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
-    port = _free_port()
+    port = free_port()
     with open(nd.config, "a") as fh:
         fh.write(f"JOBSTORE_AGENT_METRICS_PORT = {port}\n")
     nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    job_id, job = accepted_job(nd, store, alice.pw_name)
 
     def watched() -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
@@ -152,7 +152,7 @@ def test_a_refused_job_exit_changes_nothing(
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 def test_idle_connections_start_no_thread_each(tmp_path: Path) -> None:
     metrics = AgentMetrics(lambda: [], lambda: 0)
-    port = _free_port()
+    port = free_port()
     metrics.serve("127.0.0.1", port)
     idle = []
     try:

@@ -4,7 +4,6 @@ and the agent's own (hook calls, latency, database errors, the spool), in Promet
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -12,23 +11,15 @@ from pathlib import Path
 
 import clirun
 import pytest
+from agentnode import Node, node, store  # noqa: F401 - fixtures
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
+from metricsread import free_port, samples
 from prometheus_client.parser import text_string_to_metric_families
-from test_agent import Node, node, store  # noqa: F401 - fixtures
 
 from jobstore.api.metrics import store_metrics
 from jobstore.db.store import JobStore
 from jobstore.node import spool
 from jobstore.testing.factories import claim, job_spec, submit
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of an exposition, by name and sorted labels."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def test_store_view(store: JobStore) -> None:  # noqa: F811
@@ -68,14 +59,9 @@ def test_spool_depth(tmp_path: Path) -> None:
     assert spool.depth(tmp_path / "missing") == (0, None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_agent_serves_its_metrics_on_loopback(node: Node, store: JobStore) -> None:  # noqa: F811
-    port = _free_port()
+    port = free_port()
     with open(node.config, "a") as fh:
         fh.write(f"JOBSTORE_AGENT_METRICS_PORT = {port}\nJOBSTORE_AGENT_METRICS_STORE = true\n")
     (job_id,) = submit_jobs(store, 1, ordinary_owner())

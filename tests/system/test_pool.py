@@ -12,8 +12,8 @@ from pathlib import Path
 
 import clirun
 import pytest
+from agentnode import Node, node, store  # noqa: F401 - fixtures
 from hookseq import ordinary_owner, slot_ad, submit_jobs
-from test_agent import Node, node, store  # noqa: F401 - fixtures
 
 from jobstore.agent.slotads import SlotBoard
 from jobstore.core.jobs import JobSpec

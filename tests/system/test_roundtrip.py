@@ -17,12 +17,12 @@ import htcondor2
 import pytest
 import sqlalchemy as sa
 from argsplit import split_v2
-from conftest import TRANSCRIPTS
 from examples import examples
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testdata import TRANSCRIPTS
 
 from jobstore.api.submission import SubmitError, submit_path
 from jobstore.db.engine import upgrade

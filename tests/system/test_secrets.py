@@ -16,10 +16,10 @@ from pathlib import Path
 import clirun
 import pytest
 import sqlalchemy as sa
-from conftest import TRANSCRIPTS
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner
 from sqlalchemy.engine import make_url
+from testdata import TRANSCRIPTS
 
 from jobstore.db.engine import upgrade
 from jobstore.db.schema import job_events

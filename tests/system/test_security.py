@@ -14,131 +14,40 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import clirun
 import psycopg
 import pytest
-from conftest import libpq_url
+from agentnode import WAIT, Node, node  # noqa: F401 - fixture
+from emulatornode import JOB_USERS, SERVICE_ACCOUNT
 from hookseq import slot_ad, submit_jobs
+from securenode import (  # noqa: F401 - fixtures
+    ENDED,
+    FLOOD_USERS,
+    accepted_job,
+    exit_spooled,
+    secure_node,
+    spooled,
+    store,
+    users,
+    write_as,
+)
 from sqlalchemy.engine import make_url
-from test_agent import WAIT, Node, node  # noqa: F401 - fixture
-from test_end_to_end import JOB_USERS, SERVICE_ACCOUNT, _ensure_account
 
 from jobstore.db.store import DatabaseError, JobStore, Offer
 from jobstore.node import spool
 from jobstore.testing.factories import claim, claim_request, submit
+from jobstore.testing.support import libpq_url
 
-FLOOD_USERS = (*JOB_USERS, "jscarol", "jsdave")
-ENDED = b"ExitCode = 0\nExitBySignal = false\n"
 pytestmark = pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-
-
-@pytest.fixture
-def users() -> dict[str, pwd.struct_passwd]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create accounts and act as them")
-    names = (SERVICE_ACCOUNT, *FLOOD_USERS)
-    return {name: _ensure_account(name) for name in names}
-
-
-@pytest.fixture
-def secure_node(node: Node, users: dict[str, pwd.struct_passwd]) -> Iterator[Node]:  # noqa: F811
-    """A node set up as the README says: the agent (root) connects as a least-privilege role
-    whose password only root can read; condor runs the startd's hooks; the spool lies in a
-    sticky, world-writable directory (as /var/tmp is); condor's hook log is 0644."""
-    condor = users[SERVICE_ACCOUNT]
-    admin = libpq_url(node.db_url)
-    role = f"jobstore_hooks_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'hooks-pw'")
-    owner = JobStore.from_url(node.db_url)
-    owner.db.backend.roles().grant_hook(role)
-    owner.engine.dispose()
-    secret = node.base / "db-password"
-    secret.write_text("hooks-pw\n")
-    os.chmod(secret, 0o600)
-    shared = node.base / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)
-    node.spool = shared / "spool"
-    hook_log = node.base / "log" / "JobstoreHookLog"
-    hook_log.write_text("")
-    shutil.chown(hook_log, condor.pw_name)
-    os.chmod(hook_log, 0o644)
-    with open(node.config, "a") as fh:
-        fh.write(f"JOBSTORE_AGENT_STARTD_USERS = {condor.pw_name}\n"
-                 f"JOBSTORE_DATABASE_PASSWORD_FILE = {secret}\n"
-                 f"JOBSTORE_HOOK_LOG = {hook_log}\n")
-    owner_url = node.db_url
-    node.owner_url = owner_url  # type: ignore[attr-defined]
-    node.db_url = make_url(owner_url).set(username=role).render_as_string(hide_password=False)
-    try:
-        yield node
-    finally:
-        if node.agent is not None:
-            node.agent.kill()
-            node.agent.wait()
-            node.agent = None
-        node.db_url = owner_url
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP OWNED BY {role}")
-        with psycopg.connect(libpq_url(make_url(owner_url).set(database="postgres")
-                                       .render_as_string(hide_password=False)),
-                             autocommit=True) as conn:
-            conn.execute(f"DROP ROLE IF EXISTS {role}")
-
-
-@pytest.fixture
-def store(secure_node: Node) -> Iterator[JobStore]:
-    """The job store as its owner (submit, and what the tests look at)."""
-    s = JobStore.from_url(secure_node.owner_url)  # type: ignore[attr-defined]
-    yield s
-    s.engine.dispose()
-
-
-def _accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
-                  ) -> tuple[int, bytes]:
-    """A job of `owner`, fetched and accepted by condor through the agent."""
-    condor = pwd.getpwnam(SERVICE_ACCOUNT)
-    (job_id,) = submit_jobs(js, 1, owner)
-    sad = slot_ad(slot)
-    job = nd.hook("fetch_job", sad, user=condor, JOBSTORE_HOOK_MODE="agent").stdout
-    assert b"JobstoreJobId = %d" % job_id in job
-    nd.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
-    assert js.get_job(job_id).status == "accepted"
-    return job_id, job
-
-
-def _exit_spooled(nd: Node, js: JobStore, owner: pwd.struct_passwd) -> tuple[int, Path]:
-    """A job of `owner` accepted through the agent, whose JOB_EXIT came while the agent was
-    stopped: its id and the one report the spool holds."""
-    nd.start()
-    job_id, job = _accepted_job(nd, js, owner.pw_name)
-    assert nd.stop() == 0
-    nd.hook("job_exit", job + ENDED, ["exit"], user=owner)
-    (report,) = _spooled(nd)
-    return job_id, report
-
-
-def _spooled(nd: Node) -> list[Path]:
-    assert nd.spool is not None
-    return sorted(p for p in nd.spool.iterdir() if p.name.endswith(spool.SUFFIX))
-
-
-def _write_as(path: Path, data: bytes, user: pwd.struct_passwd) -> None:
-    """A file `user` wrote (made by root, then given to her: the same bytes and owner)."""
-    path.write_bytes(data)
-    os.chown(path, user.pw_uid, user.pw_gid)
-    os.chmod(path, 0o600)
 
 
 # ---- 1. a spooled report is untrusted data --------------------------------------------------
 
 
 def test_rewritten_report_cannot_change_the_job(
-    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     """alice's JOB_EXIT, spooled while the agent was away, rewritten by alice in every way a
     genuine report could not be: each version is quarantined, and the job's owner, log path and
@@ -146,12 +55,12 @@ def test_rewritten_report_cannot_change_the_job(
     nd, alice, bob = secure_node, users[JOB_USERS[0]], users[JOB_USERS[1]]
     assert nd.spool is not None
     nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
-    (bobs_job, _) = _accepted_job(nd, store, bob.pw_name, "slot2@node01")
+    job_id, job = accepted_job(nd, store, alice.pw_name)
+    (bobs_job, _) = accepted_job(nd, store, bob.pw_name, "slot2@node01")
     assert nd.stop() == 0
     ended = nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
     assert b"kept in the spool" in ended.stderr
-    (genuine,) = _spooled(nd)
+    (genuine,) = spooled(nd)
     assert genuine.stat().st_uid == alice.pw_uid
     record = json.loads(genuine.read_bytes())
     tampered = [
@@ -168,7 +77,7 @@ def test_rewritten_report_cannot_change_the_job(
         {**record, "slot": "x" * 100_000},
     ]
     for i, bad in enumerate(tampered):
-        _write_as(nd.spool / f"{i:020d}-1-{i:04x}.report", json.dumps(bad).encode(), alice)
+        write_as(nd.spool / f"{i:020d}-1-{i:04x}.report", json.dumps(bad).encode(), alice)
     nd.start()
     nd.wait_log("report(s) replayed")
     log = nd.log.read_text()
@@ -179,12 +88,12 @@ def test_rewritten_report_cannot_change_the_job(
     assert row.status == "completed"  # the genuine report, after every tampered one
     assert store.get_job(bobs_job).status == "accepted"
     quarantined = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
-    assert len(quarantined) == 11 and _spooled(nd) == []
+    assert len(quarantined) == 11 and spooled(nd) == []
     assert not Path("/root/owned.log").exists()
 
 
-def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: JobStore,
-                                                     users: dict[str, pwd.struct_passwd]) -> None:
+def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: JobStore,  # noqa: F811
+                                                     users: dict[str, pwd.struct_passwd]) -> None:  # noqa: F811
     """The agent's own database role may run a job's whole life but not rewrite its owner,
     command, queue or log path, whatever it is told."""
     from hookseq import run_sequence
@@ -241,23 +150,23 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
 
 
 def test_fifo_symlink_and_junk_do_not_stall_the_replay(
-    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     """Another user's FIFO, symlink and unsendable record, named to sort first: root's
     `jobstore replay` neither blocks nor follows them, removes what is not a file, quarantines
     the record, and sends the genuine report behind them."""
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
     assert nd.spool is not None
-    job_id, _ = _exit_spooled(nd, store, alice)
+    job_id, _ = exit_spooled(nd, store, alice)
     fifo = nd.spool / "00000000000000000001-1-aa.report"
     os.mkfifo(fifo)
     os.chown(fifo, carol.pw_uid, carol.pw_gid)
     link = nd.spool / "00000000000000000002-1-bb.report"
     os.symlink("/etc/shadow", link)
     os.lchown(link, carol.pw_uid, carol.pw_gid)
-    _write_as(nd.spool / "00000000000000000003-1-cc.report", b'{"keyword": 1}', carol)
-    _write_as(nd.spool / "00000000000000000004-1-dd.report", b"[" * 100_000, carol)
-    _write_as(nd.spool / "00000000000000000005-1-ee.report", b" " * 70_000, carol)
+    write_as(nd.spool / "00000000000000000003-1-cc.report", b'{"keyword": 1}', carol)
+    write_as(nd.spool / "00000000000000000004-1-dd.report", b"[" * 100_000, carol)
+    write_as(nd.spool / "00000000000000000005-1-ee.report", b" " * 70_000, carol)
     env = dict(nd.env(), JOBSTORE_DATABASE_URL=nd.db_url)
     done = clirun.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
                       capture_output=True, timeout=WAIT)
@@ -270,14 +179,14 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
 
 
 def test_spool_made_by_another_user_is_not_used(
-    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     """carol makes the spool directory first (after a reboot cleared it): alice's hook does not
     write her report there, and the agent moves carol's directory aside and makes its own,
     where reports then wait safely."""
     nd, alice, carol = secure_node, users[JOB_USERS[0]], users["jscarol"]
     nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    job_id, job = accepted_job(nd, store, alice.pw_name)
     assert nd.stop() == 0
     assert nd.spool is not None
     shutil.rmtree(nd.spool)
@@ -295,7 +204,7 @@ def test_spool_made_by_another_user_is_not_used(
     assert nd.stop() == 0
     again = nd.hook("job_exit", job + ENDED, ["exit"], user=alice)
     assert b"kept in the spool" in again.stderr
-    (kept,) = _spooled(nd)
+    (kept,) = spooled(nd)
     assert kept.stat().st_uid == alice.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
     nd.start()
     nd.wait_log("1 report(s) replayed")
@@ -332,7 +241,7 @@ FAKE_AGENT = textwrap.dedent("""
 
 
 def test_hook_does_not_trust_a_socket_another_user_serves(
-    secure_node: Node, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     nd, condor, carol = secure_node, users[SERVICE_ACCOUNT], users["jscarol"]
     path = f"/tmp/jobstore-fake-{uuid.uuid4().hex[:8]}.sock"
@@ -364,7 +273,7 @@ FLOOD = Path(__file__).resolve().parents[1] / "support" / "agent_flood.py"
 
 
 def test_other_users_cannot_crowd_out_the_startd(
-    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     """Four ordinary users hold 40 idle connections each and one sends 16 requests of 4 MB:
     condor's FETCH_WORK is still served (no "busy", no fallback), and the agent's log says
@@ -402,13 +311,13 @@ def test_other_users_cannot_crowd_out_the_startd(
 
 
 def test_job_users_calls_reach_the_hook_log(
-    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]
+    secure_node: Node, store: JobStore, users: dict[str, pwd.struct_passwd]  # noqa: F811
 ) -> None:
     """condor's hook log is 0644: the agent writes the lines of the calls it serves, alice's
     starter hooks included, marked with the caller's uid."""
     nd, alice = secure_node, users[JOB_USERS[0]]
     nd.start()
-    job_id, job = _accepted_job(nd, store, alice.pw_name)
+    job_id, job = accepted_job(nd, store, alice.pw_name)
     done = nd.hook("job_exit", job + ENDED, ["exit"], user=alice, JOBSTORE_HOOK_MODE="agent")
     assert done.returncode == 0 and done.stderr == b""
     text = (nd.base / "log" / "JobstoreHookLog").read_text()

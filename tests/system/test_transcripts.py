@@ -26,9 +26,9 @@ from typing import Any
 import classad2
 import pytest
 import sqlalchemy as sa
-from conftest import TRANSCRIPTS
+from agentnode import Node
 from hookrun import BY_CONDOR_NAME, HookResult, hook_env, run_hook
-from test_agent import Node
+from testdata import TRANSCRIPTS
 
 from jobstore.core.jobs import Job, JobEvent, JobSpec
 from jobstore.core.states import Status

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import htcondor2
 import pytest
-from test_end_to_end import _give_node
+from emulatornode import give_node
 
 from jobstore.agent.hooktemplates import install_hooks
 from jobstore.api.submission import submit_path
@@ -112,7 +112,7 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
         env={"PATH": "/usr/bin:/bin", "HOME": "/", "CONDOR_CONFIG": os.environ["CONDOR_CONFIG"]},
     )
     if owner:  # as root: the service account runs the hooks, or on SQLite the jobs' owner
-        _give_node(cfg, store, base, owner.pw_name, personal=True)
+        give_node(cfg, store, base, owner.pw_name, personal=True)
     emulator = Emulator(cfg)
     vacated: list[str] = []
 

@@ -14,10 +14,9 @@ from datetime import datetime
 import clirun
 import psycopg
 import pytest
-from conftest import libpq_url
 from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, submit_jobs
-from test_faults import private_pg  # noqa: F401 - the module-scoped private cluster fixture
+from privatepg import private_pg  # noqa: F401 - the module-scoped private cluster fixture
 
 from jobstore.api.watch import JobEvent, JobFinished, subscribe, watch
 from jobstore.core.claims import Verdict
@@ -27,7 +26,7 @@ from jobstore.db.channels import CHANNEL as NOTIFY_CHANNEL
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.testing.factories import claim, report
-from jobstore.testing.support import first
+from jobstore.testing.support import first, libpq_url
 
 TIMEOUT = 120
 

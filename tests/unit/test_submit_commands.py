@@ -9,7 +9,7 @@ from typing import Any
 import classad2
 import htcondor2
 import pytest
-from test_schedd import schedd  # noqa: F401 - the fixture
+from scheddapi import schedd  # noqa: F401 - the fixture
 
 from jobstore.formats.jobads import submitted_ad
 from jobstore.formats.matching import matches

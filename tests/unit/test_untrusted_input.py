@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentnode import WAIT, Node, node  # noqa: F401 - fixture
 from examples import examples
 from hookseq import slot_ad
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_agent import WAIT, Node, node  # noqa: F401 - fixture
 
 from jobstore.agent.protocol import (
     HEADER,
