@@ -202,11 +202,12 @@ def hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store(db_url: str):
-    """A migrated, empty job store on SQLite and on PostgreSQL."""
+    """A migrated, empty job store on SQLite and on PostgreSQL, with a kept connection (as the
+    agent's: a new connection per transaction would cost the tests thousands of sessions)."""
     from jobstore.db.engine import upgrade
     from jobstore.db.store import JobStore
 
     upgrade(db_url)
-    s = JobStore.from_url(db_url)
+    s = JobStore.from_url(db_url, pool=True, max_overflow=8)
     yield s
     s.engine.dispose()
