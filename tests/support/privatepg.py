@@ -62,8 +62,8 @@ class PrivateCluster:
         return self.url(name)
 
 
-@pytest.fixture(scope="module")
-def private_pg():
+def cluster_bindir() -> Path:
+    """The server binaries a private cluster runs from; skips the test when it cannot run one."""
     if os.geteuid() != 0:
         pytest.skip("a private PostgreSQL cluster needs root (initdb runs as `postgres`)")
     bindir = pg_bin()
@@ -73,6 +73,12 @@ def private_pg():
         pwd.getpwnam("postgres")
     except KeyError:
         pytest.skip("no `postgres` account to run a private cluster as")
+    return bindir
+
+
+@pytest.fixture(scope="module")
+def private_pg():
+    bindir = cluster_bindir()
     base = Path(tempfile.mkdtemp(prefix="jobstore-faults-pg-"))
     pg = pwd.getpwnam("postgres")
     os.chown(base, pg.pw_uid, pg.pw_gid)

@@ -20,11 +20,14 @@ import io
 import logging
 import os
 import pkgutil
+import pwd
 import select
 import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 MAX_REQUEST = 8 << 20
 
@@ -66,21 +69,29 @@ def decode(body: bytes) -> tuple[list[str], dict[str, str], str, int, str]:
 
 
 def receive(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """A caller's command and its three descriptors (closed here if the command is not whole)."""
     head, fds, _flags, _addr = socket.recv_fds(conn, 4, 3)
-    while len(head) < 4:
-        more = conn.recv(4 - len(head))
-        if not more:
-            raise EOFError
-        head += more
-    length = int.from_bytes(head, "big")
-    if length > MAX_REQUEST or len(fds) != 3:
-        raise ValueError("bad request")
-    body = bytearray()
-    while len(body) < length:
-        more = conn.recv(min(length - len(body), 1 << 20))
-        if not more:
-            raise EOFError
-        body += more
+    try:
+        if len(fds) != 3:
+            raise ValueError("a command comes with three descriptors")
+        while len(head) < 4:
+            more = conn.recv(4 - len(head))
+            if not more:
+                raise EOFError
+            head += more
+        length = int.from_bytes(head, "big")
+        if length > MAX_REQUEST:
+            raise ValueError("bad request")
+        body = bytearray()
+        while len(body) < length:
+            more = conn.recv(min(length - len(body), 1 << 20))
+            if not more:
+                raise EOFError
+            body += more
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     return bytes(body), fds
 
 
@@ -124,11 +135,18 @@ def start(listener: socket.socket, waiting: dict[int, socket.socket],
     """Accept a command and fork its child, which runs it once its caller says go."""
     conn, _addr = listener.accept()
     try:
+        conn.settimeout(10)
         body, fds = receive(conn)
-    except (ValueError, EOFError):
+    except (OSError, ValueError, EOFError):
         conn.close()
         return
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
     if pid == 0:
         listener.close()
         for other in waiting.values():
@@ -143,8 +161,8 @@ def start(listener: socket.socket, waiting: dict[int, socket.socket],
 
 
 def child(conn: socket.socket, body: bytes, fds: list[int]) -> None:
-    """Run the command as `python -m jobstore.cli` would in its own process; never returns."""
-    code = 1
+    """Run the command as `python -m jobstore.cli` would in its own process; never returns.
+    The order is _posixsubprocess's: streams, directory, umask, session, then the account."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -154,17 +172,6 @@ def child(conn: socket.socket, body: bytes, fds: list[int]) -> None:
         conn.close()
         argv, env, cwd, umask, text = decode(body)
         flags = dict(flag.partition("=")[::2] for flag in text.split(","))
-        if "s" in flags:
-            os.setsid()
-        if "b" in flags:
-            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        if "G" in flags:
-            os.setgroups([int(g) for g in flags["G"].split(":") if g])
-        if "g" in flags:
-            os.setregid(int(flags["g"]), int(flags["g"]))
-        if "u" in flags:
-            os.setreuid(int(flags["u"]), int(flags["u"]))
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -173,44 +180,91 @@ def child(conn: socket.socket, body: bytes, fds: list[int]) -> None:
         os.closerange(3, 1 << 16)
         os.chdir(cwd)
         os.umask(umask)
+        if "b" in flags:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        if "s" in flags:
+            os.setsid()
+        if "G" in flags:
+            os.setgroups([int(g) for g in flags["G"].split(":") if g])
+        if "g" in flags:
+            os.setregid(int(flags["g"]), int(flags["g"]))
+        if "u" in flags:
+            os.setreuid(int(flags["u"]), int(flags["u"]))
         os.environ.clear()
         os.environ.update(env)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
-                                      line_buffering=os.isatty(1))
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
-                                      errors="backslashreplace", line_buffering=True)
+        time.tzset()
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                     errors="surrogateescape")
+        sys.stdout = io.TextIOWrapper(output(1, unbuffered), errors="surrogateescape",
+                                      line_buffering=os.isatty(1), write_through=unbuffered)
+        sys.stderr = io.TextIOWrapper(output(2, unbuffered), errors="backslashreplace",
+                                      line_buffering=True, write_through=unbuffered)
+        sys.path[0] = cwd
         from jobstore.cli import commands, commandserver
 
-        commandserver.reload_condor_config()
+        reload_condor_config(commandserver.reload_condor_config)
         sys.argv = [str(commands.__file__).replace("commands.py", "__main__.py"), *argv]
     except BaseException:  # noqa: BLE001 - nothing ran; say why where the caller reads
         with contextlib.suppress(Exception):
             import traceback
 
             traceback.print_exc()
+            sys.stderr.flush()
         os._exit(120)
+    os._exit(run(commands.main, argv, commandserver.exit_status))
+
+
+def output(fd: int, unbuffered: bool) -> io.RawIOBase | io.BufferedWriter:
+    """A standard output stream's binary layer, as the interpreter makes it (`-u`: raw)."""
+    raw = io.FileIO(fd, "w", closefd=False)
+    return raw if unbuffered else io.BufferedWriter(raw)
+
+
+def reload_condor_config(quietly: Callable[[], None]) -> None:
+    """Read the HTCondor configuration with the command's environment, as a new process's import
+    of htcondor2 does: where a configuration is named or found, what HTCondor says of it (and an
+    exit on an error in it) reaches the command's stderr; else it says nothing (`quietly`,
+    the command server's, which filters what no process would print)."""
+    htcondor2 = sys.modules.get("htcondor2")
+    if htcondor2 is None:
+        return
+    found = ["/etc/condor/condor_config", "/usr/local/etc/condor_config"]
+    with contextlib.suppress(KeyError):
+        found.append(os.path.join(pwd.getpwnam("condor").pw_dir, "condor_config"))
+    if "CONDOR_CONFIG" in os.environ or any(os.path.exists(path) for path in found):
+        htcondor2.reload_config()
+    else:
+        quietly()
+
+
+def run(main: Callable[..., object], argv: list[str], exit_status: Callable[[object], int]) -> int:
+    """The command, then what the interpreter does at its end: its exit status."""
+    code, interrupted = 1, False
     try:
-        commands.main(args=argv, prog_name="python -m jobstore.cli")
+        main(args=argv, prog_name="python -m jobstore.cli")
         code = 0
     except SystemExit as exc:
-        code = commandserver.exit_status(exc.code)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # noqa: BLE001 - what the interpreter would print
+        code = exit_status(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - what the interpreter would print
         import traceback
 
         traceback.print_exc()
-        code = 1
+        interrupted = isinstance(exc, KeyboardInterrupt)
     with contextlib.suppress(BaseException):
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
         logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        try:
             stream.flush()
-    os._exit(code)
+        except Exception:  # noqa: BLE001 - the interpreter's exit status for this
+            code = 120
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner, submit_jobs
-from privatepg import PrivateCluster, pg_bin
+from privatepg import PrivateCluster, cluster_bindir
 from testdata import TRANSCRIPTS
 
 from jobstore.db.engine import upgrade
@@ -35,11 +35,7 @@ SLOT = TRANSCRIPTS / "01-normal-job" / "01-FETCH_WORK.stdin"
 @pytest.fixture(scope="module")
 def scram_pg():
     """A private cluster: `postgres` trusted, every other role must give its password."""
-    if os.geteuid() != 0:
-        pytest.skip("a private PostgreSQL cluster needs root (initdb runs as `postgres`)")
-    bindir = pg_bin()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries under /usr/lib/postgresql")
+    bindir = cluster_bindir()
     base = Path(tempfile.mkdtemp(prefix="jobstore-cred-pg-"))
     shutil.chown(base, "postgres", "postgres")
     os.chmod(base, 0o755)
