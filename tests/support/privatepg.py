@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,17 +78,18 @@ def cluster_bindir() -> Path:
     return bindir
 
 
-@pytest.fixture(scope="module")
-def private_pg():
+@contextmanager
+def fresh_cluster(prefix: str) -> Iterator[PrivateCluster]:
+    """An initialised private cluster in a new directory (its caller starts it); stopped and
+    removed afterwards. Skips the test when no cluster can be had (cluster_bindir)."""
     bindir = cluster_bindir()
-    base = Path(tempfile.mkdtemp(prefix="jobstore-faults-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     pg = pwd.getpwnam("postgres")
     os.chown(base, pg.pw_uid, pg.pw_gid)
     os.chmod(base, 0o755)
     cluster = PrivateCluster(bindir, base)
-    cluster.init()
-    cluster.start()
     try:
+        cluster.init()
         yield cluster
     finally:
         try:
@@ -94,3 +97,10 @@ def private_pg():
         except subprocess.CalledProcessError:
             pass
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_pg():
+    with fresh_cluster("jobstore-faults-pg-") as cluster:
+        cluster.start()
+        yield cluster

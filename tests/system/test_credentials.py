@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from hookrun import hook_env, run_hook
 from hookseq import ordinary_owner, submit_jobs
-from privatepg import PrivateCluster, cluster_bindir
+from privatepg import PrivateCluster, fresh_cluster
 from testdata import TRANSCRIPTS
 
 from jobstore.db.engine import upgrade
@@ -35,19 +35,13 @@ SLOT = TRANSCRIPTS / "01-normal-job" / "01-FETCH_WORK.stdin"
 @pytest.fixture(scope="module")
 def scram_pg():
     """A private cluster: `postgres` trusted, every other role must give its password."""
-    bindir = cluster_bindir()
-    base = Path(tempfile.mkdtemp(prefix="jobstore-cred-pg-"))
-    shutil.chown(base, "postgres", "postgres")
-    os.chmod(base, 0o755)
-    cluster = PrivateCluster(bindir, base)
-    cluster.init()
-    (cluster.data / "pg_hba.conf").write_text(
-        "local all all trust\n"
-        "host all postgres 127.0.0.1/32 trust\n"
-        "host all all 127.0.0.1/32 scram-sha-256\n"
-    )
-    cluster.start()
-    try:
+    with fresh_cluster("jobstore-cred-pg-") as cluster:
+        (cluster.data / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "host all postgres 127.0.0.1/32 trust\n"
+            "host all all 127.0.0.1/32 scram-sha-256\n"
+        )
+        cluster.start()
         admin = sa.create_engine(cluster.url(), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(sa.text(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{PASSWORD}'"))
@@ -55,12 +49,6 @@ def scram_pg():
         admin.dispose()
         upgrade(no_password_url(cluster).replace(f"{ROLE}@", f"{ROLE}:{PASSWORD}@"))
         yield cluster
-    finally:
-        try:
-            cluster.stop()
-        except subprocess.CalledProcessError:
-            pass
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def no_password_url(cluster: PrivateCluster) -> str:
