@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from jobstore.agent.fetchwait import slot_name
 from jobstore.db.slots import SlotRow
 from jobstore.errors import AdError
 from jobstore.formats.classads import get_str, parse_ad, sprint_ad
@@ -28,23 +29,36 @@ class SlotBoard:
         self.update_interval = update_interval
         self.lifetime = lifetime
         self._ads: dict[str, tuple[str, str]] = {}  # Name -> (Machine, ad text)
+        self._unread: dict[str, bytes] = {}  # the newest stdin of each slot since the last read
         self._lock = threading.Lock()
         self._next = 0.0
 
     def seen(self, stdin: bytes) -> None:
-        """A FETCH_WORK's stdin, the slot ad the startd wrote (ignored unless it parses and has
-        a Name)."""
-        try:
-            ad = parse_ad(stdin.decode("utf-8", "replace"))
-        except AdError:
-            return
-        name = get_str(ad, "Name")
-        if not name:
-            return
-        for key in [k for k in ad if k.lower() in _SECRET]:
-            del ad[key]
+        """A FETCH_WORK's stdin, the slot ad the startd wrote: kept as it came and read when
+        the slots are published (ignored then unless it parses and has a Name), so that a
+        fetch pays for no parse of its own."""
+        key = slot_name(stdin)
+        if key:
+            with self._lock:
+                self._unread[key] = stdin
+
+    def _read(self) -> None:
+        """The ads seen since the last read, parsed: each slot's newest one that parses."""
         with self._lock:
-            self._ads[name] = (get_str(ad, "Machine") or name.partition("@")[2], sprint_ad(ad))
+            unread, self._unread = self._unread, {}
+        for stdin in unread.values():
+            try:
+                ad = parse_ad(stdin.decode("utf-8", "replace"))
+            except AdError:
+                continue
+            name = get_str(ad, "Name")
+            if not name:
+                continue
+            for key in [k for k in ad if k.lower() in _SECRET]:
+                del ad[key]
+            with self._lock:
+                self._ads[name] = (get_str(ad, "Machine") or name.partition("@")[2],
+                                   sprint_ad(ad))
 
     def due(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) >= self._next
@@ -53,6 +67,7 @@ class SlotBoard:
         """Upsert every slot seen into each store, expire the stale slots there; how many
         slots were published."""
         self._next = time.monotonic() + self.update_interval
+        self._read()
         wall = time.time() if now is None else now
         with self._lock:
             rows = [SlotRow(name, machine, text, wall, wall + self.lifetime)

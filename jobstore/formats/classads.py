@@ -53,11 +53,11 @@ def parse_ad(text: str) -> ClassAd:
         name, sep, _ = ln.partition("=")
         if not sep or not name.strip():
             raise AdError(f"not a ClassAd line: {_excerpt(ln)}")
-    try:
-        ad = classad2.parseOne("\n".join(lines) + "\n", ParserType.Old)
+    try:  # one ad (no blank line is left): parseNext, which returns it without copying it
+        ad = classad2.parseNext("\n".join(lines) + "\n", ParserType.Old)
     except Exception as exc:  # classad2 raises plain exceptions on syntax errors
         raise AdError(f"unparseable ClassAd: {exc}") from None
-    if len(ad) == 0:
+    if ad is None or len(ad) == 0:
         raise AdError("ClassAd has no attributes")
     return ad
 
@@ -176,8 +176,8 @@ def _render_line(name: str, kind: str, value: Value) -> str:
     # which the starter hooks use, among them): refuse them like a newline.
     if len(line.splitlines()) != 1 or not line.endswith("\n"):
         raise AdError(f"{name}: value cannot be written on one ClassAd line")
-    back = classad2.parseOne(line, ParserType.Old)
-    if list(back.keys()) != [name] or not _same(back, ad, name, value):
+    back = classad2.parseNext(line, ParserType.Old)
+    if back is None or list(back.keys()) != [name] or not _same(back, ad, name, value):
         raise AdError(f"{name}: value does not survive the old ClassAd syntax")
     return line
 

@@ -4,6 +4,7 @@ next report (the agent) or applied; and the spool's replay of what was left."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -196,6 +197,7 @@ def report(
     return HookResponse(log=[*log, note], stale=outcome.stale)
 
 
+@functools.lru_cache(maxsize=64)
 def store_identity(url: str) -> str:
     """A fingerprint of the database a report belongs to: of the URL without its password, so
     that a report spooled by a hook that could not read the password is still recognised (and
@@ -315,6 +317,8 @@ def attempt_report(
     if event == Event.EXIT:
 
         def exit_policy(row: Job) -> policy.ExitVerdict:
+            if not policy.exit_evaluates(row.ad, row.retry_until):  # no worker needed
+                return policy.exit_verdict(row, attrs)
             with node.reading(report.keyword, row.id):
                 return node.evaluator.exit_verdict(row, attrs, views.policy_ad(row, attrs))
 
