@@ -32,6 +32,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -86,11 +87,31 @@ class Replayed(NamedTuple):
 # ---- the directory --------------------------------------------------------------------------
 
 
+# A directory found safe, and its lstat then: (monotonic time until which that holds, identity).
+# Only root and the account itself can change what was checked (its ancestors belong to them and
+# nobody else may write there), so a check is taken as still true for a moment while the
+# directory is the same one with the same owner and mode.
+_SAFE: dict[tuple[str, int], tuple[float, tuple[int, int, int, int]]] = {}
+SAFE_FOR = 1.0  # seconds
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_uid, st.st_mode
+
+
 def ensure_dir(directory: Path) -> list[str]:
     """Make sure `directory` is safe to use for this process, creating or (as root) repairing
     it; returns what was repaired, one line each. SpoolError when it cannot be used."""
     directory = Path(directory)
     me = os.geteuid()
+    key = (str(directory), me)
+    known = _SAFE.get(key)
+    if known is not None and time.monotonic() < known[0]:
+        try:
+            if _identity(os.lstat(directory)) == known[1]:
+                return []
+        except OSError:
+            pass
     notes: list[str] = []
     try:
         if me == 0:  # make missing parents, but only below a path nobody else can swap
@@ -132,11 +153,15 @@ def ensure_dir(directory: Path) -> list[str]:
         else:
             raise SpoolError(f"spool {directory} belongs to uid {st.st_uid}, not root; not used")
     except SpoolError:
+        _SAFE.pop(key, None)
         raise
     except OSError as exc:
+        _SAFE.pop(key, None)
         raise SpoolError(f"spool {directory}: {exc.strerror or exc}") from None
     for note in notes:
         _log.error("%s", note)
+    if not notes:
+        _SAFE[key] = (time.monotonic() + SAFE_FOR, _identity(st))
     return notes
 
 
@@ -327,14 +352,46 @@ def replay(
     may list it can take), so that two replayers (a hook and the agent) never send one job's
     reports out of order; one that waited REPLAY_LOCK_WAIT for another sends nothing."""
     ensure_dir(directory)
-    lock = _lock_replays(directory)
-    if lock is None:
-        return Replayed(0, 0, busy=True)
+    global _replaying
+    with _replaying_lock:
+        if not _replaying and _nothing_to_replay(directory):
+            return Replayed(0, 0)
+        _replaying += 1
     try:
-        return _replay(directory, send, limit=limit, deadline=deadline, group=group)
+        lock = _lock_replays(directory)
+        if lock is None:
+            return Replayed(0, 0, busy=True)
+        try:
+            return _replay(directory, send, limit=limit, deadline=deadline, group=group)
+        finally:
+            if lock >= 0:
+                os.close(lock)
     finally:
-        if lock >= 0:
-            os.close(lock)
+        with _replaying_lock:
+            _replaying -= 1
+
+
+# Replays under way in this process (its threads): while one runs, the reports it has taken
+# look like this process's own, so another thread waits for it rather than overtake them.
+_replaying = 0
+_replaying_lock = threading.Lock()
+
+
+def _nothing_to_replay(directory: Path) -> bool:
+    """Does `directory` hold nothing `pending` would take: no waiting report, and nothing
+    another process holds or was writing? Read from the names alone."""
+    try:
+        listing = os.listdir(directory)
+    except OSError:
+        return False
+    me = str(os.getpid())
+    for name in listing:
+        if _REPORT.match(name):
+            return False
+        m = _TAKEN.match(name) or _WRITING.match(name)
+        if m and m.group(2) != me:
+            return False
+    return True
 
 
 def _lock_replays(directory: Path) -> int | None:

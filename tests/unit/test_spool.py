@@ -136,3 +136,52 @@ def test_one_replay_of_a_spool_at_a_time(tmp_path: Path, monkeypatch) -> None:
         os.close(held)
     assert spool.replay(d, lambda r, uid: sent.append(r))[:3] == (3, 0, 0)
     assert [r["n"] for r in sent] == [0, 1, 2]
+
+
+def test_a_spool_of_this_process_own_reports_is_passed_without_the_lock(
+        tmp_path: Path, monkeypatch) -> None:
+    """With nothing in the spool but the reports this process holds, a replay sends nothing
+    and takes no lock (another replayer holding it does not delay it); a waiting report, or
+    one another live process holds or writes, sends it the long way, which waits for the
+    lock; so does a replay while another of this process's threads replays."""
+    d = tmp_path / "spool"
+    d.mkdir(mode=0o700)
+    own = spool.hold(d, {"n": 1})
+    monkeypatch.setattr(spool, "REPLAY_LOCK_WAIT", 0.1)
+    lock = spool._lock_replays(d)
+    assert lock is not None and lock >= 0
+    sent: list[dict] = []
+    try:
+        assert spool.replay(d, lambda r, uid: sent.append(r)) == spool.Replayed(0, 0)
+        monkeypatch.setattr(spool, "_replaying", 1)
+        assert spool.replay(d, lambda r, uid: sent.append(r)).busy
+        monkeypatch.setattr(spool, "_replaying", 0)
+        for name in (f".00000000000000000001-{os.getppid()}-abcd.report.{os.getppid()}.taking",
+                     f".00000000000000000002-{os.getppid()}-abcd.tmp",
+                     "00000000000000000003-1-abcd.report"):
+            (d / name).write_text("{}")
+            assert spool.replay(d, lambda r, uid: sent.append(r)).busy
+            os.unlink(d / name)
+    finally:
+        os.close(lock)
+    assert sent == [] and os.listdir(d) == [own.path.name]
+
+
+def test_a_spool_checked_a_moment_ago_is_checked_again_once_it_changed(tmp_path: Path) -> None:
+    """ensure_dir trusts its last check only while the directory is the same one with the same
+    owner and mode: a directory put in its place, or opened to others, is checked anew."""
+    d = tmp_path / "spool"
+
+    def repaired(mode: int) -> list[str]:
+        if os.geteuid() == 0:
+            return [f"spool {d} had mode {mode:o}: now 1733"]
+        return [f"spool {d} was open to others: now 0700"]
+
+    assert spool.ensure_dir(d) == []
+    assert spool.ensure_dir(d) == []
+    os.chmod(d, 0o777)
+    assert spool.ensure_dir(d) == repaired(0o777)
+    os.rename(d, tmp_path / "aside")
+    d.mkdir(mode=0o755)
+    assert spool.ensure_dir(d) == repaired(0o755)
+    assert spool.ensure_dir(d) == []
