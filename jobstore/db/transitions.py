@@ -24,7 +24,7 @@ from jobstore.core.states import (
 )
 from jobstore.db.backends import Claim
 from jobstore.db.channels import STOPS
-from jobstore.db.rows import RowChange, event_row, note_event, update_row
+from jobstore.db.rows import RowChange, event_row, note_event
 from jobstore.db.schema import jobs
 from jobstore.db.transactions import Transactions
 from jobstore.formats import views
@@ -208,7 +208,7 @@ class Transitions:
         transactions that write the same rows never wait on each other in a cycle)."""
         kept: dict[int, RowChange] = conn.info.get(KEPT) or {}
         for change in sorted(kept.values(), key=lambda c: c.job_id):
-            update_row(conn, change, self.db.backend.as_read)
+            self.db.backend.update_row(conn, change)
             del kept[change.job_id]
 
     def change_row(self, conn: Connection, job: Job, values: Mapping[str, Any],
@@ -219,7 +219,7 @@ class Transitions:
         change = self._keep(conn, RowChange(job.id, job.status, job.claims, dict(values),
                                             version), job)
         if change is not None:
-            update_row(conn, change, self.db.backend.as_read)
+            self.db.backend.update_row(conn, change)
 
     @staticmethod
     def _keep(conn: Connection, change: RowChange, job: Job | None) -> RowChange | None:

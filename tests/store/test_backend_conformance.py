@@ -346,35 +346,43 @@ def test_read_jobs_reads_the_rows_there_are(backend: Backend) -> None:
         assert (version is None) == backend.report_reads[0]
 
 
-def test_a_change_as_read_hits_the_row_only_while_it_is_that_version(
+def test_a_row_change_hits_the_row_only_while_it_is_as_read(
         backend: Backend, schema_engine: Engine) -> None:
-    """An UPDATE through as_read with the version read_job gave finds the row while nobody
-    changed it, and nothing once another transaction did (so does `record` with that
-    version). A backend whose read is locked has no version: nothing can change the row."""
+    """update_row with the version read_job gave changes the row while nobody changed it, and
+    raises RowChanged once another transaction did (so does `record` with that version);
+    without a version it checks the row's status and attempt. A backend whose read is locked
+    has no version: nothing can change the row."""
     with transaction(backend) as conn:
         kept, changed = queue_jobs(backend, conn, 2).jobs
 
-    def reprioritise(job_id: int, priority: int) -> Any:
-        return update(jobs).where(jobs.c.id == job_id).values(priority=priority)
+    def reprioritise(job: Job, priority: int, version: str | None) -> RowChange:
+        return RowChange(job.id, job.status, job.claims, {"priority": priority}, version)
 
     with opened(backend, READ_JOB, {"job_id": kept.id}) as (conn, read):
         _, version = backend.read_job(conn, read, kept.id)
-        assert conn.execute(backend.as_read(reprioritise(kept.id, 5), version)).rowcount == 1
+        backend.update_row(conn, reprioritise(kept, 5, version))
     assert job_now(backend, kept.id) == kept.but(priority=5)
     with transaction(backend) as conn:  # None: the row is locked, nothing to check
-        assert conn.execute(backend.as_read(reprioritise(kept.id, 6), None)).rowcount == 1
+        backend.update_row(conn, reprioritise(kept, 6, None))
+    with transaction(backend) as conn:
+        for wrong in (kept.but(status=Status.HELD), kept.but(claims=kept.claims + 1)):
+            with pytest.raises(RowChanged):
+                backend.update_row(conn, reprioritise(wrong, 9, None))
+    assert job_now(backend, kept.id) == kept.but(priority=6)
 
     with opened(backend, READ_JOB, {"job_id": changed.id}) as (conn, read):
         _, version = backend.read_job(conn, read, changed.id)
         if version is None:
             with pytest.raises(InvalidInput):
-                backend.as_read(reprioritise(changed.id, 8), "1")
+                backend.update_row(conn, reprioritise(changed, 8, "1"))
             assert other_writer_waits(backend, schema_engine, lambda other: other.execute(
-                reprioritise(changed.id, 7)))
+                update(jobs).where(jobs.c.id == changed.id).values(priority=7)))
             return
         with transaction(backend) as other:
-            assert other.execute(reprioritise(changed.id, 7)).rowcount == 1
-        assert conn.execute(backend.as_read(reprioritise(changed.id, 8), version)).rowcount == 0
+            assert other.execute(update(jobs).where(jobs.c.id == changed.id)
+                                 .values(priority=7)).rowcount == 1
+        with pytest.raises(RowChanged):
+            backend.update_row(conn, reprioritise(changed, 8, version))
         with pytest.raises(RowChanged):
             backend.record(conn, event_values(changed.id, Event.HOLD.value, "idle", "held"),
                            RowChange(changed.id, "idle", 0, {"status": "held"}, version))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeAlias
 
-from sqlalchemy import URL, ColumnElement, Connection, Table, Update
+from sqlalchemy import URL, ColumnElement, Connection, Table
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
 from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
@@ -247,9 +247,6 @@ class Backend(Protocol):
         """The job rows `begin` read unlocked (READ_JOBS) and their versions, by id (the ones
         there are)."""
 
-    def as_read(self, change: Update, version: str | None) -> Update:
-        """`change` of a job row, made only to the row as `read_job` read it at `version`: it
-        finds nothing if the row changed since. None: the row is locked, nothing to check."""
 
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         """The job row, locked until the transaction ends."""
@@ -279,6 +276,11 @@ class Backend(Protocol):
                ) -> None:
         """Append the event `values` (after `change`, the job row's UPDATE, when given: it
         must hit the row, else RowChanged) and notify the followers at commit."""
+
+    def update_row(self, conn: Connection, change: RowChange) -> None:
+        """`change`, a job row's UPDATE that records no event: made only if the row is still
+        in its status and attempt and, with a version (`read_job`'s), still that version; else
+        RowChanged. A version where `read_job` gives none (the row is locked) is InvalidInput."""
 
     def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         """Append many events in one statement, and notify the followers once."""

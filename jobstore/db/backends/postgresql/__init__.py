@@ -20,11 +20,9 @@ from sqlalchemy import (
     Connection,
     Engine,
     Table,
-    Update,
     any_,
     bindparam,
     event,
-    literal_column,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
@@ -70,6 +68,7 @@ from jobstore.db.backends.postgresql.queries import (
     SESSION_IDENTITY,
     SNAPSHOT_BOUNDS,
     TABLE_ROWS_ESTIMATE,
+    UPDATE_JOB_ROW,
     XACT_HORIZON,
     opening,
 )
@@ -171,12 +170,6 @@ class PostgreSQL:
                 for row in driver.all_of(_cursor(opened), opening(READ_JOBS_SQL))]
         return {job.id: (job, version) for job, version in read}
 
-    def as_read(self, change: Update, version: str | None) -> Update:
-        """The version is the transaction that wrote the row, as read_job reads it (xmin)."""
-        if version is None:
-            return change
-        return change.where(literal_column("jobs.xmin::text") == version)
-
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         found = driver.first(conn, LOCK_JOB, {"job_id": job_id})
         return None if found is None else found.job()
@@ -240,6 +233,14 @@ class PostgreSQL:
                       claims=change.claims, version=change.version, row_status=change.status)
         if driver.execute(conn, _transition_sql(tuple(change.values)), params).rowcount != 1:
             raise RowChanged(f"job {values['job_id']!r} changed under its transition")
+
+    def update_row(self, conn: Connection, change: RowChange) -> None:
+        """The version is the transaction that wrote the row, as read_job reads it (xmin)."""
+        params = {f"set_{name}": value for name, value in change.values.items()}
+        params.update(job_id=change.job_id, row_status=change.status, claims=change.claims,
+                      version=change.version)
+        if driver.execute(conn, _update_sql(tuple(change.values)), params).rowcount != 1:
+            raise RowChanged(f"job {change.job_id!r} changed under its transition")
 
     def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         columns = {name: [row[name] for row in rows] for name in rows[0]}
@@ -335,6 +336,12 @@ class PostgreSQL:
 def _transition_sql(columns: tuple[str, ...]) -> str:
     """record_transition with the SET list of `columns`."""
     return RECORD_TRANSITION.format(assignments=_assignments(columns))
+
+
+@lru_cache(maxsize=512)
+def _update_sql(columns: tuple[str, ...]) -> str:
+    """update_job_row with the SET list of `columns`."""
+    return UPDATE_JOB_ROW.format(assignments=_assignments(columns))
 
 
 @lru_cache(maxsize=16)

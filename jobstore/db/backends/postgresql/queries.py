@@ -17,6 +17,7 @@ READ_JOBS = QUERIES["read_jobs"].sql
 LOCK_JOB = QUERIES["lock_job"].sql
 RECORD_TRANSITION = QUERIES["record_transition"].sql  # str.format(assignments=...)
 RECORD_EVENT = QUERIES["record_event"].sql
+UPDATE_JOB_ROW = QUERIES["update_job_row"].sql  # str.format(assignments=...)
 INSERT_EVENTS = QUERIES["insert_events"].sql
 FILE_CHUNKS = QUERIES["file_chunks"].sql
 LOCK_LIMITS = QUERIES["lock_limits"].sql

@@ -107,6 +107,14 @@ WITH changed AS (
 )
 SELECT pg_notify(%(channel)s, %(payload)s) FROM appended;
 
+-- name: update_job_row
+-- A job row's change that records no event (a transition's change kept for the end of the
+-- transaction, a lease renewed), made only if the row is still in the status and attempt it
+-- was read in and, with a version, still that version. {assignments} as in record_transition.
+UPDATE jobs SET {assignments}
+WHERE id = %(job_id)s AND status = %(row_status)s AND claims = %(claims)s
+    AND (%(version)s::text IS NULL OR xmin::text = %(version)s::text);
+
 -- name: record_event
 -- An event that changes no job row, and the followers' notification (PostgreSQL).
 WITH appended AS (

@@ -89,7 +89,8 @@ class SQLite:
         found = {job_id: self.lock_job(conn, job_id) for job_id in sorted(job_ids)}
         return {job_id: (job, None) for job_id, job in found.items() if job is not None}
 
-    def as_read(self, change: Update, version: str | None) -> Update:
+    @staticmethod
+    def _as_read(change: Update, version: str | None) -> Update:
         if version is not None:  # read_job reads none: the transaction holds the write lock
             raise InvalidInput("a SQLite job row has no version")
         return change
@@ -139,8 +140,11 @@ class SQLite:
     def record(self, conn: Connection, values: Row, change: RowChange | None,
                ) -> None:
         if change is not None:
-            update_row(conn, change, self.as_read)
+            update_row(conn, change, self._as_read)
         conn.execute(insert(job_events).values(**values))
+
+    def update_row(self, conn: Connection, change: RowChange) -> None:
+        update_row(conn, change, self._as_read)
 
     def insert_events(self, conn: Connection, rows: Sequence[Row]) -> None:
         conn.execute(insert(job_events), rows)
