@@ -8,7 +8,7 @@ submitted attributes, the job's status attributes and the starter's latest value
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -129,6 +129,18 @@ class ExitVerdict:
     succeeded: bool
     retry: bool
     hold: Action | None = None
+
+
+def exit_evaluates(attrs: Iterable[str], retry_until: str | None) -> bool:
+    """Does an exit's verdict evaluate an expression of the job's own: on_exit_hold or
+    on_exit_remove among its attributes `attrs`, or a retry_until that is not an exit code?
+    Without one, `exit_verdict` without the ad gives the same verdict and evaluates nothing."""
+    if retry_until and not retry_until.strip().lstrip("-").isdigit():
+        return True
+    return any(name.lower() in _EXIT_EXPRESSIONS for name in attrs)
+
+
+_EXIT_EXPRESSIONS = frozenset({"onexithold", "onexitremove"})
 
 
 def exit_verdict(job: HasExitTerms, exit_attrs: Mapping[str, Any], ad: ClassAd | None = None

@@ -110,6 +110,26 @@ def test_on_exit_remove_decides_over_max_retries() -> None:
     assert policy.exit_verdict(a_job(), {"ExitCode": 0}, again).retry
 
 
+def test_an_exit_without_expressions_of_its_own_is_judged_without_its_ad() -> None:
+    """exit_evaluates is false only where the verdict without the policy ad (no evaluation, no
+    worker) is the verdict with it."""
+    exits: tuple[dict[str, Any], ...] = (
+        {"ExitCode": 0, "ExitBySignal": False}, {"ExitCode": 2, "ExitBySignal": False},
+        {"ExitCode": 3}, {"ExitBySignal": True, "ExitSignal": 9}, {})
+    plain = [a_job(), a_job(max_retries=3), a_job(max_retries=3, retry_until="2"),
+             a_job(success_exit_code=3, max_retries=1, retry_until=" -1 "),
+             a_job(ad={"Cmd": "/bin/true", "OnExitHoldReason": "no hold without OnExitHold"})]
+    for job in plain:
+        assert not policy.exit_evaluates(job.ad, job.retry_until)
+        for attrs in exits:
+            assert policy.exit_verdict(job, attrs) == policy.exit_verdict(
+                job, attrs, views.policy_ad(job, attrs))
+    for attrs, retry_until in (({"OnExitHold": {"expr": "false"}}, None),
+                               ({"onexitremove": {"expr": "true"}}, None),
+                               ({}, "ExitCode == 2")):
+        assert policy.exit_evaluates(attrs, retry_until)
+
+
 # ---- through the store ------------------------------------------------------------------------
 
 REQ = claim_request(shape="s")
