@@ -206,7 +206,8 @@ class Reports:
 
         Where the backend can, the rows are read unlocked in the round trip that opens the
         transaction, and each is written only if it is still the version read (no lock to
-        log), all at the end and in the order of their ids; a batch that finds a row changed
+        log), all at the end and in the order of their ids (the row of a batch about one job
+        with its last transition); a batch that finds a row changed
         meanwhile is rolled back and made again on locked rows. A batch with a report that
         `report` would make under a lock (`_needs_lock`) locks its rows at once. Rows are
         locked in the order of their ids (two batches never wait on each other in a cycle),
@@ -259,9 +260,12 @@ class Reports:
                      ) -> list[Outcome | JobstoreError]:
         """report_many's reports in order, on the rows it read (at `versions`) or locked: a
         job's several reports make one UPDATE of its row, with the last, or (rows read
-        unlocked) at the end."""
+        unlocked, of several jobs) at the end."""
         results: list[Outcome | JobstoreError] = []
         left = Counter(job_id for job_id, _ in reports)
+        # rows read at a version are written at the end, in the order of their ids, unless
+        # there is one (no order to keep): its change then goes with its last transition
+        in_order = len(left) > 1
         for job_id, r in reports:
             left[job_id] -= 1
             wrong = set(r.changes or {}) - CHANGE_COLUMNS.keys()
@@ -276,7 +280,7 @@ class Reports:
                 results.append(UnknownJob(job_id))
             else:
                 version = versions.get(job_id)
-                keep = left[job_id] or version is not None
+                keep = left[job_id] or (version is not None and in_order)
                 self.transitions.keep_row_of(conn, job_id if keep else None)
                 outcome = self._report(conn, job, r, version)
                 results.append(outcome)
