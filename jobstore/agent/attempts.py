@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jobstore.agent.fetchwait import slot_name
 from jobstore.formats import classads
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, ad_job_id
 
@@ -37,8 +36,7 @@ class Attempts:
     def fetched(self, slot_ad: bytes, job_ad: bytes) -> Attempt | None:
         """Remember the attempt a FETCH_WORK answer (`job_ad`) gave the slot of `slot_ad`."""
         try:
-            slot = slot_name(slot_ad) or classads.get_str(
-                classads.parse_ad(classads.decode(slot_ad)), "Name")
+            slot = classads.get_str(classads.parse_ad(classads.decode(slot_ad)), "Name")
             job = classads.parse_ad(classads.decode(job_ad))
         except classads.AdError:
             return None

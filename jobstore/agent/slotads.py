@@ -5,6 +5,8 @@ UPDATE_INTERVAL (the startd's own cadence for its collector), each visible for C
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 # Never published: what could claim the slot.
 _SECRET = frozenset({"claimid", "capability", "claimidlist", "childclaimids"})
+_NAME_LINE = re.compile(rb"^\s*name\s*=", re.M | re.I)  # every line that sets a Name
+log = logging.getLogger(__name__)
 
 
 class SlotBoard:
@@ -34,31 +38,39 @@ class SlotBoard:
         self._next = 0.0
 
     def seen(self, stdin: bytes) -> None:
-        """A FETCH_WORK's stdin, the slot ad the startd wrote: kept as it came and read when
-        the slots are published (ignored then unless it parses and has a Name), so that a
-        fetch pays for no parse of its own."""
+        """A FETCH_WORK's stdin, the slot ad the startd wrote. The newest of each slot is kept
+        as it came and read when the slots are published (ignored then unless it parses and
+        has a Name), so that a fetch pays for no parse; an ad whose Name line is not the plain
+        `Name = "..."` the startd writes is read at once."""
         key = slot_name(stdin)
-        if key:
-            with self._lock:
-                self._unread[key] = stdin
+        if not key or len(_NAME_LINE.findall(stdin)) != 1:
+            self._take(stdin)
+            return
+        with self._lock:
+            self._unread[key] = stdin
 
     def _read(self) -> None:
-        """The ads seen since the last read, parsed: each slot's newest one that parses."""
+        """The ads seen since the last read: each slot's newest one, if it parses."""
         with self._lock:
             unread, self._unread = self._unread, {}
         for stdin in unread.values():
             try:
-                ad = parse_ad(stdin.decode("utf-8", "replace"))
-            except AdError:
-                continue
-            name = get_str(ad, "Name")
-            if not name:
-                continue
-            for key in [k for k in ad if k.lower() in _SECRET]:
-                del ad[key]
-            with self._lock:
-                self._ads[name] = (get_str(ad, "Machine") or name.partition("@")[2],
-                                   sprint_ad(ad))
+                self._take(stdin)
+            except Exception as exc:  # one bad ad never keeps the others from being published
+                log.warning("slot ad not kept: %s: %s", type(exc).__name__, exc)
+
+    def _take(self, stdin: bytes) -> None:
+        try:
+            ad = parse_ad(stdin.decode("utf-8", "replace"))
+        except AdError:
+            return
+        name = get_str(ad, "Name")
+        if not name:
+            return
+        for key in [k for k in ad if k.lower() in _SECRET]:
+            del ad[key]
+        with self._lock:
+            self._ads[name] = (get_str(ad, "Machine") or name.partition("@")[2], sprint_ad(ad))
 
     def due(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) >= self._next

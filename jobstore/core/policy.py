@@ -8,6 +8,7 @@ submitted attributes, the job's status attributes and the starter's latest value
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -135,12 +136,13 @@ def exit_evaluates(attrs: Iterable[str], retry_until: str | None) -> bool:
     """Does an exit's verdict evaluate an expression of the job's own: on_exit_hold or
     on_exit_remove among its attributes `attrs`, or a retry_until that is not an exit code?
     Without one, `exit_verdict` without the ad gives the same verdict and evaluates nothing."""
-    if retry_until and not retry_until.strip().lstrip("-").isdigit():
+    if retry_until and not _EXIT_CODE.fullmatch(retry_until.strip()):
         return True
     return any(name.lower() in _EXIT_EXPRESSIONS for name in attrs)
 
 
 _EXIT_EXPRESSIONS = frozenset({"onexithold", "onexitremove"})
+_EXIT_CODE = re.compile(r"-?[0-9]+")  # a retry_until that is an exit code, not an expression
 
 
 def exit_verdict(job: HasExitTerms, exit_attrs: Mapping[str, Any], ad: ClassAd | None = None
@@ -175,7 +177,7 @@ def _retry_until_met(
     if not retry_until:
         return False
     text = retry_until.strip()
-    if text.lstrip("-").isdigit():
+    if _EXIT_CODE.fullmatch(text):
         return not by_signal and code == int(text)
     ad = ClassAd()
     for name in ("ExitCode", "ExitBySignal", "ExitSignal"):

@@ -126,8 +126,11 @@ def test_an_exit_without_expressions_of_its_own_is_judged_without_its_ad() -> No
                 job, attrs, views.policy_ad(job, attrs))
     for attrs, retry_until in (({"OnExitHold": {"expr": "false"}}, None),
                                ({"onexitremove": {"expr": "true"}}, None),
-                               ({}, "ExitCode == 2")):
+                               ({}, "ExitCode == 2"), ({}, "--5"), ({}, "\u00b2")):
         assert policy.exit_evaluates(attrs, retry_until)
+    for odd in ("--5", "\u00b2"):  # not exit codes: expressions, which never crash the verdict
+        job = a_job(max_retries=2, retry_until=odd)
+        assert policy.exit_verdict(job, {"ExitCode": 5, "ExitBySignal": False}).retry
 
 
 # ---- through the store ------------------------------------------------------------------------

@@ -102,3 +102,20 @@ def test_the_agent_publishes_its_slots(node: Node, store: JobStore) -> None:  # 
     assert node.stop() == 0
     time.sleep(3.5)  # CLASSAD_LIFETIME: a node that stopped publishing drops out of view
     assert store.live_slots() == []
+
+
+def test_slot_board_reads_an_ad_as_its_name_says(db_url: str) -> None:
+    """The slot's Name is the one a ClassAd reader finds: an ad that sets it twice is
+    published under the last, as HTCondor reads it; one that names no slot is not published."""
+    upgrade(db_url)
+    jobs_db = JobStore.from_url(db_url)
+    try:
+        board = SlotBoard(update_interval=300, lifetime=60)
+        board.seen(slot_ad("slot1@node03", "node03") + b'Name = "slot9@node03"\n')
+        board.seen(slot_ad("slot1@node03", "node03"))  # another slot's: both are kept
+        board.seen(b'Machine = "node04"\nCpus = 1\n')
+        assert board.publish([jobs_db], now=1000.0) == 2
+        assert [r.name for r in jobs_db.live_slots(now=1001.0)] == [
+            "slot1@node03", "slot9@node03"]
+    finally:
+        jobs_db.engine.dispose()
