@@ -247,7 +247,6 @@ class Backend(Protocol):
         """The job rows `begin` read unlocked (READ_JOBS) and their versions, by id (the ones
         there are)."""
 
-
     def lock_job(self, conn: Connection, job_id: int) -> Job | None:
         """The job row, locked until the transaction ends."""
 

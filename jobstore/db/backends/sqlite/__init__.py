@@ -140,7 +140,7 @@ class SQLite:
     def record(self, conn: Connection, values: Row, change: RowChange | None,
                ) -> None:
         if change is not None:
-            update_row(conn, change, self._as_read)
+            self.update_row(conn, change)
         conn.execute(insert(job_events).values(**values))
 
     def update_row(self, conn: Connection, change: RowChange) -> None:
