@@ -388,6 +388,37 @@ def test_a_batch_of_reports_locks_no_row_and_reads_them_as_it_opens(store):
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_batch_about_one_job_writes_its_row_with_its_last_transition(store):
+    """One job's several reports read at a version: every change but the last is kept, and
+    the last transition's statement writes the row with all of them (no UPDATE of its own)."""
+    (job_id,) = submit(store)
+    job = claimed(store, REQ)
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    t = time.time()
+    try:
+        results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                     _of(job, Event.START, t + 1, lease=900,
+                                         changes={"job_pid": 7})])
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    assert [o.after for o in results] == ["accepted", "running"]
+    assert [s for s in statements if "WITH changed AS" in s] != []
+    assert not [s for s in statements if s.lstrip().upper().startswith("UPDATE JOBS")]
+    assert not [s for s in statements if "FOR UPDATE" in s.upper()]
+    stored = store.get_job(job_id)
+    assert (stored.status, stored.job_pid, stored.started_at) == ("running", 7, t + 1)
+    assert_event_chain(store, job_id, [
+        ("fetch", "idle", "fetched"), ("accept", "fetched", "accepted"),
+        ("start", "accepted", "running"),
+    ])
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, monkeypatch):
     """A row another transaction changed between the batch's read and its write: the batch's
     events and writes are rolled back and it is made again under a lock, on the row as the
