@@ -44,6 +44,7 @@ from common import (
     cleanup,
     create_pg,
     first,
+    job_ad_json,
     make_env,
     populate,
     say,
@@ -129,7 +130,7 @@ def node_run(admin: str, n: int, workers: int, profile: str | None = None,
     try:
         create_pg(env)
         with psycopg.connect(libpq_url(env.pg_url), autocommit=True) as conn:
-            populate(conn, QUEUE, n, peers_ad())
+            populate(conn, QUEUE, n, job_ad_json())
         agent = start_agent(env, env.pg_url,  # as shipped
                             {"PYTHONPATH": str(tree)} if tree is not None else None)
         sock = str(env.tmp / "agent.sock")
@@ -162,12 +163,6 @@ def node_run(admin: str, n: int, workers: int, profile: str | None = None,
         return n / seconds, (s1 - s0) / n * 1000, (a1 - a0) / n * 1000
     finally:
         cleanup(env)
-
-
-def peers_ad() -> str:
-    from common import job_ad_json
-
-    return job_ad_json()
 
 
 def procrastinate_run(admin: str, n: int, workers: int) -> tuple[float, float]:

@@ -302,6 +302,21 @@ def _of(job, event: Event, now: float, **kw: Any) -> tuple[int, AttemptReport]: 
                                  slot="slot1@node", **kw)
 
 
+@contextmanager
+def _statements(store: JobStore) -> Iterator[list[str]]:
+    """The statements the store's engine runs within (SQLAlchemy's and the driver's)."""
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        yield statements
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+
+
 def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
     (job_id,) = submit(store)
     job = claimed(store, REQ)
@@ -367,19 +382,11 @@ def test_a_batch_of_reports_locks_no_row_and_reads_them_as_it_opens(store):
     submit(store, 2)
     jobs_ = [claimed(store, REQ), claimed(store, REQ)]
     _count_row_writes(store)
-    statements: list[str] = []
-
-    def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
-        statements.append(statement)
-
-    sa.event.listen(store.engine, "before_cursor_execute", seen)
     t = time.time()
-    try:
+    with _statements(store) as statements:
         results = store.report_many([_of(jobs_[1], Event.ACCEPT, t, lease=120),
                                      _of(jobs_[0], Event.ACCEPT, t, lease=120),
                                      _of(jobs_[1], Event.START, t + 1, lease=900)])
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", seen)
     assert [o.after for o in results] == ["accepted", "accepted", "running"]
     assert not [s for s in statements if "FOR UPDATE" in s.upper()], statements
     assert "row_version" in statements[0]  # read in the round trip that opened it
@@ -393,19 +400,11 @@ def test_a_batch_about_one_job_writes_its_row_with_its_last_transition(store):
     the last transition's statement writes the row with all of them (no UPDATE of its own)."""
     (job_id,) = submit(store)
     job = claimed(store, REQ)
-    statements: list[str] = []
-
-    def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
-        statements.append(statement)
-
-    sa.event.listen(store.engine, "before_cursor_execute", seen)
     t = time.time()
-    try:
+    with _statements(store) as statements:
         results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
                                      _of(job, Event.START, t + 1, lease=900,
                                          changes={"job_pid": 7})])
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", seen)
     assert [o.after for o in results] == ["accepted", "running"]
     assert [s for s in statements if "WITH changed AS" in s] != []
     assert not [s for s in statements if s.lstrip().upper().startswith("UPDATE JOBS")]
