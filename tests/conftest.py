@@ -3,6 +3,7 @@ a minimal HTCondor configuration file and the test fixtures (real HTCondor trans
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -32,6 +33,12 @@ settings.load_profile("jobstore")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The modules and tests collected live as long as the run: the collector skips them."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

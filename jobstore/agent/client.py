@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import _signal
 import _socket
+import gc
 import os
 import sys
 import time
@@ -180,6 +181,7 @@ def _held(items: list[bytes], limit: float) -> float:
 
 def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoReturn:
     """Do the work in this process (the agent is not running); never returns."""
+    gc.disable()  # the imports make objects that live as long as the process: never collected
     try:
         if sys.flags.no_site:  # started with -S: a venv's site-packages are not on sys.path yet
             import site
@@ -189,6 +191,8 @@ def _direct(hook: str, stdin: bytes, started: float, stderr_open: bool) -> NoRet
     except BaseException as exc:  # noqa: BLE001 - one line, never a traceback
         _say(hook, stderr_open, f"jobstore hook: cannot import jobstore ({exc})")
         os._exit(0)
+    gc.freeze()
+    gc.enable()
     direct_main(hook, stdin=stdin, started=started)
 
 

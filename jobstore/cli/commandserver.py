@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import importlib
 import io
 import os
@@ -30,12 +31,17 @@ ACCEPT_SECONDS = 5.0  # a client that connects must send its command within this
 
 
 def preload() -> None:
+    """Import what the commands use, kept out of the collector's passes (a forked command
+    neither scans nor copies those pages)."""
     from jobstore.db.backends import preload_drivers
 
+    gc.disable()
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     preload_drivers()
+    gc.freeze()
+    gc.enable()
 
 
 def loaded_files() -> dict[str, int]:

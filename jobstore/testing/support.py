@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,17 @@ def libpq_url(sqlalchemy_url: str) -> str:
 def with_database(sqlalchemy_url: str, name: str) -> str:
     """The same server and account, database `name` (password kept)."""
     return make_url(sqlalchemy_url).set(database=name).render_as_string(hide_password=False)
+
+
+def sqlite_copy(sqlite_url: str, path: Path) -> str:
+    """The URL of `path`, a copy of the SQLite store at `sqlite_url` (a migrated template's
+    copy: the copy needs no migration), mode 0660 as `jobstore init` leaves a new file; none
+    when that store has no file yet."""
+    source = make_url(sqlite_url).database or ""
+    if os.path.exists(source):
+        shutil.copyfile(source, path)
+        os.chmod(path, 0o660)
+    return f"sqlite:///{path}"
 
 
 def ensure_account(name: str, *, uid: int | None = None, home: bool = False) -> pwd.struct_passwd:

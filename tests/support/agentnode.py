@@ -26,6 +26,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator.spawn import hook_preexec
 from jobstore.node import spool
+from jobstore.testing.support import sqlite_copy
 
 WAIT = 60.0  # generous bound for the agent to come up or go down; never a speed assertion
 
@@ -88,7 +89,7 @@ def node(db_url: str) -> Iterator[Node]:
     base = Path(tempfile.mkdtemp(prefix="jobstore-agent-"))
     os.chmod(base, 0o755)
     if db_url.startswith("sqlite"):
-        db_url = f"sqlite:///{base / 'jobstore.db'}"
+        db_url = sqlite_copy(db_url, base / "jobstore.db")
     upgrade(db_url)
     (base / "log").mkdir()
     config = base / "condor_config"

@@ -28,7 +28,7 @@ from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
 from jobstore.emulator import EmulatorConfig
 from jobstore.node import config
-from jobstore.testing.support import ensure_account, own_node_dirs
+from jobstore.testing.support import ensure_account, own_node_dirs, sqlite_copy
 
 SERVICE_ACCOUNT = "jscondor"
 JOB_USERS = ("jsalice", "jsbob")
@@ -84,7 +84,7 @@ def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  #
     base = Path(tempfile.mkdtemp(prefix="jobstore-e2e-"))
     os.chmod(base, 0o755)
     if request.param == "sqlite":
-        db_url = f"sqlite:///{base / 'jobstore.db'}"
+        db_url = sqlite_copy(request.getfixturevalue("sqlite_url"), base / "jobstore.db")
     else:
         db_url = request.getfixturevalue("pg_url")
     upgrade(db_url)

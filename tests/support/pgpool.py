@@ -118,6 +118,7 @@ class DatabasePool:
         self.admin = libpq_url(admin_url)
         self.template = template
         self.free: list[str] = []
+        self._kept: psycopg.Connection | None = None
         with self._connect(template) as conn:
             self.fingerprint = _fingerprint(conn)
             tables = [r[0] for r in conn.execute(TABLES)]
@@ -139,9 +140,8 @@ class DatabasePool:
         if self.free:
             return self.free.pop()
         name = f"jobstore_test_{uuid.uuid4().hex}"
-        with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(self.template)))
+        self._admin().execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(self.template)))
         return name
 
     def give_back(self, name: str) -> None:
@@ -150,9 +150,8 @@ class DatabasePool:
         renamed = f"jobstore_test_{uuid.uuid4().hex}"
         try:
             self._end_sessions(name)
-            with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
-                conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
-                    sql.Identifier(name), sql.Identifier(renamed)))  # fails while one connects
+            self._admin().execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                sql.Identifier(name), sql.Identifier(renamed)))  # fails while one connects
             name = renamed
             with self._connect(name) as conn:
                 if _fingerprint(conn) != self.fingerprint:
@@ -167,11 +166,20 @@ class DatabasePool:
     def close(self) -> None:
         while self.free:
             self.drop(self.free.pop())
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
 
     def drop(self, name: str) -> None:
-        with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(name)))
+        self._admin().execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+
+    def _admin(self) -> psycopg.Connection:
+        """The pool's own session on the server's admin database (one, kept: a session costs
+        the server a process)."""
+        if self._kept is None or self._kept.closed or self._kept.broken:
+            self._kept = psycopg.connect(self.admin, connect_timeout=5, autocommit=True)
+        return self._kept
 
     def _reset(self, conn: psycopg.Connection) -> None:
         conn.execute("SET LOCAL lock_timeout = '2s'")
@@ -193,9 +201,8 @@ class DatabasePool:
                 conn.execute("SELECT setval(%s, %s)", (sequence, last))
 
     def _end_sessions(self, name: str) -> None:
-        with psycopg.connect(self.admin, connect_timeout=5, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
-                         "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        self._admin().execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                              "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
 
     @contextmanager
     def _connect(self, name: str) -> Iterator[psycopg.Connection]:

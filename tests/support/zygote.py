@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import io
 import logging
@@ -36,12 +37,15 @@ def preload() -> None:
     import jobstore
     from jobstore.db.backends import preload_drivers
 
+    gc.disable()
     for module in pkgutil.walk_packages(jobstore.__path__, "jobstore."):
         if not module.name.endswith("__main__"):
             importlib.import_module(module.name)
     with contextlib.suppress(ImportError):
         importlib.import_module("htcondor2")
     preload_drivers()
+    gc.freeze()
+    gc.enable()
 
 
 def encode(argv: list[str], env: dict[str, str], cwd: str, umask: int, flags: str) -> bytes:
