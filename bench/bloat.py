@@ -85,7 +85,7 @@ def run(url: str, minutes: float, rate: float, retention: float) -> int:
             samples.append((now - start, sample(url)))
             next_sample += sample_every
         if now >= next_prune:
-            pruned += store.prune(time.time() - retention).jobs
+            pruned += store.retention.prune(time.time() - retention).jobs
             next_prune += PRUNE_EVERY
         due = int((now - start) * rate) - done
         if due <= 0:
@@ -100,7 +100,7 @@ def run(url: str, minutes: float, rate: float, retention: float) -> int:
             report(store, job, Event.EXIT, changes={"exit_code": 0})
         done += due
     samples.append((time.monotonic() - start, sample(url)))
-    store.engine.dispose()
+    store.db.engine.dispose()
     rows = [[f"{t:.0f}", *[f"{s[name][0]}/{s[name][1]}/{s[name][2] // 1024}" for name in TABLES]]
             for t, s in samples]
     say(f"{done} jobs at {rate:g}/s over {minutes:g} min, retention {retention:g} s,"

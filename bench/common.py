@@ -96,7 +96,8 @@ def recorded_spec():  # type: ignore[no-untyped-def]
 
 
 def submit_one(store) -> int:  # type: ignore[no-untyped-def]
-    _, ids = store.submit([recorded_spec()], owner=OWNER, queue="default", max_attempts=5)
+    _, ids = store.submissions.submit([recorded_spec()], owner=OWNER, queue="default",
+                                      max_attempts=5)
     return ids[0]
 
 

@@ -57,16 +57,16 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
 
             for _ in range(jobs):
                 own["n"] = 0
-                event.listen(store.engine, "connect", listener)
+                event.listen(store.db.engine, "connect", listener)
                 s0 = sessions()
                 run_life(env, env.pg_url, store, calls, None)
                 s1 = sessions()
                 run_empty_fetch(env, env.pg_url, calls)
                 s2 = sessions()
-                event.remove(store.engine, "connect", listener)
+                event.remove(store.db.engine, "connect", listener)
                 life_total += s1 - s0 - own["n"]
                 empty_total += s2 - s1
-            store.engine.dispose()
+            store.db.engine.dispose()
         res["pg_processes"] = (life_total / jobs, empty_total / jobs)
         rows.append(["postgresql: hook processes (pg_stat_database.sessions)",
                      f"{life_total / jobs:.2f}", f"{empty_total / jobs:.2f}", "-"])
@@ -79,7 +79,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
         def on_connect(*_a: Any, _c: dict = counter) -> None:
             _c["n"] += 1
 
-        event.listen(hstore.engine, "connect", on_connect)
+        event.listen(hstore.db.engine, "connect", on_connect)
         per_hook: dict[str, int] = {}
         life = empty = 0
         helper = JobStore.from_url(url)
@@ -102,7 +102,7 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
                                 if ln.split(b" = ")[0] in IDENTITY]
                 per_hook[label] = per_hook.get(label, 0) + counter["n"] - before
                 life += counter["n"] - before
-            if helper.get_job(job_id).status != "completed":
+            if helper.reads.get_job(job_id).status != "completed":
                 raise LifeError(f"in-process life of job {job_id} did not complete it")
             before = counter["n"]
             slot_ad = calls["01-FETCH_WORK"].stdin
@@ -111,8 +111,8 @@ def section_connections(env: Env, backends: list[tuple[str, str]], calls, jobs: 
             if resp.stdout or resp.error:
                 raise LifeError(f"in-process empty fetch: {resp.stdout[:100]!r} {resp.error}")
             empty += counter["n"] - before
-        event.remove(hstore.engine, "connect", on_connect)
-        helper.engine.dispose()
+        event.remove(hstore.db.engine, "connect", on_connect)
+        helper.db.engine.dispose()
         breakdown = " ".join(f"{round(per_hook[label] / jobs, 2):g}" for label, *_ in LIFE)
         res[f"{name}_inproc"] = (life / jobs, empty / jobs, breakdown)
         rows.append([f"{name}: handlers in-process (engine connect events)",

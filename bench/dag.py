@@ -55,7 +55,7 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 def exit_report(store: JobStore, job: Job) -> float:
     """JOB_EXIT exit 0 of `job`, as the hook's handler reports it: its seconds."""
     attrs = {"ExitCode": 0, "ExitBySignal": False}
-    return timed(lambda: store.report(
+    return timed(lambda: store.reports.report(
         job.id, Event.EXIT, token=job.token, attempt=job.claims,
         changes={"exit_code": 0, "exit_by_signal": False}, attrs=attrs,
         exit_policy=lambda row: policy.exit_verdict(row, attrs, views.policy_ad(row, attrs))))

@@ -43,7 +43,7 @@ def run(env, store: JobStore, slots: int) -> float:  # type: ignore[no-untyped-d
         env=node_env(env, env.pg_url, {}))
 
     def done() -> bool:
-        return not store.list_jobs()  # nothing unfinished, waiting nodes included
+        return not store.reads.list_jobs()  # nothing unfinished, waiting nodes included
 
     t0 = time.monotonic()
     Emulator(cfg).run(until=done, timeout=600, wait_for_jobs=True)
@@ -90,7 +90,7 @@ def main() -> int:
                   f"{count / took:.1f} nodes/s against {count / base:.1f} plain jobs/s "
                   f"(ratio {base / took:.2f})")
         stop_agent(env, agent)
-        store.engine.dispose()
+        store.db.engine.dispose()
     finally:
         cleanup(env)
     return 0

@@ -26,8 +26,8 @@ def emulate_rate(env: Env, jobs: int, mode: str) -> tuple[float, int, int, int]:
     queue = "default"  # the agent reads its own configuration: keep the default queue
     new = [JobSpec(cmd="/bin/sleep", args="0.1", iwd="/tmp", request_memory=64, proc_id=i)
            for i in range(jobs)]
-    _, ids = store.submit(new, owner=OWNER, queue=queue, max_attempts=3)
-    store.engine.dispose()
+    _, ids = store.submissions.submit(new, owner=OWNER, queue=queue, max_attempts=3)
+    store.db.engine.dispose()
     hooks = {condor: str(env.hooks / ours) for ours, condor in CONDOR_NAMES.items()}
     cfg = EmulatorConfig(
         hooks=hooks, work_dir=str(env.tmp / f"node-{mode}"), keyword=KEYWORD, static_slots=8,
@@ -68,7 +68,7 @@ def _remove_unfinished(env: Env, ids: list[int]) -> None:
     store = JobStore.from_url(env.pg_url)
     try:
         for job_id in ids:
-            if store.get_job(job_id).status not in {s.value for s in FINAL}:
-                store.admin(job_id, Event.REMOVE, "bench: not finished in time")
+            if store.reads.get_job(job_id).status not in {s.value for s in FINAL}:
+                store.actions.admin(job_id, Event.REMOVE, "bench: not finished in time")
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()

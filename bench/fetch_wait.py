@@ -72,8 +72,9 @@ def _node(env: Any, url: str, slots: int, delay: str, name: str,
 
 
 def _submit_one(store: JobStore) -> int:
-    _, (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=64)],
-                                owner=OWNER, queue="default", max_attempts=3)
+    _, (job_id,) = store.submissions.submit(
+        [JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=64)],
+        owner=OWNER, queue="default", max_attempts=3)
     return job_id
 
 
@@ -123,17 +124,17 @@ def latencies(env: Any, url: str, jobs: int, wait: str, delay: str, nodes: int =
         for _ in range(jobs):
             job_id = _submit_one(store)
             deadline = time.monotonic() + 120
-            while (job := store.get_job(job_id)).fetched_at is None:
+            while (job := store.reads.get_job(job_id)).fetched_at is None:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"job {job_id} not fetched in 120 s")
                 time.sleep(0.002)
             out.append(job.fetched_at - job.submitted_at)
-            while store.get_job(job_id).status not in ("completed", "failed", "held"):
+            while store.reads.get_job(job_id).status not in ("completed", "failed", "held"):
                 time.sleep(0.01)
             time.sleep(0.3)  # idle again: every slot back to fetching
     finally:
         _stop(env, stops, agents)
-        store.engine.dispose()
+        store.db.engine.dispose()
     return out
 
 
@@ -194,11 +195,11 @@ def throughput(env: Any, url: str, jobs: int, wait: str, delay: str, slots: int 
         started = time.monotonic()
         specs = [JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=64, proc_id=i)
                  for i in range(jobs)]
-        cluster, ids = store.submit(specs, owner=OWNER, queue="default", max_attempts=3)
+        cluster, ids = store.submissions.submit(specs, owner=OWNER, queue="default", max_attempts=3)
         last = ids[-1]
         while True:
-            counts = store.count_by_status(include_final=True,
-                                           where=jobs_table.c.cluster_id == cluster)
+            counts = store.reads.count_by_status(include_final=True,
+                                                 where=jobs_table.c.cluster_id == cluster)
             if counts.get("completed", 0) + counts.get("failed", 0) >= jobs:
                 break
             if time.monotonic() - started > 1800:
@@ -207,7 +208,7 @@ def throughput(env: Any, url: str, jobs: int, wait: str, delay: str, slots: int 
         return time.monotonic() - started
     finally:
         _stop(env, stops, agents)
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def q(values: list[float], pct: int) -> float:

@@ -154,7 +154,7 @@ def run_life(
 
 
 def check_completed(store, job_id: int) -> None:  # type: ignore[no-untyped-def]
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     if job.status != "completed" or job.exit_code != 0:
         raise LifeError(f"job {job_id} ended {job.status} exit_code={job.exit_code}")
 
@@ -211,7 +211,7 @@ def section_hooks(
             for closed, bucket in ((False, base_open), (True, base_closed)):
                 w, c, _ = spawn([sys.executable, "-c", "pass"], b"", pass_env, closed)
                 bucket.append((w, c))
-        store.engine.dispose()
+        store.db.engine.dispose()
 
         def med(pairs: list[tuple[float, float]]) -> tuple[float, float]:
             return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)

@@ -72,7 +72,7 @@ def make_roles(url: str) -> dict[str, str]:
     granted = owner.db.backend.roles()
     granted.grant_hook(roles["agent"])
     granted.grant_user(roles["user"], UserRights(account=OWNER))
-    owner.engine.dispose()
+    owner.db.engine.dispose()
     return roles
 
 

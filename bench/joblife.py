@@ -155,7 +155,7 @@ def periodic_updates(url: str, store) -> tuple[float, float, float]:  # type: ig
     cold0 = entries()
     for k in range(1, PERIODIC_UPDATES + 1):
         at = t0 + 1 + 300 * k
-        if store.reap(now=at):
+        if store.maintenance.reap(now=at):
             raise RuntimeError(f"the lease of job {job_id} ran out at update {k}")
         report(store, job, Event.START, lease=900,
                changes={"job_pid": 4242, "remote_user_cpu": 10.0 * k}, now=at)
@@ -218,7 +218,7 @@ def main() -> int:
                 detail = wal_detail(wal_records(url, before[0], after[0]), args.lives)
             costs[shape] = cost
         upd_commits, upd_wal, upd_cold = periodic_updates(url, store)
-        store.engine.dispose()
+        store.db.engine.dispose()
         say(f"{args.lives} job lives through the real hooks and the agent, twice: jobs that"
             " waited in the queue (submitted together first), then jobs run as each is"
             " submitted (a one-job submit's cost subtracted); the agent's own background work"

@@ -19,7 +19,7 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
     from jobstore.testing.factories import claim_request, report, take_every
 
     say("")
-    say(f"== 3. Fetch latency on PostgreSQL: JobStore.claim (hook engine: connect + claim),"
+    say(f"== 3. Fetch latency on PostgreSQL: Negotiator.claim (hook engine: connect + claim),"
         f" claim + reject-to-idle loop, up to {samples} claims")
     store = JobStore.from_url(env.pg_url)
     out: dict[int, tuple[float, float, float]] = {}
@@ -39,7 +39,7 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
                     say(f"   ({size:,} idle jobs: {len(lat)} claims, the time budget is spent)")
                     break
                 t = time.perf_counter()
-                job = store.claim(req, take_every)
+                job = store.negotiator.claim(req, take_every)
                 dt = time.perf_counter() - t
                 if job is None:
                     raise RuntimeError(f"no idle job in {queue}")
@@ -52,7 +52,7 @@ def section_latency(env: Env, big: int, samples: int, ad: str, budget: float) ->
             if idle != size:
                 raise RuntimeError(f"{queue}: {idle} idle jobs after the loop, expected {size}")
             out[size] = (pct(lat, 0.5), pct(lat, 0.99), fill)
-    store.engine.dispose()
+    store.db.engine.dispose()
     rows = [[f"{n:,}", ms(p50), ms(p99), f"{fill:.1f}"] for n, (p50, p99, fill) in out.items()]
     say(table(["idle jobs", "p50 ms", "p99 ms", "populate s"], rows))
     r50 = out[big][0] / out[10][0]

@@ -138,12 +138,12 @@ def timed_fetches(
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        job = store.claim(request(queue, shape), judge)
+        job = store.negotiator.claim(request(queue, shape), judge)
         times.append(time.perf_counter() - t0)
         if job is None:
             raise RuntimeError(f"queue {queue}: no matching job found")
         if release:
-            with store.engine.begin() as conn:
+            with store.db.engine.begin() as conn:
                 conn.execute(sa.text("UPDATE jobs SET status = 'idle', token = NULL"
                                      " WHERE id = :id"), {"id": job.id})
     return times
@@ -182,7 +182,7 @@ def section_starvation(env: Env, sizes: list[int], samples: int) -> dict[int, fl
                          f"{statistics.median(big) * 1000:.2f}", f"{r50:.2f}",
                          f"{pct(big, 0.99) / pct(base, 0.99):.2f}"])
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     say(table(["idle jobs that cannot match", "queue of one p50 ms", "p50 ms", "p50 ratio",
                "p99 ratio"], rows))
     return ratios
@@ -210,7 +210,7 @@ def section_many(env: Env, samples: int) -> dict[str, float]:
             base = timed_fetches(store, "single", shape, n, release=False)
             many = timed_fetches(store, "many", shape, n, release=False)
         finally:
-            store.engine.dispose()
+            store.db.engine.dispose()
         out[label] = pct(many, 0.99)
         rows.append([label, f"{pct(base, 0.5) * 1000:.2f}", f"{pct(many, 0.5) * 1000:.2f}",
                      f"{pct(many, 0.99) * 1000:.2f}", f"{pct(many, 0.99) / pct(base, 0.99):.2f}"])
@@ -236,13 +236,13 @@ def tp_worker(url: str, queue: str, slot: str, on: bool, seconds: float, barrier
     barrier.wait(120)
     t0 = time.monotonic()
     while time.monotonic() < t0 + seconds:
-        job = store.claim(req, take_every)
+        job = store.negotiator.claim(req, take_every)
         if job is None:
             break
         report(store, job, Event.EXIT)
         count += 1
     results.put((count, time.monotonic() - t0))
-    store.engine.dispose()
+    store.db.engine.dispose()
 
 
 def section_throughput(env: Env, seconds: float, jobs: int) -> dict[int, float]:
@@ -303,7 +303,7 @@ def section_shares(env: Env, ticks: int) -> dict[str, float]:
                 add_autoclusters(conn, queue, name, 1, ticks * 4, tag="j")
         store = JobStore.from_url(env.pg_url, pool=True)
         for name, f in factors.items():
-            store.set_factor(name, f)
+            store.admin_settings.set_factor(name, f)
         inv = {n: 1 / f for n, f in factors.items()}
         target = {n: v / sum(inv.values()) for n, v in inv.items()}
         rng = random.Random(11)
@@ -320,7 +320,7 @@ def section_shares(env: Env, ticks: int) -> dict[str, float]:
                     if slot not in running:
                         req = request(queue, "s")
                         req = dataclasses.replace(req, slot=f"slot{slot}@node")
-                        job = store.claim(req, take_every)
+                        job = store.negotiator.claim(req, take_every)
                         if job is not None:
                             running[slot] = (job, tick + rng.randint(5, 15))
                 if tick >= warmup:
@@ -331,7 +331,7 @@ def section_shares(env: Env, ticks: int) -> dict[str, float]:
                     distances.append(sum(abs(held[n] / total - target[n]) for n in factors)
                                      / len(factors))
         finally:
-            store.engine.dispose()
+            store.db.engine.dispose()
         out[label] = statistics.mean(distances)
         final = {n: 0 for n in factors}
         for job, _ in running.values():

@@ -77,7 +77,7 @@ def enqueue(system: str, url: str, n: int) -> None:
         store = JobStore.from_url(url)
         for start in range(0, n, 1000):
             submit(store, min(1000, n - start))
-        store.engine.dispose()
+        store.db.engine.dispose()
     elif system == "procrastinate":
         app = _procrastinate_app(url)
         with app.open():
@@ -101,8 +101,8 @@ def enqueue_one(system: str, url: str, handle: object) -> None:
     if system == "jobstore":
         from jobstore.core.jobs import JobSpec
 
-        handle.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",  # type: ignore
-                      queue="default", max_attempts=3)
+        handle.submissions.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",  # type: ignore
+                                  queue="default", max_attempts=3)
     elif system == "procrastinate":
         handle.tasks["noop"].defer(ts=time.time())  # type: ignore[attr-defined]
     else:
@@ -151,7 +151,7 @@ def work(system: str, url: str, drain: bool, out: str | None, until: float) -> N
             report(store, job, Event.ACCEPT, lease=120)
             report(store, job, Event.START, changes={"job_pid": os.getpid()}, lease=900)
             report(store, job, Event.EXIT, changes={"exit_code": 0})
-        store.engine.dispose()
+        store.db.engine.dispose()
     elif system == "procrastinate":
         app = _procrastinate_app(url, out)
         if drain:
@@ -292,7 +292,7 @@ def trickle(system: str, url: str, seconds: float) -> None:
         time.sleep(max(start + k / RATE - time.perf_counter(), 0))
         enqueue_one(system, url, handle)
     if system == "jobstore":
-        handle.engine.dispose()  # type: ignore[attr-defined]
+        handle.db.engine.dispose()  # type: ignore[attr-defined]
     else:
         handle.close()  # type: ignore[attr-defined]
 

@@ -4,7 +4,7 @@ set against a plain full `SELECT * FROM jobs` fetched completely, in the same ru
 
 A PostgreSQL database `jobstore_bench_q_<hex>` is created with 1,000,000 jobs (100,000 with
 --quick) and one event per job, bulk-loaded with INSERT ... SELECT generate_series (not through
-JobStore.submit), then ANALYZEd. Each query is the SQL the job store itself runs (captured from
+Submissions.submit), then ANALYZEd. Each query is the SQL the job store itself runs (captured from
 SQLAlchemy while JobStore runs it), timed (median of --repeat runs, interleaved with the
 baseline) and run once more under EXPLAIN (ANALYZE, BUFFERS) for shared buffers hit/read. The
 figures are printed as ratios to the baseline; the database is dropped at the end.
@@ -82,7 +82,7 @@ class Capture:
 
     def __init__(self, store: JobStore) -> None:
         self.last: tuple[str, Any] | None = None
-        event.listen(store.engine, "before_cursor_execute", self._hook)
+        event.listen(store.db.engine, "before_cursor_execute", self._hook)
 
     def _hook(self, conn: Any, cursor: Any, statement: str, params: Any, *_a: Any) -> None:
         statement = without_begin(statement)  # the transaction's first statement
@@ -92,7 +92,7 @@ class Capture:
 
 def explain(store: JobStore, statement: str, params: Any) -> tuple[int, int]:
     """Shared buffers (hit, read) of one EXPLAIN (ANALYZE, BUFFERS) run of `statement`."""
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         out = conn.exec_driver_sql(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params
         ).scalar()
@@ -131,11 +131,11 @@ def main() -> int:
         last_id = n - 50  # a watcher that is 50 events behind
 
         def full() -> int:
-            with store.engine.connect() as conn:
+            with store.db.engine.connect() as conn:
                 return len(conn.execute(select(jobs)).fetchall())
 
         def poll() -> int:
-            with store.engine.connect() as conn:
+            with store.db.engine.connect() as conn:
                 return len(
                     conn.exec_driver_sql(
                         "SELECT * FROM job_events WHERE id > %(last)s ORDER BY id LIMIT 100",
@@ -145,15 +145,15 @@ def main() -> int:
 
         cases: list[tuple[str, Callable[[], Any]]] = [
             ("full SELECT * FROM jobs (baseline)", full),
-            ("q -autocluster (not finished)", lambda: store.autoclusters()),
-            ("q -autocluster -a (all jobs)", lambda: store.autoclusters(include_final=True)),
+            ("q -autocluster (not finished)", lambda: store.reads.autoclusters()),
+            ("q -autocluster -a (all jobs)", lambda: store.reads.autoclusters(include_final=True)),
             (
                 f"q -a -constraint '{SELECTIVE}'",
-                lambda: store.list_jobs(include_final=True, where=plan(SELECTIVE).where),
+                lambda: store.reads.list_jobs(include_final=True, where=plan(SELECTIVE).where),
             ),
             (
                 f"q -a -constraint '{BROAD}'",
-                lambda: store.list_jobs(include_final=True, where=plan(BROAD).where),
+                lambda: store.reads.list_jobs(include_final=True, where=plan(BROAD).where),
             ),
             ("watch poll: job_events id > last LIMIT 100", poll),
         ]
@@ -187,7 +187,7 @@ def main() -> int:
         return 0
     finally:
         if store is not None:
-            store.engine.dispose()
+            store.db.engine.dispose()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

@@ -11,8 +11,8 @@ Usage: .venv/bin/python bench/refactor.py --before DIR [--rounds 3] [--jobs 1000
 
 Each measurement runs in a process of its own whose `jobstore` is the tree's (PYTHONPATH), on a
 PostgreSQL database of its own; the agent and the hooks of the FETCH_WORK runs are the tree's.
-Only what both trees have is used: JobStore, ClaimRequest, jobstore.Schedd, the agent's
-command line and install_hooks.
+Only what both trees have is used: JobStore's parts (`submissions.submit` with every argument
+given), ClaimRequest, jobstore.Schedd, the agent's command line and install_hooks.
 """
 
 from __future__ import annotations
@@ -50,22 +50,24 @@ import sys, time
 from jobstore.core.jobs import JobSpec
 from jobstore.core.states import Event
 from jobstore.db.engine import make_engine
-from jobstore.db.store import ClaimRequest, JobStore, Offer, Verdict
+from jobstore.core.claims import ClaimRequest, Offer, Verdict
+from jobstore.db.store import JobStore
 url, seconds = sys.argv[1], float(sys.argv[2])
 store = JobStore(make_engine(url, pool=True))
-store.submit([JobSpec(proc_id=i, cmd="/bin/true", iwd="/tmp") for i in range(20000)],
-             owner=sys.argv[3], queue="default", max_attempts=1)
+store.submissions.submit([JobSpec(proc_id=i, cmd="/bin/true", iwd="/tmp") for i in range(20000)],
+                         owner=sys.argv[3], queue="default", max_attempts=1, submit_file=None,
+                         now=time.time(), connection=None, idempotency_key=None, check=None)
 req = ClaimRequest(queue="default", offer=Offer(cpus=1, memory=1024, disk=1 << 20),
                    slot="slot1@node", host="node", keyword="TEST", claim_lease=600, shape="s")
 take = lambda _job: Verdict(take=True)
 for _ in range(20):  # warm
-    job = store.claim(req, take)
-    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+    job = store.negotiator.claim(req, take)
+    store.reports.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
 done, end = 0, time.perf_counter() + seconds
 start = time.perf_counter()
 while time.perf_counter() < end:
-    job = store.claim(req, take)
-    store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+    job = store.negotiator.claim(req, take)
+    store.reports.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
     done += 1
 print(done / (time.perf_counter() - start))
 """
@@ -83,13 +85,15 @@ print(n / (time.perf_counter() - start))
 """
 
 SUBMIT_FEW = """
-import sys
+import sys, time
 from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
 store = JobStore.from_url(sys.argv[1])
-store.submit([JobSpec(proc_id=i, cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64,
-                      request_disk=1024) for i in range(int(sys.argv[2]))],
-             owner=sys.argv[3], queue="default", max_attempts=1)
+store.submissions.submit([JobSpec(proc_id=i, cmd="/bin/sleep", args="10", iwd="/tmp",
+                                  request_memory=64, request_disk=1024)
+                          for i in range(int(sys.argv[2]))],
+                         owner=sys.argv[3], queue="default", max_attempts=1, submit_file=None,
+                         now=time.time(), connection=None, idempotency_key=None, check=None)
 """
 
 INSTALL = "import sys; from jobstore.agent.hooktemplates import install_hooks; " \

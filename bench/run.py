@@ -9,7 +9,7 @@ against a baseline taken in the same run, interleaved with the measurement where
    `python -c pass` spawned the same way. PostgreSQL and SQLite.
 2. Claim throughput: claim + EXIT per second through JobStore at 1/8/16/32 processes, versus the
    same SQL from a bare psycopg loop on persistent connections.
-3. Fetch latency: p50/p99 of JobStore.claim with 10 and with 1,000,000 idle jobs (100,000 with
+3. Fetch latency: p50/p99 of Negotiator.claim with 10 and with 1,000,000 idle jobs (100,000 with
    --quick), claim + reject (back to idle) loop.
 4. Database connections opened per job by the hook path.
 

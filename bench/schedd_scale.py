@@ -3,7 +3,7 @@
 store of 1,000,000 finished jobs (a busy pool's month) and one cluster of 100,000 idle jobs.
 
 A PostgreSQL database `jobstore_bench_scale_<hex>` gets the finished jobs by INSERT ... SELECT
-generate_series (finished over the last 30 days), the idle cluster by JobStore.submit. Then:
+generate_series (finished over the last 30 days), the idle cluster by Submissions.submit. Then:
 
 * each listing (`jobstore history -limit 10`, `q -limit 10`, `q -totals`,
   `Schedd.history(match=10)`, `Schedd.query(limit=10)`) runs as its own process: its wall time
@@ -15,7 +15,7 @@ generate_series (finished over the last 30 days), the idle cluster by JobStore.s
   one INSERT ... SELECT of their events (the least any removal that records its events costs);
 * while the rm runs, FETCH_WORK in agent mode (the installed hook process, fed the recorded
   slot ad, through a running `jobstore agent`) on another queue: its p99 against the same loop
-  without the rm; then the same for JobStore.claim alone, in this process, during an rm of a
+  without the rm; then the same for Negotiator.claim alone, in this process, during an rm of a
   second cluster as big (the claim's share, with no hook process around it);
 * one-job `Schedd.submit`s at 50/s through one Schedd: the PostgreSQL server's CPU per submit
   (all its processes, from /proc) against bare INSERTs of the same rows at the same rate.
@@ -88,7 +88,7 @@ def submit_idle(store: JobStore, n: int, queue: str = "default") -> int:
     """One cluster of n idle jobs, submitted as `queue N` is (a template on PostgreSQL)."""
     specs = parse_submit_text("executable = /bin/sleep\narguments = 60\n"
                               f"transfer_executable = false\nqueue {n}\n", base_dir="/tmp")
-    cluster, _ = store.submit(specs, owner="alice", queue=queue, max_attempts=3)
+    cluster, _ = store.submissions.submit(specs, owner="alice", queue=queue, max_attempts=3)
     return cluster
 
 
@@ -159,13 +159,13 @@ def measure_projection(url: str, env: dict[str, str], repeat: int) -> None:
 
 
 def claim_latencies(store: JobStore, stop: threading.Event, seconds: float) -> list[float]:
-    """JobStore.claim on queue `other` (in this process) for `seconds` or until stop."""
+    """Negotiator.claim on queue `other` (in this process) for `seconds` or until stop."""
     req = claim_request(queue="other", slot="slot1@bench", shape="bench")
     out: list[float] = []
     end = time.monotonic() + seconds
     while time.monotonic() < end and not stop.is_set():
         t = time.perf_counter()
-        job = store.claim(req, take_every)
+        job = store.negotiator.claim(req, take_every)
         out.append(time.perf_counter() - t)
         if job is None:
             break
@@ -281,7 +281,7 @@ def measure_rm(url: str, store: JobStore, cluster: int, env: dict[str, str]) -> 
         conn.execute("VACUUM ANALYZE jobs")
     _, _, _, quiet, busy = during_rm(url, second, env,
                                      lambda stop, s: claim_latencies(store, stop, s))
-    print(f"JobStore.claim alone p99 during an rm of as many: {p99(busy) * 1000:.1f} ms"
+    print(f"Negotiator.claim alone p99 during an rm of as many: {p99(busy) * 1000:.1f} ms"
           f" ({len(busy)} claims, p50 {statistics.median(busy) * 1000:.1f}); without:"
           f" {p99(quiet) * 1000:.1f} ms ({len(quiet)}, p50"
           f" {statistics.median(quiet) * 1000:.1f}); ratio {p99(busy) / p99(quiet):.2f}")
@@ -401,7 +401,7 @@ def main() -> int:
         return 0 if ok else 1
     finally:
         if store is not None:
-            store.engine.dispose()
+            store.db.engine.dispose()
         with psycopg.connect(libpq_url(args.db_url), autocommit=True) as conn:
             for n in names:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")

@@ -51,15 +51,15 @@ def capture_cycle(url: str, queue: str) -> list[list[tuple[str, dict]]]:
                         slot="slot0@node", keyword=KEYWORD, shape=SHAPE)
     for cycle in range(2):
         if cycle == 1:
-            sa.event.listen(store.engine, "before_cursor_execute",
+            sa.event.listen(store.db.engine, "before_cursor_execute",
                             lambda _c, _cur, stmt, params, *_a: seen.append(
                                 (stmt, dict(params or {}))))
-            sa.event.listen(store.engine, "commit", lambda _conn: seen.append(None))
-        job = store.claim(req, take_every)
+            sa.event.listen(store.db.engine, "commit", lambda _conn: seen.append(None))
+        job = store.negotiator.claim(req, take_every)
         if job is None:
             raise RuntimeError("no idle job to capture a claim with")
-        store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
-    store.engine.dispose()
+        store.reports.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+    store.db.engine.dispose()
     txs: list[list[tuple[str, dict]]] = [[]]
     for item in seen:
         if item is None:
@@ -165,10 +165,10 @@ def tp_worker(  # type: ignore[no-untyped-def]
                                 slot=slot, host="node", keyword=KEYWORD, shape=SHAPE)
 
             def one() -> bool:
-                job = store.claim(req, take_every)
+                job = store.negotiator.claim(req, take_every)
                 if job is None:
                     return False
-                out = store.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
+                out = store.reports.report(job.id, Event.EXIT, token=job.token, attempt=job.claims)
                 if out.after != "completed" or out.stale:
                     raise RuntimeError(f"job {job.id}: EXIT gave {out}")
                 return True
@@ -185,7 +185,7 @@ def tp_worker(  # type: ignore[no-untyped-def]
         if mode == "bare":
             conn.close()
         else:
-            store.engine.dispose()
+            store.db.engine.dispose()
     except Exception as exc:
         err = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
         t1 = time.monotonic()

@@ -85,7 +85,7 @@ def claimed_job(store: JobStore, tmp: Path, size_mb: int):  # type: ignore[no-un
     specs = parse_submit_text(f"executable = /bin/true\ntransfer_executable = false\n"
                               f"transfer_input_files = {src}\nrequest_disk = 1GB\nqueue\n",
                               base_dir=tmp)
-    store.submit(specs, owner=owner(), queue="default", max_attempts=3)
+    store.submissions.submit(specs, owner=owner(), queue="default", max_attempts=3)
     job = claim(store, REQ)
     assert job is not None
     return job, src
@@ -126,7 +126,7 @@ def life_cpu(env, url: str, store: JobStore, calls, sandbox: bool,  # type: igno
     if sandbox:
         spec.inputs = (InputFile(src.name, str(src)),)
         spec.custom = {"ShouldTransferFiles": '"YES"', "TransferExecutable": "false"}
-    _, (job_id,) = store.submit([spec], owner=OWNER, queue="default", max_attempts=5)
+    _, (job_id,) = store.submissions.submit([spec], owner=OWNER, queue="default", max_attempts=5)
     hooks = cpu = 0.0
     agent0 = proc_cpu(agent_pid)
     carried: list[bytes] = []
@@ -152,7 +152,7 @@ def life_cpu(env, url: str, store: JobStore, calls, sandbox: bool,  # type: igno
         if exe == "fetch_job":
             carried = [ln for ln in proc.stdout.split(b"\n")
                        if ln.split(b" = ")[0] in (*IDENTITY, b"Iwd", b"JobstoreSandbox")]
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     if job.status != "completed":
         raise RuntimeError(f"job {job_id} ended {job.status}: {job.reason}")
     return hooks, proc_cpu(agent_pid) - agent0
@@ -264,11 +264,11 @@ def main() -> int:
         with psycopg.connect(libpq_url(url)) as conn:
             before = sum(first(conn.execute("SELECT pg_total_relation_size(%s)", (t,)))
                          for t in TABLES)
-        with_files = timed(lambda: store.submit(parse_submit_text(
+        with_files = timed(lambda: store.submissions.submit(parse_submit_text(
             f"executable = /bin/true\ntransfer_executable = false\n"
             f"transfer_input_files = {shared}\narguments = $(Process)\nqueue 1000\n",
             base_dir=tmp), owner=owner(), queue="other", max_attempts=3))
-        without = timed(lambda: store.submit(parse_submit_text(
+        without = timed(lambda: store.submissions.submit(parse_submit_text(
             "executable = /bin/true\ntransfer_executable = false\narguments = $(Process)\n"
             "queue 1000\n", base_dir=tmp), owner=owner(), queue="other", max_attempts=3))
         with psycopg.connect(libpq_url(url), autocommit=True) as conn:
@@ -303,7 +303,7 @@ def main() -> int:
             from common import cleanup
 
             cleanup(env)
-        store.engine.dispose()
+        store.db.engine.dispose()
         shutil.rmtree(tmp, ignore_errors=True)
         with psycopg.connect(libpq_url(args.db_url), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -75,9 +75,9 @@ def submit(env: Env, n: int) -> list[int]:
     try:
         specs = [JobSpec(cmd="/bin/sleep", args="600", iwd="/tmp", request_memory=64, proc_id=i)
                  for i in range(n)]
-        return store.submit(specs, owner=OWNER, queue="default", max_attempts=3)[1]
+        return store.submissions.submit(specs, owner=OWNER, queue="default", max_attempts=3)[1]
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def section_rm(env: Env, jobs: int, mode: str) -> list[float]:
@@ -98,7 +98,7 @@ def section_rm(env: Env, jobs: int, mode: str) -> list[float]:
             for job_id in running:
                 if job_id not in removed:
                     removed[job_id] = time.time()
-                    store.admin(job_id, Event.REMOVE, "bench rm")
+                    store.actions.admin(job_id, Event.REMOVE, "bench rm")
             waiting = [i for i in removed if i not in gone]
             if waiting:
                 for job_id, at in conn.execute(
@@ -111,7 +111,7 @@ def section_rm(env: Env, jobs: int, mode: str) -> list[float]:
     try:
         emulator(env, 8, f"rm-{mode}", 300.0).run(until=until, timeout=60 + jobs * 3)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     latencies = [gone[i] - removed[i] for i in gone]
     if len(latencies) < len(ids):
         say(f"   only {len(latencies)} of {len(ids)} jobs were seen gone in time")
@@ -172,9 +172,9 @@ def remove_all(env: Env, ids: list[int]) -> None:
     store = JobStore.from_url(env.pg_url)
     try:
         for job_id in ids:
-            store.admin(job_id, Event.REMOVE, "bench: done")
+            store.actions.admin(job_id, Event.REMOVE, "bench: done")
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def run_mode(env: Env, mode: str, quick: bool) -> tuple[list[float], dict[str, Any]]:

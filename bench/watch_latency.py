@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast `jobstore watch` sees a transition, and what an idle watcher costs, on PostgreSQL.
 
-1. Latency: a job's JOB_EXIT report is committed through JobStore.report (after a claim), and
+1. Latency: a job's JOB_EXIT report is committed through Reports.report (after a claim), and
    the time from the report's return to the moment the watcher process (`jobstore watch --json`,
    a separate process reading job_events) has printed the `exit` line is measured; p50/p99 over
    --events reports, spaced by a random 0-50 ms so that poll phases are spread. LISTEN/NOTIFY
@@ -84,10 +84,10 @@ class WatchProcess:
 
 def latency(url: str, store: JobStore, args: list[str], n: int) -> list[float]:
     jobs = submit(store, n + 1, max_attempts=5, iwd="", request_memory=64)
-    w = WatchProcess(url, [*args, "--since", str(store.last_event_id())])
+    w = WatchProcess(url, [*args, "--since", str(store.reads.last_event_id())])
     try:
         # ready: a sentinel transition is printed (--since: even if it precedes the start)
-        store.admin(jobs[0], Event.HOLD)
+        store.actions.admin(jobs[0], Event.HOLD)
         w.wait_for((jobs[0], "hold"))
         out = []
         rng = random.Random(1)
@@ -104,9 +104,9 @@ def idle_cost(url: str, seconds: float, poll: bool, interval: float) -> tuple[fl
     """(statements/s, transactions/s) an idle subscriber sends on its query engine."""
     sub = subscribe(url, poll=poll, interval=interval)
     counts = {"stmt": 0, "tx": 0}
-    sa_event.listen(sub.store.engine, "before_cursor_execute",
+    sa_event.listen(sub.store.db.engine, "before_cursor_execute",
                     lambda *a: counts.__setitem__("stmt", counts["stmt"] + 1))
-    sa_event.listen(sub.store.engine, "commit",
+    sa_event.listen(sub.store.db.engine, "commit",
                     lambda *a: counts.__setitem__("tx", counts["tx"] + 1))
     t = threading.Thread(target=lambda: [None for _ in sub], daemon=True)
     t.start()
@@ -153,7 +153,7 @@ def main() -> None:
         for label, poll in (("LISTEN/NOTIFY", False), (f"poll {opts.interval:g}s", True)):
             stmts, txs = idle_cost(url, opts.idle, poll, opts.interval)
             print(f"  {label:14s} {stmts:6.2f} statements/s  {txs:6.2f} transactions/s")
-        store.engine.dispose()
+        store.db.engine.dispose()
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

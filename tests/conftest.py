@@ -217,4 +217,4 @@ def store(db_url: str):
     upgrade(db_url)
     s = JobStore.from_url(db_url, pool=True, max_overflow=8)
     yield s
-    s.engine.dispose()
+    s.db.engine.dispose()

@@ -25,9 +25,9 @@ from jobstore.node.services import NodeServices
 
 log = logging.getLogger("jobstore.agent")
 # Seconds between two looks at whether the periodic policy pass is due (it runs once per
-# PERIODIC_EXPR_INTERVAL in the whole pool, JobStore.police_due).
+# PERIODIC_EXPR_INTERVAL in the whole pool, Maintenance.police_due).
 POLICE_TICK = 10.0
-# Seconds between two recoveries of expired leases in the whole pool (JobStore.reap_due), so that
+# Seconds between two recoveries of expired leases in the whole pool (Maintenance.reap_due), so that
 # a job whose startd died comes back even when no slot fetches.
 REAP_INTERVAL = 10.0
 
@@ -107,7 +107,7 @@ class Duties:
                    "job's ad (its expressions): held so that no node reads it again")
             try:
                 settings = self._settings.get(keyword)
-                held = self._stores.store_for(settings).hold_unreadable(job_id, why)
+                held = self._stores.store_for(settings).maintenance.hold_unreadable(job_id, why)
             except (JobstoreError, config.ConfigError) as exc:
                 log.error("job id %d, which the agent died reading, cannot be held: %s",
                           job_id, exc)
@@ -125,7 +125,7 @@ class Duties:
 
     def police(self) -> None:
         """The jobs' periodic policy pass, for the databases of this node's keywords, when it is
-        due pool-wide (JobStore.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL); then
+        due pool-wide (Maintenance.police_due: one agent runs it per PERIODIC_EXPR_INTERVAL); then
         the history's prune when it is due (Pruner)."""
         node: list[config.Settings] = []
         try:
@@ -135,11 +135,11 @@ class Duties:
                     store = self._stores.store_for(settings)
                 except config.ConfigError:
                     continue
-                acted = store.police_due(settings.periodic_expr_interval)
+                acted = store.maintenance.police_due(settings.periodic_expr_interval)
                 for o in acted or ():
                     log.info("job %s: periodic policy: %s %s -> %s (%s)", o.name, o.event,
                              o.before, o.after, o.reason)
-                for o in store.reap_due(REAP_INTERVAL) or ():
+                for o in store.maintenance.reap_due(REAP_INTERVAL) or ():
                     log.info("job %s: lease ran out: %s -> %s", o.name, o.before, o.after)
         except Exception as exc:
             log.error("periodic policy pass failed: %s: %s", type(exc).__name__, exc)
@@ -225,7 +225,7 @@ class Duties:
 def _current_attempt(store: Any) -> Callable[[int, int], int | None]:
     """The attempt of job CLUSTER.PROC that is handed out now (it has a token), else None."""
     def current(cluster: int, proc: int) -> int | None:
-        jobs = store.find_jobs(cluster, proc)
+        jobs = store.reads.find_jobs(cluster, proc)
         return jobs[0].claims if jobs and jobs[0].token else None
 
     return current

@@ -304,16 +304,16 @@ class FetchWaits:
         except Exception as exc:
             log.warning("waiting fetches: cannot LISTEN: %s: polling", exc)
             return
-        if not store.can_listen:
+        if not store.db.can_listen:
             return
         since = time.monotonic()  # what came before it was not heard: claim again
         try:
-            listener = store.listener(WORK, self._connect_timeout)
+            listener = store.db.listener(WORK, self._connect_timeout)
             listener.open()
             if not listener.probe():
                 listener.close()
                 log.info("waiting fetches: no notifications from %s (a pooler?): polling",
-                         store.engine.url.render_as_string(hide_password=True))
+                         store.db.engine.url.render_as_string(hide_password=True))
                 return
         except Exception as exc:
             log.warning("waiting fetches: cannot LISTEN: %s: polling", exc)

@@ -253,7 +253,7 @@ class _OutboxFiles(Files):
                 _settings, store, job = sandboxcalls.current_attempt(HookRequest(
                     hook="sandbox_list", argv=self.who, stdin=b"", caller=SERVICE,
                     **self.readings))
-                self.stored = {d: store.sent_names(job, d) for d in (OUT, CHECKPOINT)}
+                self.stored = {d: store.files.sent_names(job, d) for d in (OUT, CHECKPOINT)}
             except DatabaseError as exc:
                 raise _Later(str(exc)) from None
             except (HookError, UnknownJob, config.ConfigError) as exc:

@@ -1,6 +1,6 @@
 """The agent's share of retention: every JOBSTORE_PRUNE_INTERVAL, prune the history of each
 database this node uses, when no other agent of the pool did within that interval
-(JobStore.prune_due)."""
+(Maintenance.prune_due)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class Pruner:
             self._next[url] = now + settings.prune_interval
             try:
                 store = self._stores.store_for(settings)
-                done = store.prune_due(settings.history_retention, settings.prune_interval,
-                                       budget=BUDGET)
+                done = store.maintenance.prune_due(settings.history_retention,
+                                                   settings.prune_interval, budget=BUDGET)
             except config.ConfigError:
                 continue
             except Exception as exc:  # e.g. a role without DELETE (jobstore grant): say so

@@ -399,7 +399,7 @@ class Agent:
     def _no_idle_job(self, idle: IdleSlot) -> bool:
         """Does the slot's queue have no idle job at all? (A failed read says it may have.)"""
         try:
-            return not self.node_services.store_for(idle.settings).has_idle(idle.queue)
+            return not self.node_services.store_for(idle.settings).reads.has_idle(idle.queue)
         except Exception as exc:
             log.warning("fetch_job: idle jobs not counted: %s: %s", type(exc).__name__, exc)
             return False

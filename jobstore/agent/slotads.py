@@ -85,6 +85,6 @@ class SlotBoard:
             rows = [SlotRow(name, machine, text, wall, wall + self.lifetime)
                     for name, (machine, text) in self._ads.items()]
         for store in stores:
-            store.publish_slots(rows)
-            store.expire_slots(now=wall)
+            store.slots.publish_slots(rows)
+            store.slots.expire_slots(now=wall)
         return len(rows)

@@ -146,7 +146,7 @@ class AttemptWatch:
             if url in self._restored:  # two keywords, one database
                 continue
             try:
-                found = self.stores.store_for(settings).attempts_on(hosts)
+                found = self.stores.store_for(settings).reads.attempts_on(hosts)
             except (config.ConfigError, DatabaseError) as exc:
                 log.warning("watch: cannot look up this node's attempts yet: %s", exc)
                 continue
@@ -172,10 +172,10 @@ class AttemptWatch:
             store = self.stores.store_for(settings)
         except config.ConfigError:
             return
-        if not store.can_listen:
+        if not store.db.can_listen:
             return
         self._relisten_at = time.monotonic() + RELISTEN
-        listener = store.listener(STOPS, settings.connect_timeout)
+        listener = store.db.listener(STOPS, settings.connect_timeout)
         try:
             listener.open()
             ok = listener.probe()
@@ -224,7 +224,7 @@ class AttemptWatch:
         for keyword, attempts in by_keyword.items():
             try:
                 settings = stores.get(keyword) or config.load_settings(keyword)
-                states = self.stores.store_for(settings).attempt_states(
+                states = self.stores.store_for(settings).reads.attempt_states(
                     [a.job_id for a in attempts])
             except (config.ConfigError, DatabaseError) as exc:
                 log.warning("watch: %s", exc)

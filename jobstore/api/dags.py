@@ -75,8 +75,8 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
     dag = read_dag(path)
     if opts.get("rescue") is not None:
         _rescue(store, dag, opts["rescue"])
-    who = choose_owner(owner, settings, store.identity())
-    dag_id, clusters = store.submit_dag(
+    who = choose_owner(owner, settings, store.db.identity())
+    dag_id, clusters = store.dags.submit_dag(
         dag, _node_jobs(dag), owner=who, queue=queue or settings.queue,
         max_attempts=settings.max_attempts, batch_name=opts.get("batch_name"),
         max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
@@ -88,23 +88,24 @@ def dag_ads(store: JobStore, ids: Sequence[int] | None = None) -> list[ClassAd]:
     """The DAGs' own job ads with DAGMan's counters (jobstore.formats.dagads): those of the
     DAGs `ids`, or of every unfinished DAG the session sees."""
     now = time.time()
-    return [parse_ad(render_ad(dagads.dag_ad(dag, now))) for dag in store.dag_batches(ids)]
+    return [parse_ad(render_ad(dagads.dag_ad(dag, now))) for dag in store.dags.dag_batches(ids)]
 
 
 def node_status_file(store: JobStore, dag_id: int) -> str:
     """The DAG's node status file, in DAGMan's format (DagError: no such DAG)."""
     dag = _one(store, dag_id)
-    return dagads.node_status_file(dag, store.dag_nodes_of(dag_id), store.dag_node_jobs(dag_id))
+    return dagads.node_status_file(dag, store.dags.dag_nodes_of(dag_id),
+                                   store.dags.dag_node_jobs(dag_id))
 
 
 def jobstate_log(store: JobStore, dag_id: int) -> str:
     """The DAG's jobstate log, in DAGMan's format (DagError: no such DAG)."""
     dag = _one(store, dag_id)
-    return dagads.jobstate_log(dag, store.dag_events(dag_id), store.dag_nodes_of(dag_id))
+    return dagads.jobstate_log(dag, store.dags.dag_events(dag_id), store.dags.dag_nodes_of(dag_id))
 
 
 def _one(store: JobStore, dag_id: int) -> DagBatch:
-    found = store.dag_batches([dag_id])
+    found = store.dags.dag_batches([dag_id])
     if not found:
         raise DagError(f"no DAG {dag_id}")
     return found[0]
@@ -138,14 +139,14 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
 def _rescue(store: JobStore, dag: Dag, old_id: int) -> None:
     """What DAGMan's rescue DAG does: the nodes the ended DAG `old_id` (of the same file) got
     done are DONE; the others run again."""
-    old = store.dag_of(old_id)
+    old = store.dags.dag_of(old_id)
     if old is None:
         raise DagError(f"-rescue {old_id}: no such DAG")
     if old.status in LIVE:
         raise DagError(f"-rescue {old_id}: the DAG is {old.status}; rm it first")
     if os.path.abspath(old.path) != dag.path:
         raise DagError(f"-rescue {old_id}: that DAG was {old.path}, not {dag.path}")
-    for node in store.dag_nodes_of(old_id):
+    for node in store.dags.dag_nodes_of(old_id):
         if node.status == "done" and node.name in dag.nodes:
             dag.nodes[node.name].done = True
 

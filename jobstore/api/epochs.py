@@ -29,7 +29,7 @@ def epoch_ads(store: JobStore, shown: Shown, constraint: str | None, *,
         base = shown.ad(job)
         if since is not None and since(job, base):
             break
-        for attempt, events in sorted(_attempts(store.events(job.id)).items(), reverse=True):
+        for attempt, events in sorted(_attempts(store.reads.events(job.id)).items(), reverse=True):
             ads.append(_epoch_ad(shown.ad(job), attempt, events))
             if match is not None and len(ads) >= match:
                 return ads

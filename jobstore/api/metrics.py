@@ -1,7 +1,7 @@
 """The store's view in Prometheus' text format (`jobstore metrics`, and the agent's endpoint with
 JOBSTORE_AGENT_METRICS_STORE): unfinished jobs by queue and status and the age of the oldest,
 claims per second, the events written, the submitters' priorities and usage. Every value comes
-from JobStore.gauges, whose statements do not scan the history."""
+from Gauges.gauges, whose statements do not scan the history."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class StoreCollector(Collector):
                                "1 when the job store answered this scrape, else 0")
         now = self.clock()
         try:
-            g = self.store.gauges(now)
+            g = self.store.metrics.gauges(now)
         except DatabaseError:
             if self.strict:
                 raise

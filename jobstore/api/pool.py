@@ -21,7 +21,7 @@ __all__ = ["slot_ads", "Analysis", "analyze", "requirement_clauses"]
 def slot_ads(store: JobStore, constraint: str | None = None) -> Iterator[ClassAd]:
     """The live slots' ads (not expired), by name; those `constraint` is true for."""
     expr = ExprTree(constraint) if constraint else None
-    for row in store.live_slots():
+    for row in store.slots.live_slots():
         try:
             ad = parse_ad(row.ad)
         except AdError:

@@ -82,7 +82,7 @@ def select_jobs(store: JobStore, ids: Sequence[str]) -> list[Job]:
     jobs: list[Job] = []
     for text in ids:
         cluster, proc = parse_job_id(text)
-        found = store.find_jobs(cluster, proc)
+        found = store.reads.find_jobs(cluster, proc)
         if not found:
             raise UnknownJob(text)
         jobs.extend(found)
@@ -107,11 +107,11 @@ def iter_query(
             name.lower() in views.COLUMN_ATTRIBUTES for name in projection):
         filters["without_ad"] = True
     if keep is None and limit and not history:
-        found: Iterator[Job] = iter(store.list_jobs(where=sel.where, limit=limit, **filters))
+        found: Iterator[Job] = iter(store.reads.list_jobs(where=sel.where, limit=limit, **filters))
     else:
         page = min(limit, 500) if limit and keep is None else 500
-        found = store.iter_jobs(where=sel.where, newest_finished_first=history, page=page,
-                                **filters)
+        found = store.reads.iter_jobs(where=sel.where, newest_finished_first=history, page=page,
+                                      **filters)
         if keep is not None:
             found = (job for job in found if keep(job))
     return islice(found, limit) if limit else found
@@ -143,7 +143,7 @@ def status_counts(
     database when the constraint translates, else counted as the pages stream."""
     sel = Selection.of(ids, users, constraint)
     if sel.residual is None:
-        return store.count_by_status(where=sel.where, **filters)
+        return store.reads.count_by_status(where=sel.where, **filters)
     counts: dict[str, int] = {}
     for job in iter_query(store, shown, ids, constraint, users=users, **filters):
         counts[job.status] = counts.get(job.status, 0) + 1
@@ -154,13 +154,13 @@ def autoclusters(
     store: JobStore, shown: Shown, ids: Sequence[str] = (), constraint: str | None = None,
     *, users: Sequence[str] = (), **filters: Any,
 ) -> list[dict[str, Any]]:
-    """The jobs of a query grouped by autocluster (JobStore.autoclusters' form): one GROUP BY
+    """The jobs of a query grouped by autocluster (JobReads.autoclusters' form): one GROUP BY
     in the database when the whole query translates to SQL, else grouped here."""
     sel = Selection.of(ids, users, constraint)
     if sel.residual is not None:
         return views.group_jobs(iter_query(store, shown, ids, constraint, users=users,
                                            **filters), AUTOCLUSTER_KEY)
-    return store.autoclusters(where=sel.where, **filters)
+    return store.reads.autoclusters(where=sel.where, **filters)
 
 
 def act(
@@ -170,13 +170,13 @@ def act(
 ) -> tuple[ActTotals, list[str]]:
     """Hold, release or remove the unfinished jobs of job ids, users, a constraint, or with
     `everyone` all the jobs this session may act on: set-based, a page per transaction
-    (JobStore.act_where). Returns the totals and the ids that named no unfinished job."""
+    (PagedActions.act_where). Returns the totals and the ids that named no unfinished job."""
     if not (ids or users or constraint or everyone):
         raise InvalidInput("name the jobs: JOB, USER, -constraint EXPR or -all")
     sel = Selection.of(ids, users, constraint)
-    missing = [text for text in ids if not store.count_by_status(where=_id_term(text))]
+    missing = [text for text in ids if not store.reads.count_by_status(where=_id_term(text))]
     where = sel.where if sel.where is not None else true()
-    return store.act_where(where, event, reason, keep=sel.keep(shown), hold=hold), missing
+    return store.actions.act_where(where, event, reason, keep=sel.keep(shown), hold=hold), missing
 
 
 def edit(
@@ -184,12 +184,12 @@ def edit(
     constraint: str | None = None,
 ) -> int:
     """condor_qedit of the waiting jobs of job ids or a constraint, set-based in pages
-    (JobStore.edit_where): how many were edited; NotOwner when the jobs named are all
+    (PagedActions.edit_where): how many were edited; NotOwner when the jobs named are all
     another's (those of a constraint that are not this session's are left out)."""
     sel = Selection.of(ids, (), constraint)
     where = sel.where if sel.where is not None else true()
-    totals = store.edit_where(where, attr, value, keep=sel.keep(shown))
+    totals = store.actions.edit_where(where, attr, value, keep=sel.keep(shown))
     if totals.denied and not totals.acted_on:
-        raise NotOwner(totals.denied_names[0], store.identity().account,  # type: ignore[arg-type]
+        raise NotOwner(totals.denied_names[0], store.db.identity().account,  # type: ignore[arg-type]
                        "edit")
     return totals.success

@@ -36,7 +36,7 @@ def retrieve(store: JobStore, shown: Shown, ids: Sequence[str] = (),
     root, with the rights of each job's owner."""
     out = []
     for job in iter_query(store, shown, ids, constraint, include_final=True):
-        files = {f.name: f for f in store.job_files_of(job, OUT)}  # the newest attempt's
+        files = {f.name: f for f in store.files.job_files_of(job, OUT)}  # the newest attempt's
         if not files:
             continue
         ad = stored_attrs(job.ad, strict=False)
@@ -48,7 +48,7 @@ def retrieve(store: JobStore, shown: Shown, ids: Sequence[str] = (),
         for name, f in files.items():
             dest = output_destination(name, iwd, remaps, _text(ad.get("Out")),
                                       _text(ad.get("Err")), listed)
-            _write_as(job.owner, dest, store.file_content(f.owner, f.sha256), f.mode)
+            _write_as(job.owner, dest, store.files.file_content(f.owner, f.sha256), f.mode)
             written.append((name, dest))
         out.append(Retrieved(job, tuple(written)))
     return out

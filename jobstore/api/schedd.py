@@ -114,7 +114,7 @@ class Schedd:
         self.shown = query.Shown(self.settings.keyword, self.settings.uid_domain)
 
     def close(self) -> None:
-        self.store.engine.dispose()
+        self.store.db.engine.dispose()
 
     def __enter__(self) -> Schedd:
         return self
@@ -154,10 +154,10 @@ class Schedd:
             raise SubmitError(f"count {count} is negative")
         specs = parse_submit_object(description, base_dir=os.getcwd(), count=count,
                                     itemdata=itemdata, queue=queue)
-        owner = choose_owner(self.owner, self.settings, self.store.identity())
+        owner = choose_owner(self.owner, self.settings, self.store.db.identity())
         now = time.time()
         target = job_queue or self.settings.queue
-        cluster, ids = self.store.submit(
+        cluster, ids = self.store.submissions.submit(
             specs, owner=owner, queue=target, max_attempts=self.settings.max_attempts,
             connection=connection, idempotency_key=idempotency_key,
             check=render_check(self.settings), now=now,
@@ -176,12 +176,12 @@ class Schedd:
         cluster is the DAG's DAGManJobId, its ad the DAG's."""
         done = submit_dag(self.store, filename, self.settings, owner=self.owner,
                           queue=job_queue, options=options)
-        dag = self.store.dag_of(done.dag_id)
+        dag = self.store.dags.dag_of(done.dag_id)
         ad = ClassAd()
         ad["ClusterId"], ad["NumProcs"] = done.dag_id, 1
         if dag is not None:
             ad["Owner"], ad["JobBatchName"] = dag.owner, dag.batch_name
-            ad["DAG_NodesTotal"] = len(self.store.dag_nodes_of(done.dag_id))
+            ad["DAG_NodesTotal"] = len(self.store.dags.dag_nodes_of(done.dag_id))
         return SubmitResult(done.dag_id, 0, 1, ad, ())
 
     def _result(self, cluster: int, ids: list[int], owner: str, first: Job) -> SubmitResult:

@@ -53,7 +53,7 @@ def choose_owner(requested: str | None, settings: config.Settings, identity: Ide
 
 
 def render_check(settings: config.Settings) -> Callable[[Job], None]:
-    """What the store calls on every job it queues (JobStore.submit's `check`): render its ad
+    """What the store calls on every job it queues (Submissions.submit's `check`): render its ad
     as FETCH_WORK would, so that a job that cannot be sent is refused now (SubmitError: the
     whole submit rolls back)."""
 
@@ -83,8 +83,8 @@ def submit_path(
     specs = load_jobs(path)
     if not specs:
         raise SubmitError(f"{path}: no jobs to queue")
-    who = choose_owner(owner, settings, store.identity())
-    return store.submit(
+    who = choose_owner(owner, settings, store.db.identity())
+    return store.submissions.submit(
         specs,
         owner=who,
         queue=queue or settings.queue,

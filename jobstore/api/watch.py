@@ -15,9 +15,9 @@ transaction mode, found by a probe at start or named with `poll=True`): the same
 Reading by id misses nothing and repeats nothing: event ids come from a sequence before commit,
 so on PostgreSQL a lower id can become visible after a higher one. Such missing ids ("gaps") are
 read again until every transaction that could still commit them has ended (a snapshot's xmin
-has reached a transaction id assigned after the gap was seen, `store.xact_horizon`); this
+has reached a transaction id assigned after the gap was seen, `store.reads.xact_horizon`); this
 relies on every transaction that writes an event having written or locked a row first (so it
-had its id before it took the event's id), which store.py always does. On SQLite writers
+had its id before it took the event's id), which the store's writes always do. On SQLite writers
 take turns, so ids become visible in order. After a database restart the subscriber reconnects
 with backoff and goes on from the last id it saw.
 """
@@ -142,13 +142,13 @@ class _Follower:
         # id -> a transaction id newer than any that could still commit it (None: not yet known)
         self.gaps: dict[int, int | None] = {}
         self.silent_upto = silent_upto  # ids read that are at most this are not delivered
-        self.late_ids = store.ids_commit_out_of_order
+        self.late_ids = store.db.ids_commit_out_of_order
 
     def read(self) -> tuple[list[FeedEvent], bool]:
         """New events in id order (late ones first), and whether more are waiting."""
-        xmin = self.store.snapshot_bounds()[0] if self.gaps else None  # type: ignore[index]
+        xmin = self.store.reads.snapshot_bounds()[0] if self.gaps else None  # type: ignore[index]
         ranges = _ranges(sorted(self.gaps))[:MAX_GAP_RANGES]
-        rows = self.store.event_feed(self.high, gaps=ranges, limit=BATCH)
+        rows = self.store.reads.event_feed(self.high, gaps=ranges, limit=BATCH)
         found = {r.event.id for r in rows}
         top = max((i for i in found if i > self.high), default=self.high)
         if xmin is not None:  # asked gaps whose writers had all ended before the read: gone
@@ -164,7 +164,7 @@ class _Follower:
                 if i not in found:
                     self.gaps[i] = None
             if any(h is None for h in self.gaps.values()):
-                horizon = self.store.xact_horizon()
+                horizon = self.store.reads.xact_horizon()
                 for i, h in self.gaps.items():
                     if h is None:
                         self.gaps[i] = horizon
@@ -212,7 +212,7 @@ class Subscription:
         on_retry: Callable[[str], None] | None = None,
         repeats: bool = False,
     ) -> None:
-        url = db.engine.url if isinstance(db, JobStore) else db
+        url = db.db.engine.url if isinstance(db, JobStore) else db
         # A private engine with a pool: one connection kept open between reads.
         self.store = JobStore(make_engine(url, pool=True))  # type: ignore[arg-type]
         self.owners, self.queues = _names(owner), _names(queue)
@@ -230,7 +230,7 @@ class Subscription:
         try:
             self._start(jobs, since)
         except BaseException:
-            self.store.engine.dispose()
+            self.store.db.engine.dispose()
             raise
 
     # ---- start ----------------------------------------------------------------------------
@@ -241,30 +241,30 @@ class Subscription:
         if jobs is not None:
             for text in jobs:
                 cluster, proc = parse_job_id(text)
-                found = store.find_jobs(cluster, proc)
+                found = store.reads.find_jobs(cluster, proc)
                 if not found:
                     raise UnknownJob(str(text))
                 named.extend(found)
             self.job_ids = frozenset(j.id for j in named)
         if isinstance(since, datetime):
-            high, silent = store.last_event_id(before=since.timestamp()), 0
+            high, silent = store.reads.last_event_id(before=since.timestamp()), 0
         elif since is not None:
             high, silent = int(since), 0
         else:  # from now on; on PostgreSQL re-check a window below for late commits
-            silent = store.last_event_id()
-            high = max(0, silent - WINDOW) if store.ids_commit_out_of_order else silent
+            silent = store.reads.last_event_id()
+            high = max(0, silent - WINDOW) if store.db.ids_commit_out_of_order else silent
         self.follower = _Follower(store, high, silent)
         if named:
             candidates = [j for j in named if self._matches(j.id, j.owner, j.queue)]
         elif self.until_done:
-            candidates = store.list_jobs(owners=list(self.owners), queues=list(self.queues))
+            candidates = store.reads.list_jobs(owners=list(self.owners), queues=list(self.queues))
         else:
             candidates = []
         self.tracked = {j.id for j in candidates}
         # finished before the watch: told after the first read, unless that read tells it
         self._done_at_start = [j for j in candidates if j.status in FINAL]
-        if store.can_listen and self.poll is not True:
-            listener = store.listener(CHANNEL, connect_timeout=5)
+        if store.db.can_listen and self.poll is not True:
+            listener = store.db.listener(CHANNEL, connect_timeout=5)
             try:
                 listener.open()
                 ok = listener.probe()
@@ -331,7 +331,7 @@ class Subscription:
             self._closed.set()
             if self._listener is not None:
                 self._listener.close()
-            self.store.engine.dispose()
+            self.store.db.engine.dispose()
 
     # ---- the loop ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ _DONE = {Event.HOLD: "held", Event.RELEASE: "released", Event.REMOVE: "removed"}
 
 def _by(ctx: Context, done: str) -> str:
     """The reason an action records: by whom, as condor_rm's "via condor_rm (by user X)"."""
-    return f"{done} by {ctx.store.identity().account}"
+    return f"{done} by {ctx.store.db.identity().account}"
 
 
 def _dag_actions(ctx: Context, args: tuple[str, ...], event: Event) -> tuple[str, ...]:
@@ -30,14 +30,14 @@ def _dag_actions(ctx: Context, args: tuple[str, ...], event: Event) -> tuple[str
     pauses it (no node released), release resumes it. The other arguments."""
     rest = []
     for arg in args:
-        dag = ctx.store.dag_of(int(arg)) if arg.isdigit() else None
+        dag = ctx.store.dags.dag_of(int(arg)) if arg.isdigit() else None
         if dag is None:
             rest.append(arg)
             continue
         if event == Event.REMOVE:
-            done = ctx.store.remove_dag(dag.id, _by(ctx, "removed"))
+            done = ctx.store.dags.remove_dag(dag.id, _by(ctx, "removed"))
         else:
-            done = ctx.store.pause_dag(dag.id, held=event == Event.HOLD)
+            done = ctx.store.dags.pause_dag(dag.id, held=event == Event.HOLD)
         if done:
             click.echo(f"DAG {dag.id}: {_DONE[event]}")
         else:
@@ -75,7 +75,7 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
         click.echo(f"{totals.success} job(s) {_DONE[event]}"
                    + (f", {totals.acted_on - totals.success} left as they were"
                       if totals.acted_on > totals.success else ""))
-    who = ctx.store.identity().account
+    who = ctx.store.db.identity().account
     for name in totals.denied_names:
         click.echo(f"jobstore: {NotOwner(name, who, str(event))}", err=True)  # type: ignore[arg-type]
     if totals.denied > len(totals.denied_names):

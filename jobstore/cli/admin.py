@@ -26,14 +26,14 @@ def init(ctx: Context) -> None:
     from then on."""
     upgrade(ctx.database_url)
     settings = ctx.settings
-    ctx.store.set_input_limits({MAX_INPUT_FILE_MB: settings.max_input_file_mb,
-                                MAX_INPUT_MB: settings.max_input_mb,
-                                MAX_OUTPUT_MB: settings.max_job_output_mb})
-    ctx.store.set_attr_rules(immutable=settings.immutable_attrs,
-                             protected=settings.protected_attrs)
+    ctx.store.files.set_input_limits({MAX_INPUT_FILE_MB: settings.max_input_file_mb,
+                                      MAX_INPUT_MB: settings.max_input_mb,
+                                      MAX_OUTPUT_MB: settings.max_job_output_mb})
+    ctx.store.admin_settings.set_attr_rules(immutable=settings.immutable_attrs,
+                                            protected=settings.protected_attrs)
     click.echo(f"job store ready: {safe_url(ctx.database_url)} (inputs: at most "
                f"{settings.max_input_file_mb} MB a file, {settings.max_input_mb} MB a job)")
-    for warning in server_warnings(ctx.store.engine):
+    for warning in server_warnings(ctx.store.db.engine):
         click.echo(f"jobstore: warning: {warning}", err=True)
 
 
@@ -131,16 +131,16 @@ def reap(ctx: Context) -> None:
     """Send jobs whose lease ran out back to idle, evaluate every job's periodic policy
     (periodic_hold, periodic_release, periodic_remove, allowed_*_duration) and update the
     submitters' priorities when due, now (fetch_job and the agent also do it now and then)."""
-    outcomes = ctx.store.reap()
+    outcomes = ctx.store.maintenance.reap()
     for o in outcomes:
         click.echo(f"job {o.name}: {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(outcomes)} expired lease(s) recovered.")
-    acted = ctx.store.police()
+    acted = ctx.store.maintenance.police()
     for o in acted:
         click.echo(f"job {o.name}: {o.event} {o.before} -> {o.after} ({o.reason})")
     click.echo(f"{len(acted)} job(s) changed by their periodic policy.")
     s = ctx.settings
-    updated = ctx.store.update_priorities(
+    updated = ctx.store.negotiator.update_priorities(
         halflife=s.priority_halflife, interval=s.priority_update_interval
     )
     click.echo(f"{updated} submitter priorities updated.")
@@ -176,7 +176,7 @@ def prune(ctx: Context, older_than: str | None, batch: int, dry_run: bool) -> No
             retention = parse_duration(older_than)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--older-than") from None
-    done = ctx.store.prune(time.time() - retention, batch=batch, dry_run=dry_run)
+    done = ctx.store.retention.prune(time.time() - retention, batch=batch, dry_run=dry_run)
     age = describe(retention)
     if dry_run:
         click.echo(f"{done.jobs} job(s) finished over {age} ago would be removed, with"

@@ -131,9 +131,9 @@ FINISHED = ("completed", "removed", "failed")
 
 
 def _counts(store) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    """Jobs by status (one GROUP BY, JobStore.stats)."""
+    """Jobs by status (one GROUP BY, JobReads.stats)."""
     out: dict[str, int] = {}
-    for _queue, status, n in store.stats():
+    for _queue, status, n in store.reads.stats():
         out[status] = out.get(status, 0) + n
     return out
 
@@ -164,7 +164,7 @@ class _Progress:
 
 def left_over(store, me: str) -> list[str]:  # type: ignore[no-untyped-def]
     """Lines about the jobs a run left unfinished (held ones with their reason)."""
-    left = [j for j in store.list_jobs()]
+    left = [j for j in store.reads.list_jobs()]
     lines = []
     for job in left:
         why = f": {job.reason}" if job.status == "held" and job.reason else ""
@@ -279,7 +279,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
         until_done=True,
         progress=True,
     )
-    jobs = store.list_jobs(include_final=True)
+    jobs = store.reads.list_jobs(include_final=True)
     click.echo("")
     click.echo(views.format_table(*views.job_rows(jobs)))
     calls = len(report.hook_calls)

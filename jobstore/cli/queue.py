@@ -244,7 +244,7 @@ def q(
     jobs = query.query_jobs(ctx.store, ctx.shown, ids, constraint, limit=limit,
                             projection=attrs, **filters)
     if (batch or dag) and not (attrs or formats or as_json or long):
-        dags = [d for d in ctx.store.dag_batches() if not owners or d.owner in owners]
+        dags = [d for d in ctx.store.dags.dag_batches() if not owners or d.owner in owners]
         if batch:
             click.echo(views.format_table(views.BATCH_HEADER, views.batch_rows(dags, jobs)))
         else:
@@ -353,7 +353,7 @@ def qedit(ctx: Context, job_spec: str, attr: str, value: str) -> None:
 @guard
 def stats(ctx: Context, as_json: bool) -> None:
     """Count jobs by queue and status."""
-    rows = ctx.store.stats()
+    rows = ctx.store.reads.stats()
     if as_json:
         out: dict[str, dict[str, int]] = {}
         for queue, status, n in rows:

@@ -38,7 +38,7 @@ def userprio(
     except Refused:
         option = "-setfactor" if setfactor else "-resetusage" if resetusage else "-resetall"
         fail(f"userprio {option} needs the job store's admin role (the owner's, or one that "
-             f"`jobstore grant-user --admin` named); {store.identity().account} has neither")
+             f"`jobstore grant-user --admin` named); {store.db.identity().account} has neither")
 
 
 def _userprio(store: JobStore, setfactor: tuple[str, str] | None, resetusage: str | None,
@@ -47,20 +47,20 @@ def _userprio(store: JobStore, setfactor: tuple[str, str] | None, resetusage: st
         name, text = setfactor
         try:
             factor = float(text)
-            if not store.set_factor(name, factor):
+            if not store.admin_settings.set_factor(name, factor):
                 fail(f"no submitter {name!r}; it appears with its first job")
         except ValueError:
             fail(f"bad priority factor {text!r}: a number of at least 1")
         click.echo(f"The priority factor of {name} was set to {factor:g}")
         return
     if resetusage or resetall:
-        done = store.reset_usage(None if resetall else resetusage)
+        done = store.admin_settings.reset_usage(None if resetall else resetusage)
         if resetusage and not done:
             fail(f"no submitter {resetusage!r}")
         click.echo(f"The accumulated usage of {done} submitter(s) was reset")
         return
     now = time.time()
-    table = store.usage_table()
+    table = store.negotiator.usage_table()
     if as_json:
         click.echo(json.dumps(views.userprio_json(table, now), indent=1))
         return

@@ -24,7 +24,7 @@ from jobstore.formats import views
 def events(ctx: Context, job: str, as_json: bool, everything: bool) -> None:
     """Show the recorded transitions and reports of JOB (--json: all of them)."""
     for row in query.select_jobs(ctx.store, (job,)):
-        evs = ctx.store.events(row.id)
+        evs = ctx.store.reads.events(row.id)
         if not (everything or as_json):
             evs = [e for e in evs if not views.is_repeat(e.to_status, e.reason)]
         if as_json:

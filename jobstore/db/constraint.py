@@ -11,7 +11,7 @@ ClassAd semantics are kept: every boolean sub-expression becomes three SQL predi
 never NULL, "is true", "is false" and "is undefined" (none of them means error), so that
 UNDEFINED and ERROR propagate through ! && || exactly as in ClassAds. A constraint matches a job
 only when it evaluates to true. String == and != ignore ASCII case like ClassAds; =?= does not.
-This module is the one place for that SQL; jobstore.db.store runs it.
+This module is the one place for that SQL; the store's reads and actions run it as their `where`.
 """
 
 from __future__ import annotations

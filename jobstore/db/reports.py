@@ -46,7 +46,7 @@ ENDS_ATTEMPT = frozenset({Event.EXIT, Event.EVICT, Event.HOOK_HOLD, Event.HOOK_R
 
 @dataclass(frozen=True)
 class AttemptReport:
-    """What a hook reports of one attempt of a job (JobStore.report's arguments, as one value
+    """What a hook reports of one attempt of a job (Reports.report's arguments, as one value
     on their way to the transition)."""
 
     event: Event

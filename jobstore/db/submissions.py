@@ -4,6 +4,7 @@ makes every proc's row from; their input files stored with them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -36,9 +37,20 @@ class Submissions:
         self.files = files
 
     def submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
-               submit_file: str | None, now: float, connection: Connection | None,
-               idempotency_key: str | None, check: Check | None) -> tuple[int, list[int]]:
-        """One cluster of `specs` (JobStore.submit): (its id, its jobs' ids)."""
+               submit_file: str | None = None, now: float | None = None,
+               connection: Connection | None = None, idempotency_key: str | None = None,
+               check: Check | None = None) -> tuple[int, list[int]]:
+        """Insert one cluster of jobs, each with its `submit` event and its autocluster.
+        Returns (cluster, job ids). Raises AdError when a spec's attributes cannot be stored (a
+        reserved +Attr), ValueError for bad concurrency limits or accounting group names.
+
+        With `connection` (the caller's, inside its own transaction on this database) the jobs
+        are queued in that transaction: they commit or roll back with the caller's rows. With
+        `idempotency_key`, a submit whose key was used before queues nothing and returns that
+        cluster and its jobs. `check` is called on every job before it is inserted; what it
+        raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
+        a time (a lazy sequence, submit.expansion.SubmitSpecs, is never held whole)."""
+        now = now or time.time()
         with self.db.transaction(connection) as conn:
             cluster_id, new = self.door.new_cluster(
                 conn, owner=owner, queue=queue, submit_file=submit_file, num_procs=len(specs),

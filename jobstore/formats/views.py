@@ -263,7 +263,7 @@ def _af_value(value: Any) -> str:
 
 
 def group_jobs(jobs: Iterable[Job], key: Sequence[str]) -> list[dict[str, Any]]:
-    """Autoclusters of jobs already fetched, in the form of JobStore.autoclusters (used when a
+    """Autoclusters of jobs already fetched, in the form of JobReads.autoclusters (used when a
     constraint could not be done entirely in the database)."""
     groups: dict[tuple[Any, ...], dict[str, int]] = {}
     for job in jobs:
@@ -285,7 +285,7 @@ _STATUS_WORDS = {1: "idle", 2: "running", 3: "removed", 4: "completed", 5: "held
 def autocluster_rows(clusters: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """`q -autocluster`: one row per autocluster (the jobs the claim matches as one).
 
-    `clusters` come from JobStore.autoclusters: counts by our status in `status`; the table
+    `clusters` come from JobReads.autoclusters: counts by our status in `status`; the table
     adds them up by HTCondor JobStatus (fetched counts as idle, accepted as running, ...).
     """
     words = list(_STATUS_WORDS.values())

@@ -137,7 +137,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
         fair_share=settings.fair_share,
         limit=config.limit_maximum if settings.concurrency_limits else None,
     )
-    job = store.claim(request_, judge)
+    job = store.negotiator.claim(request_, judge)
     if job is None:
         return HookResponse(log=notes, idle=IdleSlot(settings, settings.queue, offer.cpus,
                                                      offer.memory, offer.disk))
@@ -146,7 +146,7 @@ def fetch_job(request: HookRequest) -> HookResponse:
             text = render_job(job, sandbox=sandbox_dir(job, settings), **ad_kw)
     except Exception as exc:  # AdError, or whatever else its stored values do to a reader
         why = str(exc) if isinstance(exc, AdError) else what(exc)
-        store.report(
+        store.reports.report(
             job.id,
             Event.HOLD,
             token=job.token,
@@ -187,11 +187,11 @@ def upkeep(store: JobStore, settings: config.Settings) -> list[str]:
 
 def _maintain(store: JobStore, settings: config.Settings) -> list[str]:
     try:
-        store.reap(limit=50)
-        store.update_priorities(
+        store.maintenance.reap(limit=50)
+        store.negotiator.update_priorities(
             halflife=settings.priority_halflife, interval=settings.priority_update_interval
         )
-        store.police_due(settings.periodic_expr_interval)
+        store.maintenance.police_due(settings.periodic_expr_interval)
     except DatabaseError as exc:
         return [f"upkeep (lease recovery, priorities, policy) failed: {exc}"]
     return []

@@ -52,7 +52,7 @@ def _fill(store: JobStore, path: os.PathLike[str], owner: str, sha: str, size: i
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o400)
     digest, got = hashlib.sha256(), 0
     try:
-        for data in _ahead(store.file_content(owner, sha)):
+        for data in _ahead(store.files.file_content(owner, sha)):
             digest.update(data)
             write_fully(fd, data)
             got += len(data)

@@ -64,7 +64,7 @@ def current_attempt(request: HookRequest) -> tuple[config.Settings, JobStore, Jo
     keyword, job_id, attempt, token = request.argv[:4]
     settings = request.settings_for(config.starter_keyword(keyword))
     store = request.node.store_for(settings)
-    job = store.get_job(int(job_id))
+    job = store.reads.get_job(int(job_id))
     if not (job.token and hmac.compare_digest(job.token, token) and job.claims == int(attempt)
             and job.status in HANDED_OUT and job.keyword in (None, settings.keyword)):
         raise HookError(f"job {job.cluster_id}.{job.proc_id} attempt {attempt} is not the "
@@ -83,7 +83,7 @@ def _uid_of(owner: str) -> int | None:
 
 
 def _list(store: JobStore, job: Job) -> HookResponse:
-    lines = [f"{f.sha256} {f.size} {f.mode:o} {f.name}" for f in store.sandbox_start(job)]
+    lines = [f"{f.sha256} {f.size} {f.mode:o} {f.name}" for f in store.files.sandbox_start(job)]
     return HookResponse(stdout="\n".join(lines).encode("utf-8", "surrogateescape"))
 
 
@@ -91,9 +91,9 @@ def _read(store: JobStore, job: Job, argv: list[str]) -> HookResponse:
     if len(argv) != 3 or not argv[1].isdigit() or not argv[2].isdigit():
         raise HookError("sandbox_read needs a sha256, an offset and a length")
     sha, offset, length = argv[0], int(argv[1]), min(int(argv[2]), MAX_READ)
-    if not any(f.sha256 == sha for f in store.sandbox_start(job)):
+    if not any(f.sha256 == sha for f in store.files.sandbox_start(job)):
         raise HookError(f"{sha} is not an input of this job")
-    return HookResponse(stdout=store.file_range(job.owner, sha, offset, length))
+    return HookResponse(stdout=store.files.file_range(job.owner, sha, offset, length))
 
 
 def _open(settings: config.Settings, store: JobStore, job: Job, argv: list[str],
@@ -102,7 +102,7 @@ def _open(settings: config.Settings, store: JobStore, job: Job, argv: list[str],
     for the agent, which hands it over its socket, never for a hook process's own call."""
     if len(argv) != 1:
         raise HookError("sandbox_open needs a sha256")
-    for f in store.sandbox_start(job):
+    for f in store.files.sandbox_start(job):
         if f.sha256 == argv[0]:
             fd = open_input(store, settings.sandbox_root, job.owner, f.sha256, f.size,
                             settings.input_cache_mb)
@@ -149,7 +149,7 @@ def _write(settings: config.Settings, store: JobStore, job: Job, argv: list[str]
     if not final:
         return HookResponse()
     try:
-        with store.engine.begin() as conn:
+        with store.db.engine.begin() as conn:
             store.files.store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
                                owner=job.owner, direction=direction, attempt=job.claims,
                                sources=[FileSource(name, str(path), mode & 0o755)])

@@ -158,7 +158,8 @@ def report(
                                             node=request.node)
             log.extend(_kept_back_log(earlier, before))
         else:
-            outcome = request.node.store_for(settings).apply_report(prepared[1], prepared[2])
+            reports = request.node.store_for(settings).reports
+            outcome = reports.apply_report(prepared[1], prepared[2])
     except (UnknownJob, NotOwner) as exc:
         # before the database (no earlier ones were taken), or the last report's own result
         # after its transaction committed with the earlier ones
@@ -231,7 +232,7 @@ def apply_report(
 ) -> Outcome:
     """Apply a checked report (see `send_record`)."""
     settings, job_id, r = attempt_report(report, writer, settings, node=node)
-    return node.store_for(settings).apply_report(job_id, r)
+    return node.store_for(settings).reports.apply_report(job_id, r)
 
 
 def apply_reports(reports: list[Prepared], settings: config.Settings, *, node: NodeServices,
@@ -239,7 +240,7 @@ def apply_reports(reports: list[Prepared], settings: config.Settings, *, node: N
     """Apply the agent's reports about one attempt (`attempt_report`'s) in one transaction, in
     their order: the results of all but the last, and the last one's outcome (its error raised,
     as apply_report raises it)."""
-    *before, last = node.store_for(settings).report_many(
+    *before, last = node.store_for(settings).reports.report_many(
         [(job_id, r) for _, job_id, r in reports])
     if isinstance(last, JobstoreError):
         raise last
@@ -256,7 +257,7 @@ def apply_kept_back(items: list[Pending], *, node: NodeServices) -> list[str]:
     groups = list(by_store.values())
     for i, group in enumerate(groups):
         try:
-            results = node.store_for(group[0].settings).report_many(
+            results = node.store_for(group[0].settings).reports.report_many(
                 [(job_id, r) for _, job_id, r in (item.report for item in group)])
         except Exception as exc:  # this database's stay in the spool; the others go on
             for item in group:

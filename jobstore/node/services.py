@@ -53,7 +53,7 @@ class NodeServices:
         self.evaluator = evaluator
         with self._lock:
             for store in self._stores.values():
-                store.periodic_policy = evaluator.periodic_action
+                store.maintenance.periodic_policy = evaluator.periodic_action
 
     def use_pool(self, overflow: int) -> None:
         """Keep one pooled connection per database from now on (for the agent)."""
@@ -81,8 +81,8 @@ class NodeServices:
                     pool=self._pool_overflow is not None,
                     max_overflow=self._pool_overflow or 0,
                 )
-                store.periodic_policy = self.evaluator.periodic_action
-                store.reading = partial(self.reading, settings.keyword)
+                store.maintenance.periodic_policy = self.evaluator.periodic_action
+                store.maintenance.reading = partial(self.reading, settings.keyword)
                 self._stores[settings.database_url] = store
             return store
 
@@ -92,7 +92,7 @@ class NodeServices:
             stores = list(self._stores.values())
             self._stores.clear()
         for store in stores:
-            store.engine.dispose()
+            store.db.engine.dispose()
 
 
 _direct: NodeServices | None = None

@@ -192,7 +192,7 @@ def _is_true(text: str) -> bool:
 class SubmitSpecs(Sequence[JobSpec]):
     """The jobs of a submit description, made one at a time as they are read: a `queue 100000`
     never holds 100,000 specs. Proc 0 is made at once; with per-proc macros, each later proc is
-    expanded when read (its SubmitError comes then: JobStore.submit rolls the whole cluster
+    expanded when read (its SubmitError comes then: Submissions.submit rolls the whole cluster
     back)."""
 
     def __init__(self, expander: SubmitExpander, items: list[dict[str, str]], count: int):

@@ -69,7 +69,7 @@ def submit(store: JobStore, n: int = 1, *, owner: str = "alice", queue: str = "d
            max_attempts: int = 3, **fields: Any) -> list[int]:
     """The ids of one new cluster of `n` idle jobs (procs 0..n-1), each `job_spec(**fields)`."""
     specs = [job_spec(i, **fields) for i in range(n)]
-    return store.submit(specs, owner=owner, queue=queue, max_attempts=max_attempts)[1]
+    return store.submissions.submit(specs, owner=owner, queue=queue, max_attempts=max_attempts)[1]
 
 
 def claim(store: JobStore, req: ClaimRequest | None = None, *, judge: Judge = take_every,
@@ -81,7 +81,7 @@ def claim(store: JobStore, req: ClaimRequest | None = None, *, judge: Judge = ta
         req = claim_request(**overrides)
     elif overrides:
         req = replace(req, **overrides)
-    return store.claim(req, judge)
+    return store.negotiator.claim(req, judge)
 
 
 def claimed(store: JobStore, req: ClaimRequest | None = None, *, judge: Judge = take_every,
@@ -93,16 +93,16 @@ def claimed(store: JobStore, req: ClaimRequest | None = None, *, judge: Judge = 
 
 
 def report(store: JobStore, job: Job, event: Event, **kw: Any) -> Outcome:
-    """`event` reported about `job`'s attempt (its token and claim), with JobStore.report's
+    """`event` reported about `job`'s attempt (its token and claim), with Reports.report's
     other arguments `kw`."""
-    return store.report(job.id, event, token=job.token, attempt=job.claims, **kw)
+    return store.reports.report(job.id, event, token=job.token, attempt=job.claims, **kw)
 
 
 def running(store: JobStore, req: ClaimRequest | None = None, *,
             changes: dict[str, Any] | None = None, **kw: Any) -> Job:
     """A job claimed for `req` (by default `claim_request()`) and reported started (pid 42,
-    `changes`, JobStore.report's other arguments `kw`): its row after the START."""
+    `changes`, Reports.report's other arguments `kw`): its row after the START."""
     job = claimed(store, req)
     out = report(store, job, Event.START, changes={"job_pid": 42, **(changes or {})}, **kw)
     assert out.after == "running", out
-    return store.get_job(job.id)
+    return store.reads.get_job(job.id)

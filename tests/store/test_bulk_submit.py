@@ -68,7 +68,7 @@ def pg_store(pg_url: str):  # type: ignore[no-untyped-def]
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
     yield store
-    store.engine.dispose()
+    store.db.engine.dispose()
 
 
 @pytest.mark.parametrize("body", TEMPLATED.values(), ids=TEMPLATED.keys())
@@ -76,18 +76,18 @@ def test_the_server_queues_the_rows_a_proc_by_proc_submit_queues(
     tmp_path: Path, pg_store: JobStore, body: str
 ) -> None:
     specs = specs_of(tmp_path, body)
-    made, ids = pg_store.submit(specs, owner="alice", queue="default", max_attempts=3)
+    made, ids = pg_store.submissions.submit(specs, owner="alice", queue="default", max_attempts=3)
     # a plain list is expanded and inserted proc by proc
-    expanded, expected = pg_store.submit(list(specs), owner="alice", queue="default",
-                                         max_attempts=3)
+    expanded, expected = pg_store.submissions.submit(list(specs), owner="alice", queue="default",
+                                                     max_attempts=3)
     assert ids == sorted(ids) and len(ids) == len(expected) == len(specs)
     varying = {"id", "cluster_id", "submitted_at", "updated_at"}
     for got, want in zip(ids, expected, strict=True):
-        a, b = pg_store.get_job(got), pg_store.get_job(want)
+        a, b = pg_store.reads.get_job(got), pg_store.reads.get_job(want)
         assert (a.cluster_id, b.cluster_id) == (made, expanded)
         assert {n: getattr(a, n) for n in JOB_COLUMNS if n not in varying} == {
             n: getattr(b, n) for n in JOB_COLUMNS if n not in varying}
-        events = pg_store.events(got)
+        events = pg_store.reads.events(got)
         assert [(e.event, e.from_status, e.to_status, e.attempt) for e in events] == [
             ("submit", None, "idle", 0)]
 
@@ -101,15 +101,16 @@ def test_a_big_templated_submit_numbers_its_procs_in_order(
     monkeypatch.setattr(bulk, "CHUNK", 500)
     specs = specs_of(tmp_path, "arguments = $(Process) $(x)\nqueue 700 x in (a, b, c)\n")
     assert specs.template() is not None
-    cluster, ids = pg_store.submit(specs, owner="alice", queue="default", max_attempts=3)
-    with pg_store.engine.connect() as conn:
+    cluster, ids = pg_store.submissions.submit(specs, owner="alice", queue="default",
+                                               max_attempts=3)
+    with pg_store.db.engine.connect() as conn:
         rows = conn.execute(select(jobs.c.id, jobs.c.proc_id, jobs.c.ad)
                             .where(jobs.c.cluster_id == cluster).order_by(jobs.c.id)).all()
     assert [r.id for r in rows] == ids
     assert [r.proc_id for r in rows] == list(range(2100))
     assert [rows[p].ad["Args"] for p in (0, 499, 500, 699, 700, 1000, 1399, 1400, 2099)] == [
         "0 a", "499 a", "500 a", "699 a", "700 b", "1000 b", "1399 b", "1400 c", "2099 c"]
-    assert len(pg_store.events(ids[-1])) == 1
+    assert len(pg_store.reads.events(ids[-1])) == 1
 
 
 def test_the_widest_proc_of_a_template_is_checked(pg_url: str, tmp_path: Path) -> None:
@@ -128,11 +129,11 @@ def test_the_widest_proc_of_a_template_is_checked(pg_url: str, tmp_path: Path) -
         schedd.submit(sub, itemdata=iter(items))
     store = JobStore.from_url(pg_url)
     try:
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 0
             assert conn.execute(select(func.count()).select_from(clusters)).scalar_one() == 0
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     assert schedd.submit(sub, itemdata=iter([{"x": "a"}, {"x": "b"}])).num_procs() == 2
     # the widest proc is a real one: two long values in different rows are not added up
     two = htcondor2.Submit({"executable": "/bin/echo", "arguments": "$(x) $(y)",

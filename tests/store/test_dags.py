@@ -112,7 +112,7 @@ def test_the_language(tmp_path: Path) -> None:
 
 @pytest.fixture
 def settings(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
-    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.db.engine.url.render_as_string(False))
     return config.load_settings(None)
 
 
@@ -124,7 +124,7 @@ def _queued(store: JobStore, tmp: Path, settings: config.Settings, text: str,
 
 
 def _states(store: JobStore, dag_id: int) -> dict[str, str]:
-    return {n.name: n.status for n in store.dag_nodes_of(dag_id)}
+    return {n.name: n.status for n in store.dags.dag_nodes_of(dag_id)}
 
 
 def _exit(store: JobStore, job: Job, code: int) -> None:
@@ -161,21 +161,22 @@ def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config
     dag_id = _queued(store, tmp_path, settings, DIAMOND)
     assert _states(store, dag_id) == {"A": "queued", "B": "waiting", "C": "waiting",
                                       "D": "waiting"}
-    statuses = {j.ad["DAGNodeName"]["expr"]: j.status for j in store.list_jobs()}
+    statuses = {j.ad["DAGNodeName"]["expr"]: j.status for j in store.reads.list_jobs()}
     assert statuses == {'"A"': "idle", '"B"': "waiting", '"C"': "waiting", '"D"': "waiting"}
     ran = _run(store)
     assert ran[0] == "A" and sorted(ran[1:3]) == ["B", "C"] and ran[3] == "D"
     assert set(_states(store, dag_id).values()) == {"done"}
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("completed", 0, 0)
-    job_b = next(j for j in store.list_jobs(include_final=True)
+    job_b = next(j for j in store.reads.list_jobs(include_final=True)
                  if j.ad["DAGNodeName"]["expr"] == '"B"')
     assert job_b.ad["DAGManJobId"] == {"expr": str(dag_id)}
     assert job_b.ad["DAGParentNodeNames"] == {"expr": '"A"'}
-    events = [e.event for e in store.events(job_b.id)]
+    events = [e.event for e in store.reads.events(job_b.id)]
     assert events[:2] == ["submit", "node_ready"]
-    store.prune(before=time.time() + 1)  # the history's retention takes the DAG with its jobs
-    assert store.dag_of(dag_id) is None and store.dag_nodes_of(dag_id) == []
+    # the history's retention takes the DAG with its jobs
+    store.retention.prune(before=time.time() + 1)
+    assert store.dags.dag_of(dag_id) is None and store.dags.dag_nodes_of(dag_id) == []
 
 
 def test_nodes_that_share_a_submit_description(store: JobStore, settings: config.Settings,
@@ -195,7 +196,7 @@ def test_nodes_that_share_a_submit_description(store: JobStore, settings: config
     sub = ("executable = /bin/true\narguments = $(JOB) $(word) $(Process)\nmine = file\n"
            "+Mine = \"$(mine)\"\nqueue\n")
     done = submit_dag(store, str(_dag(tmp_path, text, sub)), settings, owner=OWNER)
-    jobs = {j.ad["DAGNodeName"]["expr"].strip('"'): j for j in store.list_jobs()}
+    jobs = {j.ad["DAGNodeName"]["expr"].strip('"'): j for j in store.reads.list_jobs()}
     assert len(jobs) == 206 and all(j.proc_id == 0 for j in jobs.values())
     assert len({j.cluster_id for j in jobs.values()}) == 206
     assert {name: jobs[name].cluster_id for name in jobs} == done.clusters
@@ -216,7 +217,7 @@ def test_nodes_that_share_a_submit_description(store: JobStore, settings: config
     assert {jobs[n].ad["DAGManJobId"]["expr"] for n in jobs} == {str(done.dag_id)}
     assert {n: j.status for n, j in jobs.items() if j.status == "idle"} == {
         **{"N0": "idle"}, **dict.fromkeys(many, "idle")}
-    assert {e.event for j in jobs.values() for e in store.events(j.id)} >= {"submit"}
+    assert {e.event for j in jobs.values() for e in store.reads.events(j.id)} >= {"submit"}
 
 
 def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
@@ -227,10 +228,10 @@ def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
     assert sorted(ran) == ["A", "B", "C", "E"]  # D never runs
     assert _states(store, dag_id) == {"A": "done", "B": "failed", "C": "done", "D": "futile",
                                       "E": "done"}
-    job_d = next(j for j in store.list_jobs(include_final=True)
+    job_d = next(j for j in store.reads.list_jobs(include_final=True)
                  if j.ad["DAGNodeName"]["expr"] == '"D"')
     assert job_d.status == "removed" and "node B failed" in (job_d.reason or "")
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 2, 1)
 
 
@@ -255,7 +256,7 @@ ABORT-DAG-ON B 4 RETURN 17
         _exit(store, job, 4 if node == "B" else code)
     assert ran == ["A", "A", "A", "B", "F"]  # A retried twice; B not (UNLESS-EXIT); F at end
     assert _states(store, dag_id) == {"A": "done", "B": "failed", "C": "futile", "F": "done"}
-    dag = store.dag_of(dag_id)  # the FINAL node decides: it succeeded
+    dag = store.dags.dag_of(dag_id)  # the FINAL node decides: it succeeded
     assert dag is not None and (dag.status, dag.dag_status) == ("completed", 0)
 
 
@@ -268,16 +269,16 @@ JOB C node.sub
 PARENT A CHILD C
 ABORT-DAG-ON A 4 RETURN 17
 """)
-    job_a = next(j for j in store.list_jobs() if j.ad["DAGNodeName"]["expr"] == '"A"')
-    others = [j for j in store.list_jobs() if j.id != job_a.id and j.status == "idle"]
+    job_a = next(j for j in store.reads.list_jobs() if j.ad["DAGNodeName"]["expr"] == '"A"')
+    others = [j for j in store.reads.list_jobs() if j.id != job_a.id and j.status == "idle"]
     assert [j.ad["DAGNodeName"]["expr"] for j in others] == ['"B"']
-    claimed = store.claim(REQ, lambda j: Verdict(take=j.id == job_a.id))
+    claimed = store.negotiator.claim(REQ, lambda j: Verdict(take=j.id == job_a.id))
     assert claimed is not None and claimed.id == job_a.id
     _exit(store, claimed, 4)
     assert _states(store, dag_id) == {"A": "failed", "B": "failed", "C": "futile"}
-    job_b = store.get_job(others[0].id)
+    job_b = store.reads.get_job(others[0].id)
     assert job_b.status == "removed" and "ABORT-DAG-ON" in (job_b.reason or "")
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 3, 17)
 
 
@@ -290,9 +291,9 @@ def test_noop_done_and_a_category_throttle(store: JobStore, settings: config.Set
     states = _states(store, dag_id)
     assert (states["A"], states["N"]) == ("done", "done")  # never run
     assert sorted(states[f"W{i}"] for i in range(5)) == ["queued"] * 2 + ["ready"] * 3
-    assert len(store.list_jobs(statuses=["idle"])) == 2
+    assert len(store.reads.list_jobs(statuses=["idle"])) == 2
     assert sorted(_run(store)) == [f"W{i}" for i in range(5)]
-    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
 
 
 def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
@@ -300,7 +301,7 @@ def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Pa
     dag_id = _queued(store, tmp_path, settings, fan, maxjobs=1, batch_name="mine")
     assert list(_states(store, dag_id).values()).count("queued") == 1
     assert len(_run(store)) == 4
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.batch_name, dag.status) == ("mine", "completed")
 
 
@@ -318,28 +319,28 @@ def test_maxidle_releases_a_node_when_a_job_starts(store: JobStore, settings: co
     assert list(_states(store, dag_id).values()).count("queued") == 3
     _exit(store, job, 0)
     assert len(_run(store)) == 4
-    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
 
 
 def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings,
                                       tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, DIAMOND + "FINAL F node.sub\n")
-    assert store.pause_dag(dag_id, held=True)
+    assert store.dags.pause_dag(dag_id, held=True)
     job = claim(store, REQ)
     assert job is not None  # A was queued before the hold: it runs
     _exit(store, job, 0)
     assert _states(store, dag_id)["B"] == "ready"  # held: not released
     assert claim(store, REQ) is None
-    assert store.pause_dag(dag_id, held=False)
+    assert store.dags.pause_dag(dag_id, held=False)
     assert _states(store, dag_id)["B"] == "queued"
-    assert store.remove_dag(dag_id)
+    assert store.dags.remove_dag(dag_id)
     states = _states(store, dag_id)
     assert (states["B"], states["C"], states["D"], states["F"]) == (
         "failed", "failed", "futile", "queued")  # the FINAL node still runs
     assert _run(store) == ["F"]
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.dag_status) == ("removed", 4)
-    assert not store.remove_dag(dag_id)
+    assert not store.dags.remove_dag(dag_id)
 
 
 def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: config.Settings,
@@ -348,7 +349,7 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
                                          "queue\n")
     with pytest.raises(DagError, match=r"node A: \$\(DAG_STATUS\) is known only"):
         _queued(store, tmp_path, settings, "JOB A status.sub\n")
-    assert store.list_jobs(include_final=True) == []
+    assert store.reads.list_jobs(include_final=True) == []
     assert os.path.exists(tmp_path / "test.dag")
 
 
@@ -399,7 +400,7 @@ def test_the_dags_own_ad_node_status_file_and_jobstate_log(
     words = [line.split()[1:] for line in log]
     assert words[0] == ["INTERNAL", "***", "DAGMAN_STARTED", f"{dag_id}.0", "***"]
     assert words[-1] == ["INTERNAL", "***", "DAGMAN_FINISHED", "1", "***"]
-    a_cluster = next(j.cluster_id for j in store.list_jobs(include_final=True)
+    a_cluster = next(j.cluster_id for j in store.reads.list_jobs(include_final=True)
                      if j.ad["DAGNodeName"]["expr"] == '"A"')
     assert [w for w in words if w[0] == "A"] == [
         ["A", event, f"{a_cluster}.0", "-", "-", "1"]
@@ -448,21 +449,21 @@ def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no
         "SUBDAG EXTERNAL T leaf.dag\nFINAL F node.sub\nPARENT D CHILD R X\n"
         "PARENT R CHILD S\nPARENT S CHILD T\nRETRY R 2 UNLESS-EXIT 42\nCATEGORY B small\n"
         "CATEGORY C small\nMAXJOBS small 1\n")
-    settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
     dag_id = submit_dag(store, str(sub / "diamond.dag"), settings, owner=owner).dag_id
-    cfg, condor_config = emulated_node(tmp, store.engine.url.render_as_string(False))
+    cfg, condor_config = emulated_node(tmp, store.db.engine.url.render_as_string(False))
     if os.geteuid() == 0:
         give_node(cfg, store, tmp, owner, personal=mode == "direct")
     with ExitStack() as stack:
         if mode == "agent":
             cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
-        Emulator(cfg).run(until=lambda: store.dag_of(dag_id).status != "running",  # type: ignore[union-attr]
+        Emulator(cfg).run(until=lambda: store.dags.dag_of(dag_id).status != "running",  # type: ignore[union-attr]
                           timeout=120, wait_for_jobs=True)
-    dag = store.dag_of(dag_id)
+    dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.exit_code) == ("completed", 0)
     span, exits = {}, {}
-    for job in store.list_jobs(include_final=True):
-        events = store.events(job.id)
+    for job in store.reads.list_jobs(include_final=True):
+        events = store.reads.events(job.id)
         times = {e.event: e.time for e in events}
         name = job.ad["DAGNodeName"]["expr"].strip('"')
         span[name] = (min(e.time for e in events if e.event == "start"), times["exit"])
@@ -500,7 +501,7 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
     assert result.clusterad()["JobBatchName"] == "wf"
     assert _states(store, dag_id) == {"prep:0": "queued", "prep:1": "queued",
                                       "work:0": "waiting"}
-    args = sorted(str(j.ad.get("Args", j.ad.get("Arguments"))) for j in store.list_jobs()
+    args = sorted(str(j.ad.get("Args", j.ad.get("Arguments"))) for j in store.reads.list_jobs()
                   if j.ad["DAGNodeName"]["expr"].startswith('"prep'))
     assert args == ["1", "2"]
     assert sorted(_run(store)) == ["prep:0", "prep:1", "work:0"]
@@ -574,7 +575,7 @@ def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.
     assert dag.nodes["S+A"].directory == str(inner)
     ran = _run(store)
     assert ran[0] == "first" and ran[1] == "S+A" and ran[-2:] == ["S+T+L", "last"]
-    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
     (tmp_path / "loop.dag").write_text("JOB A node.sub\nSPLICE me loop.dag\n")
     with pytest.raises(DagError, match="the splice me includes itself"):
         read_dag(str(tmp_path / "loop.dag"))
@@ -597,7 +598,7 @@ def test_a_subdag_runs_as_its_nodes_and_ends_as_its_node_would(
         ["T+A", "T+B", "T+C", "T+D"], "done")
     ran = _run(store)
     assert ran[0] == "first" and ran[1] == "S+A" and ran[-2:] == ["S+D", "last"]
-    assert store.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
     failed = _queued(store, tmp_path, settings, "JOB last node.sub\n"
                      "SUBDAG EXTERNAL S inner.dag\nPARENT S CHILD last\n")
     assert "last" not in _run(store, {"S+B": 1})
@@ -621,7 +622,7 @@ def test_retry_with_a_retry_macro_is_refused(store: JobStore, settings: config.S
         submit_dag(store, str(_dag(tmp_path, "JOB A node.sub\nRETRY A 2\n",
                                    "executable = /bin/true\narguments = $(retry)\nqueue\n")),
                    settings, owner=OWNER)
-    assert store.list_jobs(include_final=True) == []
+    assert store.reads.list_jobs(include_final=True) == []
 
 
 def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: config.Settings,
@@ -630,11 +631,11 @@ def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: co
     rescue DAG); a running DAG, another file's or an unknown one is refused."""
     first = _queued(store, tmp_path, settings, DIAMOND)
     assert sorted(_run(store, {"C": 1})) == ["A", "B", "C"]
-    assert store.dag_of(first).status == "failed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(first).status == "failed"  # type: ignore[union-attr]
     second = _queued(store, tmp_path, settings, DIAMOND, rescue=first)
     assert _states(store, second) == {"A": "done", "B": "done", "C": "queued", "D": "waiting"}
     assert _run(store) == ["C", "D"]
-    assert store.dag_of(second).status == "completed"  # type: ignore[union-attr]
+    assert store.dags.dag_of(second).status == "completed"  # type: ignore[union-attr]
     with pytest.raises(DagError, match="no such DAG"):
         _queued(store, tmp_path, settings, DIAMOND, rescue=999)
     third = _queued(store, tmp_path, settings, DIAMOND)
@@ -664,6 +665,6 @@ def test_a_batch_of_a_dag_nodes_reports_is_made_once_on_its_locked_row(
     reports = [(job.id, AttemptReport(event, job.token, job.claims, now=t + i, lease=900,
                                       keyword="JOBSTORE", slot="slot1@node"))
                for i, event in enumerate((Event.ACCEPT, Event.START))]
-    outcomes = store.report_many(reports)
+    outcomes = store.reports.report_many(reports)
     assert [getattr(o, "after", o) for o in outcomes] == ["accepted", "running"]
     assert tries == [False]

@@ -38,12 +38,12 @@ REQ = claim_request(claim_lease=120, shape="s")  # the agent's fetch
 def owner(pool: Pool) -> Iterator[JobStore]:  # noqa: F811
     s = JobStore.from_url(pool.owner_url)
     yield s
-    s.engine.dispose()
+    s.db.engine.dispose()
 
 
 def _snapshot(store: JobStore) -> tuple[list[tuple], list[tuple], int]:
     """Every cluster, every job's owner, command, ad and status, and the number of events."""
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         cl = [tuple(r) for r in conn.execute(select(clusters.c.id, clusters.c.owner)
                                              .order_by(clusters.c.id))]
         jb = [tuple(r) for r in conn.execute(select(jobs.c.id, jobs.c.owner, jobs.c.cmd,
@@ -89,15 +89,15 @@ def _one_line(stderr: str) -> str:
 def test_the_owner_is_the_account_the_database_says(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     alice = pool.store("alice")
     try:
-        assert alice.identity().account == ALICE and not alice.identity().super_user
+        assert alice.db.identity().account == ALICE and not alice.db.identity().super_user
         from jobstore.api.schedd import Schedd
 
         result = Schedd(store=alice).submit({"executable": "/bin/true"})
         assert result.clusterad()["Owner"] == ALICE
-        (job,) = owner.list_jobs()
+        (job,) = owner.reads.list_jobs()
         assert job.owner == ALICE and job.cluster_id == result.cluster()
     finally:
-        alice.engine.dispose()
+        alice.db.engine.dispose()
 
 
 def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,  # noqa: F811
@@ -109,21 +109,21 @@ def test_owner_spoofing_is_refused_by_every_route(pool: Pool, owner: JobStore,  
     alice = pool.store("alice")
     try:
         with pytest.raises(Refused, match=f"may not submit jobs as {BOB}"):
-            alice.submit(SPEC, owner=BOB, queue="default", max_attempts=3)
+            alice.submissions.submit(SPEC, owner=BOB, queue="default", max_attempts=3)
         with pytest.raises(Refused, match=f"{ALICE} may not submit jobs as {BOB}"):
             Schedd(store=alice, owner=BOB).submit({"executable": "/bin/true"})
         # a key is its owner's: bob's cluster under "k1" is never hers, nor hers his
         bob = pool.store("bob")
-        bobs = bob.submit(SPEC, owner=BOB, queue="default", max_attempts=3,
-                          idempotency_key="k1")
-        bob.engine.dispose()
-        hers = alice.submit(SPEC, owner=ALICE, queue="default", max_attempts=3,
-                            idempotency_key="k1")
-        assert hers[0] != bobs[0] and owner.get_job(hers[1][0]).owner == ALICE
-        assert owner.get_job(bobs[1][0]).owner == BOB
+        bobs = bob.submissions.submit(SPEC, owner=BOB, queue="default", max_attempts=3,
+                                      idempotency_key="k1")
+        bob.db.engine.dispose()
+        hers = alice.submissions.submit(SPEC, owner=ALICE, queue="default", max_attempts=3,
+                                        idempotency_key="k1")
+        assert hers[0] != bobs[0] and owner.reads.get_job(hers[1][0]).owner == ALICE
+        assert owner.reads.get_job(bobs[1][0]).owner == BOB
         before = _snapshot(owner)
     finally:
-        alice.engine.dispose()
+        alice.db.engine.dispose()
     sub = _users_file(ALICE, tmp_path, "job.sub", "executable = /bin/true\nqueue\n")
     r = _cli(pool, "alice", "submit", str(sub), "--owner", BOB, account=ALICE)
     assert r.returncode == 1 and f"may not submit jobs as {BOB}" in _one_line(r.stderr)
@@ -160,7 +160,7 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
     from jobstore.core.jobs import Job
 
     alice_job = submitted(pool, "alice")
-    job = owner.get_job(alice_job)
+    job = owner.reads.get_job(alice_job)
     before = _snapshot(owner)
     bob_sig = signature(Job.queued(SPEC[0], id=0, cluster_id=0, owner=BOB, queue="default",
                                    ad=job.ad, max_attempts=3, now=0.0))
@@ -184,18 +184,18 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
             "proc_id": 1, "ad": job.ad, "cmd": "/bin/true", "request_cpus": 9999,
             "request_memory": 1, "request_disk": 1, "max_attempts": 1,
             "signature": bob_sig}])))
-    alice_ac = owner.find_jobs(job.cluster_id, 1)[0].autocluster_id
+    alice_ac = owner.reads.find_jobs(job.cluster_id, 1)[0].autocluster_id
     assert _snapshot(owner)[:2] != before[:2]  # her new job
     bob_job = submitted(pool, "bob")
-    with owner.engine.connect() as conn:
+    with owner.db.engine.connect() as conn:
         from jobstore.db.schema import autoclusters
 
         row = conn.execute(select(autoclusters.c.owner, autoclusters.c.request_cpus,
                                   autoclusters.c.signature)
-                           .where(autoclusters.c.id == owner.get_job(bob_job).autocluster_id)
+                           .where(autoclusters.c.id == owner.reads.get_job(bob_job).autocluster_id)
                            ).one()
     assert tuple(row) == (BOB, 1, bob_sig)  # the signature she used, and still his own row
-    assert owner.get_job(bob_job).autocluster_id != alice_ac
+    assert owner.reads.get_job(bob_job).autocluster_id != alice_ac
 
 
 def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStore) -> None:  # noqa: F811
@@ -205,9 +205,9 @@ def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStor
         before = _snapshot(owner)
         for event in (Event.HOLD, Event.REMOVE, Event.RELEASE):
             with pytest.raises(NotOwner, match=f"{ALICE} may not {event} job {bob_job}"):
-                alice.admin(bob_job, event, "mine now")
+                alice.actions.admin(bob_job, event, "mine now")
         with pytest.raises(NotOwner, match="may not edit"):
-            alice.edit(bob_job, "Cmd", '"/tmp/evil.sh"')
+            alice.actions.edit(bob_job, "Cmd", '"/tmp/evil.sh"')
         for args in (("hold", str(bob_job)), ("rm", str(bob_job)), ("release", str(bob_job)),
                      ("qedit", str(bob_job), "Cmd", '"/tmp/evil.sh"')):
             r = _cli(pool, "alice", *args, account=ALICE)
@@ -215,16 +215,16 @@ def test_only_the_owner_or_a_super_user_acts_on_a_job(pool: Pool, owner: JobStor
             assert "not its owner" in _one_line(r.stderr)
         assert _snapshot(owner) == before
         # the owner and a super user may
-        assert bob.edit(bob_job, "Cmd", '"/bin/false"')
-        assert bob.admin(bob_job, Event.HOLD, "mine").after == "held"
-        assert sup.admin(bob_job, Event.RELEASE, "the admin's").after == "idle"
+        assert bob.actions.edit(bob_job, "Cmd", '"/bin/false"')
+        assert bob.actions.admin(bob_job, Event.HOLD, "mine").after == "held"
+        assert sup.actions.admin(bob_job, Event.RELEASE, "the admin's").after == "idle"
         r = _cli(pool, "super", "rm", str(bob_job))
         assert r.returncode == 0, r.stderr
-        assert owner.get_job(bob_job).status == "removed"
-        assert "/bin/false" in str(owner.get_job(bob_job).ad.get("Cmd"))
+        assert owner.reads.get_job(bob_job).status == "removed"
+        assert "/bin/false" in str(owner.reads.get_job(bob_job).ad.get("Cmd"))
     finally:
         for s in (alice, bob, sup):
-            s.engine.dispose()
+            s.db.engine.dispose()
 
 
 def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -> None:  # noqa: F811
@@ -237,13 +237,13 @@ def test_a_running_job_of_another_is_left_running(pool: Pool, owner: JobStore) -
         assert job is not None and job.id == bob_job
         report(agent, job, Event.ACCEPT, lease=120)
         with pytest.raises(NotOwner):
-            alice.admin(bob_job, Event.HOLD, "no")
-        assert owner.get_job(bob_job).status == "accepted"
-        assert bob.admin(bob_job, Event.HOLD, "mine").after == "held"
-        assert owner.get_job(bob_job).winding_down_until is not None
+            alice.actions.admin(bob_job, Event.HOLD, "no")
+        assert owner.reads.get_job(bob_job).status == "accepted"
+        assert bob.actions.admin(bob_job, Event.HOLD, "mine").after == "held"
+        assert owner.reads.get_job(bob_job).winding_down_until is not None
     finally:
         for s in (agent, alice, bob):
-            s.engine.dispose()
+            s.db.engine.dispose()
 
 
 def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,  # noqa: F811
@@ -251,31 +251,32 @@ def test_a_portal_submits_only_for_the_accounts_its_rule_allows(pool: Pool,  # n
     portal, sup = pool.store("portal"), pool.store("super")
     try:
         for who in (ALICE, CAROL):
-            _, (job_id,) = portal.submit(SPEC, owner=who, queue="default", max_attempts=3)
-            assert owner.get_job(job_id).owner == who
+            _, (job_id,) = portal.submissions.submit(SPEC, owner=who, queue="default",
+                                                     max_attempts=3)
+            assert owner.reads.get_job(job_id).owner == who
         before = _snapshot(owner)
         for who in (BOB, f"{ALICE}x", f"x{ALICE}"):  # the rule matches whole names only
             with pytest.raises(Refused, match=f"may not submit jobs as {who}"):
-                portal.submit(SPEC, owner=who, queue="default", max_attempts=3)
+                portal.submissions.submit(SPEC, owner=who, queue="default", max_attempts=3)
         with pytest.raises(Refused):  # a super user with no rule impersonates nobody
-            sup.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
+            sup.submissions.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
         assert _snapshot(owner) == before
     finally:
-        portal.engine.dispose()
-        sup.engine.dispose()
+        portal.db.engine.dispose()
+        sup.db.engine.dispose()
 
 
 def test_userprio_changes_need_the_admin_role(pool: Pool, owner: JobStore) -> None:  # noqa: F811
     submitted(pool, "bob")
-    (row, _), = owner.usage_table()
+    (row, _), = owner.negotiator.usage_table()
     for part in ("alice", "super"):
         r = _cli(pool, part, "userprio", "-setfactor", row.name, "10000")
         assert r.returncode == 1
         assert "needs the job store's admin role" in _one_line(r.stderr)
-    assert owner.usage_table()[0][0].factor == 1
+    assert owner.negotiator.usage_table()[0][0].factor == 1
     r = _cli(pool, "admin", "userprio", "-setfactor", row.name, "10")
     assert r.returncode == 0, r.stderr
-    assert owner.usage_table()[0][0].factor == 10
+    assert owner.negotiator.usage_table()[0][0].factor == 10
 
 
 def test_everyone_reads_the_queue(pool: Pool) -> None:  # noqa: F811
@@ -301,11 +302,12 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: 
         dave = JobStore.from_url(make_url(pool.owner_url).set(username=role)
                                  .render_as_string(False))
         try:
-            assert dave.identity().account == "jsdave"
-            _, (job_id,) = dave.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
+            assert dave.db.identity().account == "jsdave"
+            _, (job_id,) = dave.submissions.submit(SPEC, owner="jsdave", queue="default",
+                                                   max_attempts=3)
         finally:
-            dave.engine.dispose()
-        assert owner.get_job(job_id).owner == "jsdave"
+            dave.db.engine.dispose()
+        assert owner.reads.get_job(job_id).owner == "jsdave"
         r = clirun.run([*JOBSTORE, "--db", pool.owner_url, "grant-user", role,
                             "--may-impersonate", "x"], capture_output=True, text=True,
                        timeout=60)
@@ -322,9 +324,9 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: 
                                  .render_as_string(False))
         try:
             with pytest.raises(Refused, match="may not submit jobs to this job store"):
-                dave.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
+                dave.submissions.submit(SPEC, owner="jsdave", queue="default", max_attempts=3)
         finally:
-            dave.engine.dispose()
+            dave.db.engine.dispose()
     finally:
         with psycopg.connect(libpq_url(pool.owner_url), autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
@@ -347,24 +349,25 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
                " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys")
         old = [s.replace(", slots", "") for s in owner.db.backend.roles().hook_statements(role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
-        with owner.engine.begin() as conn:
+        with owner.db.engine.begin() as conn:
             from sqlalchemy import text
 
             for sql in old:
                 conn.execute(text(sql))
         upgrade(db_url)
-        _, (job_id,) = owner.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
+        _, (job_id,) = owner.submissions.submit(SPEC, owner=ALICE, queue="default", max_attempts=3)
         agent = JobStore.from_url(make_url(db_url).set(username=role).render_as_string(False))
         job = claim(agent, REQ)
         assert job is not None and job.id == job_id
         assert report(agent, job, Event.ACCEPT, lease=120).after == "accepted"
-        with agent.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
+        with agent.db.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
-        agent.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])
-        assert agent.job_files_of(job) == [] and list(agent.file_content(ALICE, "0" * 64)) == []
-        assert [r.name for r in agent.live_slots(now=1.5)] == ["slot1@n"]
-        agent.engine.dispose()
-        owner.engine.dispose()
+        agent.slots.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])
+        assert agent.files.job_files_of(job) == []
+        assert list(agent.files.file_content(ALICE, "0" * 64)) == []
+        assert [r.name for r in agent.slots.live_slots(now=1.5)] == ["slot1@n"]
+        agent.db.engine.dispose()
+        owner.db.engine.dispose()
     finally:
         with psycopg.connect(libpq_url(db_url), autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {role}")
@@ -378,8 +381,8 @@ def test_the_database_refuses_inputs_over_the_store_limits(pool: Pool, owner: Jo
     (migration 0016's triggers, through the door's functions): a file over
     max_input_file_mb, a job's inputs over max_input_mb, bytes beyond their file's declared
     size; the agent may store a larger output. Her raw INSERTs are refused outright."""
-    owner.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
-    cluster = owner.get_job(submitted(pool, "alice")).cluster_id
+    owner.files.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
+    cluster = owner.reads.get_job(submitted(pool, "alice")).cluster_id
     sha = "a" * 64
     refused = [
         f"SELECT jobstore_store_file('{ALICE}', '{sha}', 2097152)",
@@ -468,14 +471,14 @@ def test_a_submitters_dag_is_carried_forward_by_the_agents_role(pool: Pool, owne
             job = claim(agent, REQ)
             assert job is not None and job.owner == ALICE
             report(agent, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False})
-        assert {n.name: n.status for n in alice.dag_nodes_of(dag_id)} == {
+        assert {n.name: n.status for n in alice.dags.dag_nodes_of(dag_id)} == {
             "A": "done", "B": "done", "C": "queued"}
-        assert bob.dag_of(dag_id) is None and bob.dag_nodes_of(dag_id) == []
+        assert bob.dags.dag_of(dag_id) is None and bob.dags.dag_nodes_of(dag_id) == []
         with pytest.raises(Refused, match="not its owner"):
-            bob.remove_dag(dag_id)
-        assert alice.remove_dag(dag_id)
-        dag = owner.dag_of(dag_id)
+            bob.dags.remove_dag(dag_id)
+        assert alice.dags.remove_dag(dag_id)
+        dag = owner.dags.dag_of(dag_id)
         assert dag is not None and dag.status == "removed"
     finally:
         for store in (alice, agent, bob):
-            store.engine.dispose()
+            store.db.engine.dispose()

@@ -28,8 +28,8 @@ def _stored(store: JobStore, tmp: Path, contents: list[bytes]) -> list[str]:
     names = ", ".join(f"in{i}.bin" for i in range(len(contents)))
     specs = parse_submit_text("executable = /bin/true\ntransfer_executable = false\n"
                               f"transfer_input_files = {names}\nqueue\n", base_dir=tmp)
-    store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
-                 max_attempts=3)
+    store.submissions.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
+                             max_attempts=3)
     return [hashlib.sha256(d).hexdigest() for d in contents]
 
 
@@ -49,7 +49,7 @@ def test_an_input_is_read_from_the_store_once_per_node(store: JobStore, tmp_path
         os.close(fd)
     cached = list((root / CACHE).iterdir())
     assert [p.name.split("-")[0] for p in cached] == [sha]
-    with store.engine.begin() as conn:  # from now on the node's copy serves it
+    with store.db.engine.begin() as conn:  # from now on the node's copy serves it
         conn.execute(delete(sandbox_chunks))
     fd = open_input(store, str(root), owner, sha, len(data), 100)
     assert os.pread(fd, 16, 0) == data[:16]
@@ -64,7 +64,7 @@ def test_bytes_that_do_not_match_their_hash_never_enter_the_cache(store: JobStor
     root = tmp_path / "sandboxes"
     ensure_root(str(root))
     (sha,) = _stored(store, tmp_path, [b"three little words\n"])
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         conn.execute(update(sandbox_chunks).values(data=b"three little wordz\n"))
     with pytest.raises(SandboxError, match="do not match its sha256"):
         open_input(store, str(root), pwd.getpwuid(os.geteuid()).pw_name, sha, 19, 100)
@@ -106,7 +106,7 @@ def _fails_then_copies(store: JobStore, root: Path, sha: str, data: bytes,
         assert os.pread(fd, len(data) + 1, 0) == data
     finally:
         os.close(fd)
-    assert b"".join(store.file_content(owner, sha)) == data
+    assert b"".join(store.files.file_content(owner, sha)) == data
 
 
 def test_a_file_of_many_pieces_is_read_ahead_whole_and_a_failed_read_leaves_nothing(
@@ -143,7 +143,7 @@ def test_a_copy_given_up_mid_read_leaves_the_store_usable(
     from jobstore.node import inputcache
 
     agent_store = JobStore.from_url(db_url, pool=True, max_overflow=0)
-    request.addfinalizer(agent_store.engine.dispose)
+    request.addfinalizer(agent_store.db.engine.dispose)
     root = tmp_path / "sandboxes"
     ensure_root(str(root))
     data = os.urandom((5 << 20) + 7)

@@ -252,14 +252,14 @@ def test_cli_init(db_url, condor_config):
     from jobstore.db.store import JobStore
 
     store = JobStore.from_url(db_url)
-    assert store.input_limits() == {"max_input_file_mb": 8, "max_input_mb": 16,
-                                    "max_output_mb": 32}
-    with store.engine.connect() as conn:
+    assert store.files.input_limits() == {"max_input_file_mb": 8, "max_input_mb": 16,
+                                          "max_output_mb": 32}
+    with store.db.engine.connect() as conn:
         rules = dict(conn.execute(select(job_attr_rules.c.name, job_attr_rules.c.rule)).all())
     assert (rules["projectname"], rules["site"], rules["budget"]) == (
         "immutable", "immutable", "protected")
     assert rules["owner"] == "immutable"  # the job store's own stays as it is
-    store.engine.dispose()
+    store.db.engine.dispose()
     engine = make_engine(db_url)
     try:
         with engine.connect() as conn:
@@ -311,17 +311,17 @@ def test_upgrade_gives_existing_jobs_autoclusters_and_submitters(db_url):
     upgrade(db_url)
     store = JobStore.from_url(db_url)
     try:
-        jobs = store.list_jobs(include_final=True)
+        jobs = store.reads.list_jobs(include_final=True)
         assert {j.submitter for j in jobs} == {"alice"}
         groups = [j.autocluster_id for j in jobs]
         assert None not in groups
         assert groups[0] == groups[1] == groups[3] != groups[2]
-        assert [u.name for u, _ in store.usage_table()] == ["alice"]
+        assert [u.name for u, _ in store.negotiator.usage_table()] == ["alice"]
         req = claim_request(offer=Offer(cpus=1, memory=8192, disk=4096), claim_lease=60)
         claimed = {claim(store, req).id for _ in range(3)}
         assert claimed == {jobs[0].id, jobs[1].id, jobs[2].id}
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_upgrade_0008_moves_the_changing_columns_last_and_keeps_rows_and_grants(pg_url):

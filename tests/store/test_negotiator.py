@@ -198,8 +198,8 @@ def test_a_matching_job_behind_20000_that_cannot_match_is_found(store):
     assert claimed(store, REQ, shape="cpu-only", judge=judge).id == fits[1]
     assert len(judged) == 2  # remembered
     assert claim(store, REQ, shape="cpu-only", judge=judge) is None
-    assert store.stats()  # the GPU jobs are all still idle
-    assert sum(1 for j in store.list_jobs(statuses=["idle"])) == 20_000
+    assert store.reads.stats()  # the GPU jobs are all still idle
+    assert sum(1 for j in store.reads.list_jobs(statuses=["idle"])) == 20_000
 
 
 def test_claim_order_within_a_submitter_is_priority_then_age(store):
@@ -227,10 +227,10 @@ def test_two_owners_share_the_slots_from_the_first_fetch(store):
 def test_priority_factors_give_shares_in_their_ratio(store):
     submit(store, 100, owner="alice")
     submit(store, 100, owner="bob")
-    assert store.set_factor("bob", 2.0)
-    assert not store.set_factor("nobody", 2.0)
+    assert store.admin_settings.set_factor("bob", 2.0)
+    assert not store.admin_settings.set_factor("nobody", 2.0)
     with pytest.raises(ValueError):
-        store.set_factor("bob", 0.5)
+        store.admin_settings.set_factor("bob", 0.5)
     owners = [claimed(store, REQ, shape="s").owner for _ in range(30)]
     assert owners.count("alice") == 20 and owners.count("bob") == 10
 
@@ -249,7 +249,7 @@ def test_accounting_group_is_the_submitter(store):
     owners = [claimed(store, REQ, shape="s") for _ in range(4)]
     subs = sorted(j.submitter for j in owners)
     assert subs.count("carol") == 2 and subs.count("physics.alice") == 2
-    table = {u.name: u for u, _ in store.usage_table()}
+    table = {u.name: u for u, _ in store.negotiator.usage_table()}
     assert set(table) == {"carol", "physics.alice"}
     assert table["physics.alice"].in_use == 2
 
@@ -261,7 +261,7 @@ def test_slot_weight_is_what_a_submitter_holds(store):
     assert (a.owner, a.slot_weight) == ("alice", 3.0)
     b = claimed(store, REQ, shape="s", weight=4.0, fair_share=False)
     assert b.slot_weight == 4.0
-    held = {u.name: u.in_use for u, _ in store.usage_table()}
+    held = {u.name: u.in_use for u, _ in store.negotiator.usage_table()}
     assert held == {"alice": 7.0, "bob": 0.0}
     # bob holds less: he gets the next slot although alice's jobs are older
     assert claimed(store, REQ, shape="s").owner == "bob"
@@ -270,20 +270,21 @@ def test_slot_weight_is_what_a_submitter_holds(store):
 def test_accountant_decays_priorities_once_per_interval(store):
     submit(store, 4, owner="alice")
     submit(store, 1, owner="bob")
-    t0 = store.usage_table()[0][0].updated_at
+    t0 = store.negotiator.usage_table()[0][0].updated_at
     for _ in range(4):
         claim(store, REQ, shape="s", fair_share=False)
-    assert store.update_priorities(halflife=DAY, interval=60, now=t0 + 30) == 0  # not due
-    assert store.update_priorities(halflife=DAY, interval=60, now=t0 + DAY) == 2
-    assert store.update_priorities(halflife=DAY, interval=60, now=t0 + DAY + 1) == 0
-    rows = {u.name: (u, first) for u, first in store.usage_table()}
+    # not due
+    assert store.negotiator.update_priorities(halflife=DAY, interval=60, now=t0 + 30) == 0
+    assert store.negotiator.update_priorities(halflife=DAY, interval=60, now=t0 + DAY) == 2
+    assert store.negotiator.update_priorities(halflife=DAY, interval=60, now=t0 + DAY + 1) == 0
+    rows = {u.name: (u, first) for u, first in store.negotiator.usage_table()}
     alice, first = rows["alice"]
     assert alice.priority == pytest.approx(0.5 * 0.5 + 4 * 0.5)
     assert alice.usage == pytest.approx(4 * DAY, rel=1e-3)
     assert first == pytest.approx(t0 + DAY) and alice.last_usage == pytest.approx(t0 + DAY)
     assert rows["bob"][0].priority == fairshare.MIN_PRIORITY
-    assert store.reset_usage("alice", now=t0 + DAY) == 1
-    alice = {u.name: u for u, _ in store.usage_table()}["alice"]
+    assert store.admin_settings.reset_usage("alice", now=t0 + DAY) == 1
+    alice = {u.name: u for u, _ in store.negotiator.usage_table()}["alice"]
     assert (alice.priority, alice.usage) == (fairshare.MIN_PRIORITY, 0.0)
 
 
@@ -297,11 +298,11 @@ def test_concurrency_limit_caps_jobs_across_slots(store):
     got = [claim(store, REQ, slot=f"s{n}", shape="s", limit=cap) for n in range(6)]
     assert [j.id for j in got if j] == [*lic[:3], *plain]
     assert got[5] is None
-    assert store.get_job(lic[0]).concurrency_limits == "lic"
+    assert store.reads.get_job(lic[0]).concurrency_limits == "lic"
     # a job that leaves frees its units, whatever the way out
     report(store, got[0], Event.EXIT)
     assert claimed(store, REQ, shape="s", limit=cap).id == lic[3]
-    store.admin(got[1].id, Event.REMOVE)
+    store.actions.admin(got[1].id, Event.REMOVE)
     assert claimed(store, REQ, shape="s", limit=cap).id == lic[4]
     # without limits enforced, nothing holds them back
     more = submit(store, 2, concurrency_limits="lic")
@@ -331,7 +332,7 @@ def test_refused_owner_autocluster_is_held(store):
                 else take_every(job))
 
     assert claimed(store, REQ, shape="s", judge=judge).id == ok[0]
-    assert {store.get_job(i).status for i in ids} == {"held"}
+    assert {store.reads.get_job(i).status for i in ids} == {"held"}
 
 
 # ---- through the FETCH_WORK executable: limits and fair share from the configuration ---------
@@ -358,7 +359,7 @@ def test_fetch_work_hook_applies_limits_from_the_configuration(
         lic = submit(store, 2, owner=owner, concurrency_limits="LIC", accounting_group="physics")
         small = submit(store, 3, owner=owner, concurrency_limits="small.db")
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     with open(condor_config, "a") as fh:
         fh.write("LIC_LIMIT = 1\nCONCURRENCY_LIMIT_DEFAULT_SMALL = 2\n"
                  "JOBSTORE_FAIR_SHARE = false\n")

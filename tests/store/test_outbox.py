@@ -37,7 +37,7 @@ def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     """The store's settings as a node's (environment), with a sandbox root; the sandbox root."""
     root = tmp_path / "sandboxes"
     ensure_root(str(root))
-    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.db.engine.url.render_as_string(False))
     monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(root))
     monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
     direct().drop_stores()
@@ -52,8 +52,8 @@ def _exited(store: JobStore, tmp: Path) -> tuple[Job, bytes]:
     specs = parse_submit_text("executable = /bin/cat\ntransfer_executable = false\n"
                               "transfer_input_files = in.txt\noutput = job.out\nqueue\n",
                               base_dir=tmp)
-    store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
-                 max_attempts=3)
+    store.submissions.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
+                             max_attempts=3)
     job = claim(store, REQ)
     assert job is not None
     settings = config.load_settings("JOBSTORE")
@@ -72,7 +72,7 @@ def _job_exit(ad: bytes) -> HookRequest:
 
 def _wait(store: JobStore, job: Job, status: str) -> Job:
     deadline = time.monotonic() + 30
-    while (got := store.get_job(job.id)).status != status:
+    while (got := store.reads.get_job(job.id)).status != status:
         assert time.monotonic() < deadline, (got.status, got.reason)
         time.sleep(0.05)
     return got
@@ -88,11 +88,11 @@ def test_the_next_agent_sends_what_a_stopped_one_was_handed(store: JobStore, nod
     name = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").name
     assert sorted(p.name for p in box.iterdir()) == [name, name + ".exit"]
     assert sorted(p.name for p in (box / name).iterdir()) == ["job.out", "made.txt"]
-    assert store.get_job(job.id).status == job.status  # the exit waits for the outputs
+    assert store.reads.get_job(job.id).status == job.status  # the exit waits for the outputs
     Outbox(direct()).start([str(node)])  # a new agent finds it and goes on
     done = _wait(store, job, "completed")
     assert done.exit_code == 0
-    assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
+    assert sorted(f.name for f in store.files.job_files_of(done, "out")) == ["job.out", "made.txt"]
     deadline = time.monotonic() + 30  # the outbox clears it after the exit it recorded
     while list(box.iterdir()):
         assert time.monotonic() < deadline, list(box.iterdir())
@@ -108,7 +108,7 @@ def test_a_hand_off_without_its_sandbox_holds_the_job(store: JobStore, node: Pat
     sandbox.rmdir()
     taken = Outbox(direct()).hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
     assert taken.error is None
-    held = store.get_job(job.id)
+    held = store.reads.get_job(job.id)
     assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
     assert "not handed to the agent" in (held.reason or "")
     assert "is not there" in (held.reason or "")
@@ -120,7 +120,7 @@ def test_a_hand_off_of_another_attempt_is_refused(store: JobStore, node: Path,
     forged = ad.replace(f'"{job.token}"'.encode(), b'"guess"')
     taken = Outbox(direct()).hand_off(_job_exit(forged), classads.parse_ad(classads.decode(forged)))
     assert taken.stale  # recorded only, as any report with a wrong token; nothing moved
-    assert store.get_job(job.id).status == job.status
+    assert store.reads.get_job(job.id).status == job.status
     assert not (node / OUTBOX).exists() or not any((node / OUTBOX).iterdir())
     assert Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "").is_dir()
 
@@ -143,7 +143,7 @@ def test_a_forged_hand_off_takes_no_path_or_name_from_the_hook(store: JobStore, 
     assert taken.error is None and "handed to the agent" in taken.log[0]
     Outbox(direct()).start([str(node)])
     done = _wait(store, job, "completed")
-    assert sorted(f.name for f in store.job_files_of(done, "out")) == ["job.out", "made.txt"]
+    assert sorted(f.name for f in store.files.job_files_of(done, "out")) == ["job.out", "made.txt"]
     assert list(target.iterdir()) == []
 
 
@@ -156,8 +156,8 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
         "executable = /bin/cat\ntransfer_executable = false\ntransfer_input_files = in.txt\n"
         f"output = job.out\noutput_destination = file://{tmp_path}/dest\nqueue\n",
         base_dir=tmp_path)
-    store.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
-                 max_attempts=3)
+    store.submissions.submit(specs, owner=pwd.getpwuid(os.geteuid()).pw_name, queue="default",
+                             max_attempts=3)
     job = claim(store, REQ)
     assert job is not None
     sandbox = Path(fetching.sandbox_dir(job, config.load_settings("JOBSTORE")) or "")
@@ -168,7 +168,7 @@ def test_a_job_with_an_output_destination_is_never_handed_off(store: JobStore, n
           + "ExitCode = 0\nExitBySignal = false\nJobstoreHandOff = true\n").encode()
     taken = Outbox(direct()).hand_off(_job_exit(ad), classads.parse_ad(classads.decode(ad)))
     assert taken.error is None
-    held = store.get_job(job.id)
+    held = store.reads.get_job(job.id)
     assert (held.status, held.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), held.reason
     assert "never handed to the agent" in (held.reason or "")
     assert sandbox.is_dir() and not (node / OUTBOX / sandbox.name).exists()

@@ -152,20 +152,21 @@ def test_periodic_pass_removes_holds_and_releases(store: JobStore) -> None:
     (gone,) = submit(store, custom={"PeriodicRemove": "JobStatus == 1"})
     (kept,) = submit(store, custom={"PeriodicRemove": "JobStatus == 2"})
     (plain,) = submit(store)
-    assert store.get_job(plain).periodic is None and store.get_job(gone).periodic
-    changed = store.police()
+    assert store.reads.get_job(plain).periodic is None and store.reads.get_job(gone).periodic
+    changed = store.maintenance.police()
     assert [(o.job_id, o.after) for o in changed] == [(gone, "removed")]
-    job = store.get_job(gone)
+    job = store.reads.get_job(gone)
     assert job.reason == ("The job attribute PeriodicRemove expression 'JobStatus == 1' "
                           "evaluated to TRUE")
-    assert store.get_job(kept).status == "idle" and store.get_job(plain).status == "idle"
-    assert store.police() == []
+    assert store.reads.get_job(kept).status == store.reads.get_job(plain).status == "idle"
+    assert store.maintenance.police() == []
     # a release by policy, but never of a job the user held
     (rel,) = submit(store, custom={"PeriodicRelease": "true"})
-    store.admin(rel, Event.HOLD, "by hand")
-    assert (store.get_job(rel).hold_code, store.police()) == (holds.USER_REQUEST, [])
-    store.admin(rel, Event.RELEASE)
-    assert store.get_job(rel).hold_code is None
+    store.actions.admin(rel, Event.HOLD, "by hand")
+    assert (store.reads.get_job(rel).hold_code, store.maintenance.police()) == (
+        holds.USER_REQUEST, [])
+    store.actions.admin(rel, Event.RELEASE)
+    assert store.reads.get_job(rel).hold_code is None
 
 
 def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
@@ -175,13 +176,13 @@ def test_periodic_hold_of_a_running_job_at_its_report(store: JobStore) -> None:
     assert job.status == "running"
     out = report(store, job, Event.UPDATE, changes={"remote_user_cpu": 11.0})
     assert out.after == "running"  # the report itself is applied, then the policy acts
-    held = store.get_job(job_id)
+    held = store.reads.get_job(job_id)
     assert (held.status, held.reason, held.hold_code, held.hold_subcode, held.num_holds) == (
         "held", "cpu", holds.JOB_POLICY, 9, 1)
     assert held.token is None  # the attempt is over: its JOB_EXIT is only recorded
     late = exit_with(store, job, 0)
-    assert late.stale and store.get_job(job_id).status == "held"
-    ev = store.events(job_id)[-2]
+    assert late.stale and store.reads.get_job(job_id).status == "held"
+    ev = store.reads.events(job_id)[-2]
     assert ev.attrs is not None
     assert (ev.event, ev.to_status, ev.attrs["HoldReasonCode"], ev.attrs["HoldReasonSubCode"]) \
         == ("hold", "held", 3, 9)
@@ -191,23 +192,23 @@ def test_allowed_job_duration_in_the_periodic_pass(store: JobStore) -> None:
     (job_id,) = submit(store, custom={"AllowedJobDuration": "100"})
     job = running(store, REQ)
     assert job.fetched_at is not None
-    assert store.police(now=job.fetched_at + 50) == []
-    (out,) = store.police(now=job.fetched_at + 100)
+    assert store.maintenance.police(now=job.fetched_at + 50) == []
+    (out,) = store.maintenance.police(now=job.fetched_at + 100)
     assert (out.job_id, out.after) == (job_id, "held")
-    assert store.get_job(job_id).hold_code == holds.JOB_DURATION_EXCEEDED
+    assert store.reads.get_job(job_id).hold_code == holds.JOB_DURATION_EXCEEDED
 
 
 def test_on_exit_hold_and_on_exit_remove_at_exit(store: JobStore) -> None:
     (held_id,) = submit(store, custom={"OnExitHold": "ExitCode != 0",
                                        "OnExitHoldReason": '"bad exit"', "OnExitHoldSubCode": "4"})
     out = exit_with(store, running(store, REQ), 3)
-    held = store.get_job(held_id)
+    held = store.reads.get_job(held_id)
     assert (out.event, held.status, held.reason, held.hold_code, held.hold_subcode) == (
         "hold", "held", "bad exit", holds.JOB_POLICY, 4)
     assert held.exit_code == 3
     (again_id,) = submit(store, custom={"OnExitRemove": "ExitCode == 0"})
     assert exit_with(store, running(store, REQ), 1).after == "idle"
-    again = store.get_job(again_id)
+    again = store.reads.get_job(again_id)
     assert again.attempts == 1
     assert exit_with(store, running(store, REQ), 0).after == "completed"
 
@@ -216,19 +217,19 @@ def test_hook_holds_carry_their_codes(store: JobStore) -> None:
     submit(store)
     job = running(store, REQ)
     report(store, job, Event.HOOK_HOLD)
-    assert store.get_job(job.id).hold_code == holds.STARTD_HELD_JOB
+    assert store.reads.get_job(job.id).hold_code == holds.STARTD_HELD_JOB
     (root,) = submit(store, owner="root")
-    store.claim(REQ, lambda j: Verdict(hold_reason="jobs may not run as root"))
-    assert store.get_job(root).hold_code == holds.FAILED_TO_ACCESS_USER_ACCOUNT
+    store.negotiator.claim(REQ, lambda j: Verdict(hold_reason="jobs may not run as root"))
+    assert store.reads.get_job(root).hold_code == holds.FAILED_TO_ACCESS_USER_ACCOUNT
 
 
 def test_one_periodic_pass_per_interval_in_the_pool(store: JobStore) -> None:
-    assert store.police_due(60, now=900.0) is None  # no job has a periodic expression
+    assert store.maintenance.police_due(60, now=900.0) is None  # no job has a periodic expression
     submit(store, custom={"PeriodicRemove": "false"})
-    assert store.police_due(60, now=1000.0) == []
-    assert store.police_due(60, now=1030.0) is None  # another node's pass ran 30 s ago
+    assert store.maintenance.police_due(60, now=1000.0) == []
+    assert store.maintenance.police_due(60, now=1030.0) is None  # another node's pass ran 30 s ago
     submit(store, custom={"PeriodicRemove": "true"})
-    assert [o.event for o in store.police_due(60, now=1061.0) or ()] == ["remove"]
+    assert [o.event for o in store.maintenance.police_due(60, now=1061.0) or ()] == ["remove"]
 
 
 def test_user_log_has_the_hold_codes(store: JobStore) -> None:
@@ -238,7 +239,7 @@ def test_user_log_has_the_hold_codes(store: JobStore) -> None:
     log = base / "job.log"
     submit(store, owner=ordinary_owner(), user_log=str(log),
            custom={"PeriodicHold": "true", "PeriodicHoldSubCode": "12"})
-    store.police()
+    store.maintenance.police()
     text = log.read_text()
     shutil.rmtree(base)
     assert "012 (" in text and "Code 3 Subcode 12" in text
@@ -283,13 +284,13 @@ def test_prepare_job_holds_a_job_that_cannot_start(
         prepared = next(c for c in seq.calls if c.hook == "prepare_job")
         assert prepared.returncode == 1 and b"HookStatusCode = 301" in prepared.stdout
         assert seq.calls[-1].hook == "job_exit" and seq.calls[-1].argv == ["evict"]
-        job = store.get_job(job_id)
+        job = store.reads.get_job(job_id)
         assert (job.status, job.hold_code, job.hold_subcode) == ("held", code, sub)
         assert job.reason is not None
         assert job.reason.startswith("Error from ") and words in job.reason
         assert job.attempts == 0  # a hold, not a failed attempt
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
@@ -314,9 +315,9 @@ def test_launch_check_can_be_turned_off_and_leaves_other_jobs_alone(
         seq = run_sequence(hook_dir, env, "slot1@node01")
         assert seq.job_id == job_id
         assert next(c for c in seq.calls if c.hook == "prepare_job").returncode == 0
-        assert store.get_job(job_id).status == "completed"
+        assert store.reads.get_job(job_id).status == "completed"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     other = b'Cmd = "/no/such/executable"\nIwd = "/tmp"\nClusterId = 5\nProcId = 0\n'
     res = run_hook(hook_dir, "prepare_job", other, env=hook_env(db_url, condor_config))
     assert res.returncode == 0 and b"HookStatusCode" not in res.stdout

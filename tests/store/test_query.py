@@ -49,20 +49,20 @@ def _fill(store: JobStore) -> list[Job]:
         nj = JobSpec("/bin/true", request_cpus=cpus, request_memory=mem,
                      request_disk=1024 * cpus, priority=prio,
                      custom={k: f'"{v}"' for k, v in custom.items()})
-        _, (job_id,) = store.submit([nj], owner=owner, queue=queue, max_attempts=3)
-        with store.engine.begin() as conn:
+        _, (job_id,) = store.submissions.submit([nj], owner=owner, queue=queue, max_attempts=3)
+        with store.db.engine.begin() as conn:
             conn.execute(
                 update(jobs_table)
                 .where(jobs_table.c.id == job_id)
                 .values(status=status, exit_code=code, exit_signal=sig, slot=slot)
             )
-    return store.list_jobs(include_final=True)
+    return store.reads.list_jobs(include_final=True)
 
 
 def run_constraint(store: JobStore, text: str) -> set[int]:
     """What `jobstore q -a -constraint TEXT` selects."""
     p = plan(text)
-    found = store.list_jobs(include_final=True, where=p.where)
+    found = store.reads.list_jobs(include_final=True, where=p.where)
     if p.residual is not None:
         found = [j for j in found if matches(p.residual, views.job_ad(j, **KW))]
     return {j.id for j in found}
@@ -191,7 +191,7 @@ def test_plan_splits_conjuncts() -> None:
 def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[Job]]) -> None:
     store, all_jobs = filled
     where = plan("RequestMemory >= 128").where
-    groups = store.autoclusters(include_final=True, where=where)
+    groups = store.reads.autoclusters(include_final=True, where=where)
     wanted = [j for j in all_jobs if j.request_memory >= 128]
     expected = views.group_jobs(wanted, AUTOCLUSTER_KEY)
 
@@ -203,7 +203,7 @@ def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[Job]]) 
     )
     alice = [g for g in groups if g["owner"] == "alice" and g["request_memory"] == 128]
     assert len(alice) == 2  # 1 and 2 cpus are different autoclusters
-    not_final = store.autoclusters()
+    not_final = store.reads.autoclusters()
     assert sum(g["jobs"] for g in not_final) == 5
 
 
@@ -230,7 +230,7 @@ def test_cli_af_constraint_autocluster(
     try:
         _fill(store)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     r = cli(
         db_url, "q", "-a", "-constraint", 'RequestCpus > 1 && Owner == "alice"',
         "-af", "ClusterId", "ProcId", "Owner", "JobStatus", "Cmd", "Project", "RequestCpus * 2",
@@ -270,7 +270,7 @@ def test_a_projection_of_columns_reads_no_stored_ad(
     from jobstore.api.schedd import Schedd
 
     store, _ = filled
-    job = store.list_jobs(include_final=True)[0]
+    job = store.reads.list_jobs(include_final=True)[0]
     # a stored ad that names column attributes too: the columns win either way
     shadowing = job.but(ad={**(job.ad or {}), "ExitCode": 7, "NumHolds": 3, "Project": "x"})
     full = views.job_ad(shadowing, **KW)
@@ -282,7 +282,7 @@ def test_a_projection_of_columns_reads_no_stored_ad(
     def seen(_c: object, _cur: object, statement: str, *_rest: object) -> None:
         statements.append(statement)
 
-    event.listen(store.engine, "before_cursor_execute", seen)
+    event.listen(store.db.engine, "before_cursor_execute", seen)
     schedd = Schedd(store=store)
     try:
         narrow = schedd.query("JobPrio >= 0", ["ClusterId", "ProcId", "JobStatus", "ServerTime"])
@@ -302,4 +302,4 @@ def test_a_projection_of_columns_reads_no_stored_ad(
                                          projection=["ClusterId"], include_final=True))
         assert {views.job_ad(j, **KW)["Project"] for j in residual} == {"x"}
     finally:
-        event.remove(store.engine, "before_cursor_execute", seen)
+        event.remove(store.db.engine, "before_cursor_execute", seen)

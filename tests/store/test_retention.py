@@ -20,7 +20,7 @@ from jobstore.testing.factories import report, running, submit
 
 
 def _count(store: JobStore, table, *where) -> int:  # type: ignore[no-untyped-def]
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(table).where(*where))
                    .scalar_one())
 
@@ -28,7 +28,7 @@ def _count(store: JobStore, table, *where) -> int:  # type: ignore[no-untyped-de
 def _complete(store: JobStore) -> int:
     job = running(store, lease=600)
     report(store, job, Event.EXIT, changes={"exit_code": 0})
-    assert store.get_job(job.id).status == "completed"
+    assert store.reads.get_job(job.id).status == "completed"
     return job.id
 
 
@@ -39,48 +39,49 @@ def test_prune_removes_only_finished_history(store: JobStore) -> None:
     (held,) = submit(store)
     finished = [_complete(store) for _ in range(2)]
     assert running(store, lease=600).id == stopped
-    store.admin(stopped, Event.REMOVE, "removed while it runs")  # still winding down
+    store.actions.admin(stopped, Event.REMOVE, "removed while it runs")  # still winding down
     finished.append(_complete(store))
     assert sorted(finished) == sorted([*done_a, done_b])
-    store.admin(held, Event.HOLD, "kept")
+    store.actions.admin(held, Event.HOLD, "kept")
     (removed,) = submit(store)
-    store.admin(removed, Event.REMOVE, "removed while idle")
+    store.actions.admin(removed, Event.REMOVE, "removed while idle")
     events_before = _count(store, job_events)
     kept_events = _count(store, job_events, job_events.c.job_id.in_([idle_b, held, stopped]))
 
-    assert store.prune(time.time() - 3600) == (0, 0, 0, False)  # nothing that old
-    would = store.prune(time.time() + 1, dry_run=True)
+    assert store.retention.prune(time.time() - 3600) == (0, 0, 0, False)  # nothing that old
+    would = store.retention.prune(time.time() + 1, dry_run=True)
     assert (would.jobs, _count(store, jobs)) == (4, 7)
-    done = store.prune(time.time() + 1, batch=1)
+    done = store.retention.prune(time.time() + 1, batch=1)
     assert (done.jobs, done.events, done.clusters, done.more) == (4, would.events, 2, False)
-    left = {j.id: j.status for j in store.list_jobs(include_final=True)}
+    left = {j.id: j.status for j in store.reads.list_jobs(include_final=True)}
     assert left == {idle_b: "idle", held: "held", stopped: "removed"}
     assert _count(store, job_events) == kept_events == events_before - done.events
     assert _count(store, clusters) == 3  # cluster A and the idle-removed job's went
 
     # the winding-down attempt ends: then it is history like the others
-    job = store.get_job(stopped)
-    store.report(stopped, Event.EXIT, token=None, attempt=job.claims, changes={"exit_code": 0})
-    assert store.prune(time.time() + 1).jobs == 1
+    job = store.reads.get_job(stopped)
+    store.reports.report(stopped, Event.EXIT, token=None, attempt=job.claims,
+                         changes={"exit_code": 0})
+    assert store.retention.prune(time.time() + 1).jobs == 1
 
 
 def test_prune_stops_at_its_budget_and_takes_turns_pool_wide(store: JobStore) -> None:
     ids = submit(store, 5)
     for job_id in ids:
-        store.admin(job_id, Event.REMOVE, "gone")
-    first = store.prune(time.time() + 1, batch=2, budget=0)
+        store.actions.admin(job_id, Event.REMOVE, "gone")
+    first = store.retention.prune(time.time() + 1, batch=2, budget=0)
     assert (first.jobs, first.more) == (2, True)
     now = time.time() + 10
-    due = store.prune_due(5, 60, now=now)
+    due = store.maintenance.prune_due(5, 60, now=now)
     assert due is not None and (due.jobs, due.more) == (3, False)
-    assert store.prune_due(5, 60, now=now + 30) is None  # another node pruned 30 s ago
-    assert store.prune_due(5, 60, now=now + 61) == (0, 0, 0, False)
+    assert store.maintenance.prune_due(5, 60, now=now + 30) is None  # another node pruned 30 s ago
+    assert store.maintenance.prune_due(5, 60, now=now + 61) == (0, 0, 0, False)
 
 
 def test_storage_parameters_are_set_on_postgresql(store: JobStore) -> None:
-    if store.engine.dialect.name != "postgresql":
+    if store.db.engine.dialect.name != "postgresql":
         pytest.skip("storage parameters are PostgreSQL's")
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         found: dict[str, Any] = dict(conn.execute(text(
             "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(:names)"),
             {"names": list(STORAGE_PARAMETERS)}).all())
@@ -103,10 +104,10 @@ def test_prune_command(db: str, tmp_path: Path) -> None:  # noqa: F811
     try:
         (gone,) = submit(store)
         (idle,) = submit(store)
-        store.admin(gone, Event.REMOVE, "gone")
-        idle_cluster = store.get_job(idle).cluster_id
+        store.actions.admin(gone, Event.REMOVE, "gone")
+        idle_cluster = store.reads.get_job(idle).cluster_id
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     dry = cli(db, "prune", "--older-than", "0", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("1 job(s) finished over 0s ago would be removed, with 2 event")

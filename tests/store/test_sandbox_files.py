@@ -30,7 +30,7 @@ def test_files_are_stored_once_and_read_back_in_chunks(
         store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sandbox, "CHUNKS_READ", 3)  # read back 3 chunks a transaction
     big = os.urandom(10 * sandbox.CHUNK + sandbox.CHUNK // 2)
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         first = store.files.store_files(conn, cluster_id=7, proc_id=None, owner="alice",
                                    direction=IN, sources=[_file(tmp_path, "big.bin", big),
                                                           _file(tmp_path, "copy.bin", big)])
@@ -41,15 +41,15 @@ def test_files_are_stored_once_and_read_back_in_chunks(
     sha = hashlib.sha256(big).hexdigest()
     assert [(f.name, f.sha256, f.size) for f in first] == [("big.bin", sha, len(big)),
                                                             ("copy.bin", sha, len(big))]
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         files = conn.execute(select(sandbox_files.c.owner, func.count()).group_by(
             sandbox_files.c.owner).order_by(sandbox_files.c.owner)).all()
         chunks = conn.execute(select(func.count()).select_from(sandbox_chunks).where(
             sandbox_chunks.c.owner == "alice", sandbox_chunks.c.sha256 == sha)).scalar()
     assert [tuple(r) for r in files] == [("alice", 2), ("bob", 1)]  # one row per owner's file
     assert chunks == 11  # stored once for alice, in chunks of CHUNK bytes
-    assert b"".join(store.file_content("alice", sha)) == big
-    assert list(store.file_content("carol", sha)) == []
+    assert b"".join(store.files.file_content("alice", sha)) == big
+    assert list(store.files.file_content("carol", sha)) == []
 
     class Row:
         cluster_id, owner = 7, "alice"
@@ -57,9 +57,9 @@ def test_files_are_stored_once_and_read_back_in_chunks(
         def __init__(self, proc: int) -> None:
             self.proc_id = proc
 
-    names = {p: [f.name for f in store.job_files_of(Row(p))] for p in (0, 2)}  # type: ignore[arg-type]
+    names = {p: [f.name for f in store.files.job_files_of(Row(p))] for p in (0, 2)}  # type: ignore[arg-type]
     assert names == {0: ["big.bin", "copy.bin"], 2: ["mine.txt"]}  # its own, else the cluster's
-    assert store.job_files_of(Row(0), OUT) == []  # type: ignore[arg-type]
+    assert store.files.job_files_of(Row(0), OUT) == []  # type: ignore[arg-type]
 
 
 def test_a_file_that_changes_while_stored_is_refused(
@@ -74,10 +74,10 @@ def test_a_file_that_changes_while_stored_is_refused(
 
     monkeypatch.setattr(sandbox, "_digest", digest_then_change)
     with (pytest.raises(FileChanged, match="changed while it was being stored"),
-          store.engine.begin() as conn):
+          store.db.engine.begin() as conn):
         store.files.store_files(conn, cluster_id=1, proc_id=None, owner="alice", direction=IN,
                            sources=[source])
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(sandbox_files)).scalar() == 0
         assert conn.execute(select(func.count()).select_from(job_files)).scalar() == 0
 
@@ -93,34 +93,34 @@ def test_another_submitter_never_reads_a_file_by_its_hash(pool: Pool, tmp_path: 
     stores = {part: pool.store(part) for part in ("alice", "bob", "super", "agent")}
     try:
         bob = stores["bob"]
-        job = bob.get_job(bob_job)
-        with bob.engine.begin() as conn:
+        job = bob.reads.get_job(bob_job)
+        with bob.db.engine.begin() as conn:
             bob.files.store_inputs(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
                                    sources=[_file(tmp_path, "secret.txt", secret)])
         for part in ("bob", "super", "agent"):
-            assert b"".join(stores[part].file_content(BOB, sha)) == secret, part
-            assert [f.name for f in stores[part].job_files_of(job)] == ["secret.txt"], part
+            assert b"".join(stores[part].files.file_content(BOB, sha)) == secret, part
+            assert [f.name for f in stores[part].files.job_files_of(job)] == ["secret.txt"], part
         alice = stores["alice"]
-        assert list(alice.file_content(BOB, sha)) == []
-        assert alice.job_files_of(job) == []
+        assert list(alice.files.file_content(BOB, sha)) == []
+        assert alice.files.job_files_of(job) == []
         with (pytest.raises(Refused, match=f"may not submit jobs as {BOB}"),
               alice.db.transaction() as conn):
             alice.files.store_inputs(conn, cluster_id=job.cluster_id, proc_id=None,
                                      owner=BOB, sources=[_file(tmp_path, "x.txt", b"x")])
         with (pytest.raises(Exception, match="permission denied"),
-              alice.engine.begin() as conn):  # an output is the agent's to store
+              alice.db.engine.begin() as conn):  # an output is the agent's to store
             alice.files.store_files(conn, cluster_id=job.cluster_id, proc_id=None, owner=BOB,
                                     direction=OUT, sources=[_file(tmp_path, "x.txt", b"x")])
         # her own copy of the same bytes is her own row: it shows her nothing of bob's
-        mine = alice.get_job(submitted(pool, "alice")).cluster_id
+        mine = alice.reads.get_job(submitted(pool, "alice")).cluster_id
         with alice.db.transaction() as conn:
             alice.files.store_inputs(conn, cluster_id=mine, proc_id=None, owner=ALICE,
                                      sources=[_file(tmp_path, "same.txt", secret)])
-        assert b"".join(alice.file_content(ALICE, sha)) == secret
-        assert alice.job_files_of(job) == []
+        assert b"".join(alice.files.file_content(ALICE, sha)) == secret
+        assert alice.files.job_files_of(job) == []
     finally:
         for s in stores.values():
-            s.engine.dispose()
+            s.db.engine.dispose()
 
 
 def test_retention_removes_a_jobs_files_with_it(store: JobStore, tmp_path: Path) -> None:
@@ -137,21 +137,22 @@ def test_retention_removes_a_jobs_files_with_it(store: JobStore, tmp_path: Path)
     only = _file(tmp_path, "only.txt", b"in the old one only")
     spec = JobSpec("/bin/true", inputs=(InputFile("shared.txt", shared.path),
                                         InputFile("only.txt", only.path)))
-    old, (old_job,) = store.submit([spec], owner="alice", queue="default", max_attempts=1)
+    old, (old_job,) = store.submissions.submit([spec], owner="alice", queue="default",
+                                               max_attempts=1)
     keep = JobSpec("/bin/true", inputs=(InputFile("shared.txt", shared.path),))
-    store.submit([keep], owner="alice", queue="default", max_attempts=1)
-    with store.engine.begin() as conn:
+    store.submissions.submit([keep], owner="alice", queue="default", max_attempts=1)
+    with store.db.engine.begin() as conn:
         store.files.store_files(conn, cluster_id=old, proc_id=0, owner="alice", direction=OUT,
                            attempt=1, sources=[_file(tmp_path, "out.txt", b"result")])
         conn.execute(update(jobs).where(jobs.c.id == old_job).values(
             status="completed", finished_at=time.time() - 10))
-    assert store.prune(time.time()).jobs == 1
-    with store.engine.connect() as conn:
+    assert store.retention.prune(time.time()).jobs == 1
+    with store.db.engine.connect() as conn:
         left = sorted(conn.execute(select(job_files.c.cluster_id, job_files.c.name)).all())
         contents = conn.execute(select(func.count()).select_from(sandbox_files)).scalar()
     assert [tuple(r) for r in left] == [(old + 1, "shared.txt")] and contents == 1
-    assert b"".join(store.file_content("alice", hashlib.sha256(b"in both clusters")
-                                       .hexdigest())) == b"in both clusters"
+    assert b"".join(store.files.file_content("alice", hashlib.sha256(b"in both clusters")
+                                             .hexdigest())) == b"in both clusters"
 
 
 def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
@@ -160,9 +161,9 @@ def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
     from the submitting process: one line that names URLs, and nothing written."""
     from jobstore.errors import InputTooLarge
 
-    assert store.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096,
+    assert store.files.input_limits() == {"max_input_file_mb": 1024, "max_input_mb": 4096,
                                    "max_output_mb": 0}
-    store.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
+    store.files.set_input_limits({"max_input_file_mb": 1, "max_input_mb": 2})
     for name in ("a.bin", "b.bin", "c.bin"):
         (tmp_path / name).write_bytes(b"x" * (900 << 10))
     (tmp_path / "big.bin").write_bytes(b"x" * (1100 << 10))
@@ -172,7 +173,8 @@ def test_inputs_over_the_store_limits_are_refused_before_anything_is_stored(
                                   f"transfer_input_files = {files}\nqueue 2\n",
                                   base_dir=tmp_path)
         with pytest.raises(InputTooLarge, match=why) as exc:
-            store.submit(specs, owner="alice", queue="default", max_attempts=3)
+            store.submissions.submit(specs, owner="alice", queue="default", max_attempts=3)
         assert "give" in str(exc.value) and "URL" in str(exc.value)
-    assert store.list_jobs(include_final=True) == []
-    assert store.input_limits() == {"max_input_file_mb": 1, "max_input_mb": 2, "max_output_mb": 0}
+    assert store.reads.list_jobs(include_final=True) == []
+    assert store.files.input_limits() == {"max_input_file_mb": 1, "max_input_mb": 2,
+                                          "max_output_mb": 0}

@@ -111,11 +111,12 @@ def test_edit_follows_condor_qedit(schedd: Any) -> None:  # noqa: F811
     assert schedd.edit(f"ClusterId == {cluster}", "MyTag", '"blue"') == 2
     ads = schedd.query(f"ClusterId == {cluster}", ["ProcId", "JobPrio", "MyTag"])
     assert [(a["JobPrio"], a["MyTag"]) for a in ads] == [(7, "blue"), (0, "blue")]
-    before = schedd.store.get_job(schedd.store.find_jobs(cluster, 1)[0].id).autocluster_id
+    reads = schedd.store.reads
+    before = reads.get_job(reads.find_jobs(cluster, 1)[0].id).autocluster_id
     assert schedd.edit(f"{cluster}.1", "RequestMemory", 2048) == 1
-    job = schedd.store.find_jobs(cluster, 1)[0]
+    job = schedd.store.reads.find_jobs(cluster, 1)[0]
     assert (job.request_memory, job.autocluster_id != before) == (2048, True)
-    events = schedd.store.events(job.id)
+    events = schedd.store.reads.events(job.id)
     assert events[-1].event == "edit" and events[-1].reason == "RequestMemory = 2048"
     for attr in ("Owner", "ClusterId", "JobStatus", "JobstoreJobId", "ConcurrencyLimits"):
         with pytest.raises(ValueError, match="cannot be edited"):
@@ -139,7 +140,7 @@ def test_history_newest_first_with_match_and_since(schedd: Any) -> None:  # noqa
 
 
 def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any) -> None:  # noqa: F811
-    engine = schedd.store.engine
+    engine = schedd.store.db.engine
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE workflow_steps (name VARCHAR(20))"))
     with pytest.raises(RuntimeError), engine.begin() as conn:
@@ -156,7 +157,7 @@ def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any)
     queued = schedd.query(projection=["ClusterId", "ProcId"])  # the rolled-back jobs: gone
     assert [(a["ClusterId"], a["ProcId"]) for a in queued] == [(kept.cluster(), 0),
                                                               (kept.cluster(), 1)]
-    submits = [e for j in kept.job_ids for e in schedd.store.events(j) if e.event == "submit"]
+    submits = [e for j in kept.job_ids for e in schedd.store.reads.events(j) if e.event == "submit"]
     assert len(submits) == 2
     with engine.connect() as idle, pytest.raises(ValueError, match="inside a transaction"):
         schedd.submit(sleep_job(), connection=idle)
@@ -187,8 +188,8 @@ def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
 
 def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job()).cluster()
-    job = schedd.store.find_jobs(cluster)[0]
-    schedd.store.admin(job.id, Event.HOLD, "by the admin")
+    job = schedd.store.reads.find_jobs(cluster)[0]
+    schedd.store.actions.admin(job.id, Event.HOLD, "by the admin")
     (ad,) = schedd.query(f"ClusterId == {cluster}", ["JobStatus", "HoldReason"])
     assert (ad["JobStatus"], ad["HoldReason"]) == (5, "by the admin")
 
@@ -246,7 +247,7 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None: 
     report(store, second, Event.START, changes={"job_pid": 2, "remote_user_cpu": 12.0},
            now=t0 + 215)
     report(store, second, Event.EXIT, changes={"exit_code": 0}, now=t0 + 230)
-    job = store.get_job(second.id)
+    job = store.reads.get_job(second.id)
     (ad,) = schedd.history(f"ClusterId == {cluster}")
     expected = {"NumJobStarts": 2, "JobStartDate": int(t0), "JobCurrentStartDate": int(t0 + 200),
                 "RemoteWallClockTime": 130, "CompletionDate": int(t0 + 230)}
@@ -289,10 +290,10 @@ def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:  # noqa: F
     (epoch,) = schedd.jobEpochHistory(f"ClusterId == {cluster} && ProcId == 1")
     assert (epoch["ProcId"], epoch["NumShadowStarts"], epoch["RemoteHost"]) == (
         1, 1, "slot1@n")
-    if schedd.store.can_listen:  # PostgreSQL's kept connection: one server process answers
+    if schedd.store.db.can_listen:  # PostgreSQL's kept connection: one server process answers
         pids = set()
         for _ in range(3):
-            with schedd.store.engine.connect() as conn:
+            with schedd.store.db.engine.connect() as conn:
                 pids.add(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar())
             schedd.query(f"ClusterId == {cluster}")
         assert len(pids) == 1

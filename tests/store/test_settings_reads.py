@@ -25,7 +25,7 @@ REQ = claim_request(shape="s")
 
 @pytest.fixture
 def node(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.db.engine.url.render_as_string(False))
     monkeypatch.setenv("JOBSTORE_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
     monkeypatch.setenv("JOBSTORE_SPOOL", str(tmp_path / "spool"))
     direct().drop_stores()
@@ -72,7 +72,7 @@ def test_a_report_the_agent_serves_reads_neither_settings_nor_accounts(
                                            settings=cache.get, services=frozenset({0}),
                                            node=direct()))
     assert response.error is None, response.error
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
     assert calls == {"settings": 0, "services": 0}
 
 
@@ -83,7 +83,7 @@ def test_a_hook_process_reads_them_once_for_its_one_call(
     response = handlers.handle(HookRequest(hook="job_exit", argv=["exit"], stdin=ad,
                                            node=direct()))
     assert response.error is None, response.error
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
     assert calls["services"] == 1 and calls["settings"] >= 1
 
 

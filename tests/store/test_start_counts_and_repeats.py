@@ -33,7 +33,7 @@ def _ran_without_a_start_report(store: JobStore) -> int:
 
 def test_an_attempt_that_exited_counts_as_started(store: JobStore) -> None:
     job_id = _ran_without_a_start_report(store)
-    ad = views.job_ad(store.get_job(job_id), keyword="JOBSTORE", uid_domain="x")
+    ad = views.job_ad(store.reads.get_job(job_id), keyword="JOBSTORE", uid_domain="x")
     assert ad["NumJobStarts"] == 1 and ad["JobStartDate"] > 0
 
 
@@ -41,7 +41,7 @@ def test_an_attempt_that_exited_counts_as_started(store: JobStore) -> None:
 def test_subscribe_leaves_out_the_harmless_repeats_unless_asked(store: JobStore,
                                                                 repeats: bool) -> None:
     job_id = _ran_without_a_start_report(store)
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     records: list[object] = []
     sub = watch(store, records.append, jobs=[f"{job.cluster_id}.{job.proc_id}"], since=0,
                 poll=True, interval=0.05, repeats=repeats)

@@ -49,16 +49,16 @@ REQ = claim_request(offer=BIG, slot="slot1@node", claim_lease=120)
 def assert_event_chain(store: JobStore, job_id: int, expected: list[tuple[str, str, str]]) -> None:
     """The job's state-changing events are exactly `expected` (event, from, to), chained from
     submit to the job's current status; every other event changed nothing (to_status NULL)."""
-    evs = store.events(job_id)
+    evs = store.reads.events(job_id)
     changes = [(e.event, e.from_status, e.to_status) for e in evs if e.to_status]
     assert changes == [("submit", None, "idle"), *expected]
     for prev, cur in zip(changes, changes[1:], strict=False):
         assert cur[1] == prev[2], f"event chain broken at {cur}"
-    assert store.get_job(job_id).status == changes[-1][2]
+    assert store.reads.get_job(job_id).status == changes[-1][2]
 
 
 def rows(store: JobStore, table: sa.Table) -> list[dict]:
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(sa.select(table).order_by(table.c.id))]
 
 
@@ -67,7 +67,7 @@ def rows(store: JobStore, table: sa.Table) -> list[dict]:
 
 def test_submit_creates_cluster_jobs_and_events(store):
     t0 = time.time()
-    cluster, ids = store.submit(
+    cluster, ids = store.submissions.submit(
         [job_spec(0), job_spec(1, priority=5, max_retries=1), job_spec(2)],
         owner="alice",
         queue="q1",
@@ -79,7 +79,7 @@ def test_submit_creates_cluster_jobs_and_events(store):
     assert (c["owner"], c["queue"], c["num_procs"], c["submit_file"]) == (
         "alice", "q1", 3, "/home/alice/job.sub"
     )
-    found = store.find_jobs(cluster)
+    found = store.reads.find_jobs(cluster)
     assert [j.id for j in found] == ids and len(set(ids)) == 3
     assert [j.proc_id for j in found] == [0, 1, 2]
     for j in found:
@@ -90,20 +90,20 @@ def test_submit_creates_cluster_jobs_and_events(store):
     assert [j.ad.get("MaxRetries") for j in found] == [None, 1, None]  # the ad, from the spec
     assert [j.max_attempts for j in found] == [4, 2, 4]  # max_retries + 1 wins
     assert found[1].priority == 5
-    assert store.find_jobs(cluster, 1) == [found[1]]
+    assert store.reads.find_jobs(cluster, 1) == [found[1]]
     evs = rows(store, job_events)
     got = [(e["job_id"], e["event"], e["from_status"], e["to_status"], e["attempt"]) for e in evs]
     assert got == [(i, "submit", None, "idle", 0) for i in ids]
-    assert store.stats() == [("q1", "idle", 3)]
+    assert store.reads.stats() == [("q1", "idle", 3)]
 
 
 def test_unknown_job(store):
     with pytest.raises(UnknownJob):
-        store.get_job(12345)
+        store.reads.get_job(12345)
     with pytest.raises(UnknownJob):
-        store.report(12345, Event.ACCEPT, token="x", attempt=1)
+        store.reports.report(12345, Event.ACCEPT, token="x", attempt=1)
     with pytest.raises(UnknownJob):
-        store.admin(12345, Event.HOLD)
+        store.actions.admin(12345, Event.HOLD)
 
 
 # ---- claim ------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_claim_order_is_priority_then_age(store):
         assert job.status == "fetched"
         got.append(job.id)
     assert got == [*b, *d, *a, *c]
-    assert store.get_job(other[0]).status == "idle"
+    assert store.reads.get_job(other[0]).status == "idle"
     assert claimed(store, REQ, queue="other").id == other[0]
 
 
@@ -174,7 +174,7 @@ def test_claim_resource_prefilter(store, offer, fits):
         claimed.add(job.id)
     assert claimed == judged == {by_name[n] for n in fits}
     for name, job_id in by_name.items():
-        assert store.get_job(job_id).status == ("fetched" if name in fits else "idle")
+        assert store.reads.get_job(job_id).status == ("fetched" if name in fits else "idle")
 
 
 def test_claim_judge_skips(store):
@@ -182,9 +182,9 @@ def test_claim_judge_skips(store):
     (second,) = submit(store)
     job = claimed(store, REQ, judge=lambda row: Verdict(take=row.id != first))
     assert job.id == second
-    skipped = store.get_job(first)
+    skipped = store.reads.get_job(first)
     assert (skipped.status, skipped.claims, skipped.reason) == ("idle", 0, None)
-    assert len(store.events(first)) == 1  # only submit
+    assert len(store.reads.events(first)) == 1  # only submit
     assert claim(store, REQ, judge=lambda row: Verdict()) is None
 
 
@@ -199,11 +199,11 @@ def test_claim_judge_holds(store):
 
     job = claimed(store, REQ, slot="slot3@node", judge=judge)
     assert job.id == second
-    held = store.get_job(first)
+    held = store.reads.get_job(first)
     assert held.status == "held"
     assert held.reason == "jobs may not run as root"
     assert held.claims == 0 and held.token is None
-    ev = store.events(first)[-1]
+    ev = store.reads.events(first)[-1]
     assert (ev.event, ev.from_status, ev.to_status) == ("hold", "idle", "held")
     assert ev.reason == "jobs may not run as root" and ev.slot == "slot3@node"
     assert_event_chain(store, first, [("hold", "idle", "held")])
@@ -214,9 +214,9 @@ def test_claim_judge_holds(store):
 def test_claim_without_idle_jobs_returns_none(store):
     assert claim(store, REQ) is None
     (job_id,) = submit(store)
-    store.admin(job_id, Event.HOLD, "admin")
+    store.actions.admin(job_id, Event.HOLD, "admin")
     assert claim(store, REQ) is None
-    store.admin(job_id, Event.RELEASE)
+    store.actions.admin(job_id, Event.RELEASE)
     assert claimed(store, REQ).id == job_id
     assert claim(store, REQ) is None
 
@@ -225,13 +225,13 @@ def test_claim_sets_attempt_token_and_lease(store):
     (job_id,) = submit(store)
     t0 = time.time()
     job = claimed(store, REQ, slot="slot7@node")
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert job.token == stored.token and len(job.token) == 32
     assert job.claims == stored.claims == 1
     assert stored.attempts == 0
     assert (stored.slot, stored.host, stored.keyword) == ("slot7@node", "node", "JOBSTORE")
     assert t0 + 119 <= stored.lease_expires_at <= time.time() + 121
-    ev = store.events(job_id)[-1]
+    ev = store.reads.events(job_id)[-1]
     assert (ev.event, ev.from_status, ev.to_status, ev.attempt, ev.slot) == (
         "fetch", "idle", "fetched", 1, "slot7@node"
     )
@@ -245,17 +245,17 @@ def test_report_with_the_right_token(store):
     job = claimed(store, REQ)
     out = report(store, job, Event.ACCEPT, lease=900, slot="slot1@node")
     assert (out.before, out.after, out.changed, out.stale) == ("fetched", "accepted", True, False)
-    assert store.get_job(job_id).lease_ends_at > time.time() + 800
+    assert store.reads.get_job(job_id).lease_ends_at > time.time() + 800
     out = report(store, job, Event.START, changes={"job_pid": 4242}, attrs={"JobPid": 4242})
     assert out.after == "running"
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert stored.job_pid == 4242 and stored.started_at is not None
     out = report(store, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False})
     assert out.after == "completed"
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert stored.token is None and stored.lease_expires_at is None
     assert stored.finished_at is not None and stored.exit_code == 0
-    ev = store.events(job_id)
+    ev = store.reads.events(job_id)
     assert ev[3].attrs == {"JobPid": 4242}
     assert [(e.event, e.attempt) for e in ev] == [
         ("submit", 0), ("fetch", 1), ("accept", 1), ("start", 1), ("exit", 1)
@@ -272,16 +272,16 @@ def test_a_report_committed_late_is_not_dated_before_the_transition_it_follows(s
     t = time.time()
     report(store, job, Event.START, now=t + 5)
     report(store, job, Event.EXIT, changes={"exit_code": 0, "exit_by_signal": False}, now=t + 4)
-    times = [e.time for e in store.events(job_id)]
+    times = [e.time for e in store.reads.events(job_id)]
     assert times == sorted(times) and times[-1] == t + 5
-    assert store.get_job(job_id).finished_at == t + 5
+    assert store.reads.get_job(job_id).finished_at == t + 5
 
 
 def _count_row_writes(store: JobStore) -> None:
     """A trigger that notes each UPDATE of a jobs row in `row_writes`."""
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE row_writes (job_id bigint)"))
-        if store.engine.dialect.name == "sqlite":
+        if store.db.engine.dialect.name == "sqlite":
             conn.execute(sa.text("CREATE TRIGGER note_write AFTER UPDATE ON jobs BEGIN"
                                  " INSERT INTO row_writes VALUES (NEW.id); END"))
         else:
@@ -293,7 +293,7 @@ def _count_row_writes(store: JobStore) -> None:
 
 
 def _row_writes(store: JobStore) -> int:
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         return int(conn.execute(sa.text("SELECT count(*) FROM row_writes")).scalar_one())
 
 
@@ -310,11 +310,11 @@ def _statements(store: JobStore) -> Iterator[list[str]]:
     def seen(conn, cursor, statement, *args: Any) -> None:  # type: ignore[no-untyped-def]
         statements.append(statement)
 
-    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    sa.event.listen(store.db.engine, "before_cursor_execute", seen)
     try:
         yield statements
     finally:
-        sa.event.remove(store.engine, "before_cursor_execute", seen)
+        sa.event.remove(store.db.engine, "before_cursor_execute", seen)
 
 
 def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
@@ -323,7 +323,7 @@ def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
     _count_row_writes(store)
     t = time.time()
     exited = {"exit_code": 0, "exit_by_signal": False}
-    results = store.report_many([
+    results = store.reports.report_many([
         _of(job, Event.ACCEPT, t, lease=120),
         _of(job, Event.UPDATE, t + 1, lease=900),  # renews the lease only
         _of(job, Event.PREPARE, t + 2, lease=900),  # the job accepted: nothing new
@@ -334,7 +334,7 @@ def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
         ("fetched", "accepted"), ("accepted", "accepted"), ("accepted", "accepted"),
         ("accepted", "running"), ("running", "completed")]
     assert _row_writes(store) == 1
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert (stored.status, stored.job_pid, stored.exit_code, stored.finished_at) == (
         "completed", 7, 0, t + 4)
     assert stored.started_at == t + 3 and stored.num_starts == 1 and stored.token is None
@@ -343,7 +343,7 @@ def test_a_jobs_several_reports_in_one_transaction_write_its_row_once(store):
         ("start", "accepted", "running"), ("exit", "running", "completed"),
     ])
     # the exit's event leaves out the pid its start recorded
-    assert [e.attrs for e in store.events(job_id)][-2:] == [{"JobPid": 7}, {"ExitCode": 0}]
+    assert [e.attrs for e in store.reads.events(job_id)][-2:] == [{"JobPid": 7}, {"ExitCode": 0}]
 
 
 def test_prepare_job_of_an_accepted_job_records_nothing_and_of_a_running_one_is_ignored(store):
@@ -354,7 +354,7 @@ def test_prepare_job_of_an_accepted_job_records_nothing_and_of_a_running_one_is_
     report(store, job, Event.START, changes={"job_pid": 7})
     late = report(store, job, Event.PREPARE, lease=900)
     assert (late.after, late.changed) == ("running", False)
-    assert [(e.event, e.to_status) for e in store.events(job_id)] == [
+    assert [(e.event, e.to_status) for e in store.reads.events(job_id)] == [
         ("submit", "idle"), ("fetch", "fetched"), ("accept", "accepted"),
         ("start", "running"), ("prepare", None)]
 
@@ -367,11 +367,11 @@ def test_a_kept_row_change_is_written_when_no_later_transition_takes_it(store):
     _count_row_writes(store)
     t = time.time()
     old = job.but(claims=job.claims - 1)
-    results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
-                                 _of(old, Event.EXIT, t + 1)])
+    results = store.reports.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                         _of(old, Event.EXIT, t + 1)])
     assert [(o.after, o.stale) for o in results] == [("accepted", False), ("accepted", True)]
-    assert _row_writes(store) == 1 and store.get_job(job_id).status == "accepted"
-    assert [(e.event, e.to_status) for e in store.events(job_id)][-2:] == [
+    assert _row_writes(store) == 1 and store.reads.get_job(job_id).status == "accepted"
+    assert [(e.event, e.to_status) for e in store.reads.events(job_id)][-2:] == [
         ("accept", "accepted"), ("exit", None)]
 
 
@@ -384,14 +384,14 @@ def test_a_batch_of_reports_locks_no_row_and_reads_them_as_it_opens(store):
     _count_row_writes(store)
     t = time.time()
     with _statements(store) as statements:
-        results = store.report_many([_of(jobs_[1], Event.ACCEPT, t, lease=120),
-                                     _of(jobs_[0], Event.ACCEPT, t, lease=120),
-                                     _of(jobs_[1], Event.START, t + 1, lease=900)])
+        results = store.reports.report_many([_of(jobs_[1], Event.ACCEPT, t, lease=120),
+                                             _of(jobs_[0], Event.ACCEPT, t, lease=120),
+                                             _of(jobs_[1], Event.START, t + 1, lease=900)])
     assert [o.after for o in results] == ["accepted", "accepted", "running"]
     assert not [s for s in statements if "FOR UPDATE" in s.upper()], statements
     assert "row_version" in statements[0]  # read in the round trip that opened it
     assert _row_writes(store) == 2
-    assert [store.get_job(j.id).status for j in jobs_] == ["accepted", "running"]
+    assert [store.reads.get_job(j.id).status for j in jobs_] == ["accepted", "running"]
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
@@ -402,14 +402,14 @@ def test_a_batch_about_one_job_writes_its_row_with_its_last_transition(store):
     job = claimed(store, REQ)
     t = time.time()
     with _statements(store) as statements:
-        results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
-                                     _of(job, Event.START, t + 1, lease=900,
-                                         changes={"job_pid": 7})])
+        results = store.reports.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                             _of(job, Event.START, t + 1, lease=900,
+                                                 changes={"job_pid": 7})])
     assert [o.after for o in results] == ["accepted", "running"]
     assert [s for s in statements if "WITH changed AS" in s] != []
     assert not [s for s in statements if s.lstrip().upper().startswith("UPDATE JOBS")]
     assert not [s for s in statements if "FOR UPDATE" in s.upper()]
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert (stored.status, stored.job_pid, stored.started_at) == ("running", 7, t + 1)
     assert_event_chain(store, job_id, [
         ("fetch", "idle", "fetched"), ("accept", "fetched", "accepted"),
@@ -424,7 +424,7 @@ def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, mo
     other left it (nothing of either lost, no event twice)."""
     (job_id,) = submit(store)
     job = claimed(store, REQ)
-    backend, url = store.db.backend, store.engine.url.render_as_string(False)
+    backend, url = store.db.backend, store.db.engine.url.render_as_string(False)
     real, reads = backend.read_jobs, []
 
     def read_then_changed(conn, opened, job_ids):  # type: ignore[no-untyped-def]
@@ -436,11 +436,11 @@ def test_a_batch_that_finds_a_row_changed_is_made_again_on_locked_rows(store, mo
 
     monkeypatch.setattr(backend, "read_jobs", read_then_changed)
     t = time.time()
-    results = store.report_many([_of(job, Event.ACCEPT, t, lease=120),
-                                 _of(job, Event.START, t + 1, lease=900)])
+    results = store.reports.report_many([_of(job, Event.ACCEPT, t, lease=120),
+                                         _of(job, Event.START, t + 1, lease=900)])
     assert len(reads) == 1  # once unlocked; the second time under locks
     assert [o.after for o in results] == ["accepted", "running"]
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert (stored.status, stored.priority) == ("running", 7)
     assert_event_chain(store, job_id, [
         ("fetch", "idle", "fetched"), ("accept", "fetched", "accepted"),
@@ -470,8 +470,9 @@ def test_a_batch_and_an_action_on_the_same_jobs_do_not_deadlock(store, monkeypat
     submit(store, 2)
     a, b = sorted([claimed(store, REQ), claimed(store, REQ)], key=lambda j: j.id)
     t = time.time()
-    store.report_many([_of(a, Event.ACCEPT, t, lease=900), _of(b, Event.ACCEPT, t, lease=900)])
-    url = libpq_url(store.engine.url.render_as_string(False))
+    store.reports.report_many([_of(a, Event.ACCEPT, t, lease=900),
+                               _of(b, Event.ACCEPT, t, lease=900)])
+    url = libpq_url(store.db.engine.url.render_as_string(False))
     failed: list[BaseException] = []
 
     def hold() -> None:
@@ -493,20 +494,20 @@ def test_a_batch_and_an_action_on_the_same_jobs_do_not_deadlock(store, monkeypat
 
     monkeypatch.setattr(store.transitions, "write_kept", hold_meanwhile)
     try:
-        store.report_many([_of(b, Event.UPDATE, t + 1, lease=900),  # nothing new
-                           _of(b, Event.START, t + 2, lease=900),
-                           _of(a, Event.START, t + 2, lease=900)])
+        store.reports.report_many([_of(b, Event.UPDATE, t + 1, lease=900),  # nothing new
+                                   _of(b, Event.START, t + 2, lease=900),
+                                   _of(a, Event.START, t + 2, lease=900)])
     finally:
         holder.join(30)
     assert not failed, failed
-    assert {store.get_job(j.id).status for j in (a, b)} == {"held"}
+    assert {store.reads.get_job(j.id).status for j in (a, b)} == {"held"}
 
 
 def _stale_check(store, job_id, before_row, out, n_events_before):  # type: ignore[no-untyped-def]
     assert out.stale and not out.changed
     assert out.before == out.after == before_row.status
-    assert store.get_job(job_id) == before_row  # nothing changed
-    evs = store.events(job_id)
+    assert store.reads.get_job(job_id) == before_row  # nothing changed
+    evs = store.reads.events(job_id)
     assert len(evs) == n_events_before + 1
     assert evs[-1].to_status is None
     assert evs[-1].from_status == before_row.status
@@ -517,18 +518,18 @@ def _stale_check(store, job_id, before_row, out, n_events_before):  # type: igno
 def test_report_with_a_wrong_token_is_stale(store, event):
     (job_id,) = submit(store)
     job = claimed(store, REQ)
-    before, n = store.get_job(job_id), len(store.events(job_id))
-    out = store.report(job_id, event, token="0" * 32, attempt=job.claims,
-                       changes={"exit_code": 9, "job_pid": 1})
+    before, n = store.reads.get_job(job_id), len(store.reads.events(job_id))
+    out = store.reports.report(job_id, event, token="0" * 32, attempt=job.claims,
+                               changes={"exit_code": 9, "job_pid": 1})
     _stale_check(store, job_id, before, out, n)
     # no token at all, and the right token with the wrong attempt number: also stale
-    out = store.report(job_id, event, token=None, attempt=job.claims)
+    out = store.reports.report(job_id, event, token=None, attempt=job.claims)
     _stale_check(store, job_id, before, out, n + 1)
-    out = store.report(job_id, event, token=job.token, attempt=job.claims + 1)
+    out = store.reports.report(job_id, event, token=job.token, attempt=job.claims + 1)
     _stale_check(store, job_id, before, out, n + 2)
     # the right token and attempt from a hook of another keyword (another node's settings)
-    out = store.report(job_id, event, token=job.token, attempt=job.claims,
-                       keyword=f"NOT{job.keyword}")
+    out = store.reports.report(job_id, event, token=job.token, attempt=job.claims,
+                               keyword=f"NOT{job.keyword}")
     _stale_check(store, job_id, before, out, n + 3)
 
 
@@ -538,12 +539,12 @@ def test_report_from_an_old_attempt_is_stale(store):
     assert report(store, old, Event.REJECT).after == "idle"
     new = claimed(store, REQ)
     assert new.claims == 2 and new.token != old.token
-    before, n = store.get_job(job_id), len(store.events(job_id))
+    before, n = store.reads.get_job(job_id), len(store.reads.events(job_id))
     for event in (Event.ACCEPT, Event.PREPARE, Event.EXIT, Event.EVICT):
         out = report(store, old, event, changes={"exit_code": 3})
         _stale_check(store, job_id, before, out, n)
         n += 1
-    assert store.events(job_id)[-1].attempt == 1
+    assert store.reads.events(job_id)[-1].attempt == 1
     assert report(store, new, Event.ACCEPT).after == "accepted"
 
 
@@ -554,13 +555,13 @@ def test_reject_does_not_count_an_attempt(store):
         assert job.claims == n
         out = report(store, job, Event.REJECT if n % 2 else Event.CLAIM_EVICTED)
         assert out.after == "idle"
-        stored = store.get_job(job_id)
+        stored = store.reads.get_job(job_id)
         assert (stored.attempts, stored.token, stored.lease_expires_at) == (0, None, None)
     # whereas an evict does count, and with max_attempts=1 the job fails
     job = claimed(store, REQ)
     out = report(store, job, Event.EVICT)
     assert out.after == "failed"
-    assert store.get_job(job_id).attempts == 1
+    assert store.reads.get_job(job_id).attempts == 1
 
 
 def test_evict_requeues_and_counts(store):
@@ -569,12 +570,12 @@ def test_evict_requeues_and_counts(store):
     report(store, job, Event.START)
     out = report(store, job, Event.EVICT)
     assert out.after == "idle"
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert stored.attempts == 1 and "attempt 1 of 2 used" in stored.reason
     job = claimed(store, REQ)
-    assert job.reason is None and store.get_job(job_id).reason is None
+    assert job.reason is None and store.reads.get_job(job_id).reason is None
     assert report(store, job, Event.EVICT).after == "failed"
-    failed = store.get_job(job_id)
+    failed = store.reads.get_job(job_id)
     assert failed.attempts == 2 and "all 2 attempts used" in failed.reason
     assert failed.finished_at is not None
 
@@ -602,7 +603,7 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
         ("fetch", "slot2@node", "node"), ("accept", None, None), ("update", None, None),
         ("start", "slot3@node", "node"), ("exit", "slot3@node", None),
     ]
-    read = [(e.event, e.slot, e.host) for e in store.events(job_id)]
+    read = [(e.event, e.slot, e.host) for e in store.reads.events(job_id)]
     assert read == [
         ("submit", None, None),
         ("fetch", "slot1@node", "node"), ("accept", "slot1@node", "node"),
@@ -610,7 +611,7 @@ def test_an_attempts_events_name_its_slot_once_and_are_read_with_it(store):
         ("fetch", "slot2@node", "node"), ("accept", "slot2@node", "node"),
         ("update", None, None), ("start", "slot3@node", "node"), ("exit", "slot3@node", None),
     ]
-    fed = [(f.event.event, f.event.slot, f.event.host) for f in store.event_feed(0)]
+    fed = [(f.event.event, f.event.slot, f.event.host) for f in store.reads.event_feed(0)]
     assert fed == read
 
 
@@ -625,7 +626,7 @@ def test_exit_policy_through_the_store(store):
     job = claimed(store, REQ)
     out = report(store, job, Event.EXIT, exit_policy=lambda row: ExitVerdict(False, False))
     assert out.after == "completed"
-    assert store.get_job(other).attempts == 0
+    assert store.reads.get_job(other).attempts == 0
 
 
 def test_second_job_exit_is_harmless(store):
@@ -633,28 +634,28 @@ def test_second_job_exit_is_harmless(store):
     job = claimed(store, REQ)
     report(store, job, Event.START)
     assert report(store, job, Event.EXIT, changes={"exit_code": 0}).after == "completed"
-    before, n = store.get_job(job_id), len(store.events(job_id))
+    before, n = store.reads.get_job(job_id), len(store.reads.events(job_id))
     out = report(store, job, Event.EXIT, changes={"exit_code": 1})
     _stale_check(store, job_id, before, out, n)
     out = report(store, job, Event.EVICT)
     _stale_check(store, job_id, before, out, n + 1)
-    assert store.get_job(job_id).exit_code == 0
+    assert store.reads.get_job(job_id).exit_code == 0
 
 
 def test_accept_after_prepare_or_start_is_harmless(store):
     (job_id,) = submit(store)
     job = claimed(store, REQ)
     assert report(store, job, Event.PREPARE, lease=900).after == "accepted"
-    lease = store.get_job(job_id).lease_expires_at
+    lease = store.reads.get_job(job_id).lease_expires_at
     out = report(store, job, Event.ACCEPT, lease=120)  # the late REPLY_FETCH accept
     assert (out.before, out.after, out.changed, out.stale) == ("accepted", "accepted", False, False)
-    assert store.get_job(job_id).lease_expires_at == lease  # the short lease did not win
+    assert store.reads.get_job(job_id).lease_expires_at == lease  # the short lease did not win
     assert report(store, job, Event.START, lease=900).after == "running"
-    before = store.get_job(job_id)
+    before = store.reads.get_job(job_id)
     out = report(store, job, Event.ACCEPT, lease=120)
     assert (out.after, out.changed) == ("running", False)
-    assert store.get_job(job_id) == before
-    ignored = [e for e in store.events(job_id) if e.to_status is None]
+    assert store.reads.get_job(job_id) == before
+    ignored = [e for e in store.reads.events(job_id) if e.to_status is None]
     assert [(e.event, e.from_status) for e in ignored] == [
         ("accept", "accepted"), ("accept", "running")
     ]
@@ -672,10 +673,10 @@ def test_reap_requeues_expired_leases_then_fails(store):
     (job_id,) = submit(store, max_attempts=2)
     (untouched,) = submit(store)
     first = claimed(store, REQ)
-    assert store.reap() == []  # lease not yet expired
-    out = store.reap(now=FAR_FUTURE)
+    assert store.maintenance.reap() == []  # lease not yet expired
+    out = store.maintenance.reap(now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert (stored.status, stored.attempts, stored.token) == ("idle", 1, None)
     assert "lease of attempt 1 expired" in stored.reason
     # the old attempt's late report is stale
@@ -683,12 +684,12 @@ def test_reap_requeues_expired_leases_then_fails(store):
     second = claimed(store, REQ)
     assert second.id == job_id and second.claims == 2
     report(store, second, Event.START)
-    out = store.reap(now=FAR_FUTURE)
+    out = store.maintenance.reap(now=FAR_FUTURE)
     assert [(o.before, o.after) for o in out] == [("running", "failed")]
-    failed = store.get_job(job_id)
+    failed = store.reads.get_job(job_id)
     assert failed.attempts == 2 and "all 2 attempts used" in failed.reason
-    assert store.reap(now=FAR_FUTURE) == []
-    assert store.get_job(untouched).status == "idle"
+    assert store.maintenance.reap(now=FAR_FUTURE) == []
+    assert store.reads.get_job(untouched).status == "idle"
     assert_event_chain(store, job_id, [
         ("fetch", "idle", "fetched"), ("lease_expired", "fetched", "idle"),
         ("fetch", "idle", "fetched"), ("start", "fetched", "running"),
@@ -701,11 +702,11 @@ def test_reap_due_recovers_leases_once_per_interval_in_the_pool(store):
     asks first within an interval reaps; the others are told it is not due."""
     (job_id,) = submit(store)
     claim(store, REQ)
-    out = store.reap_due(10, now=FAR_FUTURE)
+    out = store.maintenance.reap_due(10, now=FAR_FUTURE)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
     claim(store, REQ)
-    assert store.reap_due(10, now=FAR_FUTURE + 5) is None
-    out = store.reap_due(10, now=FAR_FUTURE + 11)
+    assert store.maintenance.reap_due(10, now=FAR_FUTURE + 5) is None
+    out = store.maintenance.reap_due(10, now=FAR_FUTURE + 11)
     assert [(o.job_id, o.before, o.after) for o in out] == [(job_id, "fetched", "idle")]
 
 
@@ -713,12 +714,12 @@ def test_reap_due_takes_no_pass_when_nothing_ran_out(store):
     """An idle pool's agents write nothing: with no lease run out, no pass is taken (and the
     first one that has something to do runs at once)."""
     (job_id,) = submit(store)
-    assert store.reap_due(10, now=FAR_FUTURE) is None
-    with store.engine.connect() as conn:
+    assert store.maintenance.reap_due(10, now=FAR_FUTURE) is None
+    with store.db.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM passes")).scalar() == 0
     claim(store, REQ)
-    assert store.reap_due(10) is None  # its lease has not run out
-    out = store.reap_due(10, now=FAR_FUTURE)
+    assert store.maintenance.reap_due(10) is None  # its lease has not run out
+    out = store.maintenance.reap_due(10, now=FAR_FUTURE)
     assert [(o.job_id, o.after) for o in out] == [(job_id, "idle")]
 
 
@@ -727,8 +728,8 @@ def test_reap_respects_renewed_leases(store):
     job = claimed(store, REQ)
     now = time.time()
     report(store, job, Event.START, lease=900)
-    assert store.reap(now=now + 300) == []  # the 120 s claim lease was renewed to 900 s
-    assert [o.after for o in store.reap(now=now + 1000)] == ["idle"]
+    assert store.maintenance.reap(now=now + 300) == []  # the 120 s claim lease was renewed to 900 s
+    assert [o.after for o in store.maintenance.reap(now=now + 1000)] == ["idle"]
 
 
 # ---- admin ------------------------------------------------------------------------------------
@@ -736,19 +737,19 @@ def test_reap_respects_renewed_leases(store):
 
 def test_admin_hold_release_rm(store):
     a, b = submit(store, 2)
-    out = store.admin(a, Event.HOLD, "wait for input")
+    out = store.actions.admin(a, Event.HOLD, "wait for input")
     assert (out.before, out.after, out.changed) == ("idle", "held", True)
-    assert store.get_job(a).reason == "wait for input"
-    assert store.admin(a, Event.HOLD).changed is False  # already held
-    assert store.admin(a, Event.RELEASE).after == "idle"
-    assert store.admin(a, Event.RELEASE).changed is False
-    assert store.admin(a, Event.REMOVE).after == "removed"
-    removed = store.get_job(a)
+    assert store.reads.get_job(a).reason == "wait for input"
+    assert store.actions.admin(a, Event.HOLD).changed is False  # already held
+    assert store.actions.admin(a, Event.RELEASE).after == "idle"
+    assert store.actions.admin(a, Event.RELEASE).changed is False
+    assert store.actions.admin(a, Event.REMOVE).after == "removed"
+    removed = store.reads.get_job(a)
     assert removed.finished_at is not None
-    n = len(store.events(a))
+    n = len(store.reads.events(a))
     for event in (Event.HOLD, Event.RELEASE, Event.REMOVE):
-        assert store.admin(a, event).changed is False
-    assert len(store.events(a)) == n  # refused admin events are not recorded
+        assert store.actions.admin(a, event).changed is False
+    assert len(store.reads.events(a)) == n  # refused admin events are not recorded
     assert_event_chain(store, a, [
         ("hold", "idle", "held"), ("release", "held", "idle"), ("remove", "idle", "removed"),
     ])
@@ -756,13 +757,13 @@ def test_admin_hold_release_rm(store):
     job = claimed(store, REQ)
     assert job.id == b
     report(store, job, Event.START)
-    assert store.admin(b, Event.HOLD, "admin hold").after == "held"
-    held = store.get_job(b)
+    assert store.actions.admin(b, Event.HOLD, "admin hold").after == "held"
+    held = store.reads.get_job(b)
     assert (held.token, held.lease_expires_at, held.attempts) == (None, None, 0)
     assert report(store, job, Event.EXIT).stale
-    assert store.admin(b, Event.REMOVE).after == "removed"
-    assert store.list_jobs() == []
-    assert {j.id for j in store.list_jobs(final_only=True)} == {a, b}
+    assert store.actions.admin(b, Event.REMOVE).after == "removed"
+    assert store.reads.list_jobs() == []
+    assert {j.id for j in store.reads.list_jobs(final_only=True)} == {a, b}
 
 
 def test_every_state_change_has_exactly_one_event(store):
@@ -791,22 +792,22 @@ def test_every_state_change_has_exactly_one_event(store):
     note(report(store, j[1], Event.REJECT))
     note(report(store, j[1], Event.ACCEPT))
     note(report(store, j[2], Event.HOOK_HOLD))
-    note(store.admin(ids[2], Event.RELEASE))
+    note(store.actions.admin(ids[2], Event.RELEASE))
     note(report(store, j[3], Event.HOOK_REMOVE))
-    note(store.admin(ids[3], Event.RELEASE))
+    note(store.actions.admin(ids[3], Event.RELEASE))
     note(report(store, j[4], Event.START))
-    for out in store.reap(now=FAR_FUTURE):
+    for out in store.maintenance.reap(now=FAR_FUTURE):
         note(out)
-    note(store.admin(ids[5], Event.REMOVE))
+    note(store.actions.admin(ids[5], Event.REMOVE))
     for job_id in ids:
-        evs = store.events(job_id)
+        evs = store.reads.events(job_id)
         chain = [e for e in evs if e.to_status is not None]
         assert len(chain) == changed[job_id]
         assert chain[0].event == "submit" and chain[0].from_status is None
         for prev, cur in zip(chain, chain[1:], strict=False):
             assert cur.from_status == prev.to_status
-        assert chain[-1].to_status == store.get_job(job_id).status
-    assert [store.get_job(i).status for i in ids] == [
+        assert chain[-1].to_status == store.reads.get_job(job_id).status
+    assert [store.reads.get_job(i).status for i in ids] == [
         "completed", "idle", "idle", "removed", "idle", "removed"
     ]
 
@@ -823,11 +824,11 @@ def _capture_claim_statements(store: JobStore) -> list[tuple[str, Any]]:
         if "autocluster_id" in statement and "ORDER BY" in statement:
             captured.append((without_begin(statement), parameters))
 
-    sa.event.listen(store.engine, "before_cursor_execute", listener)
+    sa.event.listen(store.db.engine, "before_cursor_execute", listener)
     try:
         job = claimed(store, REQ, offer=Offer(cpus=1, memory=1024, disk=4096))
     finally:
-        sa.event.remove(store.engine, "before_cursor_execute", listener)
+        sa.event.remove(store.db.engine, "before_cursor_execute", listener)
     assert job is not None and job.status == "fetched"
     return captured
 
@@ -835,21 +836,21 @@ def _capture_claim_statements(store: JobStore) -> list[tuple[str, Any]]:
 def _analyze(store: JobStore) -> None:
     """The planner's statistics of the jobs as they are now, as autovacuum would have them (not
     whatever the database's last test left)."""
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         conn.exec_driver_sql("ANALYZE jobs")
 
 
 def test_claim_queries_use_the_claim_index(store):
     """Behind 20,000 idle and 20,000 completed jobs, both claim statements walk ix_jobs_claim
     and never sort."""
-    pg = store.engine.dialect.name == "postgresql"
+    pg = store.db.engine.dialect.name == "postgresql"
     (first,) = submit(store, priority=3)
     clone(store, first, 20_000 if pg else 5_000, priority="i % 7")
     clone(store, first, 20_000 if pg else 5_000, status="completed")
     _analyze(store)
     captured = _capture_claim_statements(store)
     assert len(captured) == 2
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         for statement, params in captured:
             if pg:
                 plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar()
@@ -894,22 +895,22 @@ def test_status_queries_use_the_phase_indexes(pg_url: str) -> None:
         if "jobs" in statement and statement.lstrip().upper().startswith(("SELECT", "WITH")):
             captured.append((statement, parameters))
 
-    sa.event.listen(store.engine, "before_cursor_execute", listener)
+    sa.event.listen(store.db.engine, "before_cursor_execute", listener)
     try:
-        store.reap(now=time.time())
-        store.list_jobs(statuses=["running", "accepted"])
-        store.list_jobs(final_only=True, limit=10)
-        store.usage_table()
-        store.prune(time.time() - 86400, dry_run=True)
+        store.maintenance.reap(now=time.time())
+        store.reads.list_jobs(statuses=["running", "accepted"])
+        store.reads.list_jobs(final_only=True, limit=10)
+        store.negotiator.usage_table()
+        store.retention.prune(time.time() - 86400, dry_run=True)
     finally:
-        sa.event.remove(store.engine, "before_cursor_execute", listener)
+        sa.event.remove(store.db.engine, "before_cursor_execute", listener)
     assert len(captured) >= 5
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         for statement, params in captured:
             plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params).scalar()
             scans = _scans(plan)
             assert scans and all(kind != "Seq Scan" for kind, _ in scans), (statement, scans)
-    store.engine.dispose()
+    store.db.engine.dispose()
 
 
 def test_a_report_applies_to_the_row_as_it_is_when_it_changed_meanwhile(pg_url: str) -> None:
@@ -940,23 +941,23 @@ def test_a_report_applies_to_the_row_as_it_is_when_it_changed_meanwhile(pg_url: 
                      exit_policy=policy_meanwhile)
         assert (out.changed, out.after) == (True, "completed")
         assert len(calls) == 2  # read again, and judged again, after the change
-        stored = store.get_job(job_id)
+        stored = store.reads.get_job(job_id)
         assert stored.status == "completed" and stored.exit_code == 0
         assert stored.wall_clock == pytest.approx(1010.0)  # the other session's 1000 s kept
-        exits = [e for e in store.events(job_id) if e.event == "exit"]
+        exits = [e for e in store.reads.events(job_id) if e.event == "exit"]
         assert [(e.from_status, e.to_status) for e in exits] == [("running", "completed")]
     finally:
         other.dispose()
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_fresh_store_from_url(db_url):
     upgrade(db_url)
     s = JobStore.from_url(db_url)
     try:
-        assert s.stats() == [] and s.events() == [] and claim(s) is None
+        assert s.reads.stats() == [] and s.reads.events() == [] and claim(s) is None
     finally:
-        s.engine.dispose()
+        s.db.engine.dispose()
 
 
 def test_a_connection_lost_mid_transaction_is_a_database_error(
@@ -978,9 +979,9 @@ def test_a_connection_lost_mid_transaction_is_a_database_error(
             with psycopg.connect(libpq_url(pg_admin_url), autocommit=True) as admin:
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
             conn.execute(sa.text("SELECT 1"))
-        assert store.stats() == []  # and the store works again at once
+        assert store.reads.stats() == []  # and the store works again at once
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) -> None:
@@ -997,17 +998,18 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_once(pg_url: str) ->
                 assert first(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
                 # the backend is gone before the store's next statement
                 assert _until(lambda: not _backends(admin))  # noqa: B023
-                assert store.get_job(job_id).status == ("idle", "held")[round_ % 2]
-                outcome = store.admin(job_id, Event.HOLD if round_ % 2 == 0 else Event.RELEASE)
+                assert store.reads.get_job(job_id).status == ("idle", "held")[round_ % 2]
+                outcome = store.actions.admin(job_id,
+                                              Event.HOLD if round_ % 2 == 0 else Event.RELEASE)
                 assert outcome.changed
                 assert _backends(admin) not in ([], [pid])
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     from jobstore.errors import DatabaseError
 
     away = JobStore.from_url(pg_url.replace("5432", "1"), pool=True, connect_timeout=1)
     with pytest.raises(DatabaseError):
-        away.get_job(job_id)
+        away.reads.get_job(job_id)
 
 
 def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url: str) -> None:
@@ -1021,9 +1023,9 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url, pool=True, connect_timeout=2)
-    listener = store.listener(STOPS, connect_timeout=2)
+    listener = store.db.listener(STOPS, connect_timeout=2)
     try:
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
             assert first(admin.execute("SELECT pg_terminate_backend(%s)", (pid,)))
@@ -1034,7 +1036,7 @@ def test_the_listen_probe_survives_a_pooled_connection_the_server_dropped(pg_url
         assert listener.probe()
     finally:
         listener.close()
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url: str) -> None:
@@ -1050,7 +1052,7 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
     try:
         (job_id,) = submit(store)
         job = running(store, lease=600)  # START with job_pid 42, lease 600
-        lease = store.get_job(job_id).lease_expires_at
+        lease = store.reads.get_job(job_id).lease_expires_at
 
         def hot_updates() -> int:
             with psycopg.connect(libpq_url(pg_url), autocommit=True) as conn:
@@ -1069,18 +1071,18 @@ def test_a_report_within_its_lease_keeps_it_and_updates_the_row_in_place(pg_url:
         before = settled()
         out = report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 3.0},
                      lease=600)
-        assert out.changed and store.get_job(job_id).lease_expires_at == lease
-        assert store.get_job(job_id).remote_user_cpu == 3.0
+        assert out.changed and store.reads.get_job(job_id).lease_expires_at == lease
+        assert store.reads.get_job(job_id).remote_user_cpu == 3.0
         assert settled() == before + 1
         later = time.time() + 100  # 500 s of 600 left: renewed
         report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 4.0},
                lease=600, now=later)
-        renewed = store.get_job(job_id)
+        renewed = store.reads.get_job(job_id)
         assert renewed.lease_ends_at == pytest.approx(later + 600)
         assert renewed.lease_expires_at == lease
         assert settled() == before + 2
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) -> None:
@@ -1092,10 +1094,10 @@ def test_one_lost_periodic_update_never_lets_the_lease_run_out(store: JobStore) 
     t0 = time.time()
     for k in (0, 1, 3, 4, 6, 7):  # updates 2 and 5 are lost
         at = t0 + 300 * k
-        assert (store.get_job(job_id).lease_ends_at or 0) > at, k
-        assert store.reap(now=at) == [], k
+        assert (store.reads.get_job(job_id).lease_ends_at or 0) > at, k
+        assert store.maintenance.reap(now=at) == [], k
         report(store, job, Event.START, changes={"job_pid": 42}, lease=900, now=at)
-    assert store.get_job(job_id).status == "running"
+    assert store.reads.get_job(job_id).status == "running"
 
 
 def test_the_reaper_indexes_a_renewed_lease_and_expires_only_a_lease_run_out(
@@ -1106,20 +1108,20 @@ def test_the_reaper_indexes_a_renewed_lease_and_expires_only_a_lease_run_out(
     too, the lease expires."""
     (job_id,) = submit(store)
     job = running(store, lease=600)  # START with job_pid 42, lease 600
-    first = store.get_job(job_id).lease_expires_at
+    first = store.reads.get_job(job_id).lease_expires_at
     assert first is not None
     at = first - 100
     report(store, job, Event.START, changes={"job_pid": 42, "remote_user_cpu": 1.0}, lease=600,
            now=at)
-    assert store.get_job(job_id).lease_expires_at == first
-    events = len(store.events(job_id))
-    assert store.reap(now=first + 1) == []
-    stored = store.get_job(job_id)
+    assert store.reads.get_job(job_id).lease_expires_at == first
+    events = len(store.reads.events(job_id))
+    assert store.maintenance.reap(now=first + 1) == []
+    stored = store.reads.get_job(job_id)
     assert (stored.status, stored.lease_expires_at) == ("running", pytest.approx(at + 600))
-    assert len(store.events(job_id)) == events
-    (out,) = store.reap(now=at + 601)
+    assert len(store.reads.events(job_id)) == events
+    (out,) = store.maintenance.reap(now=at + 601)
     assert (out.event, out.before, out.after) == ("lease_expired", "running", "idle")
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert (stored.lease_expires_at, stored.lease_renewed_until, stored.token) == (None,) * 3
 
 
@@ -1129,7 +1131,7 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
     longer ago (past a tenth of its length) is renewed in the row, without an event."""
     (job_id,) = submit(store)
     job = running(store, lease=600)  # START with job_pid 42, lease 600
-    events = len(store.events(job_id))
+    events = len(store.reads.events(job_id))
     now = time.time()
 
     def update(at: float, **changes: Any) -> Any:
@@ -1138,17 +1140,17 @@ def test_a_repeated_update_that_changes_nothing_writes_nothing(store: JobStore) 
 
     same = update(now + 10)
     assert (same.changed, same.after, same.reason) == (False, "running", "nothing new")
-    assert len(store.events(job_id)) == events
-    assert store.get_job(job_id).updated_at < now + 10
+    assert len(store.reads.events(job_id)) == events
+    assert store.reads.get_job(job_id).updated_at < now + 10
     used = update(now + 20, remote_user_cpu=5.0)
-    assert used.changed and len(store.events(job_id)) == events + 1
+    assert used.changed and len(store.reads.events(job_id)) == events + 1
     assert update(now + 30, remote_user_cpu=5.0).reason == "nothing new"
     renewed = update(now + 400, remote_user_cpu=5.0)  # 200 s of 600 left: renew
     assert (renewed.changed, renewed.reason) == (False, "lease renewed")
-    stored = store.get_job(job_id)
+    stored = store.reads.get_job(job_id)
     assert stored.lease_ends_at == pytest.approx(now + 1000)
     assert stored.updated_at == pytest.approx(now + 400)
-    assert len(store.events(job_id)) == events + 1  # nothing happened to the job
+    assert len(store.reads.events(job_id)) == events + 1  # nothing happened to the job
 
 
 # ---- PostgreSQL's hot path runs on psycopg (jobstore.db.backends.postgresql.driver) ---------
@@ -1174,8 +1176,8 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
             assert not token or token[0] not in str(parameters)  # compared in Python only
             assert getattr(conn.connection.dbapi_connection, "autocommit", False)
 
-        sa.event.listen(store.engine, "before_cursor_execute", listener)
-        sa.event.listen(store.engine, "commit", lambda _conn: commits.append(True))
+        sa.event.listen(store.db.engine, "before_cursor_execute", listener)
+        sa.event.listen(store.db.engine, "commit", lambda _conn: commits.append(True))
         job = claimed(store, REQ, shape="small")
         token.append(job.token)
         out = report(store, job, Event.EXIT, changes={"exit_code": 0})
@@ -1186,11 +1188,12 @@ def test_a_claim_and_a_report_are_two_round_trips_and_a_commit_each(pg_url: str)
                 for st in seen] == [["WITH", "RECURSIVE"], ["WITH", "cand"],
                                     ["SELECT", "jobs.*,"], ["WITH", "changed"]]
         assert commits == [True, True]
-        (fetch, exit_) = [e for e in store.events(job.id) if e.event in ("fetch", "exit")]
+        (fetch, exit_) = [e for e in store.reads.events(job.id) if e.event in ("fetch", "exit")]
         assert (exit_.from_status, exit_.to_status, exit_.attempt) == ("fetched", "completed", 1)
-        assert store.get_job(job.id).exit_code == 0 and store.get_job(job.id).token is None
+        stored = store.reads.get_job(job.id)
+        assert stored.exit_code == 0 and stored.token is None
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_the_opening_round_trip_quotes_what_it_binds(pg_url: str) -> None:
@@ -1209,9 +1212,9 @@ def test_the_opening_round_trip_quotes_what_it_binds(pg_url: str) -> None:
         assert claim(store, REQ, queue=queue) is None
         job = claim(store, REQ, queue="o.brien")
         assert job is not None and job.id == job_id
-        assert store.get_job(other).status == "idle"
+        assert store.reads.get_job(other).status == "idle"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_column_a_migration_adds_does_not_confuse_the_hot_path(pg_url: str) -> None:
@@ -1224,13 +1227,13 @@ def test_a_column_a_migration_adds_does_not_confuse_the_hot_path(pg_url: str) ->
         submit(store, 2)
         first = claimed(store, REQ)
         report(store, first, Event.EXIT)
-        with store.engine.begin() as conn:
+        with store.db.engine.begin() as conn:
             conn.execute(sa.text("ALTER TABLE jobs ADD COLUMN site_note text DEFAULT 'x'"))
         second = claim(store, REQ)
         assert second is not None and second.id != first.id and second.status == "fetched"
         assert report(store, second, Event.EXIT).after == "completed"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_claim_is_one_transition_on_both_databases(pg_url: str, sqlite_url: str,
@@ -1248,11 +1251,11 @@ def test_a_claim_is_one_transition_on_both_databases(pg_url: str, sqlite_url: st
             job = claim(store, REQ)
             assert job is not None
             row = {k: v for k, v in rows(store, jobs)[0].items() if k != "phase"}
-            event = store.events(job.id)[-1]
+            event = store.reads.events(job.id)[-1]
             seen.append((row, (event.event, event.from_status, event.to_status, event.attempt,
                                event.slot, event.host, event.time), job))
         finally:
-            store.engine.dispose()
+            store.db.engine.dispose()
     (pg_row, pg_event, pg_job), (lite_row, lite_event, lite_job) = seen
     assert pg_row == lite_row and pg_row["status"] == "fetched" and pg_row["token"] == "t" * 32
     assert pg_event == lite_event == ("fetch", "idle", "fetched", 1, "slot1@node", "node",
@@ -1288,7 +1291,7 @@ def _fail_after_an_event(store: JobStore, job_id: int) -> None:
         store.transitions.record(conn, event_row(job_id, "note", "idle", None, time.time(),
                                                  reason="never kept"))
         raise RuntimeError("after the event")
-    assert [e.event for e in store.events(job_id)] == ["submit"]
+    assert [e.event for e in store.reads.events(job_id)] == ["submit"]
 
 
 def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
@@ -1299,13 +1302,13 @@ def test_a_hot_transaction_that_fails_writes_nothing(pg_url: str) -> None:
     try:
         (job_id,) = submit(store)
         rollbacks: list[bool] = []
-        sa.event.listen(store.engine, "rollback", lambda _conn: rollbacks.append(True))
+        sa.event.listen(store.db.engine, "rollback", lambda _conn: rollbacks.append(True))
         _fail_after_an_event(store, job_id)
         assert rollbacks == [True]
         job = claim(store, REQ)
         assert job is not None and report(store, job, Event.EXIT).after == "completed"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 @contextmanager
@@ -1333,11 +1336,11 @@ def test_a_transaction_is_bounded_by_its_statement_timeout(pg_url: str) -> None:
         with (_holding(pg_url, "SELECT id FROM jobs WHERE id = %s FOR UPDATE", job.id),
               pytest.raises(DatabaseError, match="statement timeout")):
             report(store, job, Event.EXIT)
-        with store.engine.connect() as conn:  # the pool's one connection, the report's
+        with store.db.engine.connect() as conn:  # the pool's one connection, the report's
             assert conn.execute(sa.text("SHOW statement_timeout")).scalar() == "0"
         assert report(store, job, Event.EXIT).after == "completed"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> None:
@@ -1357,7 +1360,7 @@ def test_the_opening_read_is_bounded_by_the_timeout_before_it(pg_url: str) -> No
         assert report(store, job, Event.EXIT).after == "completed"
         assert claim(store, REQ) is not None
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> None:
@@ -1371,13 +1374,13 @@ def test_a_pooled_connection_goes_back_as_sqlalchemy_left_it(pg_url: str) -> Non
         with store.db.transaction():  # lends the kept connection: what follows takes the pool's one
             submit(store)
             report(store, claimed(store, REQ), Event.EXIT)
-        with store.engine.connect() as conn, conn.begin() as tx:
-            store.submit([job_spec()], owner="alice", queue="default", max_attempts=1,
-                         connection=conn)
+        with store.db.engine.connect() as conn, conn.begin() as tx:
+            store.submissions.submit([job_spec()], owner="alice", queue="default", max_attempts=1,
+                                     connection=conn)
             tx.rollback()
         assert len(rows(store, jobs)) == 1
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url: str) -> None:
@@ -1392,10 +1395,10 @@ def test_an_autocommit_engine_stays_one_and_its_store_keeps_transactions(pg_url:
         _fail_after_an_event(store, job_id)  # on the kept connection
         with store.db.transaction():
             _fail_after_an_event(store, job_id)  # on the pool's
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             assert getattr(conn.connection.dbapi_connection, "autocommit", False)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def _backends(admin: psycopg.Connection[Any]) -> list[int]:
@@ -1426,9 +1429,9 @@ def test_a_pooled_store_keeps_one_connection_out_of_its_pool(pg_url: str) -> Non
             kept = _backends(admin)
             assert len(kept) == 1
             report(store, claimed(store, REQ), Event.EXIT)
-            assert store.get_job(job_id).status == "completed"
+            assert store.reads.get_job(job_id).status == "completed"
             assert _backends(admin) == kept
-            with store.engine.connect() as conn:  # the pool's capacity is untouched
+            with store.db.engine.connect() as conn:  # the pool's capacity is untouched
                 pooled = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
             assert pooled not in kept and len(_backends(admin)) == 2
             with store.db.transaction():
@@ -1436,12 +1439,12 @@ def test_a_pooled_store_keeps_one_connection_out_of_its_pool(pg_url: str) -> Non
                 assert job is not None and report(store, job, Event.EXIT).after == "completed"
             # the server ends a closed session's backend a moment after the client closed it
             assert _until(lambda: _backends(admin) == kept)
-            store.engine.dispose()
+            store.db.engine.dispose()
             assert _until(lambda: not _backends(admin)), "the kept connection is still open"
-            assert store.get_job(job_id).status == "completed"  # a new one after dispose
+            assert store.reads.get_job(job_id).status == "completed"  # a new one after dispose
             assert len(_backends(admin)) == 1 and _backends(admin) != kept
         finally:
-            store.engine.dispose()
+            store.db.engine.dispose()
 
 
 @pytest.mark.parametrize("overflow", [0, 1])
@@ -1464,7 +1467,7 @@ def test_while_its_connection_is_lent_a_store_waits_or_takes_the_overflow(
             release.wait(20)
 
     def read() -> None:
-        store.get_job(job_id)
+        store.reads.get_job(job_id)
         done.set()
 
     with psycopg.connect(libpq_url(pg_url), autocommit=True) as admin:
@@ -1487,7 +1490,7 @@ def test_while_its_connection_is_lent_a_store_waits_or_takes_the_overflow(
             assert done.is_set() and _until(lambda: len(_backends(admin)) == 1)
         finally:
             release.set()
-            store.engine.dispose()
+            store.db.engine.dispose()
 
 
 def test_a_postgresql_store_needs_psycopg() -> None:

@@ -32,26 +32,26 @@ def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
         store: JobStore) -> None:
     (job_id,) = submit(store)
     job = running(store, REQ, lease=600)
-    held = store.admin(job_id, Event.HOLD, "held while it runs")
+    held = store.actions.admin(job_id, Event.HOLD, "held while it runs")
     assert (held.before, held.after) == ("running", "held")
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert row.winding_down_until is not None and row.winding_down_until > time.time()
-    assert store.attempt_states([job_id])[job_id] == AttemptState("held", job.claims, True)
+    assert store.reads.attempt_states([job_id])[job_id] == AttemptState("held", job.claims, True)
 
-    waiting = store.admin(job_id, Event.RELEASE, "released by the administrator")
+    waiting = store.actions.admin(job_id, Event.RELEASE, "released by the administrator")
     assert waiting.pending and not waiting.changed
     assert "still ending on slot1@node1" in (waiting.reason or "")
-    assert store.get_job(job_id).status == "held"  # not idle: another slot could take it
+    assert store.reads.get_job(job_id).status == "held"  # not idle: another slot could take it
     assert claim(store, REQ) is None
-    again = store.admin(job_id, Event.RELEASE, "released by the administrator")
+    again = store.actions.admin(job_id, Event.RELEASE, "released by the administrator")
     assert again.pending
 
     ended = evict(store, job)  # the vacated attempt's JOB_EXIT: the release takes effect
     assert (ended.event, ended.before, ended.after) == ("release", "held", "idle")
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert (row.status, row.winding_down_until, row.release_pending, row.hold_code) == (
         "idle", None, None, None)
-    assert [(e.event, e.from_status, e.to_status) for e in store.events(job_id)][-5:] == [
+    assert [(e.event, e.from_status, e.to_status) for e in store.reads.events(job_id)][-5:] == [
         ("start", "fetched", "running"),
         ("hold", "running", "held"),
         ("release", "held", None),  # pending, recorded once
@@ -64,9 +64,9 @@ def test_hold_of_a_running_job_winds_down_and_a_release_waits_for_its_end(
 
 def test_a_release_without_a_running_attempt_is_at_once(store: JobStore) -> None:
     (job_id,) = submit(store)
-    store.admin(job_id, Event.HOLD, "held while idle")
-    assert store.get_job(job_id).winding_down_until is None
-    out = store.admin(job_id, Event.RELEASE, "released")
+    store.actions.admin(job_id, Event.HOLD, "held while idle")
+    assert store.reads.get_job(job_id).winding_down_until is None
+    out = store.actions.admin(job_id, Event.RELEASE, "released")
     assert (out.changed, out.after, out.pending) == (True, "idle", False)
 
 
@@ -81,35 +81,35 @@ def test_a_report_that_ends_the_attempt_leaves_nothing_winding_down(store: JobSt
     out = report(store, job, Event.EXIT, changes={"exit_code": 3}, attrs=attrs,
                  exit_policy=exit_policy)
     assert out.after == "held"
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert (row.hold_code, row.winding_down_until) == (holds.JOB_POLICY, None)
-    assert store.admin(job_id, Event.RELEASE, "released").after == "idle"
+    assert store.actions.admin(job_id, Event.RELEASE, "released").after == "idle"
 
 
 def test_a_stale_report_of_an_older_attempt_does_not_end_the_winding_down(
         store: JobStore) -> None:
     (job_id,) = submit(store)
     job = running(store, REQ, lease=600)
-    store.admin(job_id, Event.REMOVE, "removed while it runs")
-    older = store.report(job_id, Event.EVICT, token=job.token, attempt=job.claims - 1)
+    store.actions.admin(job_id, Event.REMOVE, "removed while it runs")
+    older = store.reports.report(job_id, Event.EVICT, token=job.token, attempt=job.claims - 1)
     assert older.stale
-    assert store.get_job(job_id).winding_down_until is not None
+    assert store.reads.get_job(job_id).winding_down_until is not None
     update = report(store, job, Event.UPDATE)
     assert update.stale  # not an end: still winding down
-    assert store.get_job(job_id).winding_down_until is not None
+    assert store.reads.get_job(job_id).winding_down_until is not None
     evict(store, job)
-    assert store.get_job(job_id).winding_down_until is None
+    assert store.reads.get_job(job_id).winding_down_until is None
 
 
 def test_reap_gives_up_waiting_and_carries_out_the_pending_release(store: JobStore) -> None:
     (job_id,) = submit(store)
     running(store, REQ, lease=600)
-    store.admin(job_id, Event.HOLD, "held")
-    assert store.admin(job_id, Event.RELEASE, "released").pending
-    deadline = store.get_job(job_id).winding_down_until
+    store.actions.admin(job_id, Event.HOLD, "held")
+    assert store.actions.admin(job_id, Event.RELEASE, "released").pending
+    deadline = store.reads.get_job(job_id).winding_down_until
     assert deadline is not None
-    assert not [o for o in store.reap(now=deadline - 1) if o.job_id == job_id]
-    (out,) = [o for o in store.reap(now=deadline + 1) if o.job_id == job_id]
+    assert not [o for o in store.maintenance.reap(now=deadline - 1) if o.job_id == job_id]
+    (out,) = [o for o in store.maintenance.reap(now=deadline + 1) if o.job_id == job_id]
     assert (out.event, out.after) == ("release", "idle")
     assert "did not report its end in time" in (out.reason or "")
 
@@ -120,33 +120,33 @@ def test_attempts_on_a_node_after_a_restart(store: JobStore) -> None:
     a = running(store, REQ, lease=600)
     b = running(store, claim_request(slot="slot2@node1", shape="s"), lease=600)
     c = running(store, other, lease=600)
-    store.admin(a.id, Event.REMOVE, "removed while the agent was down")
-    found = store.attempts_on(["node1"])
+    store.actions.admin(a.id, Event.REMOVE, "removed while the agent was down")
+    found = store.reads.attempts_on(["node1"])
     assert [(n.job_id, n.slot, n.attempt) for n in found] == [
         (a.id, "slot1@node1", a.claims), (b.id, "slot2@node1", b.claims)]
-    assert {n.job_id for n in store.attempts_on(["node2"])} == {c.id}
+    assert {n.job_id for n in store.reads.attempts_on(["node2"])} == {c.id}
     evict(store, a)
-    assert [n.job_id for n in store.attempts_on(["node1"])] == [b.id]
-    assert store.attempts_on([]) == []
+    assert [n.job_id for n in store.reads.attempts_on(["node1"])] == [b.id]
+    assert store.reads.attempts_on([]) == []
     assert set(ids) >= {a.id, b.id, c.id}
 
 
 def test_a_hold_of_a_handed_out_job_notifies_the_agents(pg_url: str) -> None:
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
-    listener = store.listener(STOPS, connect_timeout=5)
+    listener = store.db.listener(STOPS, connect_timeout=5)
     try:
         listener.open()
         assert listener.probe()
         idle, _ = submit(store, 2)
-        store.admin(idle, Event.HOLD, "idle: nothing runs")
+        store.actions.admin(idle, Event.HOLD, "idle: nothing runs")
         assert listener.wait(0.3) == []
         job = running(store, REQ, lease=600)
-        store.admin(job.id, Event.HOLD, "held while it runs")
+        store.actions.admin(job.id, Event.HOLD, "held while it runs")
         assert listener.wait(5) == [str(job.id)]
     finally:
         listener.close()
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 # ---- the agent's side: pure --------------------------------------------------------------------
@@ -207,14 +207,14 @@ def test_every_handed_out_stage_winds_down(store: JobStore, stage: str, event: E
         report(store, job, Event.ACCEPT)
     if stage == "running":
         report(store, job, Event.START, changes={"job_pid": 42})
-    assert store.get_job(job_id).status == stage
-    out = store.admin(job_id, event, "stopped")
+    assert store.reads.get_job(job_id).status == stage
+    out = store.actions.admin(job_id, event, "stopped")
     assert out.after == ("held" if event == Event.HOLD else "removed")
-    assert [n.job_id for n in store.attempts_on(["node1"])] == [job_id]
+    assert [n.job_id for n in store.reads.attempts_on(["node1"])] == [job_id]
     end = Event.REJECT if stage != "running" else Event.EVICT
     report(store, job, end)
-    assert store.get_job(job_id).winding_down_until is None
-    assert store.attempts_on(["node1"]) == []
+    assert store.reads.get_job(job_id).winding_down_until is None
+    assert store.reads.attempts_on(["node1"]) == []
 
 
 def _ad(job_id: int, attempt: int, token: str | None, **extra: str) -> bytes:
@@ -255,8 +255,8 @@ def test_the_databases_checks_of_a_changed_row_refuse_it_after_its_update(
     from jobstore.testing.support import libpq_url
 
     (job_id,) = submit(store)
-    before = store.get_job(job_id)
-    url = libpq_url(store.engine.url.render_as_string(False))
+    before = store.reads.get_job(job_id)
+    url = libpq_url(store.db.engine.url.render_as_string(False))
     for statement, why in (
             ("UPDATE jobs SET winding_down_until = 1 WHERE id = %s", "winds down"),
             ("UPDATE jobs SET ad = (ad::jsonb || '{\"Foo\": [1]}')::json WHERE id = %s",
@@ -264,8 +264,8 @@ def test_the_databases_checks_of_a_changed_row_refuse_it_after_its_update(
     ):
         with psycopg.connect(url) as conn, pytest.raises(psycopg.Error, match=why):
             conn.execute(statement, (job_id,))
-    assert store.get_job(job_id) == before
-    with store.engine.connect() as conn:
+    assert store.reads.get_job(job_id) == before
+    with store.db.engine.connect() as conn:
         kinds: dict[str, int] = dict(conn.execute(sa.text(
             "SELECT tgname, tgtype & 2 FROM pg_trigger WHERE tgrelid = 'jobs'::regclass"
             " AND tgname IN ('jobstore_check_changed_job', 'jobstore_winding_down')")).all())

@@ -116,4 +116,4 @@ def node(db_url: str) -> Iterator[Node]:
 def store(node: Node) -> Iterator[JobStore]:
     s = JobStore.from_url(node.db_url)
     yield s
-    s.engine.dispose()
+    s.db.engine.dispose()

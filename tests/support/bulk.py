@@ -19,14 +19,14 @@ def clone(store: JobStore, job_id: int, n: int, *, status: str = "idle",
           priority: str = "priority") -> None:
     """`n` copies of job `job_id` with proc ids after its cluster's last, in `status`;
     `priority` is an SQL expression of the copy's number `i` (default: the job's own)."""
-    pg = store.engine.dialect.name == "postgresql"
+    pg = store.db.engine.dialect.name == "postgresql"
     if pg:
         series, prefix = f"generate_series(1, {n}) AS g(i)", ""
     else:
         series = "s"
         prefix = f"WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {n}) "
     cols = ", ".join(_COPIED)
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         base = conn.execute(sa.text("SELECT max(proc_id) FROM jobs WHERE cluster_id = "
                                     "(SELECT cluster_id FROM jobs WHERE id = :id)"),
                             {"id": job_id}).scalar_one()
@@ -42,11 +42,11 @@ def fill(url: str, n: int, owner: str) -> list[int]:
     upgrade(url)
     store = JobStore.from_url(url)
     try:
-        _, (first,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=owner,
-                                   queue="default", max_attempts=3)
+        _, (first,) = store.submissions.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner=owner,
+                                               queue="default", max_attempts=3)
         clone(store, first, n - 1)
         now = time.time()
-        with store.engine.begin() as conn:
+        with store.db.engine.begin() as conn:
             ids = list(conn.execute(sa.select(jobs.c.id).order_by(jobs.c.id)).scalars())
             conn.execute(
                 job_events.insert(),
@@ -57,4 +57,4 @@ def fill(url: str, n: int, owner: str) -> list[int]:
             )
         return ids
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()

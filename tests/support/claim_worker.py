@@ -45,7 +45,7 @@ def main(url: str, slot: str) -> None:
             raise SystemExit(f"job {job.id}: EXIT gave {out}")
         ids.append(job.id)
     end = time.time()
-    store.engine.dispose()
+    store.db.engine.dispose()
     print(json.dumps({"ids": ids, "start": start, "end": end, "locked": locked}), flush=True)
 
 

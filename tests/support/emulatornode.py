@@ -72,7 +72,7 @@ def submit_text(store: JobStore, tmp: Path, text: str, owner: str | None = None)
     path.write_text(text)
     if owner:
         os.chown(sub, pwd.getpwnam(owner).pw_uid, pwd.getpwnam(owner).pw_gid)
-    settings = config.load_settings("JOBSTORE", store.engine.url.render_as_string(False))
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
     _, ids = submit_path(store, path, settings, owner=owner)
     return ids
 
@@ -91,7 +91,7 @@ def node_db(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  #
     monkeypatch.setenv("CONDOR_CONFIG", str(write_node_config(base, db_url)))
     store = JobStore.from_url(db_url)
     yield store, base
-    store.engine.dispose()
+    store.db.engine.dispose()
     shutil.rmtree(base, ignore_errors=True)
 
 
@@ -151,9 +151,9 @@ def give_node(cfg: EmulatorConfig, store: JobStore, tmp: Path, owner: str | None
     and to the jobs' owner. A SQLite store is one user's: with no agent (`personal`) the node
     is its jobs' owner's own, as `jobstore demo`'s, and every hook runs as her."""
     os.chmod(tmp, 0o777)
-    if store.engine.dialect.name == "sqlite" and personal and owner:
+    if store.db.engine.dialect.name == "sqlite" and personal and owner:
         user = pwd.getpwnam(owner)
-        os.chown(str(store.engine.url.database), user.pw_uid, user.pw_gid)
+        os.chown(str(store.db.engine.url.database), user.pw_uid, user.pw_gid)
         cfg.condor_user = owner
         return
     cfg.condor_user = ensure_home_account(SERVICE_ACCOUNT).pw_name

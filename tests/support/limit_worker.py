@@ -53,7 +53,7 @@ def main(url: str, slot: str) -> None:
         if out.after != "completed" or out.stale:
             raise SystemExit(f"job {job.id}: EXIT gave {out}")
         held.append([job.id, claimed, done])
-    store.engine.dispose()
+    store.db.engine.dispose()
     print(json.dumps({"held": held}), flush=True)
 
 

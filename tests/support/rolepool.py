@@ -59,7 +59,7 @@ def pool(db_url: str) -> Iterator[Pool]:
     granted.grant_user(roles["super"], UserRights(super_user=True))
     granted.grant_user(roles["admin"], UserRights(admin=True))
     granted.grant_hook(roles["agent"])
-    owner.engine.dispose()
+    owner.db.engine.dispose()
     try:
         yield Pool(db_url, roles)
     finally:
@@ -74,8 +74,8 @@ def pool(db_url: str) -> Iterator[Pool]:
 def submitted(pool: Pool, part: str, owner: str | None = None) -> int:
     store = pool.store(part)
     try:
-        who = owner or store.identity().account
-        _, (job_id,) = store.submit(SPEC, owner=who, queue="default", max_attempts=3)
+        who = owner or store.db.identity().account
+        _, (job_id,) = store.submissions.submit(SPEC, owner=who, queue="default", max_attempts=3)
         return job_id
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()

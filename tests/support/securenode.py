@@ -47,7 +47,7 @@ def secure_node(node: Node, users: dict[str, pwd.struct_passwd]) -> Iterator[Nod
         conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'hooks-pw'")
     owner = JobStore.from_url(node.db_url)
     owner.db.backend.roles().grant_hook(role)
-    owner.engine.dispose()
+    owner.db.engine.dispose()
     secret = node.base / "db-password"
     secret.write_text("hooks-pw\n")
     os.chmod(secret, 0o600)
@@ -87,7 +87,7 @@ def store(secure_node: Node) -> Iterator[JobStore]:
     """The job store as its owner (submit, and what the tests look at)."""
     s = JobStore.from_url(secure_node.owner_url)  # type: ignore[attr-defined]
     yield s
-    s.engine.dispose()
+    s.db.engine.dispose()
 
 
 def accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
@@ -99,7 +99,7 @@ def accepted_job(nd: Node, js: JobStore, owner: str, slot: str = "slot1@node01"
     job = nd.hook("fetch_job", sad, user=condor, JOBSTORE_HOOK_MODE="agent").stdout
     assert b"JobstoreJobId = %d" % job_id in job
     nd.hook("reply_fetch", job + b"-----\n" + sad, ["accept"], user=condor)
-    assert js.get_job(job_id).status == "accepted"
+    assert js.reads.get_job(job_id).status == "accepted"
     return job_id, job
 
 

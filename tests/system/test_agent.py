@@ -32,7 +32,7 @@ from jobstore.testing.support import libpq_url
 
 
 def _status(store: JobStore, job_id: int) -> str:  # noqa: F811
-    return store.get_job(job_id).status
+    return store.reads.get_job(job_id).status
 
 
 def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:  # noqa: F811
@@ -46,7 +46,7 @@ def test_job_life_through_the_agent(node: Node, store: JobStore) -> None:  # noq
     assert not [c for c in seq.calls if c.stderr], [c.stderr for c in seq.calls]
     assert _status(store, job_id) == "completed"
     log = node.log.read_text()
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert f"fetched job {row.cluster_id}.{row.proc_id} " in log  # as condor_q numbers it
     assert "exit running -> completed" in log
     # The hot path: no SQLAlchemy, psycopg, classad2 or htcondor2 in the hook process.
@@ -117,7 +117,7 @@ def test_reports_kept_back_survive_the_agents_death_and_go_in_at_its_stop(
         fetched = node.hook("fetch_job", sad)
         job = fetched.stdout
         assert b"JobstoreJobId = %d" % job_id in job, (
-            fetched, store.get_job(job_id), node.log.read_text())
+            fetched, store.reads.get_job(job_id), node.log.read_text())
         node.hook("reply_fetch", job + b"-----\n" + sad, ["accept"])
         assert _status(store, job_id) == "fetched"  # kept back
         code = node.stop(how)
@@ -150,7 +150,7 @@ def test_a_refused_report_leaves_the_reports_kept_back_for_that_attempt(
         assert b"prepare_job" in refused.stderr, refused.stderr
         assert _status(store, job_id) == then
     assert node.stop() == 0
-    assert [e.event for e in store.events(job_id)][-2:] == ["fetch", "accept"]
+    assert [e.event for e in store.reads.events(job_id)][-2:] == ["fetch", "accept"]
 
 
 def test_reports_of_one_account_kept_back_are_bounded() -> None:
@@ -224,7 +224,7 @@ def test_agent_killed_mid_run_loses_nothing(node: Node, store: JobStore) -> None
     done = node.hook("job_exit", job + b"ExitCode = 0\nExitBySignal = false\n", ["exit"])
     assert done.returncode == 0 and done.stderr == b""
     assert _status(store, job_id) == "completed"
-    exits = [e for e in store.events(job_id) if e.event == "exit" and e.to_status]
+    exits = [e for e in store.reads.events(job_id) if e.event == "exit" and e.to_status]
     assert len(exits) == 1
     node.start()  # a stale socket file does not stop a new agent
     assert node.stop(signal.SIGQUIT) == 0
@@ -267,7 +267,7 @@ def test_sighup_reloads_the_configuration(node: Node, store: JobStore) -> None: 
     with open(node.config, "a") as fh:
         fh.write("JOBSTORE_QUEUE = gpu\n")
     unread = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
-    assert unread.stdout == b"" and store.get_job(job_id).status == "idle"
+    assert unread.stdout == b"" and store.reads.get_job(job_id).status == "idle"
     mark = len(node.log.read_text())
     assert node.agent is not None
     node.agent.send_signal(signal.SIGHUP)
@@ -290,7 +290,7 @@ def test_one_database_connection_per_node(node: Node, store: JobStore) -> None: 
     outs = [p.communicate(slot_ad(f"slot{i}@node01"), timeout=WAIT)
             for i, p in enumerate(procs, 1)]
     assert sum(b"JobstoreJobId" in out for out, _ in outs) == 8
-    name = store.engine.url.database
+    name = store.db.engine.url.database
     with psycopg.connect(libpq_url(node.db_url), autocommit=True) as conn:
         held = [q for (q,) in conn.execute(
             "SELECT query FROM pg_stat_activity WHERE datname = %s AND pid <> "
@@ -384,7 +384,7 @@ def test_agent_fetches_share_slots_and_respect_limits(
         if out.stdout:
             ad = classads.parse_ad(classads.decode(out.stdout))
             got.append(classads.get_int(ad, "JobstoreJobId") or 0)
-    owners = [store.get_job(i).owner for i in got]
+    owners = [store.reads.get_job(i).owner for i in got]
     assert owners[:8] == [alice, bob] * 4 or owners[:8] == [bob, alice] * 4, owners
     assert len(got) == 10  # the 11th slot finds only limited jobs, the limit full
     assert len(set(got) & set(limited)) == 2
@@ -400,7 +400,7 @@ def test_agent_runs_the_periodic_policy_pass(node: Node, store: JobStore) -> Non
     (job_id,) = submit(store, owner=ordinary_owner(),
                        custom={"PeriodicRemove": "JobStatus == 1"})
     node.start()
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     node.wait_log(f"job {row.cluster_id}.{row.proc_id}: periodic policy: remove idle -> removed")
     assert _status(store, job_id) == "removed"
     assert node.stop() == 0
@@ -412,13 +412,13 @@ def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:  # noqa:
     with open(node.config, "a") as fh:
         fh.write("JOBSTORE_HISTORY_RETENTION = 1s\nJOBSTORE_PRUNE_INTERVAL = 10\n")
     gone, idle = submit(store, 2, owner=ordinary_owner())
-    store.admin(gone, Event.REMOVE, "old news")
+    store.actions.admin(gone, Event.REMOVE, "old news")
     time.sleep(1.1)
     node.start()
     node.wait_log("history of JOBSTORE pruned: 1 job(s) finished over 1s ago, 2 event(s),"
                   " 0 cluster(s)")
-    assert [j.id for j in store.list_jobs(include_final=True)] == [idle]
-    assert store.events(gone) == []
+    assert [j.id for j in store.reads.list_jobs(include_final=True)] == [idle]
+    assert store.reads.events(gone) == []
     assert node.stop() == 0
 
 
@@ -438,7 +438,7 @@ def test_a_held_running_job_is_ended_by_its_next_update(
                                extra_groups=[], start_new_session=True)
     try:
         report(store, job, Event.START, changes={"job_pid": sleeper.pid})
-        store.admin(job_id, Event.HOLD, "held by hand")
+        store.actions.admin(job_id, Event.HOLD, "held by hand")
         ad = render_job(job, keyword="JOBSTORE", uid_domain="localdomain",
                         job_lease_duration=2400).encode()
         ad += f'JobPid = {sleeper.pid}\nJobState = "Running"\n'.encode()
@@ -447,9 +447,9 @@ def test_a_held_running_job_is_ended_by_its_next_update(
         out = node.hook("update_job_info", ad, user=alice, JOBSTORE_HOOK_MODE=mode)
         assert out.returncode == 0
         assert sleeper.wait(10) == -signal.SIGTERM
-        got = store.get_job(job_id)
+        got = store.reads.get_job(job_id)
         assert (got.status, got.reason, got.hold_code) == ("held", "held by hand", 1)
-        assert (store.events(job_id)[-1].reason or "").startswith("stale:")
+        assert (store.reads.events(job_id)[-1].reason or "").startswith("stale:")
     finally:
         if sleeper.poll() is None:
             sleeper.kill()

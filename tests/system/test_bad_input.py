@@ -62,7 +62,7 @@ def sample(hook: str, argv: list[str]) -> bytes:
 
 
 def dump(store: JobStore) -> tuple[list[tuple], list[tuple]]:
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         j = [tuple(r) for r in conn.execute(sa.select(jobs).order_by(jobs.c.id))]
         e = [tuple(r) for r in conn.execute(sa.select(job_events).order_by(job_events.c.id))]
     return j, e
@@ -103,7 +103,7 @@ class World:
             assert ad.eval("User") == "alice@localdomain"
             for name in ("Cmd", "JobstoreAttempt", "JobstoreToken", "RequestCpus"):
                 assert name in ad
-            assert self.store.get_job(self.idle_job).status == "fetched"
+            assert self.store.reads.get_job(self.idle_job).status == "fetched"
             assert len(after[1]) == len(before[1]) + 1
             assert after[1][: len(before[1])] == before[1]
             assert [r for r in after[0] if r[0] != self.idle_job] == [
@@ -115,15 +115,15 @@ class World:
             assert after == before, "the database changed"
 
     def reset_idle_job(self) -> None:
-        job = self.store.get_job(self.idle_job)
+        job = self.store.reads.get_job(self.idle_job)
         report(self.store, job, Event.REJECT)
 
 
 @pytest.fixture
 def world(store: JobStore, hook_dir: Path, condor_config: Path, db_url: str, tmp_path: Path):
     new = [JobSpec(cmd="/bin/sleep", args="10", iwd="/tmp", request_memory=64)]
-    store.submit(new, owner="alice", queue="default", max_attempts=5)
-    _, (idle_job,) = store.submit(new, owner="alice", queue="default", max_attempts=5)
+    store.submissions.submit(new, owner="alice", queue="default", max_attempts=5)
+    _, (idle_job,) = store.submissions.submit(new, owner="alice", queue="default", max_attempts=5)
     job = claim(store, slot="slot1@node01.example.org", keyword="TEST")  # the samples' keyword
     assert job is not None and job.id != idle_job
     report(store, job, Event.ACCEPT, lease=600)
@@ -208,7 +208,7 @@ def test_valid_reports_still_work(world: World) -> None:
     result = world.run("update_job_info", stdin, [])
     assert result.returncode == 0
     job_id = int(world.identity[1].split(b" = ")[1])
-    assert world.store.get_job(job_id).status == "running"
+    assert world.store.reads.get_job(job_id).status == "running"
     # fetch_job with the recorded slot ad hands out the idle job
     before = dump(world.store)
     result = world.run("fetch_job", sample("fetch_job", []), [])
@@ -223,7 +223,7 @@ def test_non_utf8_job_ad_is_still_a_report(world: World) -> None:
     result = world.run("job_exit", stdin, ["exit"])
     assert result.returncode == 0 and result.stderr == b"", result
     job_id = int(world.identity[1].split(b" = ")[1])
-    job = world.store.get_job(job_id)
+    job = world.store.reads.get_job(job_id)
     assert job.status == "completed" and job.exit_code == 0
 
 

@@ -251,7 +251,7 @@ def test_userprio_table_setfactor_and_reset(db: str, tmp_path: Path) -> None:  #
         job = claim(store, claim_lease=60, weight=2.0)
         assert job is not None
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     owner = _owner()
     out = cli(db, "userprio")
     assert out.returncode == 0, out.stderr
@@ -333,7 +333,7 @@ def test_events_and_watch_keep_harmless_repeats_out_of_sight(db: str, tmp_path: 
         report(store, job, Event.EXIT, changes={"exit_code": 0})
         report(store, job, Event.UPDATE)  # late
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     shown = cli(db, "events", "1.0").stdout
     everything = cli(db, "events", "1.0", "--all").stdout
     assert "ignored in state" not in shown and "stale:" not in shown
@@ -381,17 +381,17 @@ def test_ctrl_c_on_emulate_ends_its_jobs(condor_config: Path) -> None:
     store = JobStore.from_url(db)
     try:
         end = time.monotonic() + 60
-        while {j.status for j in store.list_jobs()} != {"running"}:
+        while {j.status for j in store.reads.list_jobs()} != {"running"}:
             assert time.monotonic() < end and proc.poll() is None, proc.communicate()
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 130, out + err
         assert "interrupted" in err and "Traceback" not in err
-        assert {j.status for j in store.list_jobs()} == {"idle"}
-        assert all(j.num_starts == 1 for j in store.list_jobs())
+        assert {j.status for j in store.reads.list_jobs()} == {"idle"}
+        assert all(j.num_starts == 1 for j in store.reads.list_jobs())
     finally:
         if proc.poll() is None:
             proc.kill()
-        store.engine.dispose()
+        store.db.engine.dispose()
         shutil.rmtree(base, ignore_errors=True)

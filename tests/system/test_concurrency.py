@@ -45,7 +45,7 @@ def check_database(url: str, ids: list[int], final: str) -> None:
     """Every job is in `final` with claims == 1 and exactly one fetch event."""
     store = JobStore.from_url(url)
     try:
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             states = dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())
             claims = dict(conn.execute(sa.select(jobs.c.id, jobs.c.claims)).all())
             fetches: dict[int, int] = dict(
@@ -59,7 +59,7 @@ def check_database(url: str, ids: list[int], final: str) -> None:
                 sa.select(sa.func.count()).where(job_events.c.reason.like("stale%"))
             ).scalar_one()
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     assert set(states) == set(ids)
     assert {i for i, s in states.items() if s != final} == set()
     assert {i for i, c in claims.items() if c != 1} == set()
@@ -114,7 +114,7 @@ def test_concurrent_store_claims(db_url, job_owner, request):
     assert busy >= 2, "the claims did not overlap at all"
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
     backend = request.node.callspec.params["db_url"]
-    report_rate(f"store.claim+report on {backend}", len(claimed), seconds)
+    report_rate(f"store.negotiator.claim+report on {backend}", len(claimed), seconds)
     locked = sum(r["locked"] for r in results)
     if locked:
         print(f"[claims/s] {backend}: {locked} transactions waited out the lock timeout, retried")
@@ -173,7 +173,7 @@ def test_concurrent_fetch_job_hooks(
                 attempt = classads.get_int(ad, "JobstoreAttempt")
                 token = classads.get_str(ad, "JobstoreToken")
                 assert classads.get_str(ad, "Owner") == job_owner
-                out = store.report(job_id, Event.EXIT, token=token, attempt=attempt)
+                out = store.reports.report(job_id, Event.EXIT, token=token, attempt=attempt)
                 if out.after != "completed":
                     problems.append(f"{slot}: job {job_id}: {out}")
                 got.append(job_id)
@@ -189,7 +189,7 @@ def test_concurrent_fetch_job_hooks(
     for t in threads:
         t.join(timeout=600)
     seconds = time.time() - start
-    store.engine.dispose()
+    store.db.engine.dispose()
     assert not any(t.is_alive() for t in threads)
     assert problems == []
     if deadlines:
@@ -212,13 +212,13 @@ def test_concurrency_limit_is_never_overshot(db_url, job_owner):
     upgrade(db_url)
     store = JobStore.from_url(db_url)
     try:
-        _, (first,) = store.submit(
+        _, (first,) = store.submissions.submit(
             [JobSpec(cmd="/bin/true", iwd="/tmp", concurrency_limits="LIC")], owner=job_owner,
             queue="default", max_attempts=3,
         )
         clone(store, first, LIMIT_JOBS - 1)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     script = Path(__file__).parents[1] / "support" / "limit_worker.py"
     results = run_workers(script, db_url, [f"slot{n}@node" for n in range(LIMIT_WORKERS)])
     held = [h for r in results for h in r["held"]]

@@ -74,7 +74,7 @@ def test_users_all_and_constraints(db: str, tmp_path: Path) -> None:  # noqa: F8
 
 def _page_times(store: JobStore, event: str, ids: list[int]) -> int:
     """How many transactions wrote `event` for `ids` (a page's events share its time)."""
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         return int(conn.execute(select(func.count(job_events.c.time.distinct())).where(
             job_events.c.event == event, job_events.c.job_id.in_(ids))).scalar_one())
 
@@ -85,28 +85,28 @@ def test_a_big_cluster_is_acted_on_in_pages(db_url: str) -> None:
     store = JobStore.from_url(db_url)
     try:
         specs = parse_submit_text("executable = /bin/true\nqueue 1050\n", base_dir="/tmp")
-        cluster, ids = store.submit(specs, owner=ordinary_owner(), queue="default",
-                                    max_attempts=3)
-        store.admin(ids[7], Event.HOLD, "held first")
-        store.admin(ids[8], Event.REMOVE, "gone first")
-        totals = store.act_where(jobs.c.cluster_id == cluster, Event.REMOVE, "all of it",
-                                 page=100)
+        cluster, ids = store.submissions.submit(specs, owner=ordinary_owner(), queue="default",
+                                                max_attempts=3)
+        store.actions.admin(ids[7], Event.HOLD, "held first")
+        store.actions.admin(ids[8], Event.REMOVE, "gone first")
+        totals = store.actions.act_where(jobs.c.cluster_id == cluster, Event.REMOVE, "all of it",
+                                         page=100)
         assert (totals.success, totals.already_done, totals.bad_status, totals.denied) == (
             1049, 0, 0, 0)
         assert _page_times(store, "remove", ids[9:]) == 11  # 1,050 jobs, 100 a page
         assert len(totals.outcomes) == actions.SHOWN
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             statuses: dict[str, int] = dict(conn.execute(select(jobs.c.status, func.count()).where(
                 jobs.c.cluster_id == cluster).group_by(jobs.c.status)).all())
             removes = conn.execute(select(func.count()).select_from(job_events).where(
                 job_events.c.event == "remove", job_events.c.job_id.in_(ids))).scalar()
         assert statuses == {"removed": 1050} and removes == 1050
-        held = store.get_job(ids[7])
+        held = store.reads.get_job(ids[7])
         assert held.hold_code is None and held.reason == "all of it"
         # nothing left to act on: nothing done, nothing counted
-        assert store.act_where(jobs.c.cluster_id == cluster, Event.HOLD, "x").acted_on == 0
+        assert store.actions.act_where(jobs.c.cluster_id == cluster, Event.HOLD, "x").acted_on == 0
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_a_big_cluster_is_edited_in_pages(db: str) -> None:  # noqa: F811
@@ -115,27 +115,27 @@ def test_a_big_cluster_is_edited_in_pages(db: str) -> None:  # noqa: F811
     store = JobStore.from_url(db)
     try:
         specs = parse_submit_text("executable = /bin/true\nqueue 1050\n", base_dir="/tmp")
-        cluster, ids = store.submit(specs, owner=ordinary_owner(), queue="default",
-                                    max_attempts=3)
-        store.admin(ids[3], Event.HOLD, "held first")
+        cluster, ids = store.submissions.submit(specs, owner=ordinary_owner(), queue="default",
+                                                max_attempts=3)
+        store.actions.admin(ids[3], Event.HOLD, "held first")
         running = claim(store, REQ)
         assert running is not None and running.id == ids[0]
-        before = store.get_job(ids[5]).autocluster_id
-        totals = store.edit_where(jobs.c.cluster_id == cluster, "RequestMemory", "2048",
-                                  page=100)
+        before = store.reads.get_job(ids[5]).autocluster_id
+        totals = store.actions.edit_where(jobs.c.cluster_id == cluster, "RequestMemory", "2048",
+                                          page=100)
         assert (totals.success, totals.bad_status, totals.denied) == (1049, 1, 0)
-        edited = store.find_jobs(cluster)
+        edited = store.reads.find_jobs(cluster)
         assert {j.request_memory for j in edited[1:]} == {2048}
         assert edited[0].request_memory != 2048 and edited[0].status == "fetched"
         assert len({j.autocluster_id for j in edited[1:]}) == 1
         assert edited[5].autocluster_id != before and edited[3].status == "held"
         assert _page_times(store, "edit", ids) == 11
-        assert [e.reason for e in store.events(ids[9]) if e.event == "edit"] == [
+        assert [e.reason for e in store.reads.events(ids[9]) if e.event == "edit"] == [
             "RequestMemory = 2048"]
         with pytest.raises(ValueError, match="cannot be edited"):
-            store.edit_where(jobs.c.cluster_id == cluster, "Owner", '"root"')
+            store.actions.edit_where(jobs.c.cluster_id == cluster, "Owner", '"root"')
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     r = cli(db, "qedit", str(cluster), "MyTag", '"blue"')
     assert r.returncode == 0 and "for 1049 job(s)" in r.stdout, r.stderr
     tags = cli(db, "q", str(cluster), "-af", "MyTag").stdout.split()

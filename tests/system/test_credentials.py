@@ -115,7 +115,7 @@ def test_per_keyword_password_file_in_the_hooks(scram_pg: PrivateCluster, tmp_pa
     try:
         (job_id,) = submit_jobs(store, 1, ordinary_owner())
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     env = hook_env(url, conf)
     del env["JOBSTORE_DATABASE_URL"]
     r = run_hook(hook_dir, "fetch_job", SLOT.read_bytes(), env=env)

@@ -57,7 +57,7 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
         return None
 
     cfg, condor_config = emulated_node(
-        tmp, str(store.engine.url.render_as_string(False)), vacate_after=vacate_first_five
+        tmp, str(store.db.engine.url.render_as_string(False)), vacate_after=vacate_first_five
     )
     if os.geteuid() == 0:
         give_node(cfg, store, tmp, owner, personal=mode == "direct")
@@ -65,10 +65,10 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
         if mode == "agent":
             cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         report = Emulator(cfg).run(
-            until=lambda: not store.list_jobs(), timeout=900, wait_for_jobs=True
+            until=lambda: not store.reads.list_jobs(), timeout=900, wait_for_jobs=True
         )
 
-    jobs = {j.id: j for j in store.list_jobs(include_final=True)}
+    jobs = {j.id: j for j in store.reads.list_jobs(include_final=True)}
     assert sorted(jobs) == sorted(ids)
     assert all(j.status == "completed" for j in jobs.values()), [
         (j.proc_id, j.status, j.reason)
@@ -82,13 +82,13 @@ def test_fifty_jobs_on_four_slots_with_evictions(node_db, mode: str) -> None:  #
     by_proc = {j.proc_id: j for j in jobs.values()}
     for proc in evicted:
         assert by_proc[proc].attempts == 1 and by_proc[proc].claims == 2
-        kinds = [e.event for e in store.events(by_proc[proc].id) if e.to_status]
+        kinds = [e.event for e in store.reads.events(by_proc[proc].id) if e.to_status]
         assert "evict" in kinds and kinds[-1] == "exit"
     assert not report.refused_hooks
     assert not [c for c in report.hook_calls if b"Traceback" in (c.stderr or b"")]
     # Every job ran exactly once to completion: one `exit` event per job.
     for job in jobs.values():
-        exits = [e for e in store.events(job.id) if e.event == "exit" and e.to_status]
+        exits = [e for e in store.reads.events(job.id) if e.event == "exit" and e.to_status]
         assert len(exits) == 1
 
 
@@ -110,14 +110,14 @@ def test_starter_hooks_run_as_job_owner(node_db) -> None:  # type: ignore[no-unt
     )
     cfg, _ = emulated_node(
         tmp,
-        str(store.engine.url.render_as_string(False)),
+        str(store.db.engine.url.render_as_string(False)),
         condor_user=ensure_home_account(SERVICE_ACCOUNT).pw_name,
     )
     for path in (tmp, tmp / "jobstore.db"):
         if path.exists():
             os.chmod(path, 0o777 if path.is_dir() else 0o666)
-    Emulator(cfg).run(until=lambda: not store.list_jobs(), timeout=60, wait_for_jobs=True)
-    (job,) = store.list_jobs(include_final=True)
+    Emulator(cfg).run(until=lambda: not store.reads.list_jobs(), timeout=60, wait_for_jobs=True)
+    (job,) = store.reads.list_jobs(include_final=True)
     assert job.status == "completed", job.reason
     assert (tmp / "submit" / "who.out").read_text().strip() == owner.pw_name
 
@@ -161,7 +161,7 @@ def _vacating_node(store: JobStore, tmp: Path, host: str = "node01.example.org",
     script.write_text(f'#!/bin/sh\nprintf %s "$1" > "{control}/.vacate-$2"'
                       f' && mv "{control}/.vacate-$2" "{control}/vacate-$2"\n')
     script.chmod(0o755)
-    cfg, condor_config = emulated_node(tmp, str(store.engine.url.render_as_string(False)),
+    cfg, condor_config = emulated_node(tmp, str(store.db.engine.url.render_as_string(False)),
                                        static_slots=1, cpus=1, control_dir=str(control),
                                        host=host, **overrides)
     with open(condor_config, "a") as fh:
@@ -188,25 +188,25 @@ def test_rm_of_a_running_job_vacates_its_slot_through_the_agent(node_db) -> None
     removed: list[bool] = []
 
     def until() -> bool:
-        if not removed and store.get_job(long_job).status == "running":
-            store.admin(long_job, Event.REMOVE, "removed while it runs")
+        if not removed and store.reads.get_job(long_job).status == "running":
+            store.actions.admin(long_job, Event.REMOVE, "removed while it runs")
             removed.append(True)
-        return store.get_job(next_job).status == "completed"
+        return store.reads.get_job(next_job).status == "completed"
 
     with ExitStack() as stack:
         cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
     assert removed, "the long job never ran"
-    job = store.get_job(long_job)
+    job = store.reads.get_job(long_job)
     assert (job.status, job.reason, job.winding_down_until) == (
         "removed", "removed while it runs", None)
-    assert store.get_job(next_job).status == "completed"
-    after = [e for e in store.events(long_job) if e.event in ("exit", "evict")]
+    assert store.reads.get_job(next_job).status == "completed"
+    after = [e for e in store.reads.events(long_job) if e.event in ("exit", "evict")]
     assert after and all(e.to_status is None for e in after)  # recorded, changed nothing
     assert after[0].attrs.get("VacateReasonCode") == 1010  # the vacate, not the shutdown
     assert after[0].attrs.get("ExitSignal") == signal.SIGTERM  # graceful: its KillSig
     # one slot name form in the history, the startd's and the starter's hooks alike
-    assert {e.slot for e in store.events(long_job) if e.slot} == {"slot1@node01.example.org"}
+    assert {e.slot for e in store.reads.events(long_job) if e.slot} == {"slot1@node01.example.org"}
     assert "vacated (graceful)" in (tmp / "agent.log").read_text()
 
 
@@ -238,16 +238,16 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
     acted: list[Any] = []
 
     def until() -> bool:
-        if not acted and store.get_job(job_id).status == "running":
-            acted.append(store.admin(job_id, Event.HOLD, "held while it runs"))
-            acted.append(store.admin(job_id, Event.RELEASE, "released at once"))
-        return store.get_job(job_id).status == "completed"
+        if not acted and store.reads.get_job(job_id).status == "running":
+            acted.append(store.actions.admin(job_id, Event.HOLD, "held while it runs"))
+            acted.append(store.actions.admin(job_id, Event.RELEASE, "released at once"))
+        return store.reads.get_job(job_id).status == "completed"
 
     with ExitStack() as stack:
         cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
     assert [(o.after, o.pending) for o in acted] == [("held", False), ("held", True)]
-    seen = [(e.event, e.from_status, e.to_status, e.attempt) for e in store.events(job_id)]
+    seen = [(e.event, e.from_status, e.to_status, e.attempt) for e in store.reads.events(job_id)]
     held = seen.index(("hold", "running", "held", 1))
     assert seen[held + 1] == ("release", "held", None, 1)  # pending
     ended = next(i for i, e in enumerate(seen) if e[0] == "evict")
@@ -256,7 +256,7 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
     assert seen.index(("fetch", "idle", "fetched", 2)) > ended + 1
     assert ("exit", "running", "completed", 2) in seen or (
         "exit", "accepted", "completed", 2) in seen
-    evict = store.events(job_id)[ended]
+    evict = store.reads.events(job_id)[ended]
     assert evict.attrs.get("ExitSignal") == signal.SIGKILL  # SIGTERM was ignored
 
 
@@ -280,12 +280,12 @@ def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ign
     restarted: list[bool] = []
 
     def until() -> bool:
-        if not restarted and store.get_job(long_job).status == "running":
+        if not restarted and store.reads.get_job(long_job).status == "running":
             agent.stop()
-            store.admin(long_job, Event.REMOVE, "removed while the agent was down")
+            store.actions.admin(long_job, Event.REMOVE, "removed while the agent was down")
             agent.start()
             restarted.append(True)
-        return store.get_job(next_job).status == "completed"
+        return store.reads.get_job(next_job).status == "completed"
 
     agent.start()
     try:
@@ -294,10 +294,10 @@ def test_agent_restart_while_a_removal_is_pending(node_db) -> None:  # type: ign
         if agent.proc is not None:
             agent.stop()
     assert restarted, "the long job never ran"
-    assert store.get_job(long_job).status == "removed"
+    assert store.reads.get_job(long_job).status == "removed"
     log = agent.log.read_text()
     assert "1 attempt(s) of this node found in the job store" in log
-    row = store.get_job(long_job)
+    row = store.reads.get_job(long_job)
     assert (f"job {row.cluster_id}.{row.proc_id} attempt 1 is removed: "
             "slot slot1@node01.example.org vacated") in log
 
@@ -326,8 +326,8 @@ def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None
     done = threading.Event()
 
     def until() -> bool:
-        job = store.get_job(held_job)
-        finished = all(store.get_job(j).status == "completed" for j in quick)
+        job = store.reads.get_job(held_job)
+        finished = all(store.reads.get_job(j).status == "completed" for j in quick)
         if finished and job.status == "held" and job.winding_down_until is None:
             done.set()
         return done.is_set()
@@ -344,14 +344,14 @@ def test_a_job_held_by_policy_on_one_node_never_runs_on_another(node_db) -> None
         finally:
             done.set()
             other.join()
-    job = store.get_job(held_job)
+    job = store.reads.get_job(held_job)
     assert (job.status, job.hold_code) == ("held", 3), job.reason
-    fetches = [e for e in store.events(held_job) if e.event == "fetch"]
+    fetches = [e for e in store.reads.events(held_job) if e.event == "fetch"]
     assert len(fetches) == 1
     # its process ended: the vacate's evict, or an exit by the signal its UPDATE_JOB_INFO sent
     assert any(e.event in ("evict", "exit") and e.attempt == 1 and e.to_status is None
-               for e in store.events(held_job))
-    hosts = {e.host for j in quick for e in store.events(j) if e.event == "fetch"}
+               for e in store.reads.events(held_job))
+    hosts = {e.host for j in quick for e in store.reads.events(j) if e.event == "fetch"}
     assert hosts == {"node-a.example.org", "node-b.example.org"}
 
 
@@ -376,19 +376,19 @@ def test_the_agent_hears_of_a_removal_on_postgresql_without_polling(
         removed: list[float] = []
 
         def until() -> bool:
-            if not removed and store.get_job(long_job).status == "running":
-                store.admin(long_job, Event.REMOVE, "removed while it runs")
+            if not removed and store.reads.get_job(long_job).status == "running":
+                store.actions.admin(long_job, Event.REMOVE, "removed while it runs")
                 removed.append(time.monotonic())
-            return store.get_job(next_job).status == "completed"
+            return store.reads.get_job(next_job).status == "completed"
 
         with ExitStack() as stack:
             cfg.env.update(stack.enter_context(running_agent(base, condor_config, cfg.condor_user)))
             Emulator(cfg).run(until=until, timeout=25, wait_for_jobs=False)
         assert removed, "the long job never ran"
-        assert store.get_job(next_job).status == "completed"
+        assert store.reads.get_job(next_job).status == "completed"
         log = (base / "agent.log").read_text()
         assert "listening for stopped attempts" in log
         assert "vacated (graceful)" in log
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
         shutil.rmtree(base, ignore_errors=True)

@@ -114,9 +114,9 @@ def test_the_agent_holds_a_bomb_and_serves_everyone_else(node: Node, store: JobS
     node.start()
     first = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent").stdout
     assert b"JobstoreJobId = %d" % other in first
-    _, (bomb_id,) = store.submit([JobSpec(cmd="/bin/true", requirements="A0",
-                                          custom=dict(BOMB))],
-                                 owner=owner, queue="default", max_attempts=3)
+    _, (bomb_id,) = store.submissions.submit([JobSpec(cmd="/bin/true", requirements="A0",
+                                                      custom=dict(BOMB))],
+                                             owner=owner, queue="default", max_attempts=3)
     order: list[str] = []
 
     def fetch() -> None:
@@ -132,9 +132,9 @@ def test_the_agent_holds_a_bomb_and_serves_everyone_else(node: Node, store: JobS
     assert accepted.returncode == 0
     order.append("reply_fetch")
     t.join()
-    assert order == ["reply_fetch", "fetch"], (store.get_job(bomb_id), node.log.read_text())
-    assert store.get_job(other).status == "accepted"
-    held = store.get_job(bomb_id)
+    assert order == ["reply_fetch", "fetch"], (store.reads.get_job(bomb_id), node.log.read_text())
+    assert store.reads.get_job(other).status == "accepted"
+    held = store.reads.get_job(bomb_id)
     assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED)
     assert "took more than 3 s to evaluate" in (held.reason or "")
     assert node.stop() == 0
@@ -154,23 +154,25 @@ def test_a_costly_periodic_policy_holds_its_autocluster(db_url: str, evaluator: 
         asked.append(ad["ProcId"])
         return evaluator.periodic_action(ad, now)
 
-    js.periodic_policy = periodic
+    js.maintenance.periodic_policy = periodic
     try:
         bombs = [JobSpec(cmd="/bin/true", proc_id=i, custom={**BOMB, "PeriodicHold": "A0"})
                  for i in range(3)]
-        _, bomb_ids = js.submit(bombs, owner=ordinary_owner(), queue="default", max_attempts=3)
-        _, (plain,) = js.submit([JobSpec(cmd="/bin/true", custom={"PeriodicHold": "false"})],
-                                owner=ordinary_owner(), queue="default", max_attempts=3)
-        acted = js.police()
+        _, bomb_ids = js.submissions.submit(bombs, owner=ordinary_owner(), queue="default",
+                                            max_attempts=3)
+        _, (plain,) = js.submissions.submit(
+            [JobSpec(cmd="/bin/true", custom={"PeriodicHold": "false"})],
+            owner=ordinary_owner(), queue="default", max_attempts=3)
+        acted = js.maintenance.police()
         assert [o.job_id for o in acted] == [bomb_ids[0]]  # its siblings were held with it
         assert asked == [0, 0]  # and never evaluated: the bomb's proc 0, then the plain job
         for job_id in bomb_ids:
-            job = js.get_job(job_id)
+            job = js.reads.get_job(job_id)
             assert (job.status, job.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED)
             assert "periodic policy took more than 1.5 s" in (job.reason or "")
-        assert js.get_job(plain).status == "idle"
+        assert js.reads.get_job(plain).status == "idle"
     finally:
-        js.engine.dispose()
+        js.db.engine.dispose()
 
 
 # ---- values no reader can take, and what kills libclassad ----------------------------------
@@ -185,9 +187,9 @@ def _planted(js: JobStore, owner: str, **custom: str) -> int:
 
     from jobstore.db.schema import jobs
 
-    _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
-                             max_attempts=3)
-    with js.engine.begin() as conn:
+    _, (job_id,) = js.submissions.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
+                                         max_attempts=3)
+    with js.db.engine.begin() as conn:
         ad = conn.execute(jobs.select().where(jobs.c.id == job_id)).one().ad
         if conn.dialect.name == "postgresql":
             conn.execute(text("SET LOCAL jobstore.checked = 'on'"))
@@ -210,7 +212,7 @@ def test_a_stored_value_no_reader_takes_holds_its_job_and_crashes_nothing(
     node.start()
     fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     assert b"JobstoreJobId = %d" % other in fetched.stdout, (fetched, node.log.read_text())
-    held = store.get_job(bomb)
+    held = store.reads.get_job(bomb)
     assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED), held.reason
     assert "cannot be read" in (held.reason or "") and "Requirements" in (held.reason or "")
     q = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, "q", "-l"],
@@ -226,9 +228,9 @@ def _planted_raw(js: JobStore, owner: str, raw: str) -> int:
 
     from jobstore.db.schema import jobs
 
-    _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
-                             max_attempts=3)
-    with js.engine.begin() as conn:
+    _, (job_id,) = js.submissions.submit([JobSpec(cmd="/bin/true")], owner=owner, queue="default",
+                                         max_attempts=3)
+    with js.db.engine.begin() as conn:
         ad = conn.execute(jobs.select().where(jobs.c.id == job_id)).one().ad
         whole = json.dumps(ad)[:-1] + ', "Foo": ' + raw + "}"
         if conn.dialect.name == "postgresql":
@@ -259,11 +261,12 @@ def test_a_stored_value_of_no_ads_shape_holds_its_job_and_fails_no_reader(
     fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
     assert b"JobstoreJobId = %d" % other in fetched.stdout, (fetched, node.log.read_text())
     for job_id in bad:
-        held = store.get_job(job_id)
+        held = store.reads.get_job(job_id)
         assert (held.status, held.hold_code) == ("held", holds.JOB_POLICY_UNDEFINED), held
         assert "cannot be read" in (held.reason or ""), held.reason
     env = node.env(PATH="/usr/bin:/bin")
-    for args in (["q"], ["q", "-l"], ["history"], ["rm", str(store.get_job(bad[-1]).cluster_id)]):
+    cluster = store.reads.get_job(bad[-1]).cluster_id
+    for args in (["q"], ["q", "-l"], ["history"], ["rm", str(cluster)]):
         done = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", node.db_url, *args],
                           capture_output=True, text=True, timeout=60, env=env)
         assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
@@ -283,7 +286,7 @@ def test_a_stored_account_or_keyword_never_reaches_the_startd(
                       Owner='"root"', HookKeyword='"EVIL"')
     node.start()
     fetched = node.hook("fetch_job", slot_ad("slot1@node01"), JOBSTORE_HOOK_MODE="agent")
-    assert fetched.stdout, (fetched, store.get_job(job_id), node.log.read_text())
+    assert fetched.stdout, (fetched, store.reads.get_job(job_id), node.log.read_text())
     ad = parse_ad(fetched.stdout.decode())
     assert ad.get("JobstoreJobId") == job_id, (fetched, node.log.read_text())
     assert "OsUser" not in ad and ad.get("Owner") == owner
@@ -312,7 +315,7 @@ def test_a_job_the_agent_died_reading_twice_is_held(node: Node, store: JobStore)
         journal.write_bytes(mark * 2)  # two threads were reading it
         node.start()
         assert node.stop() == 0
-        job = store.get_job(job_id)
+        job = store.reads.get_job(job_id)
         assert job.status == then, (how, job, node.log.read_text())
     assert "died 2 times while it read this job's ad" in (job.reason or "")
     assert job.hold_code == holds.JOB_POLICY_UNDEFINED

@@ -140,7 +140,7 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None: 
 
         def all_final() -> bool:
             try:
-                return not store.list_jobs()
+                return not store.reads.list_jobs()
             except DatabaseError:
                 return False
 
@@ -159,16 +159,16 @@ def test_database_restart_during_emulator_run(private_pg, monkeypatch) -> None: 
         while emulator.is_alive():  # what an operator would run: `jobstore replay`, `reap`
             time.sleep(2)
             replayed += replay_all(spool_dir)[0]
-            store.reap()
+            store.maintenance.reap()
         emulator.join()
         sent, left = replay_all(spool_dir)
         replayed += sent
         seconds = time.monotonic() - start
 
-        final = {j.id: j for j in store.list_jobs(include_final=True)}
+        final = {j.id: j for j in store.reads.list_jobs(include_final=True)}
         events = _all_events(url)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
         shutil.rmtree(base, ignore_errors=True)
     assert left == 0
     assert sorted(final) == sorted(ids)
@@ -241,7 +241,7 @@ def test_hooks_killed_at_random(db_url, hook_dir, condor_config, tmp_path, monke
 
         rounds = 0
         start = time.monotonic()
-        while store.list_jobs() and rounds < 40:
+        while store.reads.list_jobs() and rounds < 40:
             rounds += 1
             threads = [threading.Thread(target=slot, args=(n,))
                        for n in range(1, KILL_SLOTS + 1)]
@@ -250,12 +250,12 @@ def test_hooks_killed_at_random(db_url, hook_dir, condor_config, tmp_path, monke
             for t in threads:
                 t.join(timeout=600)
             replay_all(spool_dir)
-            store.reap(now=time.time() + 10**6)  # whatever is still handed out is stuck
+            store.maintenance.reap(now=time.time() + 10**6)  # whatever is still handed out is stuck
         seconds = time.monotonic() - start
         sent, left = replay_all(spool_dir)
-        final = {j.id: j for j in store.list_jobs(include_final=True)}
+        final = {j.id: j for j in store.reads.list_jobs(include_final=True)}
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     events = _all_events(db_url)
     assert not errors, errors
     lost = [j for j in final.values() if j.status not in FINAL]
@@ -296,7 +296,7 @@ def _many_worker(url: str, slot: str, queue) -> None:  # type: ignore[no-untyped
     except Exception as exc:
         error = f"{slot}: {type(exc).__name__}: {exc}"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
         queue.put((ids, error))
 
 
@@ -367,7 +367,7 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
     try:
         ids = submit(seeding, jobs_n, owner=owner, max_attempts=50)
     finally:
-        seeding.engine.dispose()
+        seeding.db.engine.dispose()
     internal: list[str] = []
     outages = [0]
     stop = threading.Event()
@@ -395,7 +395,7 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
                 call(report, store, job, Event.START, changes={"job_pid": 1000 + n})
                 call(report, store, job, Event.EXIT, changes={"exit_code": 0})
         finally:
-            store.engine.dispose()
+            store.db.engine.dispose()
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in range(RESTART_WORKERS)]
     for t in threads:
@@ -414,9 +414,9 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
     # run the reaper as if that time had come, and the workers again
     store = JobStore.from_url(url)
     try:
-        recovered = store.reap(now=time.time() + 10_000)
+        recovered = store.maintenance.reap(now=time.time() + 10_000)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     if recovered:
         worker(RESTART_WORKERS)
     events = _all_events(url)
@@ -426,8 +426,8 @@ def test_restarts_mid_claim_and_mid_report_are_clean_outages(private_pg) -> None
     assert not internal, sorted(set(internal))[:10]
     store = JobStore.from_url(url)
     try:
-        final = store.list_jobs(include_final=True)
+        final = store.reads.list_jobs(include_final=True)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     assert {j.status for j in final} == {"completed"}, sorted({j.status for j in final})
     assert all(exits.get(i) == 1 for i in ids)

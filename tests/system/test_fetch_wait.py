@@ -87,7 +87,7 @@ def _one_claim(store: JobStore, *waiting: subprocess.Popen) -> None:  # noqa: F8
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     outs = sorted(_out(proc) for proc in waiting)
     assert set(outs[:-1]) == {b""} and f"JobstoreJobId = {job_id}".encode() in outs[-1]
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert (row.status, row.claims) == ("fetched", 1)
 
 
@@ -106,7 +106,7 @@ def test_a_job_submitted_to_an_idle_node_is_fetched_by_the_waiting_fetch(
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     out = _out(proc)
     assert f"JobstoreJobId = {job_id}".encode() in out
-    assert store.get_job(job_id).status == "fetched"
+    assert store.reads.get_job(job_id).status == "fetched"
 
 
 @pytest.mark.slow  # (waits its bound: make test's time)
@@ -116,25 +116,26 @@ def test_work_that_fits_no_waiting_slot_wakes_none_and_the_bound_ends_the_wait(
     bound; the job is still idle."""
     proc = _fetch(waiting, "slot1@node01")
     _parked(waiting, 1)
-    _, (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=4096)],
-                                owner=ordinary_owner(), queue="default", max_attempts=3)
+    _, (job_id,) = store.submissions.submit(
+        [JobSpec(cmd="/bin/true", iwd="/tmp", request_memory=4096)],
+        owner=ordinary_owner(), queue="default", max_attempts=3)
     assert _out(proc) == b""
-    assert store.get_job(job_id).status == "idle"
+    assert store.reads.get_job(job_id).status == "idle"
 
 
 def test_a_release_and_a_requeue_wake_a_waiting_fetch(waiting: Node, store: JobStore) -> None:  # noqa: F811
     """A held job released, and a job whose fetch was rejected (idle again), each wake a
     waiting fetch, which returns it."""
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
-    store.admin(job_id, Event.HOLD, "test")
+    store.actions.admin(job_id, Event.HOLD, "test")
     proc = _fetch(waiting, "slot1@node01")
     _parked(waiting, 1)
-    store.admin(job_id, Event.RELEASE, "test")
+    store.actions.admin(job_id, Event.RELEASE, "test")
     out = _out(proc)
     assert f"JobstoreJobId = {job_id}".encode() in out
     rejected = waiting.hook("reply_fetch", out + b"-----\n" + slot_ad("slot1@node01"),
                             ["reject"], JOBSTORE_HOOK_MODE="agent")
-    assert rejected.returncode == 0 and store.get_job(job_id).status == "idle"
+    assert rejected.returncode == 0 and store.reads.get_job(job_id).status == "idle"
     again = _fetch(waiting, "slot2@node01")
     assert f"JobstoreJobId = {job_id}".encode() in _out(again)
 
@@ -150,7 +151,7 @@ def test_sigterm_ends_a_waiting_fetch_and_nothing_is_handed_to_it(
     _parked(waiting, 0)
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     time.sleep(0.5)  # (not a speed assertion: only time for a wrong hand-out to happen)
-    assert store.get_job(job_id).status == "idle"
+    assert store.reads.get_job(job_id).status == "idle"
 
 
 @pytest.mark.slow  # (waits its bound: make test's time)
@@ -187,10 +188,10 @@ def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay
 
     thread = threading.Thread(target=submit_when_waiting, daemon=True)
     thread.start()
-    Emulator(cfg).run(until=lambda: bool(submitted) and store.get_job(
+    Emulator(cfg).run(until=lambda: bool(submitted) and store.reads.get_job(
         submitted[0]).status == "completed", timeout=60, wait_for_jobs=True)
     thread.join(WAIT)
-    assert submitted and store.get_job(submitted[0]).status == "completed"
+    assert submitted and store.reads.get_job(submitted[0]).status == "completed"
 
 
 @pytest.mark.slow  # (make test's time on two cores)
@@ -446,10 +447,10 @@ def test_a_job_whose_claim_lease_expired_wakes_a_waiting_fetch(
     assert f"JobstoreJobId = {job_id}".encode() in _out(_fetch(node, "slot1@node01"))
     proc = _fetch(node, "slot2@node01")
     time.sleep(6)  # the claim lease (5 s) runs out
-    assert proc.poll() is None and store.get_job(job_id).status == "fetched"
-    store.reap()
+    assert proc.poll() is None and store.reads.get_job(job_id).status == "fetched"
+    store.maintenance.reap()
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert (row.status, row.claims, row.slot) == ("fetched", 2, "slot2@node01")
 
 
@@ -518,12 +519,12 @@ def test_a_busy_slots_fetch_waits_for_its_job_and_takes_the_next_one_on_its_clai
         _parked(waiting, 1)
         (job_id,) = submit_jobs(store, 1, ordinary_owner())
         time.sleep(0.5)  # (not a speed assertion: only time for a wrong hand-out to happen)
-        assert proc.poll() is None and store.get_job(job_id).status == "idle"
+        assert proc.poll() is None and store.reads.get_job(job_id).status == "idle"
     finally:
         starter.kill()
         starter.wait()
     assert f"JobstoreJobId = {job_id}".encode() in _out(proc)
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert (row.status, row.slot) == ("fetched", "slot1@node01")
 
 
@@ -535,7 +536,7 @@ def test_a_busy_slot_whose_starter_is_not_here_is_answered_at_once(
     proc = _fetch_ad(waiting, _busy("slot1@node01", os.getpid()))
     out, _err = proc.communicate(timeout=2.5)  # not held to its bound (3 s at least)
     assert out == b""
-    assert store.get_job(job_id).status == "idle"
+    assert store.reads.get_job(job_id).status == "idle"
 
 
 def test_a_busy_slots_fetch_whose_starter_has_just_ended_is_served_for_the_idle_slot(
@@ -548,7 +549,7 @@ def test_a_busy_slots_fetch_whose_starter_has_just_ended_is_served_for_the_idle_
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     old = _fetch_ad(waiting, _busy("slot2@node01", gone.pid) + b"MyCurrentTime = 1795324186\n")
     out, _err = old.communicate(timeout=2.5)
-    assert out == b"" and store.get_job(job_id).status == "idle"
+    assert out == b"" and store.reads.get_job(job_id).status == "idle"
     now = f"MyCurrentTime = {int(time.time())}\n".encode()
     assert f"JobstoreJobId = {job_id}".encode() in _out(
         _fetch_ad(waiting, _busy("slot1@node01", gone.pid) + now))

@@ -71,7 +71,7 @@ def _sandboxes(tmp: Path) -> list[Path]:
 
 def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
          env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
-    cfg, condor_config = emulated_node(tmp, str(store.engine.url.render_as_string(False)),
+    cfg, condor_config = emulated_node(tmp, str(store.db.engine.url.render_as_string(False)),
                                static_slots=slots, cpus=slots, **node)
     cfg.env.update(env or {})
     root = tmp / "sandboxes"
@@ -86,7 +86,7 @@ def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status:
         if mode == "agent":
             cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
         emulator.run(until=lambda: all(j.status in until_status
-                                       for j in store.list_jobs(include_final=True)),
+                                       for j in store.reads.list_jobs(include_final=True)),
                      timeout=120, wait_for_jobs=True)
     return emulator
 
@@ -101,7 +101,7 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     for gone in ("in.txt", "count.sh", "data/a.csv"):  # from now on only the store has them
         (sub / gone).unlink()
     _run(store, tmp, owner, mode, {"completed", "held", "failed"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
     assert _sandboxes(tmp) == []  # each sandbox removed after its attempt
     if mode == "agent":  # the inputs were copied from the agent's node copies
@@ -112,7 +112,7 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     assert (sub / "job.out").read_text() == "three little words\n1,2\n"
     assert (sub / "logs" / "job.err").read_text() == "oops\n"  # where `error` said
     assert not (sub / "sub").exists() and not (sub / "in.txt").exists()  # not new at the top
-    ad = store.get_job(job_id).ad
+    ad = store.reads.get_job(job_id).ad
     assert ad["TransferInput"] == {"expr": '"in.txt, data"'}
     if owner:  # root wrote them with the owner's rights
         import pwd
@@ -127,15 +127,15 @@ def test_an_input_that_cannot_be_had_holds_the_job(node_db) -> None:  # type: ig
     owner = job_owner()
     _files(tmp, owner)
     (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
-    with store.engine.begin() as conn:
+    with store.db.engine.begin() as conn:
         conn.execute(update(sandbox_chunks).where(sandbox_chunks.c.seq == 0)
                      .values(data=b"three little wordz\n"))  # in.txt's length
     _run(store, tmp, owner, "agent", {"held"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
     assert "Failed to transfer the job's input files" in (job.reason or "")
     assert "sha256 mismatch" in (job.reason or "")
-    assert not [e for e in store.events(job_id) if e.event == "start"]
+    assert not [e for e in store.reads.events(job_id) if e.event == "start"]
     assert _sandboxes(tmp) == []
 
 
@@ -148,7 +148,7 @@ def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None: 
     (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="transfer_output_files = count.txt, never.txt"), owner)
     _run(store, tmp, owner, "agent", {"held", "completed"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "never.txt: no such output file" in (job.reason or "")
     assert len(_sandboxes(tmp)) == 1
@@ -198,7 +198,7 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
         (jobs[label],) = submit_text(store, tmp, text, owner)
     _run(store, tmp, owner, "agent", {"completed", "held"},
          env={"JOBSTORE_URL_TIMEOUT": "1"}, slots=3)
-    ok, missing, silent_job = (store.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
+    ok, missing, silent_job = (store.reads.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
     assert ok.status == "completed", ok.reason
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(ok.cluster_id)])
     assert (tmp / "submit" / "ok.out").read_text() == "from the web\n"
@@ -236,9 +236,9 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
         extra="checkpoint_exit_code = 85\ntransfer_checkpoint_files = ckpt.txt\n"
               "transfer_output_files = result.txt"), owner)
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code, job.claims) == ("completed", 0, 3), job.reason
-    evicts = [e for e in store.events(job_id) if e.event == "evict" and e.to_status]
+    evicts = [e for e in store.reads.events(job_id) if e.event == "evict" and e.to_status]
     assert len(evicts) == 2
     assert "checkpointed (exit code 85)" in str(evicts[0].attrs)
     retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
@@ -263,7 +263,7 @@ def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(no
 
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
          vacate_after=first_attempt)
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.claims) == ("completed", 2), job.reason
     (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
     assert (tmp / "submit" / "result.txt").read_text() == "made by the first attempt\n"
@@ -283,8 +283,8 @@ def test_the_file_guides_example(node_db) -> None:  # type: ignore[no-untyped-de
     (job_id,) = submit_text(store, tmp, text, owner)
     (sub / "in.txt").unlink()  # the node needs no copy of it
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
-    assert store.get_job(job_id).status == "completed", store.get_job(job_id).reason
-    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.get_job(job_id).cluster_id)])
+    assert store.reads.get_job(job_id).status == "completed", store.reads.get_job(job_id).reason
+    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.reads.get_job(job_id).cluster_id)])
     assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
 
 
@@ -299,7 +299,7 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
     (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
          env={"JOBSTORE_OUTPUT_SECONDS": "0"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
     assert "outputs not all sent in JOB_EXIT's time, handed to the agent" in \
         (tmp / "agent.log").read_text()
@@ -358,15 +358,15 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
         server.shutdown()
         server.server_close()
     for label, where in (("file", shared), ("http", uploads / "jobs")):
-        job = store.get_job(ids[label])
+        job = store.reads.get_job(ids[label])
         assert (job.status, job.exit_code) == ("completed", 0), (label, job.reason)
         assert (where / "n" / "words.txt").read_text().strip() == "3", label
         assert (where / "job.out").read_text() == "three little words\n1,2\n", label
         assert (where / "job.err").read_text() == "oops\n", label
-        assert store.job_files_of(job, "out") == []
+        assert store.files.job_files_of(job, "out") == []
     if owner:  # written with the job's user's rights
         assert (shared / "job.out").stat().st_uid == pwd.getpwnam(owner).pw_uid
-    cluster = store.get_job(ids["file"]).cluster_id
+    cluster = store.reads.get_job(ids["file"]).cluster_id
     got = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(cluster)])
     assert all(not g.written for g in got) and not (sub / "count.txt").exists()
 
@@ -384,13 +384,13 @@ def test_a_flood_of_outputs_is_refused_at_its_request_disk(node_db) -> None:  # 
                         "request_disk = 1024\nqueue\n", owner)
 
     def stored() -> int:
-        with store.engine.connect() as conn:
+        with store.db.engine.connect() as conn:
             return int(conn.execute(select(func.coalesce(func.sum(func.length(
                 sandbox_chunks.c.data)), 0))).scalar_one())
 
     before = stored()
     _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "1024 KiB" in (job.reason or "")
     assert stored() - before <= 1024 * 1024

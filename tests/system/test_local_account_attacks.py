@@ -115,7 +115,7 @@ def test_foreign_spool_records_do_not_block_a_genuine_one(
     done = clirun.run([sys.executable, "-m", "jobstore.cli", "replay"], env=env,
                       capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
     assert b"1 report(s) sent, 0 left, 1000 quarantined" in done.stdout
     assert done.stderr.count(b"quarantined") <= 22, done.stderr[-500:]  # 20 lines and a count
 
@@ -140,11 +140,11 @@ def test_a_refused_job_exit_changes_nothing(
     assert watched() == 1
     forged = nd.hook("job_exit", job + ENDED, ["exit"], user=carol, JOBSTORE_HOOK_MODE="agent")
     assert b"not its owner" in forged.stderr or forged.returncode == 0
-    assert store.get_job(job_id).status == "accepted"
+    assert store.reads.get_job(job_id).status == "accepted"
     assert watched() == 1
     done = nd.hook("job_exit", job + ENDED, ["exit"], user=alice, JOBSTORE_HOOK_MODE="agent")
     assert done.returncode == 0
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
     assert watched() == 0
     assert nd.stop() == 0
 
@@ -263,16 +263,16 @@ def test_a_job_of_a_service_account_is_refused_at_submit_and_held_at_fetch(
                                     " (JOBSTORE_AGENT_STARTD_USERS): jobs may not run as it")
     js = JobStore.from_url(node.db_url)
     try:
-        assert js.list_jobs() == []
+        assert js.reads.list_jobs() == []
         # queued by the store's owner, who is not checked: the fetch refuses it all the same
-        _, (job_id,) = js.submit([JobSpec(cmd="/bin/true")], owner=SERVICE_ACCOUNT,
+        _, (job_id,) = js.submissions.submit([JobSpec(cmd="/bin/true")], owner=SERVICE_ACCOUNT,
                                     queue="default", max_attempts=3)
         out = node.hook("fetch_job", slot_ad("slot1@node01"))
         assert out.stdout == b""
-        job = js.get_job(job_id)
+        job = js.reads.get_job(job_id)
         assert job.status == "held" and "is a service account" in (job.reason or "")
     finally:
-        js.engine.dispose()
+        js.db.engine.dispose()
 
 
 def test_a_sqlite_store_is_one_users(tmp_path: Path) -> None:
@@ -309,12 +309,12 @@ def test_a_sqlite_store_is_one_users(tmp_path: Path) -> None:
 
     def bobs_submit() -> None:
         try:
-            JobStore.from_url(url).submit([JobSpec(cmd="/bin/true")], owner=bob.pw_name,
-                                          queue="q", max_attempts=1)
+            JobStore.from_url(url).submissions.submit([JobSpec(cmd="/bin/true")], owner=bob.pw_name,
+                                                      queue="q", max_attempts=1)
         except DatabaseError as exc:
             assert "belongs to" in str(exc)
             return
         raise AssertionError("bob's submit reached alice's store")
 
     _as(bob, bobs_submit)
-    assert JobStore.from_url(url).list_jobs(include_final=True) == []
+    assert JobStore.from_url(url).reads.list_jobs(include_final=True) == []

@@ -24,10 +24,11 @@ from jobstore.testing.factories import claim, job_spec, submit
 
 def test_store_view(store: JobStore) -> None:  # noqa: F811
     specs = [job_spec(i) for i in range(3)]
-    store.submit(specs, owner="alice", queue="default", max_attempts=3, now=time.time() - 100)
-    store.submit(specs[:1], owner="bob", queue="gpu", max_attempts=3)
+    store.submissions.submit(specs, owner="alice", queue="default", max_attempts=3,
+                             now=time.time() - 100)
+    store.submissions.submit(specs[:1], owner="bob", queue="gpu", max_attempts=3)
     assert claim(store, slot="slot1@node1", shape="s") is not None
-    store.update_priorities(interval=0)
+    store.negotiator.update_priorities(interval=0)
     got = samples(store_metrics(store).decode())
     assert got[("jobstore_store_up", ())] == 1
     assert got[("jobstore_jobs", (("queue", "default"), ("status", "idle")))] == 2
@@ -39,7 +40,7 @@ def test_store_view(store: JobStore) -> None:  # noqa: F811
     assert got[("jobstore_job_events_total", ())] == 5  # 4 submits and a fetch
     assert got[("jobstore_submitter_resources_in_use", (("submitter", "alice"),))] == 1
     assert ("jobstore_submitter_priority", (("submitter", "alice"),)) in got
-    if store.engine.dialect.name == "postgresql":
+    if store.db.engine.dialect.name == "postgresql":
         assert ("jobstore_jobs_table_rows_estimate", ()) in got
 
 
@@ -101,7 +102,7 @@ def test_agent_metrics_only_on_loopback(node: Node) -> None:  # noqa: F811
 
 
 def test_metrics_command(store: JobStore) -> None:  # noqa: F811
-    url = store.engine.url.render_as_string(hide_password=False)
+    url = store.db.engine.url.render_as_string(hide_password=False)
     submit(store)
     env = {k: v for k, v in os.environ.items() if k != "JOBSTORE_DATABASE_URL"}
     done = clirun.run([sys.executable, "-m", "jobstore.cli", "--db", url, "metrics"],
@@ -121,7 +122,7 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
     from jobstore.node.hookcall import HookResponse
 
     submit(store)
-    store.update_priorities(interval=0)
+    store.negotiator.update_priorities(interval=0)
     agent = AgentMetrics(lambda: [tmp_path], lambda: 0)
     spooled = HookResponse(error="x kept in the spool: y", database_error=True, spooled=True)
     agent.observe("job_exit", spooled, 0.01)
@@ -131,7 +132,7 @@ def test_documented_names_are_the_served_ones(store: JobStore, tmp_path: Path) -
     docs = Path(__file__).resolve().parents[2] / "docs"
     documented = {re.sub(r"_total$", "", n) for n in
                   re.findall(r"^\| `(jobstore_\w+)`", (docs / "metrics.md").read_text(), re.M)}
-    if store.engine.dialect.name != "postgresql":
+    if store.db.engine.dialect.name != "postgresql":
         documented.discard("jobstore_jobs_table_rows_estimate")
     assert served == documented
     dashboard = json.loads((docs / "grafana-dashboard.json").read_text())

@@ -131,7 +131,7 @@ def _worker(url: str, slot: str, queue, pooled: bool) -> None:  # type: ignore[n
     except (DatabaseError, Exception) as exc:
         errors.append(f"{slot}: {type(exc).__name__}: {exc}")
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
         queue.put((ids, errors))
 
 
@@ -159,7 +159,7 @@ def test_transaction_pooling(pgbouncer, condor_config: Path, hook_dir: Path,
         hook_ids = submit_jobs(store, HOOK_JOBS, owner, queue="hooks")
         ids += hook_ids
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
     hook_config = tmp_path / "condor_config_hooks"
     hook_config.write_text(Path(condor_config).read_text() + "JOBSTORE_QUEUE = hooks\n")
     # Follows the hook queue's jobs from their first event (--since 0: whenever it gets going),

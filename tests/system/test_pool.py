@@ -40,14 +40,14 @@ def test_slot_board_publishes_the_newest_ads_and_expires_stale_ones(db_url: str)
         board.seen(slot_ad("slot1@node02", "node02") + b"GPUs = 2\n")  # the newest wins
         board.seen(b"not a classad")  # ignored
         assert board.publish([jobs_db], now=1000.0) == 2 and not board.due()
-        rows = jobs_db.live_slots(now=1001.0)
+        rows = jobs_db.slots.live_slots(now=1001.0)
         assert [(r.name, r.machine) for r in rows] == [
             ("slot1@node02", "node02"), ("slot2@node01.example.org", "node01.example.org")]
         assert "GPUs = 2" in rows[0].ad and "secret" not in rows[0].ad
-        assert jobs_db.live_slots(now=1061.0) == []  # out of view after its lifetime
-        assert jobs_db.expire_slots(now=1061.0) == 2
+        assert jobs_db.slots.live_slots(now=1061.0) == []  # out of view after its lifetime
+        assert jobs_db.slots.expire_slots(now=1061.0) == 2
     finally:
-        jobs_db.engine.dispose()
+        jobs_db.db.engine.dispose()
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
@@ -62,10 +62,10 @@ def test_status_and_better_analyze(db_url: str, tmp_path: Path) -> None:
         board.publish([jobs_db])
         spec = JobSpec(cmd="/bin/true", iwd="/tmp", requirements="(TARGET.GPUs >= 2)",
                        custom={"RequestGPUs": "2"})
-        cluster, _ = jobs_db.submit([spec], owner=ordinary_owner(), queue="default",
+        cluster, _ = jobs_db.submissions.submit([spec], owner=ordinary_owner(), queue="default",
                                   max_attempts=3)
     finally:
-        jobs_db.engine.dispose()
+        jobs_db.db.engine.dispose()
     table = _cli(db_url, "status")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
@@ -94,14 +94,14 @@ def test_the_agent_publishes_its_slots(node: Node, store: JobStore) -> None:  # 
     fetched = node.hook("fetch_job", slot_ad("slot7@node01"), JOBSTORE_HOOK_MODE="agent")
     assert fetched.returncode == 0 and b"JobstoreJobId" in fetched.stdout
     end = time.monotonic() + 20
-    while not store.live_slots():
+    while not store.slots.live_slots():
         assert time.monotonic() < end, node.log.read_text()
         time.sleep(0.2)
-    (row,) = store.live_slots()
+    (row,) = store.slots.live_slots()
     assert (row.name, row.machine) == ("slot7@node01", "node01.example.org")
     assert node.stop() == 0
     time.sleep(3.5)  # CLASSAD_LIFETIME: a node that stopped publishing drops out of view
-    assert store.live_slots() == []
+    assert store.slots.live_slots() == []
 
 
 def test_slot_board_reads_an_ad_as_its_name_says(db_url: str) -> None:
@@ -115,7 +115,7 @@ def test_slot_board_reads_an_ad_as_its_name_says(db_url: str) -> None:
         board.seen(slot_ad("slot1@node03", "node03"))  # another slot's: both are kept
         board.seen(b'Machine = "node04"\nCpus = 1\n')
         assert board.publish([jobs_db], now=1000.0) == 2
-        assert [r.name for r in jobs_db.live_slots(now=1001.0)] == [
+        assert [r.name for r in jobs_db.slots.live_slots(now=1001.0)] == [
             "slot1@node03", "slot9@node03"]
     finally:
-        jobs_db.engine.dispose()
+        jobs_db.db.engine.dispose()

@@ -136,7 +136,7 @@ class Node:
         return r.stdout, classad2.parseOne(r.stdout.decode("utf-8"), classad2.ParserType.Old)
 
     def job_count(self) -> int:
-        with self.store.engine.connect() as conn:
+        with self.store.db.engine.connect() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one()
 
 
@@ -144,7 +144,7 @@ class Node:
 def node(db_url: str, hook_dir: Path, condor_config: Path, tmp_path: Path):
     n = Node(db_url, hook_dir, condor_config, tmp_path)
     yield n
-    n.store.engine.dispose()
+    n.store.db.engine.dispose()
 
 
 def value_of(ad: classad2.ClassAd, name: str, expected: object) -> object:
@@ -253,7 +253,7 @@ def test_database_values(node: Node, value: str) -> None:
     """A value put into the job row by something other than `jobstore submit`: fetch_job prints
     it exactly, or prints nothing and holds the job with a reason; never a changed attribute."""
     node.submit('executable = /bin/true\n+Note = "x"\nqueue\n')
-    with node.store.engine.begin() as conn:
+    with node.store.db.engine.begin() as conn:
         ad = conn.execute(sa.select(jobs.c.ad)).scalar_one()
         if conn.dialect.name == "postgresql":  # past the database's own checks (a row of old)
             conn.execute(sa.text("SET LOCAL jobstore.checked = 'on'"))
@@ -268,7 +268,7 @@ def test_database_values(node: Node, value: str) -> None:
         assert ad.eval("Owner") == node.owner and len(text.splitlines()) == len(ad)
     else:
         assert r.stderr.count(b"\n") == 1 and b"put on hold" in r.stderr
-        with node.store.engine.connect() as conn:
+        with node.store.db.engine.connect() as conn:
             status, reason = conn.execute(sa.select(jobs.c.status, jobs.c.reason)).one()
         assert status == "held" and reason
 

@@ -82,11 +82,11 @@ def test_rewritten_report_cannot_change_the_job(
     nd.wait_log("report(s) replayed")
     log = nd.log.read_text()
     assert "1 report(s) replayed, 0 left, 11 quarantined" in log, log
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     assert row.owner == alice.pw_name and row.user_log is None
     assert row.cmd == "/bin/true" and row.queue == "default"
     assert row.status == "completed"  # the genuine report, after every tampered one
-    assert store.get_job(bobs_job).status == "accepted"
+    assert store.reads.get_job(bobs_job).status == "accepted"
     quarantined = sorted(p.name for p in nd.spool.iterdir() if p.name.endswith(".bad"))
     assert len(quarantined) == 11 and spooled(nd) == []
     assert not Path("/root/owned.log").exists()
@@ -104,7 +104,7 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
     condor = users[SERVICE_ACCOUNT]
     env = nd.env(JOBSTORE_HOOK_MODE="agent")
     seq = run_sequence(nd.hooks, env, "slot1@node01")
-    assert seq.job_id == job_id and store.get_job(job_id).status == "completed", condor
+    assert seq.job_id == job_id and store.reads.get_job(job_id).status == "completed", condor
     role_url = libpq_url(make_url(nd.db_url).set(password="hooks-pw")
                          .render_as_string(hide_password=False))
     with psycopg.connect(role_url, autocommit=True) as conn:
@@ -133,17 +133,18 @@ def test_hook_role_cannot_change_what_submit_decided(secure_node: Node, store: J
         got = [claim(role_store, req) for _ in range(3)]
         assert sum(1 for j in got if j and j.id in limited) == 1
         assert sum(1 for j in got if j) == 2
-        assert role_store.update_priorities(interval=0) >= 2
+        assert role_store.negotiator.update_priorities(interval=0) >= 2
         # ... and the jobs' periodic policy pass, with its hold codes
         (policed,) = submit(store, owner=alice.pw_name, queue="other",
                             custom={"PeriodicHold": "true"})
-        assert role_store.police_due(0) is not None
-        assert (store.get_job(policed).status, store.get_job(policed).hold_code) == ("held", 3)
+        assert role_store.maintenance.police_due(0) is not None
+        held = store.reads.get_job(policed)
+        assert (held.status, held.hold_code) == ("held", 3)
         # ... but it may not delete: the history is pruned by the tables' owner
         with pytest.raises(DatabaseError, match="permission denied"):
-            role_store.prune(time.time() + 60)
+            role_store.retention.prune(time.time() + 60)
     finally:
-        role_store.engine.dispose()
+        role_store.db.engine.dispose()
 
 
 # ---- 2. the spool cannot be turned against its reader ---------------------------------------
@@ -172,7 +173,7 @@ def test_fifo_symlink_and_junk_do_not_stall_the_replay(
                       capture_output=True, timeout=WAIT)
     assert done.returncode == 0, done.stderr
     assert b"1 report(s) sent, 0 left, 5 quarantined" in done.stdout
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
     names = os.listdir(nd.spool)
     assert fifo.name not in names and link.name not in names and not os.path.islink(link)
     assert sum(n.endswith(".bad") for n in names) == 3
@@ -208,7 +209,7 @@ def test_spool_made_by_another_user_is_not_used(
     assert kept.stat().st_uid == alice.pw_uid and stat.S_IMODE(kept.stat().st_mode) == 0o600
     nd.start()
     nd.wait_log("1 report(s) replayed")
-    assert store.get_job(job_id).status == "completed"
+    assert store.reads.get_job(job_id).status == "completed"
 
 
 # ---- 3. the hooks trust only the agent ------------------------------------------------------
@@ -322,7 +323,7 @@ def test_job_users_calls_reach_the_hook_log(
     assert done.returncode == 0 and done.stderr == b""
     text = (nd.base / "log" / "JobstoreHookLog").read_text()
     mine = [ln for ln in text.splitlines() if f"(agent, uid {alice.pw_uid})" in ln]
-    row = store.get_job(job_id)
+    row = store.reads.get_job(job_id)
     name = f"job {row.cluster_id}.{row.proc_id} "  # as condor_q numbers it
     assert any(name in ln and "exit" in ln for ln in mine), text
     assert "hooks-pw" not in text and "JobstoreToken" not in text

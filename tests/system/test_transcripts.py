@@ -165,14 +165,14 @@ def claim_id_parts(stdin: bytes) -> list[bytes]:
 
 
 def dump(store: JobStore) -> tuple[list[tuple], list[tuple]]:
-    with store.engine.connect() as conn:
+    with store.db.engine.connect() as conn:
         j = [tuple(r) for r in conn.execute(sa.select(jobs).order_by(jobs.c.id))]
         e = [tuple(r) for r in conn.execute(sa.select(job_events).order_by(job_events.c.id))]
     return j, e
 
 
 def check_event_chain(store: JobStore, job_id: int) -> list[JobEvent]:
-    events = store.events(job_id)
+    events = store.reads.events(job_id)
     assert events, f"job {job_id} has no events"
     assert events[0].event == "submit" and events[0].from_status is None
     current = None
@@ -180,7 +180,7 @@ def check_event_chain(store: JobStore, job_id: int) -> list[JobEvent]:
         assert ev.from_status == current, (job_id, ev, current)
         if ev.to_status is not None:
             current = ev.to_status
-    assert current == store.get_job(job_id).status
+    assert current == store.reads.get_job(job_id).status
     return events
 
 
@@ -204,7 +204,7 @@ def submit_like(store: JobStore, ad: classad2.ClassAd, owner: str = "alice") -> 
         custom=custom,
         **spec_kw,
     )
-    _, ids = store.submit([spec], owner=owner, queue="default", max_attempts=5)
+    _, ids = store.submissions.submit([spec], owner=owner, queue="default", max_attempts=5)
     return ids[0]
 
 
@@ -323,7 +323,7 @@ class Replay:
             return
         ad = check_fetched_ad(result.stdout)
         assert ad.eval("JobstoreJobId") == expect_job
-        job = self.store.get_job(expect_job)
+        job = self.store.reads.get_job(expect_job)
         assert job.status == "fetched"
         assert ad.eval("JobstoreAttempt") == job.claims
         assert ad.eval("JobstoreToken") == job.token
@@ -340,11 +340,11 @@ class Replay:
         # every recorded byte is still there, in order
         kept = [ln for ln in stdin.split(b"\n") if ln not in self.identity[job_id]]
         assert b"\n".join(kept) == call.stdin
-        before = self.store.get_job(job_id)
+        before = self.store.reads.get_job(job_id)
         result = self.run(call, stdin)
         assert result.returncode == 0, result
         assert result.stdout == b"" and result.stderr == b"", result
-        after = self.store.get_job(job_id)
+        after = self.store.reads.get_job(job_id)
         kind = call.argv[0] if call.argv else None
         if call.hook == "update_job_info" and re.search(rb"^JobPid = [1-9]", stdin, re.M):
             kind = "pid"
@@ -401,10 +401,10 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice
             ad = recorded_job_ad(call.stdout or b"")
             job_id = r.jobs.get(int(ad.eval("ClusterId"))) if ad is not None else None
             expect = job_id
-            if job_id is not None and (busy(call.stdin) or not fits(store.get_job(job_id),
+            if job_id is not None and (busy(call.stdin) or not fits(store.reads.get_job(job_id),
                                                                       call.stdin)):
                 expect = None
-            if job_id is not None and store.get_job(job_id).status != "idle":
+            if job_id is not None and store.reads.get_job(job_id).status != "idle":
                 expect = None
             r.fetch(call, call.stdin, expect)
             if job_id is not None and expect is None and busy(call.stdin):
@@ -438,21 +438,21 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice
             )
             if accept is not None:
                 late_accept_done = True
-                row = store.get_job(job_id)
+                row = store.reads.get_job(job_id)
                 res = r.run(accept, insert_identity(accept.stdin, r.identity[job_id],
                                                     reply_fetch=True))
                 assert res.returncode == 0
-                assert store.get_job(job_id) == row
-                last = store.events(job_id)[-1]
+                assert store.reads.get_job(job_id) == row
+                last = store.reads.events(job_id)[-1]
                 assert last.event == "accept" and last.to_status is None
         if call.hook == "job_exit" and not second_exit_done:
             second_exit_done = True
-            row = store.get_job(job_id)
+            row = store.reads.get_job(job_id)
             stdin = insert_identity(call.stdin, r.identity[job_id], reply_fetch=False)
             res = r.run(call, stdin)
             assert res.returncode == 0 and res.stdout == b"" and res.stderr == b""
-            assert store.get_job(job_id) == row
-            last = store.events(job_id)[-1]
+            assert store.reads.get_job(job_id) == row
+            last = store.reads.events(job_id)[-1]
             assert last.to_status is None and (last.reason or "").startswith("stale"), last
 
     # The unmodified recorded stdin names no job of ours: every hook leaves it alone (one call
@@ -474,16 +474,17 @@ def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice
     for cluster, job_id in r.jobs.items():
         want = dict((expected or {}).get(cluster, {}))
         reap = want.pop("reap", False)
-        job = store.get_job(job_id)
+        job = store.reads.get_job(job_id)
         for key, value in want.items():
             assert getattr(job, key) == value, (folder.name, cluster, key, getattr(job, key), value)
         if reap:
             assert job.attempts == 0
-            assert store.reap(now=time.time() - 1) == []  # the lease has not run out yet
-            assert store.get_job(job_id).status == "accepted"
-            outcomes = store.reap(now=time.time() + 10_000)
+            # the lease has not run out yet
+            assert store.maintenance.reap(now=time.time() - 1) == []
+            assert store.reads.get_job(job_id).status == "accepted"
+            outcomes = store.maintenance.reap(now=time.time() + 10_000)
             assert [o.job_id for o in outcomes] == [job_id]
-            job = store.get_job(job_id)
+            job = store.reads.get_job(job_id)
             assert job.status == "idle" and job.attempts == 1
             assert job.token is None
         check_event_chain(store, job_id)
@@ -526,7 +527,7 @@ def test_root_job_is_held_not_fetched(store: JobStore, hook_dir: Path, env_for) 
     assert result.returncode == 0
     assert result.stdout == b""
     no_traceback(result.stderr)
-    job = store.get_job(job_id)
+    job = store.reads.get_job(job_id)
     assert job.status == Status.HELD.value
     assert job.reason and "root" in job.reason
     assert job.claims == 0 and job.token is None

@@ -70,7 +70,7 @@ def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):  # ty
     monkeypatch.setenv("CONDOR_CONFIG", str(condor_config))
     store = JobStore.from_url(db_url)
     yield store, base, db_url
-    store.engine.dispose()
+    store.db.engine.dispose()
     shutil.rmtree(base, ignore_errors=True)
     shutil.rmtree(node_dirs, ignore_errors=True)
 
@@ -96,10 +96,10 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
     cluster, ids = submit_path(
         store, sub / "jobs.sub", settings, owner=owner.pw_name if owner else None
     )
-    assert {j.user_log for j in store.find_jobs(cluster)} == {str(run / "jobs.log")}
-    store.admin(ids[4], Event.HOLD, "held for the test")
-    store.admin(ids[4], Event.RELEASE, "released for the test")
-    store.admin(ids[5], Event.REMOVE, "removed for the test")
+    assert {j.user_log for j in store.reads.find_jobs(cluster)} == {str(run / "jobs.log")}
+    store.actions.admin(ids[4], Event.HOLD, "held for the test")
+    store.actions.admin(ids[4], Event.RELEASE, "released for the test")
+    store.actions.admin(ids[5], Event.REMOVE, "removed for the test")
 
     cfg = EmulatorConfig(
         hooks=install_hooks(base / "hooks", sys.executable),
@@ -117,16 +117,16 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
     vacated: list[str] = []
 
     def until() -> bool:
-        job = store.get_job(ids[3])
+        job = store.reads.get_job(ids[3])
         if not vacated and job.status == "running":  # evict proc 3 once it really runs
             vacated.append(job.slot)
             emulator.vacate(job.slot)
-        return not store.list_jobs()
+        return not store.reads.list_jobs()
 
     emulator.run(until=until, timeout=600, wait_for_jobs=True)
-    assert vacated and not store.list_jobs(), [
+    assert vacated and not store.reads.list_jobs(), [
         (j.proc_id, j.status, j.reason, j.exit_code)
-        for j in store.list_jobs(include_final=True)
+        for j in store.reads.list_jobs(include_final=True)
     ]
 
     events = _read(run / "jobs.log")
@@ -231,10 +231,10 @@ def test_concurrent_appends_keep_every_event_whole(tmp_path: Path) -> None:
 def test_unwritable_log_never_affects_the_transition(store: JobStore, tmp_path: Path) -> None:
     bad = tmp_path / "missing-dir" / "job.log"
     nj = JobSpec("/bin/true", request_memory=1, request_disk=1, user_log=str(bad))
-    _, (job_id,) = store.submit([nj], owner="nobody", queue="q", max_attempts=1)
-    assert store.admin(job_id, Event.REMOVE).after == "removed"
+    _, (job_id,) = store.submissions.submit([nj], owner="nobody", queue="q", max_attempts=1)
+    assert store.actions.admin(job_id, Event.REMOVE).after == "removed"
     assert not bad.exists()
-    assert [e.event for e in store.events(job_id)] == ["submit", "remove"]
+    assert [e.event for e in store.reads.events(job_id)] == ["submit", "remove"]
 
 
 def test_log_event_text_is_what_a_schedd_writes() -> None:

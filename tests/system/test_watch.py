@@ -90,7 +90,7 @@ class Watcher:
 
 
 def db_events(store: JobStore, job_ids: list[int], after: int = 0) -> list[dict]:
-    return [e.to_json() for j in job_ids for e in store.events(j, after_id=after)]
+    return [e.to_json() for j in job_ids for e in store.reads.events(j, after_id=after)]
 
 
 def check_stream(records: list[dict], expected: list[dict]) -> None:
@@ -142,8 +142,8 @@ def test_hook_run_seen_in_order_exactly_once(db_url, hook_dir, condor_config, tm
     store = JobStore.from_url(url)
     try:
         [job] = submit_jobs(store, 1, ordinary_owner())
-        cluster = store.get_job(job).cluster_id
-        since = store.last_event_id()
+        cluster = store.reads.get_job(job).cluster_id
+        since = store.reads.last_event_id()
         w = _start(url, extra, str(cluster), "--until-done", "--since", str(since))
         env = hook_env(url, condor_config, JOBSTORE_SPOOL=str(tmp_path / "spool"))
         seq = run_sequence(hook_dir, env, "slot1@node01.example.org")
@@ -156,7 +156,7 @@ def test_hook_run_seen_in_order_exactly_once(db_url, hook_dir, condor_config, tm
         assert records[-1]["event"] == "finished"
         assert records[-1]["status"] == "completed" and records[-1]["succeeded"] is True
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
@@ -167,8 +167,8 @@ def test_burst_complete_no_duplicates(watch_db):
     store = JobStore.from_url(url)
     try:
         jobs = submit_jobs(store, 4, ordinary_owner())
-        cluster = store.get_job(jobs[0]).cluster_id
-        since = store.last_event_id()
+        cluster = store.reads.get_job(jobs[0]).cluster_id
+        since = store.reads.last_event_id()
         w = _start(url, extra, str(cluster), "--until-done", "--since", str(since))
         errors: list[BaseException] = []
 
@@ -176,13 +176,13 @@ def test_burst_complete_no_duplicates(watch_db):
             s = JobStore.from_url(url)
             try:
                 for _ in range(62):
-                    assert s.admin(job, Event.HOLD).changed
-                    assert s.admin(job, Event.RELEASE).changed
-                assert s.admin(job, Event.REMOVE).changed
+                    assert s.actions.admin(job, Event.HOLD).changed
+                    assert s.actions.admin(job, Event.RELEASE).changed
+                assert s.actions.admin(job, Event.REMOVE).changed
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
             finally:
-                s.engine.dispose()
+                s.db.engine.dispose()
 
         threads = [threading.Thread(target=writer, args=(j,)) for j in jobs]
         for t in threads:
@@ -199,7 +199,7 @@ def test_burst_complete_no_duplicates(watch_db):
         assert sorted(r["job_id"] for r in finished) == sorted(jobs)
         assert all(r["status"] == "removed" and not r["succeeded"] for r in finished)
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_since_replays_history_then_follows(db_url):
@@ -208,12 +208,12 @@ def test_since_replays_history_then_follows(db_url):
     store = JobStore.from_url(db_url)
     try:
         [job] = submit_jobs(store, 1, ordinary_owner())
-        cluster = store.get_job(job).cluster_id
-        store.admin(job, Event.HOLD)
-        store.admin(job, Event.RELEASE)
+        cluster = store.reads.get_job(job).cluster_id
+        store.actions.admin(job, Event.HOLD)
+        store.actions.admin(job, Event.RELEASE)
         w = Watcher(db_url, f"{cluster}.0", "--until-done", "--since", "0")
         w.wait_lines(3)  # the history first: the removal below is followed live
-        store.admin(job, Event.REMOVE)
+        store.actions.admin(job, Event.REMOVE)
         rc, records = w.finish()
         assert rc == 1
         expected = db_events(store, [job])
@@ -221,7 +221,7 @@ def test_since_replays_history_then_follows(db_url):
         check_stream(records, expected)
         assert [r["event"] for r in records][-1] == "finished"
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 # ---- --until-done exit status -----------------------------------------------------------------
@@ -244,11 +244,11 @@ def test_until_done_exit_status(sqlite_url):
         [failed] = submit_jobs(store, 1, owner, max_attempts=1)
         _run(store, ok, Event.EXIT, 0)
         _run(store, bad_code, Event.EXIT, 3)
-        store.admin(removed, Event.REMOVE)
+        store.actions.admin(removed, Event.REMOVE)
         _run(store, failed, Event.EVICT)
-        c = {j: str(store.get_job(j).cluster_id) for j in (ok, bad_code, removed, failed)}
-        assert store.get_job(bad_code).status == "completed"
-        assert store.get_job(failed).status == "failed"
+        c = {j: str(store.reads.get_job(j).cluster_id) for j in (ok, bad_code, removed, failed)}
+        assert store.reads.get_job(bad_code).status == "completed"
+        assert store.reads.get_job(failed).status == "failed"
 
         def status(*jobs: int) -> tuple[int, list[dict]]:
             return Watcher(sqlite_url, "--until-done", *(c[j] for j in jobs)).finish()
@@ -267,7 +267,7 @@ def test_until_done_exit_status(sqlite_url):
                                 "watch", "--status", "bogus"], capture_output=True, text=True)
         assert usage.returncode == 2
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 # ---- the Python API ---------------------------------------------------------------------------
@@ -280,10 +280,10 @@ def test_api_iterator_filters_and_callback(db_url):
         owner = ordinary_owner()
         a = submit_jobs(store, 1, owner, queue="qa")[0]
         b = submit_jobs(store, 1, owner, queue="qb")[0]
-        mark = store.last_event_id()
-        store.admin(a, Event.HOLD)
-        store.admin(b, Event.HOLD)
-        store.admin(a, Event.REMOVE)
+        mark = store.reads.last_event_id()
+        store.actions.admin(a, Event.HOLD)
+        store.actions.admin(b, Event.HOLD)
+        store.actions.admin(a, Event.REMOVE)
         # a queue filter, replayed from an event id, ends when the jobs of the filter end
         with subscribe(db_url, queue="qa", since=mark, until_done=True) as sub:
             got = list(sub)
@@ -292,20 +292,20 @@ def test_api_iterator_filters_and_callback(db_url):
         assert [r.event for r in got] == ["hold", "remove", "finished"]
         assert got[2].status == "removed" and not got[2].succeeded
         # a status filter and a time: only transitions into `held`, from a minute ago
-        with subscribe(db_url, jobs=[f"{store.get_job(b).cluster_id}"], statuses=["held"],
+        with subscribe(db_url, jobs=[f"{store.reads.get_job(b).cluster_id}"], statuses=["held"],
                        since=datetime.fromtimestamp(time.time() - 60)) as sub:
             first = next(iter(sub))
         assert (first.job_id, first.event, first.to_status) == (b, "hold", "held")
         # the callback form, live
         seen: list = []
-        sub = watch(db_url, seen.append, jobs=[str(store.get_job(b).cluster_id)],
+        sub = watch(db_url, seen.append, jobs=[str(store.reads.get_job(b).cluster_id)],
                     until_done=True, poll=True, interval=0.1)
-        store.admin(b, Event.REMOVE)
+        store.actions.admin(b, Event.REMOVE)
         assert sub.join(TIMEOUT), "the watch thread did not end"
         assert sub.error is None
         assert [r.event for r in seen] == ["remove", "finished"]
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 # ---- a PostgreSQL restart in the middle of a watch --------------------------------------------
@@ -317,19 +317,19 @@ def test_postgres_restart_mid_watch(private_pg):  # noqa: F811 - the imported fi
     store = JobStore.from_url(url)
     try:
         jobs = submit_jobs(store, 2, ordinary_owner())
-        cluster = store.get_job(jobs[0]).cluster_id
-        since = store.last_event_id()
+        cluster = store.reads.get_job(jobs[0]).cluster_id
+        since = store.reads.last_event_id()
         w = Watcher(url, str(cluster), "--until-done", "--since", str(since))
         w.wait_listening()
-        store.admin(jobs[0], Event.HOLD)
+        store.actions.admin(jobs[0], Event.HOLD)
         private_pg.stop()
         try:
             w.wait_stderr("retrying")
         finally:
             private_pg.start()
-        store.admin(jobs[0], Event.RELEASE)
+        store.actions.admin(jobs[0], Event.RELEASE)
         for j in jobs:
-            store.admin(j, Event.REMOVE)
+            store.actions.admin(j, Event.REMOVE)
         rc, records = w.finish()
         assert rc == 1
         assert "database back" in "".join(w.err)
@@ -338,7 +338,7 @@ def test_postgres_restart_mid_watch(private_pg):  # noqa: F811 - the imported fi
         check_stream(records, expected)
         assert sum(r["event"] == "finished" for r in records) == 2
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()
 
 
 def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
@@ -352,7 +352,7 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
     store = JobStore.from_url(pg_url)
     try:
         j1, j2 = submit_jobs(store, 2, ordinary_owner())
-        follower = _Follower(store, store.last_event_id())
+        follower = _Follower(store, store.reads.last_event_id())
         insert = ("INSERT INTO job_events (job_id, time, event) VALUES (%s, 0, 'hold') "
                   "RETURNING id")
         with psycopg.connect(libpq_url(pg_url)) as u, psycopg.connect(libpq_url(pg_url)) as t:
@@ -370,4 +370,4 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
         late, _ = follower.read()
         assert [r.event.id for r in late] == [a]
     finally:
-        store.engine.dispose()
+        store.db.engine.dispose()

@@ -100,10 +100,10 @@ def test_the_agent_serves_an_attempts_files_to_its_owner_only(store: JobStore,
 
     specs = parse_submit_text("executable = /bin/cat\ntransfer_executable = false\n"
                               "transfer_input_files = in.txt\nqueue\n", base_dir=tmp_path)
-    store.submit(specs, owner=me, queue="default", max_attempts=3)
+    store.submissions.submit(specs, owner=me, queue="default", max_attempts=3)
     job = claim(store, REQ)
     assert job is not None and job.token
-    url = store.engine.url.render_as_string(False)
+    url = store.db.engine.url.render_as_string(False)
     os.environ["JOBSTORE_DATABASE_URL"] = url
     try:
         def call(hook: str, *argv: str, token: str = job.token or "", uid: int | None = None,
@@ -127,8 +127,8 @@ def test_the_agent_serves_an_attempts_files_to_its_owner_only(store: JobStore,
         assert "does not follow" in (call("sandbox_write", "o.txt", "644", "5", "1",
                                           data=b"x")[1] or "")
         assert call("sandbox_write", "o.txt", "644", "2", "1", data=b"c")[1] is None
-        (out,) = store.job_files_of(job, "out")
-        assert (out.name, b"".join(store.file_content(out.owner, out.sha256))) == (
+        (out,) = store.files.job_files_of(job, "out")
+        assert (out.name, b"".join(store.files.file_content(out.owner, out.sha256))) == (
             "o.txt", b"abc")
     finally:
         os.environ.pop("JOBSTORE_DATABASE_URL", None)

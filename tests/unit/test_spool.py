@@ -99,7 +99,8 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
     upgrade(url)
     monkeypatch.setenv("JOBSTORE_DATABASE_URL", url)
     store = JobStore.from_url(url)
-    store.submit([JobSpec(cmd="/bin/true")], owner="alice", queue="default", max_attempts=1)
+    store.submissions.submit([JobSpec(cmd="/bin/true")], owner="alice", queue="default",
+                             max_attempts=1)
     job = claim(store, slot="slot1@node01")
     assert job is not None
     made = time.time() - 60
@@ -111,10 +112,10 @@ def test_a_late_report_keeps_the_time_it_was_made(tmp_path: Path, monkeypatch) -
 
     send_record(record("accept", time.time()), Caller(), node=direct())
     send_record(record("start", made), Caller(), node=direct())
-    attrs = {e.event: e.attrs for e in store.events(job.id)}
+    attrs = {e.event: e.attrs for e in store.reads.events(job.id)}
     assert not (attrs["accept"] or {}).get("ReportedAt")
     assert (attrs["start"] or {})["ReportedAt"] == made
-    store.engine.dispose()
+    store.db.engine.dispose()
 
 
 def test_one_replay_of_a_spool_at_a_time(tmp_path: Path, monkeypatch) -> None:

@@ -110,9 +110,9 @@ def test_the_database_gives_each_status_its_phase(store: JobStore) -> None:
 
     from jobstore.core.states import PHASES
 
-    (job_id,) = store.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
-                             queue="default", max_attempts=1)[1]
-    with store.engine.begin() as conn:
+    (job_id,) = store.submissions.submit([JobSpec(cmd="/bin/true", iwd="/tmp")], owner="alice",
+                                         queue="default", max_attempts=1)[1]
+    with store.db.engine.begin() as conn:
         for status in Status:
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(status=status.value))
             phase = conn.execute(sa.select(jobs.c.phase).where(jobs.c.id == job_id)).scalar()
@@ -156,8 +156,8 @@ def test_a_queued_job_is_the_row_the_database_holds(store: JobStore) -> None:
     def listener(events):  # type: ignore[no-untyped-def]
         seen.extend(e["job"] for e in events)
 
-    store.listen(listener)
+    store.db.listen(listener)
     spec = JobSpec(cmd="/bin/true", iwd="/tmp", max_retries=2, custom={"Project": '"x"'})
-    _, (job_id,) = store.submit([spec], owner="alice", queue="q", max_attempts=5)
-    assert seen == [store.get_job(job_id)]
-    assert isinstance(store.events(job_id)[0], JobEvent)
+    _, (job_id,) = store.submissions.submit([spec], owner="alice", queue="q", max_attempts=5)
+    assert seen == [store.reads.get_job(job_id)]
+    assert isinstance(store.reads.events(job_id)[0], JobEvent)

@@ -777,7 +777,7 @@ def test_a_late_bad_proc_rolls_the_whole_submit_back(tmp_path: Path, store) -> N
     specs = parse_submit_file(path)
     assert len(specs) == 2501
     with pytest.raises(SubmitError, match=r"proc 2500\).*request_memory"):
-        store.submit(specs, owner="alice", queue="default", max_attempts=3)
-    with store.engine.connect() as conn:
+        store.submissions.submit(specs, owner="alice", queue="default", max_attempts=3)
+    with store.db.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(clusters)).scalar_one() == 0

@@ -173,7 +173,7 @@ def test_hold_true_queues_the_jobs_held_with_code_15(schedd: Any) -> None:  # no
     assert [(a["JobStatus"], a["HoldReasonCode"], a["HoldReason"], a["JobBatchName"])
             for a in ads] == [(5, 15, "submitted on hold at user's request", "nightly")] * 3
     assert claim(schedd.store, REQ) is None  # nothing runs
-    events = schedd.store.events(ads[0]["JobstoreJobId"])
+    events = schedd.store.reads.events(ads[0]["JobstoreJobId"])
     assert [(e.event, e.to_status) for e in events] == [("submit", "idle"), ("hold", "held")]
     assert schedd.act(htcondor2.JobAction.Release, cluster)["TotalSuccess"] == 3
     assert claim(schedd.store, REQ) is not None

@@ -144,8 +144,8 @@ def claimed(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobStore, Job, st
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'jobstore.db'}"
     upgrade(url)
     s = JobStore.from_url(url)
-    s.submit([JobSpec(cmd="/bin/true", request_memory=64)], owner=ME, queue="default",
-             max_attempts=1_000_000)
+    s.submissions.submit([JobSpec(cmd="/bin/true", request_memory=64)], owner=ME, queue="default",
+                         max_attempts=1_000_000)
     job = claim(s, slot="slot1@node01")
     assert job is not None
     return s, job, url
@@ -168,12 +168,12 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
     record = data.draw(mutated(base))
     other = 0 if os.geteuid() else 65534  # root, or nobody: not the owner either way
     writer = Caller(data.draw(st.sampled_from([os.geteuid(), other])))
-    before = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}
+    before = {k: getattr(s.reads.get_job(job.id), k) for k in PROTECTED}
     try:
         send_record(record, writer, node=direct())
     except (BadReport, NotOwner, NotMine, UnknownJob):
         pass
-    after = {k: getattr(s.get_job(job.id), k) for k in PROTECTED}
+    after = {k: getattr(s.reads.get_job(job.id), k) for k in PROTECTED}
     assert after == before
 
 

@@ -250,7 +250,7 @@ GRANT UPDATE (priority, usage, in_use, updated_at, first_usage, last_usage) ON s
     TO {role};
 
 -- name: grant_passes
--- Take the turn of a pool-wide periodic pass (the jobs' policy pass: JobStore.police_due).
+-- Take the turn of a pool-wide periodic pass (the jobs' policy pass: Maintenance.police_due).
 GRANT INSERT, UPDATE ON passes TO {role};
 
 -- name: grant_slots
