@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from jobstore.cli import front
-from jobstore.testing.support import ensure_account
+from jobstore.testing.support import ensure_account, sqlite_copy
 
 EXECUTABLE = Path(sys.executable).with_name("jobstore")
 USER = "jscmdserver"
@@ -92,10 +92,12 @@ class Shell:
 
 
 @pytest.fixture
-def shell(account: pwd.struct_passwd) -> Iterator[Shell]:
+def shell(account: pwd.struct_passwd, sqlite_template: Path) -> Iterator[Shell]:
     top = Path(tempfile.mkdtemp(prefix="jobstore-cmd-"))  # pytest's tmp_path is root's only
     top.chmod(0o755)
     s = Shell(account, top / "cmd")
+    sqlite_copy(f"sqlite:///{sqlite_template}", s.work / "jobs.db")  # what `jobstore init` makes
+    os.chown(s.work / "jobs.db", account.pw_uid, account.pw_gid)
     try:
         yield s
     finally:
@@ -114,7 +116,6 @@ def errors(done: subprocess.CompletedProcess) -> str:
 
 
 def test_a_served_command_does_what_the_command_does(shell: Shell) -> None:
-    assert shell.run("init").returncode == 0
     first = shell.run("q")
     assert first.returncode == 0, errors(first)
     assert loaded_commands(first)
@@ -142,7 +143,6 @@ def test_a_served_command_does_what_the_command_does(shell: Shell) -> None:
 
 
 def test_a_server_whose_package_changed_steps_aside(shell: Shell) -> None:
-    assert shell.run("init").returncode == 0
     assert shell.run("q").returncode == 0
     shell.wait_for_server()
     (old,) = shell.servers()
@@ -165,7 +165,6 @@ def test_no_server_in_a_directory_others_can_use(shell: Shell) -> None:
     shell.socket_dir().mkdir(mode=0o755)
     os.chown(shell.socket_dir(), shell.account.pw_uid, shell.account.pw_gid)
     shell.socket_dir().chmod(0o755)
-    assert shell.run("init").returncode == 0
     for _ in range(2):
         done = shell.run("q")
         assert done.returncode == 0, errors(done)
@@ -176,7 +175,6 @@ def test_no_server_in_a_directory_others_can_use(shell: Shell) -> None:
 def test_a_socket_another_account_serves_is_never_used(shell: Shell) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to serve a socket as another account")
-    assert shell.run("init").returncode == 0
     assert shell.run("q").returncode == 0
     shell.wait_for_server()
     shell.stop()
