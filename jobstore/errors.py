@@ -98,6 +98,15 @@ class BadReport(JobstoreError, ValueError):
     """A report that no genuine hook could have written; never applied."""
 
 
+class ForeignReport(JobstoreError):
+    """A report about a job of another job store (it names another database): never applied
+    here; the replay of its own keyword sends it."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"the report about job {job_id} belongs to another job store")
+        self.job_id = job_id
+
+
 class SpoolError(JobstoreError, OSError):
     """The spool directory cannot be used safely."""
 
@@ -110,8 +119,38 @@ class SandboxError(JobstoreError):
         self.errno = err
 
 
+class HandOff(JobstoreError):
+    """JOB_EXIT's time for sending the outputs is up: the agent sends the rest (agent mode)."""
+
+    def __init__(self) -> None:
+        super().__init__("outputs not all sent in JOB_EXIT's time: handed to the agent")
+
+
 class WorkerUnavailable(JobstoreError, RuntimeError):
     """No worker process could be started: nothing is judged (and nobody held) meanwhile."""
+
+
+class TooCostly(JobstoreError):
+    """A job's expression took longer than the bound (`seconds`) to evaluate."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds = seconds
+        super().__init__(self.reason("an expression"))
+
+    def reason(self, what: str) -> str:
+        """The hold reason of a job whose `what` took too long to evaluate."""
+        return (f"{what} took more than {self.seconds:g} s to evaluate (the job store's bound "
+                "on a job's expressions): the job is held so that it costs the node nothing "
+                "more")
+
+
+class Died(TooCostly):
+    """A worker died evaluating an expression, the second time it was asked (a fresh worker
+    the second time): whatever in it kills libclassad, the job is held."""
+
+    def reason(self, what: str) -> str:
+        return (f"{what} made the job store's expression worker die twice: the job is held so "
+                "that it costs the node nothing more")
 
 
 # ---- The agent and the emulated startd ------------------------------------------------------

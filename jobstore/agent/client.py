@@ -32,7 +32,7 @@ from jobstore.agent.protocol import (
     encode,
     encode_env,
 )
-from jobstore.errors import ProtocolError, SandboxError
+from jobstore.errors import HandOff, JobstoreError, ProtocolError, SandboxError
 from jobstore.node import directnote, siblings
 from jobstore.node.hookproc import (
     DEFAULT_SOCKET,
@@ -48,7 +48,7 @@ from jobstore.node.hookproc import (
 )
 from jobstore.node.hooktable import DEADLINES, DEFAULT_DEADLINE, FETCH_HOLD_LIMIT
 from jobstore.node.launchcheck import annotate
-from jobstore.node.sandbox import Files, HandOff, attempt_of, failed, output_seconds, transfer
+from jobstore.node.sandbox import Files, attempt_of, failed, output_seconds, transfer
 
 TYPE_CHECKING = False  # not `typing`'s: the hot path does not import typing
 if TYPE_CHECKING:
@@ -62,11 +62,11 @@ SANDBOX_CALL_SECONDS = 60.0
 DEFAULT_AGENT_UIDS = (0,)
 
 
-class _NoAnswer(Exception):
+class _NoAnswer(JobstoreError):
     """The request may have reached the agent, but no answer came back."""
 
 
-class _NotTheAgent(Exception):
+class _NotTheAgent(JobstoreError):
     """The socket is served by an account the hook does not trust; nothing was sent."""
 
 
@@ -252,8 +252,11 @@ class _AgentFiles(Files):
         return answer[2]
 
 
-class _NoAgentForFiles(Exception):
+class _NoAgentForFiles(JobstoreError):
     """No agent served the call: the hook does the transfer itself (direct mode)."""
+
+    def __init__(self) -> None:
+        super().__init__("no jobstore agent served the call")
 
 
 def _with_sandbox(hook: str, stdin: bytes, argv: list[str], path: str,

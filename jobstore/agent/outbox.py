@@ -34,7 +34,14 @@ from typing import Any
 from classad2 import ClassAd
 
 from jobstore.db.sandbox import CHECKPOINT, OUT
-from jobstore.errors import AdError, DatabaseError, HookError, SandboxError, UnknownJob
+from jobstore.errors import (
+    AdError,
+    DatabaseError,
+    HookError,
+    JobstoreError,
+    SandboxError,
+    UnknownJob,
+)
 from jobstore.formats.classads import get_int, get_str
 from jobstore.formats.jobads import ATTR_ATTEMPT, ATTR_JOB_ID, ATTR_TOKEN, render_job
 from jobstore.node import config, handlers, sandboxcalls
@@ -50,7 +57,7 @@ RETRY_SECONDS = 30.0  # after the database was away
 EXIT_SUFFIX = ".exit"
 
 
-class _Later(Exception):  # noqa: N818 - not a failure of the job's: try again
+class _DatabaseAway(JobstoreError):
     """The database is away: the sending is tried again later."""
 
 
@@ -145,7 +152,7 @@ class Outbox:
             record = self._queue.get()
             try:
                 self._send(record)
-            except _Later as exc:
+            except _DatabaseAway as exc:
                 log.warning("outbox %s: database away (%s); again in %g s", record.name, exc,
                             RETRY_SECONDS)
                 threading.Timer(RETRY_SECONDS, self._queue.put, args=(record,)).start()
@@ -166,7 +173,7 @@ class Outbox:
         except (HookError, UnknownJob, config.ConfigError, AdError) as exc:
             stdin = failed("job_exit", stdin, f"its attempt is not the job's current one: {exc}")
         except DatabaseError as exc:
-            raise _Later(str(exc)) from None
+            raise _DatabaseAway(str(exc)) from None
         else:
             files = _OutboxFiles(ad, kept["who"], kept["owner"], kept["renew"], self._read())
             if sandbox.is_dir():
@@ -179,7 +186,7 @@ class Outbox:
         response = handlers.handle(HookRequest(hook="job_exit", argv=kept["argv"], stdin=stdin,
                                                env=env, caller=caller, **self._read()))
         if response.database_error and not response.spooled:
-            raise _Later(response.error)
+            raise _DatabaseAway(response.error)
         for note in response.log:
             log.info("job_exit (outbox) %s", note)
         if response.error:
@@ -234,7 +241,7 @@ class _OutboxFiles(Files):
         response = sandboxcalls.handle(HookRequest(hook=name, argv=[*self.who, *argv],
                                                    stdin=data, caller=SERVICE, **self.readings))
         if response.database_error:
-            raise _Later(response.error)
+            raise _DatabaseAway(response.error)
         if response.error:
             raise SandboxError(response.error)
         return response.stdout
@@ -255,7 +262,7 @@ class _OutboxFiles(Files):
                     **self.readings))
                 self.stored = {d: store.files.sent_names(job, d) for d in (OUT, CHECKPOINT)}
             except DatabaseError as exc:
-                raise _Later(str(exc)) from None
+                raise _DatabaseAway(str(exc)) from None
             except (HookError, UnknownJob, config.ConfigError) as exc:
                 raise SandboxError(str(exc)) from None
         return self.stored[direction]

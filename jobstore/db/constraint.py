@@ -31,7 +31,7 @@ from sqlalchemy.sql.functions import GenericFunction
 
 from jobstore.db.phases import status_in, status_not_in
 from jobstore.db.schema import jobs
-from jobstore.errors import ConstraintError
+from jobstore.errors import ConstraintError, JobstoreError
 from jobstore.formats.views import JOB_STATUS
 
 __all__ = ["ConstraintError", "Plan", "plan", "matches", "ATTRIBUTES", "JOB_STATUS"]
@@ -105,7 +105,7 @@ _TOKEN = re.compile(
 )
 
 
-class _Unparsed(Exception):
+class _Unparsed(JobstoreError):
     """Syntax this parser does not know; the expression is then evaluated by classad2 only."""
 
 

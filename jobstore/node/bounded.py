@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from classad2 import ClassAd
 
 from jobstore.core import holds, policy
-from jobstore.errors import InvalidInput, WorkerUnavailable
+from jobstore.errors import Died, InvalidInput, JobstoreError, TooCostly, WorkerUnavailable
 from jobstore.formats.matching import matches
 from jobstore.node.evalworker import READY
 
@@ -39,35 +39,17 @@ _START = ("import sys; sys.path.insert(0, {root}); "
           "from jobstore.node.evalworker import main; sys.exit(main())")
 
 
-class TooCostly(Exception):
-    """An expression took longer than the bound (`seconds`) to evaluate."""
-
-    def __init__(self, seconds: float = 0.0) -> None:
-        super().__init__(seconds)
-        self.seconds = seconds
-
-    def reason(self, what: str) -> str:
-        """The hold reason of a job whose `what` took too long to evaluate."""
-        return (f"{what} took more than {self.seconds:g} s to evaluate (the job store's bound "
-                "on a job's expressions): the job is held so that it costs the node nothing "
-                "more")
-
-    def hold(self, what: str) -> policy.Action:
-        """The policy's answer for such a job: hold it (HoldReasonCode 5, JobPolicyUndefined)."""
-        return policy.Action(policy.HOLD, self.reason(what), holds.JOB_POLICY_UNDEFINED)
+def costly_hold(exc: TooCostly, what: str) -> policy.Action:
+    """The policy's answer for a job whose `what` was TooCostly: hold it (HoldReasonCode 5,
+    JobPolicyUndefined)."""
+    return policy.Action(policy.HOLD, exc.reason(what), holds.JOB_POLICY_UNDEFINED)
 
 
-class Died(TooCostly):
-    """A worker died evaluating an expression, the second time it was asked (a fresh worker
-    the second time): whatever in it kills libclassad, the job is held."""
-
-    def reason(self, what: str) -> str:
-        return (f"{what} made the job store's expression worker die twice: the job is held so "
-                "that it costs the node nothing more")
-
-
-class _WorkerDied(Exception):  # noqa: N818 - what _read found, answered by _ask
+class _WorkerDied(JobstoreError):
     """The worker's end of the pipe closed before its answer."""
+
+    def __init__(self) -> None:
+        super().__init__("the expression worker died before its answer")
 
 
 class Evaluator(Protocol):
@@ -114,7 +96,7 @@ class Bounded:
         except TooCostly as exc:
             if ad.get("JobStatus") == policy.HELD:
                 return None  # held already: nothing more to do
-            return exc.hold("Its periodic policy")
+            return costly_hold(exc, "Its periodic policy")
 
     def exit_verdict(self, terms: policy.HasExitTerms, exit_attrs: Mapping[str, Any],
                      ad: ClassAd | None) -> policy.ExitVerdict:
@@ -127,7 +109,7 @@ class Bounded:
         try:
             succeeded, retry, hold = self._ask(request)
         except TooCostly as exc:
-            return policy.ExitVerdict(False, False, exc.hold("Its exit policy"))
+            return policy.ExitVerdict(False, False, costly_hold(exc, "Its exit policy"))
         return policy.ExitVerdict(bool(succeeded), bool(retry), _action(hold))
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from jobstore.errors import (
     AdError,
     DatabaseError,
     HookError,
+    TooCostly,
 )
 from jobstore.formats import classads, views
 from jobstore.formats.classads import get_bool, get_int, get_str
@@ -116,8 +117,9 @@ def fetch_job(request: HookRequest) -> HookResponse:
         except AdError as exc:  # a stored value no reader takes (past the database's checks)
             return Verdict(hold_reason=f"its job ad cannot be read: {exc}",
                            hold_code=holds.JOB_POLICY_UNDEFINED)
-        except bounded.TooCostly as exc:
-            costly = exc.hold("Its Requirements (or the slot's START against it)")
+        except TooCostly as exc:
+            costly = bounded.costly_hold(
+                exc, "Its Requirements (or the slot's START against it)")
             return Verdict(hold_reason=costly.reason, hold_code=costly.code)
         except Exception as exc:  # whatever else its stored values make a reader do: that
             # job's problem, never every slot's (no fetch would get past it)

@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 
-from jobstore.errors import SandboxError
+from jobstore.errors import HandOff, SandboxError
 from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
 
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
@@ -36,10 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 Manifest = list  # of (name, sha256, size, mode)
-
-
-class HandOff(Exception):  # noqa: N818 - not an error: a change of hands
-    """JOB_EXIT's time for sending is up: the agent sends the rest (agent mode only)."""
 
 
 class Files:

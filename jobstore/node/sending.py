@@ -22,6 +22,7 @@ from jobstore.core.states import Event
 from jobstore.errors import (
     BadReport,
     DatabaseError,
+    ForeignReport,
     HookError,
     InvalidInput,
     JobstoreError,
@@ -303,7 +304,7 @@ def attempt_report(
     if settings is None or settings.keyword != report.keyword:
         settings = config.load_settings(report.keyword)
     if report.store != store_identity(settings.database_url):
-        raise spool.NotMine(report.job_id)
+        raise ForeignReport(report.job_id)
     author = report.author(writer)
     owner = None if author.uid is None else _account_name(author.uid, report.job_id)
     event = report.event
@@ -341,24 +342,25 @@ def attempt_report(
 
 
 def spool_sender(services: frozenset[int], *, node: NodeServices
-                 ) -> Callable[[Any, int], Outcome]:
+                 ) -> Callable[[Any, int], spool.Later | spool.NotMine | None]:
     """`send` for `spool.replay`: a file of this account or of a service account is the
     service's; any other account's is that account's report, about its own jobs only. A
     database that is away keeps the report (and its keyword's later ones) for later."""
     me = os.geteuid()
 
-    def send(record: Any, uid: int) -> Outcome:
+    def send(record: Any, uid: int) -> spool.Later | spool.NotMine | None:
         writer = SERVICE if uid == me or uid in services else Caller(uid)
         try:
-            return send_record(record, writer, node=node)
+            send_record(record, writer, node=node)
         except (DatabaseError, config.ConfigError) as exc:
-            raise spool.Later(record_group(record), str(exc)) from None
-        except spool.NotMine:
+            return spool.Later(str(exc))
+        except ForeignReport:
             if writer is SERVICE:
-                raise
+                return spool.NotMine()
             # an ordinary account's report about another store: never applied here, and it
             # must not keep the genuine ones from being looked at (quarantined)
             raise InvalidInput("a report about another job store") from None
+        return None
 
     return send
 

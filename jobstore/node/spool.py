@@ -54,17 +54,18 @@ _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 _log = logging.getLogger(__name__)
 
 
-class NotMine(Exception):
-    """Raised by a sender for a report that belongs to another job store: leave it, go on."""
+@dataclass(frozen=True)
+class Later:
+    """A sender's answer for a report it cannot send now (its database is away): the report
+    stays, and so do the reports after it in the same `group`, to keep their order."""
+
+    why: str = ""
 
 
-class Later(Exception):
-    """Raised by a sender when a report cannot be sent now (its database is away): it stays,
-    and so do the reports after it in the same `group`, to keep their order."""
-
-    def __init__(self, group: object = None, why: str = "") -> None:
-        super().__init__(why)
-        self.group = group
+@dataclass(frozen=True)
+class NotMine:
+    """A sender's answer for a report about another job store's job: left, and the replay
+    goes on."""
 
 
 @dataclass(frozen=True)
@@ -338,15 +339,16 @@ REPLAY_LOCK_WAIT = 5.0  # seconds a replay waits for another one of the same spo
 
 def replay(
     directory: Path,
-    send: Callable[[Any, int], object],
+    send: Callable[[Any, int], Later | NotMine | None],
     *,
     limit: int = 100,
     deadline: float | None = None,
     group: Callable[[Any], object] = lambda record: None,
 ) -> Replayed:
-    """Send spooled reports with `send(record, writer_uid)`, which raises Later (keep it, and
-    the rest of its `group`, for the next replay), NotMine (leave it), or anything else (the
-    record cannot be applied: quarantined). Returns what was sent, left and quarantined.
+    """Send spooled reports with `send(record, writer_uid)`, which returns None (sent), Later
+    (keep it, and the rest of its `group`, for the next replay) or NotMine (leave it), or
+    raises (the record cannot be applied: quarantined). Returns what was sent, left and
+    quarantined.
 
     One replay of a spool at a time (an flock of the directory, which only the accounts that
     may list it can take), so that two replayers (a hook and the agent) never send one job's
@@ -415,7 +417,7 @@ def _lock_replays(directory: Path) -> int | None:
 
 def _replay(
     directory: Path,
-    send: Callable[[Any, int], object],
+    send: Callable[[Any, int], Later | NotMine | None],
     *,
     limit: int,
     deadline: float | None,
@@ -452,18 +454,19 @@ def _replay(
             leave(item, "an earlier report of the same job could not be sent (kept in order)")
             continue
         try:
-            send(item.record, item.uid)
-        except NotMine:
-            leave(item, "about a job of another job store (its keyword's replay sends it)")
-            continue
-        except Later as exc:
-            leave(item, f"its database is away: {exc}" if str(exc) else "its database is away")
-            away.add(key)
-            continue
+            unsent = send(item.record, item.uid)
         except Exception as exc:
             quarantine(item.path, f"{type(exc).__name__}: {exc}",
                        logged=bad < LOGGED_QUARANTINES)
             bad += 1
+            continue
+        if isinstance(unsent, NotMine):
+            leave(item, "about a job of another job store (its keyword's replay sends it)")
+            continue
+        if isinstance(unsent, Later):
+            leave(item, f"its database is away: {unsent.why}" if unsent.why
+                  else "its database is away")
+            away.add(key)
             continue
         done(item.path)
         sent += 1

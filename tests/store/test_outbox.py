@@ -214,8 +214,7 @@ def test_a_busy_agent_is_waited_for_not_taken_for_absent(tmp_path: Path, stop: b
     asked again until it serves the call; one that stays busy past the call's time is a
     SandboxError, or within JOB_EXIT's bound a hand-off, never a fall-back to direct mode."""
     from jobstore.agent import client
-    from jobstore.errors import SandboxError
-    from jobstore.node.sandbox import HandOff
+    from jobstore.errors import HandOff, SandboxError
 
     ad = b'HookKeyword = "JOBSTORE"\nJobstoreJobId = 1\nJobstoreAttempt = 1\n'
     calls, listener = _busy_agent(tmp_path / "a.sock", busy=3)

@@ -21,7 +21,8 @@ from hookseq import slot_ad, submit_jobs
 from jobstore.core import holds, policy
 from jobstore.core.jobs import JobSpec
 from jobstore.db.store import JobStore
-from jobstore.node.bounded import Bounded, TooCostly
+from jobstore.errors import TooCostly
+from jobstore.node.bounded import Bounded
 from jobstore.testing.support import ordinary_owner
 
 LEVELS = {f"A{n}": f"(A{n + 1} =?= A{n + 1})" for n in range(6)}

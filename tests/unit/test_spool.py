@@ -46,8 +46,8 @@ def test_failed_send_keeps_order(tmp_path: Path) -> None:
     d = tmp_path / "spool"
     first, second = spool.put(d, {"n": 1}), spool.put(d, {"n": 2})
 
-    def down(_record: dict, _uid: int) -> None:
-        raise spool.Later(None, "database away")
+    def down(_record: dict, _uid: int) -> spool.Later:
+        return spool.Later("database away")
 
     assert spool.replay(d, down) == (0, 2, 0, (  # and why each was left
         ("its database is away: database away", 1),
@@ -56,6 +56,30 @@ def test_failed_send_keeps_order(tmp_path: Path) -> None:
     sent: list[dict] = []
     assert spool.replay(d, lambda r, uid: sent.append(r))[:3] == (2, 0, 0)
     assert sent == [{"n": 1}, {"n": 2}]
+
+
+def test_a_report_of_another_store_is_left_and_keeps_nothing_back(tmp_path: Path) -> None:
+    """A sender's NotMine leaves that report in the spool and sends the ones after it; what a
+    sender raises is quarantined."""
+    d = tmp_path / "spool"
+    other, _mine, bad = (spool.put(d, {"n": n}) for n in range(3))
+    sent: list[dict] = []
+
+    def send(record: dict, _uid: int) -> spool.NotMine | None:
+        if record["n"] == 0:
+            return spool.NotMine()
+        if record["n"] == 2:
+            raise ValueError("not a report")
+        sent.append(record)
+        return None
+
+    assert spool.replay(d, send) == (1, 1, 1, (
+        ("about a job of another job store (its keyword's replay sends it)", 1),), False)
+    assert sent == [{"n": 1}]
+    left = os.listdir(d)
+    (quarantined,) = [n for n in left if n != other.name]
+    assert other.name in left
+    assert quarantined.startswith(f".{bad.name}.") and quarantined.endswith(".bad")
 
 
 def test_a_held_report_is_never_sent_by_a_replayer_too(tmp_path: Path, monkeypatch) -> None:

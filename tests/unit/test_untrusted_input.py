@@ -31,13 +31,12 @@ from jobstore.agent.protocol import (
 from jobstore.core.jobs import Job, JobSpec
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
-from jobstore.errors import BadReport, NotOwner, ProtocolError, UnknownJob
+from jobstore.errors import BadReport, ForeignReport, NotOwner, ProtocolError, UnknownJob
 from jobstore.node import spool
 from jobstore.node.hooktable import NAMES
 from jobstore.node.reports import CHANGE_COLUMNS, SERVICE, STARTER_EVENTS, Caller, Report
 from jobstore.node.sending import send_record, store_identity
 from jobstore.node.services import direct
-from jobstore.node.spool import NotMine
 from jobstore.testing.factories import claim
 
 json_values = st.recursive(
@@ -171,7 +170,7 @@ def test_nothing_applied_that_a_genuine_report_could_not_apply(
     before = {k: getattr(s.reads.get_job(job.id), k) for k in PROTECTED}
     try:
         send_record(record, writer, node=direct())
-    except (BadReport, NotOwner, NotMine, UnknownJob):
+    except (BadReport, ForeignReport, NotOwner, UnknownJob):
         pass
     after = {k: getattr(s.reads.get_job(job.id), k) for k in PROTECTED}
     assert after == before
