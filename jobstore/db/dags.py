@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, func, select
 
@@ -24,7 +24,9 @@ from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
 from jobstore.db.jsontext import json_value
 from jobstore.db.schema import dag_nodes, dags, job_events, jobs
 from jobstore.db.transactions import Transactions
-from jobstore.submit.dag import Dag
+
+if TYPE_CHECKING:  # a hook's store never reads a DAG file: no submit package to import
+    from jobstore.submit.dag import Dag
 
 # the jobs of the nodes to queue (those not DONE, not NOOP), for the DAG's id
 NodeSpecs = Callable[[int], Sequence[NodeJobs]]
