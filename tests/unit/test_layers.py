@@ -44,6 +44,18 @@ def test_the_hooks_hot_path_imports_nothing_heavy() -> None:
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_a_direct_mode_hook_imports_no_submit_side() -> None:
+    """A hook without an agent imports the handlers and the store, not what reads submit
+    descriptions and DAG files (nor htcondor2): a third of its CPU is its imports."""
+    code = ("import sys; import jobstore.node.hookmain, jobstore.node.handlers, "
+            "jobstore.db.store; "
+            "print(sorted(m for m in sys.modules if m.startswith(('jobstore.submit', "
+            "'htcondor2', 'alembic'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_every_error_class_is_in_errors_py() -> None:
     """Every error class is rooted under JobstoreError (no other class of the package derives
     from Exception itself), and a public one is in jobstore/errors.py, where a caller finds the
