@@ -16,11 +16,12 @@ PY := $(VENV)/bin/python
 INSTALL := $(if $(filter .venv,$(VENV)),-e ,)
 SOURCES := $(if $(INSTALL),,$(shell find jobstore -type f \( -name '*.py' -o -name '*.sql' -o -name '*.mako' \)))
 PYTEST_ARGS ?=
-# `make test` runs its tests in this many processes (pytest-xdist): two per CPU, at most 8, as
-# many of its tests wait on other processes.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((n * 2 > 8 ? 8 : n * 2)))
+# `make test` runs its tests in this many processes (pytest-xdist): one per CPU and one more,
+# at most 8, as many of its tests wait on other processes (each worker imports and collects
+# every test module: on 2 CPUs, 3 workers finish sooner than 4).
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((n + 1 > 8 ? 8 : n + 1)))
 
-.PHONY: venv demo test test-slow test-live test-all lint bench docs
+.PHONY: venv bytecode demo test test-slow test-live test-all lint bench docs
 
 venv: $(VENV)/.installed
 
@@ -38,17 +39,22 @@ demo: venv
 # `slow`), in parallel, with few examples per Hypothesis test; `make test-slow` runs those one at
 # a time (they measure and load the machine themselves), and the Hypothesis tests again with the
 # examples each asks for (tests/support/examples.py). CI (.ci/run) runs both, one after the other.
-test: venv
+# Every process the tests start imports the package: compiled once here, not in each of them
+# (with PYTHONDONTWRITEBYTECODE set, no process would write it).
+bytecode: venv
+	$(PY) -m compileall -q jobstore tests bench > /dev/null
+
+test: venv bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) \
 		--durations=15 $(PYTEST_ARGS)
 
-test-slow: venv
+test-slow: venv bytecode
 	JOBSTORE_TEST_EXAMPLES=large $(PY) -m pytest -q -p no:cacheprovider \
 		-m "(slow or hypothesis) and not live" --durations=15 $(PYTEST_ARGS)
 
 # `make test-live`: tests/live on a personal pool of a real HTCondor (HTCONDOR_PREFIX, else
 # condor_master on PATH; skipped with one line otherwise), as root.
-test-live: venv
+test-live: venv bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -m live --durations=15 $(PYTEST_ARGS) tests/live
 
 test-all: test test-slow
