@@ -42,7 +42,7 @@ demo: venv
 # Every process the tests start imports the package: compiled once here, not in each of them
 # (with PYTHONDONTWRITEBYTECODE set, no process would write it).
 bytecode: venv
-	$(PY) -m compileall -q jobstore tests bench > /dev/null
+	$(PY) -m compileall -q jobstore tests bench
 
 test: venv bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) \

@@ -158,10 +158,13 @@ class _Worker:
     """One `jobstore.node.evalworker` process, ready (it said so) before it is asked."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _START.format(root=repr(_package_root()))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            close_fds=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _START.format(root=repr(_package_root()))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                close_fds=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+        except OSError as exc:  # no process, no pipe: the node's limits, never a job's doing
+            raise WorkerUnavailable(f"the expression worker cannot be started: {exc}") from None
         try:
             self._read(len(READY), _Bound(self.proc.pid, STARTUP_TIMEOUT, time.monotonic()))
         except (TooCostly, _WorkerDied):

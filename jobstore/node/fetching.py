@@ -20,6 +20,7 @@ from jobstore.errors import (
     DatabaseError,
     HookError,
     TooCostly,
+    WorkerUnavailable,
 )
 from jobstore.formats import classads, views
 from jobstore.formats.classads import get_bool, get_int, get_str
@@ -121,6 +122,8 @@ def fetch_job(request: HookRequest) -> HookResponse:
             costly = bounded.costly_hold(
                 exc, "Its Requirements (or the slot's START against it)")
             return Verdict(hold_reason=costly.reason, hold_code=costly.code)
+        except WorkerUnavailable:  # the node's trouble, not the job's: nothing is claimed
+            raise
         except Exception as exc:  # whatever else its stored values make a reader do: that
             # job's problem, never every slot's (no fetch would get past it)
             return Verdict(hold_reason=f"its job ad cannot be read: {what(exc)}",

@@ -321,3 +321,38 @@ def test_launch_check_can_be_turned_off_and_leaves_other_jobs_alone(
     other = b'Cmd = "/no/such/executable"\nIwd = "/tmp"\nClusterId = 5\nProcId = 0\n'
     res = run_hook(hook_dir, "prepare_job", other, env=hook_env(db_url, condor_config))
     assert res.returncode == 0 and b"HookStatusCode" not in res.stdout
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_expression_worker_the_node_cannot_start_holds_no_job(
+        store: JobStore, fixtures_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No worker process to judge a job with (the node's process limit, say) is the node's
+    trouble: the fetch hands out nothing, says why, and the job stays idle, not held."""
+    from jobstore.errors import WorkerUnavailable
+    from jobstore.node import bounded, config, handlers
+    from jobstore.node.hookcall import HookRequest
+    from jobstore.node.services import NodeServices
+
+    def no_process(*args: Any, **kwargs: Any) -> Any:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    (job_id,) = submit(store, owner=ordinary_owner())
+    services = NodeServices()
+    services.use_evaluator(bounded.Bounded(timeout=5, workers=1))
+    monkeypatch.setattr(bounded.subprocess, "Popen", no_process)
+    monkeypatch.setattr(config, "slot_keyword", lambda name, type_id: "JOBSTORE")
+    url = store.db.engine.url.render_as_string(hide_password=False)
+    slot = (fixtures_dir / "htcondor-transcripts/01-normal-job/01-FETCH_WORK.stdin").read_bytes()
+    try:
+        response = handlers.handle(HookRequest(
+            hook="fetch_job", argv=[], stdin=slot, node=services,
+            settings=lambda keyword: config.Settings(keyword="JOBSTORE", database_url=url)))
+    finally:
+        services.drop_stores()
+    assert not response.stdout
+    assert response.error is not None and "expression worker cannot be started" in str(
+        response.error), response
+    assert store.reads.get_job(job_id).status == "idle"
+    with pytest.raises(WorkerUnavailable):
+        bounded.Bounded(timeout=5, workers=1).matches(ClassAd("[Requirements = true]"),
+                                                      ClassAd("[Cpus = 1]"))

@@ -164,11 +164,13 @@ class DatabasePool:
         self.free.append(name)
 
     def close(self) -> None:
-        while self.free:
-            self.drop(self.free.pop())
-        if self._kept is not None:
-            self._kept.close()
-            self._kept = None
+        try:
+            while self.free:
+                self.drop(self.free.pop())
+        finally:
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
 
     def drop(self, name: str) -> None:
         self._admin().execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
