@@ -20,7 +20,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 from testdata import FIXTURES
 
-from jobstore.testing.support import libpq_url
+from jobstore.testing.support import libpq_url, sqlite_copy
 
 # The agents the tests start answer a fetch that finds nothing at once, as hook_env's do; the
 # tests of the waiting fetch (test_fetch_wait) set JOBSTORE_FETCH_WAIT themselves.
@@ -152,10 +152,9 @@ def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """SQLAlchemy URL of a new SQLite database file in the test's tmp_path: a copy of the
     migrated template, or (empty_database) none yet."""
     path = tmp_path / "jobstore.db"
-    if _migrated(request):
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-        os.chmod(path, 0o660)
-    return f"sqlite:///{path}"
+    if not _migrated(request):
+        return f"sqlite:///{path}"
+    return sqlite_copy(f"sqlite:///{request.getfixturevalue('sqlite_template')}", path)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])
