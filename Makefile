@@ -16,10 +16,11 @@ PY := $(VENV)/bin/python
 INSTALL := $(if $(filter .venv,$(VENV)),-e ,)
 SOURCES := $(if $(INSTALL),,$(shell find jobstore -type f \( -name '*.py' -o -name '*.sql' -o -name '*.mako' \)))
 PYTEST_ARGS ?=
-# `make test` runs its tests in this many processes (pytest-xdist): one per CPU and one more,
-# at most 8, as many of its tests wait on other processes (each worker imports and collects
-# every test module: on 2 CPUs, 3 workers finish sooner than 4).
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((n + 1 > 8 ? 8 : n + 1)))
+# `make test` runs its tests in this many processes (pytest-xdist): two per CPU, at most 8, as
+# many of its tests wait on other processes and on timers. They are handed out at most 8 at a
+# time, the system tier first (tests/conftest.py), so no worker sits idle while another still
+# has a queue of long tests.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$((2 * n > 8 ? 8 : 2 * n)))
 
 .PHONY: venv bytecode demo test test-slow test-live test-all lint bench docs
 
@@ -40,13 +41,16 @@ demo: venv
 # a time (they measure and load the machine themselves), and the Hypothesis tests again with the
 # examples each asks for (tests/support/examples.py). CI (.ci/run) runs both, one after the other.
 # Every process the tests start imports the package: compiled once here, not in each of them
-# (with PYTHONDONTWRITEBYTECODE set, no process would write it).
+# (with PYTHONDONTWRITEBYTECODE set, no process would write it); so are the test modules as
+# pytest rewrites their asserts, which each pytest-xdist worker would otherwise do again.
 bytecode: venv
 	$(PY) -m compileall -q jobstore tests bench
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
+		tests > /dev/null
 
 test: venv bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) \
-		--durations=15 $(PYTEST_ARGS)
+		--maxschedchunk=8 --durations=15 $(PYTEST_ARGS)
 
 test-slow: venv bytecode
 	JOBSTORE_TEST_EXAMPLES=large $(PY) -m pytest -q -p no:cacheprovider \

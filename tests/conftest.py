@@ -35,6 +35,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
+# The tiers in the order pytest-xdist hands their tests out: the longest first, so that the
+# many short ones at the end keep every worker busy until the run ends.
+TIER_ORDER = {"system": 0, "store": 1, "unit": 2}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: TIER_ORDER.get(item.path.parent.name, 0))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The modules and tests collected live as long as the run: the collector skips them."""
     gc.collect()
@@ -157,9 +166,14 @@ def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     return sqlite_copy(f"sqlite:///{request.getfixturevalue('sqlite_template')}", path)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"], ids=["sqlite", "postgresql"])
+# A test that takes db_url runs on SQLite in `make test` and on PostgreSQL too in `make
+# test-slow`; one where PostgreSQL is the point names it (BOTH_BACKENDS, or "postgresql" alone).
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(params=BACKENDS, ids=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest) -> str:
-    """Runs the test once on SQLite and once on PostgreSQL (`-k sqlite` to skip the server)."""
+    """The test's database: SQLite, and PostgreSQL (`-k sqlite` to skip the server)."""
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")
     return request.getfixturevalue("pg_url")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from backends import BOTH_BACKENDS
 from sqlalchemy import Connection, Engine, or_, select, text, update
 
 from jobstore.core.claims import ClaimRequest, Offer
@@ -54,6 +55,8 @@ SLOT = Offer(cpus=4, memory=4096, disk=1_000_000)
 REQUEST = ClaimRequest(queue=QUEUE, offer=SLOT, slot="slot1@node1", host="node1",
                        keyword="JOBSTORE", claim_lease=600)
 MENU_PARAMS: Params = {"queue": QUEUE, "cpus": SLOT.cpus, "memory": SLOT.memory, "disk": SLOT.disk}
+
+pytestmark = BOTH_BACKENDS  # the seam is what every backend must do alike
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from backends import BOTH_BACKENDS
 from emulatornode import node_db  # noqa: F401 - the fixture
 
 from jobstore.api.dags import submit_dag
@@ -156,6 +157,7 @@ PARENT B C CHILD D
 """
 
 
+@BOTH_BACKENDS
 def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config.Settings,
                                                tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, DIAMOND)
@@ -179,6 +181,7 @@ def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config
     assert store.dags.dag_of(dag_id) is None and store.dags.dag_nodes_of(dag_id) == []
 
 
+@BOTH_BACKENDS
 def test_nodes_that_share_a_submit_description(store: JobStore, settings: config.Settings,
                                                tmp_path: Path) -> None:
     """Nodes that share a submit file are read with one parse (on PostgreSQL their rows made
@@ -220,6 +223,7 @@ def test_nodes_that_share_a_submit_description(store: JobStore, settings: config
     assert {e.event for j in jobs.values() for e in store.reads.events(j.id)} >= {"submit"}
 
 
+@BOTH_BACKENDS
 def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
                                                          settings: config.Settings,
                                                          tmp_path: Path) -> None:
@@ -235,6 +239,7 @@ def test_a_failed_node_fails_its_descendants_and_the_dag(store: JobStore,
     assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 2, 1)
 
 
+@BOTH_BACKENDS
 def test_retry_unless_exit_abort_and_final(store: JobStore, settings: config.Settings,
                                            tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, """JOB A node.sub
@@ -260,6 +265,7 @@ ABORT-DAG-ON B 4 RETURN 17
     assert dag is not None and (dag.status, dag.dag_status) == ("completed", 0)
 
 
+@BOTH_BACKENDS
 def test_abort_dag_on_without_final_returns_its_value(store: JobStore,
                                                       settings: config.Settings,
                                                       tmp_path: Path) -> None:
@@ -282,6 +288,7 @@ ABORT-DAG-ON A 4 RETURN 17
     assert dag is not None and (dag.status, dag.dag_status, dag.exit_code) == ("failed", 3, 17)
 
 
+@BOTH_BACKENDS
 def test_noop_done_and_a_category_throttle(store: JobStore, settings: config.Settings,
                                            tmp_path: Path) -> None:
     fan = "".join(f"JOB W{i} node.sub\nCATEGORY W{i} narrow\n" for i in range(5))
@@ -296,6 +303,7 @@ def test_noop_done_and_a_category_throttle(store: JobStore, settings: config.Set
     assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
 
 
+@BOTH_BACKENDS
 def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
     fan = "".join(f"JOB W{i} node.sub\n" for i in range(4))
     dag_id = _queued(store, tmp_path, settings, fan, maxjobs=1, batch_name="mine")
@@ -305,6 +313,7 @@ def test_maxjobs_option(store: JobStore, settings: config.Settings, tmp_path: Pa
     assert dag is not None and (dag.batch_name, dag.status) == ("mine", "completed")
 
 
+@BOTH_BACKENDS
 def test_maxidle_releases_a_node_when_a_job_starts(store: JobStore, settings: config.Settings,
                                                    tmp_path: Path) -> None:
     """-maxidle counts the idle jobs: a node's job that starts makes room for another node at
@@ -322,6 +331,7 @@ def test_maxidle_releases_a_node_when_a_job_starts(store: JobStore, settings: co
     assert store.dags.dag_of(dag_id).status == "completed"  # type: ignore[union-attr]
 
 
+@BOTH_BACKENDS
 def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings,
                                       tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, settings, DIAMOND + "FINAL F node.sub\n")
@@ -343,6 +353,7 @@ def test_rm_hold_and_release_of_a_dag(store: JobStore, settings: config.Settings
     assert not store.dags.remove_dag(dag_id)
 
 
+@BOTH_BACKENDS
 def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: config.Settings,
                                                    tmp_path: Path) -> None:
     (tmp_path / "status.sub").write_text("executable = /bin/echo\narguments = $(DAG_STATUS)\n"
@@ -353,6 +364,7 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
     assert os.path.exists(tmp_path / "test.dag")
 
 
+@BOTH_BACKENDS
 def test_the_dags_own_ad_node_status_file_and_jobstate_log(
         store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
     """What DAGMan shows of a DAG, made from the store: its own job ad with DAGMan's counters
@@ -477,6 +489,7 @@ def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no
     assert all(span[a][1] <= span[b][0] for a, b in zip(order, order[1:], strict=False))
 
 
+@BOTH_BACKENDS
 @pytest.mark.slow
 def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         store: JobStore, settings: config.Settings, tmp_path: Path,
@@ -509,6 +522,7 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         jobstore.Submit.from_dag(str(path), {"maxpre": 2})
 
 
+@BOTH_BACKENDS
 @pytest.mark.slow
 def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Path,
                                                  tmp_path: Path,
@@ -549,6 +563,7 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
         appended.stderr
 
 
+@BOTH_BACKENDS
 def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.Settings,
                                               tmp_path: Path) -> None:
     """SPLICE: the spliced file's nodes as `S+node` (nested: `S+T+node`), their categories
@@ -581,6 +596,7 @@ def test_a_splice_is_its_nodes_named_after_it(store: JobStore, settings: config.
         read_dag(str(tmp_path / "loop.dag"))
 
 
+@BOTH_BACKENDS
 def test_a_subdag_runs_as_its_nodes_and_ends_as_its_node_would(
         store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
     """SUBDAG EXTERNAL: the sub-DAG's nodes run in the DAG (named `S+node`), after the SUBDAG
@@ -614,6 +630,7 @@ def test_a_subdag_runs_as_its_nodes_and_ends_as_its_node_would(
             _queued(store, tmp_path, settings, text)
 
 
+@BOTH_BACKENDS
 def test_retry_with_a_retry_macro_is_refused(store: JobStore, settings: config.Settings,
                                              tmp_path: Path) -> None:
     """$(RETRY) in a node that retries: DAGMan submits each try anew with its number; here a
@@ -625,6 +642,7 @@ def test_retry_with_a_retry_macro_is_refused(store: JobStore, settings: config.S
     assert store.reads.list_jobs(include_final=True) == []
 
 
+@BOTH_BACKENDS
 def test_a_failed_dag_reruns_from_where_it_stopped(store: JobStore, settings: config.Settings,
                                                    tmp_path: Path) -> None:
     """-rescue DAGID: the nodes the ended DAG got done are DONE, the rest run again (DAGMan's

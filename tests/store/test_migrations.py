@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from backends import BOTH_BACKENDS
 
 from jobstore.db.engine import alembic_config, make_engine, upgrade
 from jobstore.db.schema import metadata
@@ -71,6 +72,7 @@ def _sqlite_desc_false_positive(conn: sa.Connection, diffs: list) -> list:
     return [d for d in diffs if d not in pair]
 
 
+@BOTH_BACKENDS
 def test_migrated_schema_matches_metadata(db_url):
     upgrade(db_url)
     engine = make_engine(db_url)
@@ -125,6 +127,7 @@ def _index_details(conn: sa.Connection, schema: str | None = None) -> dict:
     return out
 
 
+@BOTH_BACKENDS
 def test_partial_index_predicates_and_sorting(db_url, tmp_path):
     """alembic's comparison ignores partial-index predicates: compare them against what the
     same database makes of `metadata.create_all` instead."""

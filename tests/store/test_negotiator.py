@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import pytest
+from backends import BOTH_BACKENDS
 from bulk import clone
 from classad2 import ClassAd
 
@@ -224,6 +225,7 @@ def test_two_owners_share_the_slots_from_the_first_fetch(store):
     assert held == {"alice": 20, "bob": 20}
 
 
+@BOTH_BACKENDS
 def test_priority_factors_give_shares_in_their_ratio(store):
     submit(store, 100, owner="alice")
     submit(store, 100, owner="bob")
@@ -267,6 +269,7 @@ def test_slot_weight_is_what_a_submitter_holds(store):
     assert claimed(store, REQ, shape="s").owner == "bob"
 
 
+@BOTH_BACKENDS
 def test_accountant_decays_priorities_once_per_interval(store):
     submit(store, 4, owner="alice")
     submit(store, 1, owner="bob")

@@ -15,6 +15,7 @@ from typing import Any
 
 import clirun
 import pytest
+from backends import BOTH_BACKENDS
 from classad2 import ExprTree
 from examples import examples
 from hypothesis import HealthCheck, given, settings
@@ -148,6 +149,7 @@ def filled(store: JobStore) -> tuple[JobStore, list[Job]]:
     return store, _fill(store)
 
 
+@BOTH_BACKENDS
 @settings(
     max_examples=examples(150),
     deadline=None,
@@ -161,6 +163,7 @@ def test_constraint_in_sql_equals_classad2(filled: tuple[JobStore, list[Job]], t
         assert plan(text).residual is None, f"not translated: {text}"
 
 
+@BOTH_BACKENDS
 def test_case_and_undefined_semantics(filled: tuple[JobStore, list[Job]]) -> None:
     store, all_jobs = filled
     by_owner = {j.id: j.owner for j in all_jobs}

@@ -12,6 +12,7 @@ from typing import Any
 import classad2
 import htcondor2
 import pytest
+from backends import BOTH_BACKENDS
 from scheddapi import schedd  # noqa: F401 - the fixture
 from sqlalchemy import text
 
@@ -30,6 +31,7 @@ def sleep_job(**extra: str) -> htcondor2.Submit:
                              "transfer_executable": "false", **extra})
 
 
+@BOTH_BACKENDS
 def test_submit_and_query_as_htcondor2(schedd: Any) -> None:  # noqa: F811
     result = schedd.submit(sleep_job(), count=3)
     assert isinstance(result, jobstore.SubmitResult)
@@ -52,6 +54,7 @@ def test_submit_and_query_as_htcondor2(schedd: Any) -> None:  # noqa: F811
     assert schedd.query("ClusterId == -1") == []
 
 
+@BOTH_BACKENDS
 def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> None:  # noqa: F811
     text_job = schedd.submit("executable = /bin/echo\narguments = hi\n"
                              "transfer_executable = false\nqueue 2\n")
@@ -80,6 +83,7 @@ def test_submit_takes_text_dicts_itemdata_and_a_queue_override(schedd: Any) -> N
     assert schedd.spool(spooled) is None and spooled.num_procs() == 1
 
 
+@BOTH_BACKENDS
 def test_act_returns_htcondor2_totals(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=3).cluster()
     held = schedd.act(htcondor2.JobAction.Hold, [f"{cluster}.0", f"{cluster}.1"], "wait")
@@ -105,6 +109,7 @@ def test_act_returns_htcondor2_totals(schedd: Any) -> None:  # noqa: F811
         schedd.act(htcondor2.JobAction.Suspend, cluster)
 
 
+@BOTH_BACKENDS
 def test_edit_follows_condor_qedit(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=2).cluster()
     assert schedd.edit(f"{cluster}.0", "JobPrio", "7") == 1
@@ -128,6 +133,7 @@ def test_edit_follows_condor_qedit(schedd: Any) -> None:  # noqa: F811
     assert schedd.edit(f"{running.cluster_id}.{running.proc_id}", "JobPrio", "9") == 0
 
 
+@BOTH_BACKENDS
 def test_history_newest_first_with_match_and_since(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job(), count=3).cluster()
     for proc in (1, 0, 2):
@@ -139,6 +145,7 @@ def test_history_newest_first_with_match_and_since(schedd: Any) -> None:  # noqa
     assert schedd.query(f"ClusterId == {cluster}") == []  # finished: history only
 
 
+@BOTH_BACKENDS
 def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any) -> None:  # noqa: F811
     engine = schedd.store.db.engine
     with engine.begin() as conn:
@@ -163,6 +170,7 @@ def test_submit_commits_and_rolls_back_with_the_callers_transaction(schedd: Any)
         schedd.submit(sleep_job(), connection=idle)
 
 
+@BOTH_BACKENDS
 def test_an_idempotency_key_queues_once(schedd: Any) -> None:  # noqa: F811
     first = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
     again = schedd.submit(sleep_job(), count=2, idempotency_key="run-42/step-1")
@@ -172,6 +180,7 @@ def test_an_idempotency_key_queues_once(schedd: Any) -> None:  # noqa: F811
     assert len(schedd.query()) == 3
 
 
+@BOTH_BACKENDS
 def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     upgrade(db_url)
@@ -186,6 +195,7 @@ def test_owner_rules_as_submit(db_url: str, tmp_path: Path,
             assert schedd.submit(sleep_job()).num_procs() == 1
 
 
+@BOTH_BACKENDS
 def test_a_user_hold_through_the_store_shows_in_query(schedd: Any) -> None:  # noqa: F811
     cluster = schedd.submit(sleep_job()).cluster()
     job = schedd.store.reads.find_jobs(cluster)[0]
@@ -199,6 +209,7 @@ def _guide_example() -> str:
     return guide.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@BOTH_BACKENDS
 def test_the_python_guides_htcondor2_workflow_runs(db_url: str) -> None:
     """docs/python-api.md's example, as written, run by an ordinary account in its own process."""
     import os
@@ -229,6 +240,7 @@ def test_the_python_guides_htcondor2_workflow_runs(db_url: str) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@BOTH_BACKENDS
 def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None:  # noqa: F811
     """NumJobStarts, JobStartDate (the first start), JobCurrentStartDate, RemoteWallClockTime
     (not counted again by an update while running) and CompletionDate over two attempts, the
@@ -258,6 +270,7 @@ def test_counters_agree_in_the_ad_the_json_and_the_tables(schedd: Any) -> None: 
     assert hit["ProcId"] == 0
 
 
+@BOTH_BACKENDS
 def test_htcondor2_contract_in_the_small_things(schedd: Any) -> None:  # noqa: F811
     """htcondor2's exception types, ServerTime, a callback's None, int() of a
     result, count with queue, a hold's (reason, code), jobEpochHistory, reschedule; and one

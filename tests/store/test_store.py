@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from backends import BOTH_BACKENDS
 from bulk import clone
 
 from jobstore.core.policy import ExitVerdict
@@ -65,6 +66,7 @@ def rows(store: JobStore, table: sa.Table) -> list[dict]:
 # ---- submit -----------------------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_submit_creates_cluster_jobs_and_events(store):
     t0 = time.time()
     cluster, ids = store.submissions.submit(
@@ -109,6 +111,7 @@ def test_unknown_job(store):
 # ---- claim ------------------------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_claim_order_is_priority_then_age(store):
     a = submit(store, 3)  # priority 0, ids ascending
     b = submit(store, 2, priority=10)
@@ -735,6 +738,7 @@ def test_reap_respects_renewed_leases(store):
 # ---- admin ------------------------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_admin_hold_release_rm(store):
     a, b = submit(store, 2)
     out = store.actions.admin(a, Event.HOLD, "wait for input")
@@ -766,6 +770,7 @@ def test_admin_hold_release_rm(store):
     assert {j.id for j in store.reads.list_jobs(final_only=True)} == {a, b}
 
 
+@BOTH_BACKENDS
 def test_every_state_change_has_exactly_one_event(store):
     """A busy mixed history: for every job, the state-changing events chain without gaps and
     their count equals the number of changes the store reported."""

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from backends import BOTH_BACKENDS
 from jobstorecli import cli, db, submit  # noqa: F401 - the db fixture
 from sqlalchemy import func, select
 
@@ -109,6 +110,7 @@ def test_a_big_cluster_is_acted_on_in_pages(db_url: str) -> None:
         store.db.engine.dispose()
 
 
+@BOTH_BACKENDS
 def test_a_big_cluster_is_edited_in_pages(db: str) -> None:  # noqa: F811
     """condor_qedit of a cluster: the waiting jobs edited a page per transaction, one event
     each, moved to their new autocluster together; a running member left as it is."""

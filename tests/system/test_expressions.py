@@ -148,7 +148,6 @@ def test_the_agent_holds_a_bomb_and_serves_everyone_else(node: Node, store: JobS
     assert node.stop() == 0
 
 
-@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
 def test_a_costly_periodic_policy_holds_its_autocluster(db_url: str, evaluator: Bounded) -> None:
     """The policy pass evaluates in no transaction, holds the job whose periodic_hold took too
     long, and its autocluster's other idle jobs with it; an ordinary job is left alone."""
@@ -281,7 +280,6 @@ def test_a_stored_value_of_no_ads_shape_holds_its_job_and_fails_no_reader(
     assert node.stop() == 0
 
 
-@pytest.mark.parametrize("db_url", ["postgresql", "sqlite"], indirect=True)
 def test_a_stored_account_or_keyword_never_reaches_the_startd(
         node: Node, store: JobStore) -> None:  # noqa: F811
     """`OsUser`, `User`, `Owner` and `HookKeyword` planted in a job's stored ad past the

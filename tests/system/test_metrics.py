@@ -12,6 +12,7 @@ from pathlib import Path
 import clirun
 import pytest
 from agentnode import Node, node, store  # noqa: F401 - fixtures
+from backends import BOTH_BACKENDS
 from hookseq import ordinary_owner, run_sequence, slot_ad, submit_jobs
 from metricsread import free_port, samples
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,7 @@ from jobstore.node import spool
 from jobstore.testing.factories import claim, job_spec, submit
 
 
+@BOTH_BACKENDS
 def test_store_view(store: JobStore) -> None:  # noqa: F811
     specs = [job_spec(i) for i in range(3)]
     store.submissions.submit(specs, owner="alice", queue="default", max_attempts=3,

@@ -239,12 +239,13 @@ def env_for(db_url: str, condor_config: Path, tmp_path: Path):
     return make
 
 
-@pytest.fixture
-def replay_env(db_url: str, env_for, condor_config: Path, hook_dir: Path):
-    """The hooks' environment for a replay. On PostgreSQL, an agent serves them, as shipped
-    (JOBSTORE_HOOK_MODE=agent: they may not work alone); on SQLite (the slow step) they work
-    alone, in direct mode."""
-    if db_url.startswith("sqlite"):
+@pytest.fixture(params=["agent", pytest.param("direct", marks=pytest.mark.slow)])
+def replay_env(request: pytest.FixtureRequest, db_url: str, env_for, condor_config: Path,
+               hook_dir: Path):
+    """The hooks' environment for a replay: an agent serves them, as shipped
+    (JOBSTORE_HOOK_MODE=agent: they may not work alone), or (the slow step) they work alone,
+    in direct mode."""
+    if request.param == "direct":
         yield env_for
         return
     base = Path(tempfile.mkdtemp(prefix="jobstore-replay-"))  # a short path for the socket
@@ -375,11 +376,8 @@ def fits(job: Job, slot_stdin: bytes) -> bool:
     )
 
 
-# The hooks' logic does not depend on the backend: on PostgreSQL they replay through the agent,
-# on SQLite (the slow step) in direct mode (replay_env).
-@pytest.mark.parametrize(
-    "db_url", [pytest.param("sqlite", marks=pytest.mark.slow), "postgresql"], indirect=True
-)
+# The hooks' logic does not depend on the backend or the mode: `make test` replays through the
+# agent on SQLite; the slow step on PostgreSQL too, and in direct mode (db_url, replay_env).
 @pytest.mark.parametrize("folder", scenario_dirs(), ids=lambda p: p.name)
 def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice: str) -> None:
     calls = load_calls(folder)

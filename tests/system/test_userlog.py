@@ -13,6 +13,7 @@ from pathlib import Path
 
 import htcondor2
 import pytest
+from backends import BOTH_BACKENDS
 from emulatornode import give_node
 
 from jobstore.agent.hooktemplates import install_hooks
@@ -228,6 +229,7 @@ def test_concurrent_appends_keep_every_event_whole(tmp_path: Path) -> None:
     assert path.read_text().count("...\n") == writers * each
 
 
+@BOTH_BACKENDS
 def test_unwritable_log_never_affects_the_transition(store: JobStore, tmp_path: Path) -> None:
     bad = tmp_path / "missing-dir" / "job.log"
     nj = JobSpec("/bin/true", request_memory=1, request_disk=1, user_log=str(bad))

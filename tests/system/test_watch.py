@@ -14,6 +14,7 @@ from datetime import datetime
 import clirun
 import psycopg
 import pytest
+from backends import BOTH_BACKENDS
 from hookrun import hook_env
 from hookseq import ordinary_owner, run_sequence, submit_jobs
 from privatepg import private_pg  # noqa: F401 - the module-scoped private cluster fixture
@@ -273,6 +274,7 @@ def test_until_done_exit_status(sqlite_url):
 # ---- the Python API ---------------------------------------------------------------------------
 
 
+@BOTH_BACKENDS
 def test_api_iterator_filters_and_callback(db_url):
     upgrade(db_url)
     store = JobStore.from_url(db_url)
