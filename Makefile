@@ -37,24 +37,28 @@ demo: venv
 	$(VENV)/bin/jobstore demo
 
 # `make test`: everything but the long scale, concurrency, fault and emulated-node runs (marked
-# `slow`), in parallel, with few examples per Hypothesis test; `make test-slow` runs those one at
-# a time (they measure and load the machine themselves), and the Hypothesis tests again with the
-# examples each asks for (tests/support/examples.py). CI (.ci/run) runs both, one after the other.
+# `slow`) and the rest of the backend and mode matrix (`matrix`: a test that takes db_url runs
+# on SQLite here), in parallel, with few examples per Hypothesis test; `make test-slow` runs the
+# slow ones one at a time (they measure and load the machine themselves) and the Hypothesis
+# tests again with the examples each asks for (tests/support/examples.py), then the matrix in
+# parallel. CI (.ci/run) runs both, one after the other.
 # Every process the tests start imports the package: compiled once here, not in each of them
 # (with PYTHONDONTWRITEBYTECODE set, no process would write it); so are the test modules as
 # pytest rewrites their asserts, which each pytest-xdist worker would otherwise do again.
 bytecode: venv
 	$(PY) -m compileall -q jobstore tests bench
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider --collect-only \
-		tests > /dev/null
+	env -u PYTHONDONTWRITEBYTECODE -u JOBSTORE_PYTEST_STATUS_FILE $(PY) -m pytest -q \
+		-p no:cacheprovider --collect-only tests > /dev/null
 
 test: venv bytecode
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not live" -n $(TEST_WORKERS) \
-		--maxschedchunk=8 --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not matrix and not live" \
+		-n $(TEST_WORKERS) --maxschedchunk=8 --durations=15 $(PYTEST_ARGS)
 
 test-slow: venv bytecode
 	JOBSTORE_TEST_EXAMPLES=large $(PY) -m pytest -q -p no:cacheprovider \
 		-m "(slow or hypothesis) and not live" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -m "matrix and not slow and not hypothesis and not live" \
+		-n $(TEST_WORKERS) --maxschedchunk=8 --durations=15 $(PYTEST_ARGS)
 
 # `make test-live`: tests/live on a personal pool of a real HTCondor (HTCONDOR_PREFIX, else
 # condor_master on PATH; skipped with one line otherwise), as root.

@@ -168,7 +168,7 @@ def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
 
 # A test that takes db_url runs on SQLite in `make test` and on PostgreSQL too in `make
 # test-slow`; one where PostgreSQL is the point names it (BOTH_BACKENDS, or "postgresql" alone).
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)]
+BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.matrix)]
 
 
 @pytest.fixture(params=BACKENDS, ids=["sqlite", "postgresql"])

@@ -489,7 +489,6 @@ def test_a_dag_through_the_hooks(node_db, mode: str) -> None:  # type: ignore[no
     assert all(span[a][1] <= span[b][0] for a, b in zip(order, order[1:], strict=False))
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow
 def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         store: JobStore, settings: config.Settings, tmp_path: Path,
@@ -522,7 +521,6 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         jobstore.Submit.from_dag(str(path), {"maxpre": 2})
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow
 def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Path,
                                                  tmp_path: Path,

@@ -191,6 +191,7 @@ def test_plan_splits_conjuncts() -> None:
             plan(bad)
 
 
+@BOTH_BACKENDS
 def test_autoclusters_group_in_the_database(filled: tuple[JobStore, list[Job]]) -> None:
     store, all_jobs = filled
     where = plan("RequestMemory >= 128").where

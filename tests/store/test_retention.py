@@ -78,9 +78,8 @@ def test_prune_stops_at_its_budget_and_takes_turns_pool_wide(store: JobStore) ->
     assert store.maintenance.prune_due(5, 60, now=now + 61) == (0, 0, 0, False)
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_storage_parameters_are_set_on_postgresql(store: JobStore) -> None:
-    if store.db.engine.dialect.name != "postgresql":
-        pytest.skip("storage parameters are PostgreSQL's")
     with store.db.engine.connect() as conn:
         found: dict[str, Any] = dict(conn.execute(text(
             "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(:names)"),

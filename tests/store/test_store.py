@@ -845,6 +845,7 @@ def _analyze(store: JobStore) -> None:
         conn.exec_driver_sql("ANALYZE jobs")
 
 
+@BOTH_BACKENDS
 def test_claim_queries_use_the_claim_index(store):
     """Behind 20,000 idle and 20,000 completed jobs, both claim statements walk ix_jobs_claim
     and never sort."""

@@ -1,5 +1,6 @@
 """Which databases a test runs on in `make test`: conftest's db_url gives SQLite there (and
-PostgreSQL in `make test-slow`); a test where both are the point runs on both in every step."""
+PostgreSQL in `make test-slow`, marked `matrix`); a test where both are the point runs on both
+in `make test`."""
 
 from __future__ import annotations
 

@@ -87,13 +87,12 @@ def _wait_status(store: JobStore, job_id: int, status: str) -> None:  # noqa: F8
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_reports_no_hook_waits_for_go_in_with_the_attempts_next_one(
         node: Node, store: JobStore) -> None:  # noqa: F811
     """REPLY_FETCH's accept and the first update go in with PREPARE_JOB (which, the job
     accepted, records nothing), the update that saw the job start with JOB_EXIT: a life of
     three transactions, every transition recorded in order."""
-    if not node.db_url.startswith("postgresql"):
-        pytest.skip("which transaction wrote an event: PostgreSQL's xmin")
     (job_id,) = submit_jobs(store, 1, ordinary_owner())
     node.start(_CONDOR_JOBSTORE_AGENT_REPORT_DELAY="30")
     seq = run_sequence(node.hooks, node.env(), "slot1@node01")
@@ -423,13 +422,12 @@ def test_agent_prunes_the_history(node: Node, store: JobStore) -> None:  # noqa:
 
 
 @pytest.mark.parametrize("mode", ["agent", "direct"])
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # the job's user reaches it
 def test_a_held_running_job_is_ended_by_its_next_update(
     node: Node, store: JobStore, accounts: tuple[pwd.struct_passwd, ...], mode: str  # noqa: F811
 ) -> None:
     """`jobstore hold` (or rm) of a running job: the next UPDATE_JOB_INFO of its attempt, run as
     the job's user, ends the job's process group; the job stays held with its reason."""
-    if node.db_url.startswith("sqlite"):
-        pytest.skip("the job's user reaches the database only on PostgreSQL here")
     alice = accounts[1]
     (job_id,) = submit_jobs(store, 1, alice.pw_name)
     job = claim(store)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import clirun
 import pytest
+from backends import BOTH_BACKENDS
 from hookrun import hook_env, run_hook
 from jobstorecli import JOBSTORE, cli, db, submit  # noqa: F401 - the db fixture
 from testdata import TRANSCRIPTS
@@ -216,6 +217,7 @@ def test_owner_must_be_an_account_name(db: str, tmp_path: Path, owner: str) -> N
     assert json.loads(cli(db, "q", "--json").stdout) == []
 
 
+@BOTH_BACKENDS
 def test_grant_prints_and_applies_least_privilege(db: str) -> None:  # noqa: F811
     """`jobstore grant ROLE`: the statements name the columns a hook may change and never the
     ones submit decides; a missing role or SQLite is one line, exit 1."""

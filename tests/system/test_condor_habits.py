@@ -80,6 +80,7 @@ def _page_times(store: JobStore, event: str, ids: list[int]) -> int:
             job_events.c.event == event, job_events.c.job_id.in_(ids))).scalar_one())
 
 
+@BOTH_BACKENDS
 def test_a_big_cluster_is_acted_on_in_pages(db_url: str) -> None:
     """Pages of 100 here: every job removed, one event each, in as many transactions."""
     upgrade(db_url)

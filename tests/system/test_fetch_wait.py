@@ -111,7 +111,6 @@ def test_a_job_submitted_to_an_idle_node_is_fetched_by_the_waiting_fetch(
     assert store.reads.get_job(job_id).status == "fetched"
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow  # (waits its bound: make test's time)
 def test_work_that_fits_no_waiting_slot_wakes_none_and_the_bound_ends_the_wait(
         waiting: Node, store: JobStore) -> None:  # noqa: F811
@@ -198,7 +197,6 @@ def test_an_idle_emulated_node_runs_a_new_job_without_waiting_for_fetchworkdelay
     assert submitted and store.reads.get_job(submitted[0]).status == "completed"
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow  # (make test's time on two cores)
 def test_an_idle_node_claims_nothing_while_no_work_is_announced(
         waiting: Node, store: JobStore) -> None:  # noqa: F811
@@ -316,7 +314,6 @@ def _until(probe: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow  # (one fetch waits its bound)
 def test_two_nodes_one_job_one_claim(waiting: Node, store: JobStore) -> None:  # noqa: F811
     """Two nodes (two agents on one database), a waiting fetch on each, one job: one node's
@@ -442,7 +439,6 @@ def test_a_wait_longer_than_the_hooks_own_deadline_is_held_by_the_agent(
     assert time.monotonic() - started > 11
 
 
-@BOTH_BACKENDS
 @pytest.mark.slow  # (waits out a claim lease)
 def test_a_job_whose_claim_lease_expired_wakes_a_waiting_fetch(
         node: Node, store: JobStore) -> None:  # noqa: F811
@@ -476,13 +472,11 @@ def test_a_timer_wake_reads_and_claims_only_when_a_job_is_idle(
     assert _metric(waiting, "jobstore_agent_claims_total") == 2
 
 
-@BOTH_BACKENDS
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_forged_notifications_wake_no_fetch(waiting: Node, store: JobStore) -> None:  # noqa: F811
     """Anyone who may connect may NOTIFY: 2,000 unsigned shapes that fit the waiting slot, and
     a real one of the database's replayed, wake nothing (no claim, the wait goes on, the agent
     says what it dropped); the next real job still reaches the waiting fetch at once."""
-    if not waiting.db_url.startswith("postgresql"):
-        pytest.skip("SQLite announces nothing to forge")
     import psycopg
 
     from jobstore.testing.support import libpq_url

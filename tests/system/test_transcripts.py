@@ -239,12 +239,11 @@ def env_for(db_url: str, condor_config: Path, tmp_path: Path):
     return make
 
 
-@pytest.fixture(params=["agent", pytest.param("direct", marks=pytest.mark.slow)])
+@pytest.fixture(params=["agent", pytest.param("direct", marks=pytest.mark.matrix)])
 def replay_env(request: pytest.FixtureRequest, db_url: str, env_for, condor_config: Path,
                hook_dir: Path):
     """The hooks' environment for a replay: an agent serves them, as shipped
-    (JOBSTORE_HOOK_MODE=agent: they may not work alone), or (the slow step) they work alone,
-    in direct mode."""
+    (JOBSTORE_HOOK_MODE=agent), or (`make test-slow`) they work alone, in direct mode."""
     if request.param == "direct":
         yield env_for
         return
@@ -377,7 +376,7 @@ def fits(job: Job, slot_stdin: bytes) -> bool:
 
 
 # The hooks' logic does not depend on the backend or the mode: `make test` replays through the
-# agent on SQLite; the slow step on PostgreSQL too, and in direct mode (db_url, replay_env).
+# agent on SQLite; `make test-slow` on PostgreSQL too, and in direct mode (db_url, replay_env).
 @pytest.mark.parametrize("folder", scenario_dirs(), ids=lambda p: p.name)
 def test_replay(folder: Path, store: JobStore, hook_dir: Path, replay_env, alice: str) -> None:
     calls = load_calls(folder)

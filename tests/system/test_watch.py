@@ -203,6 +203,7 @@ def test_burst_complete_no_duplicates(watch_db):
         store.db.engine.dispose()
 
 
+@BOTH_BACKENDS
 def test_since_replays_history_then_follows(db_url):
     """A late watcher: --since 0 replays the whole history, then follows live changes."""
     upgrade(db_url)
