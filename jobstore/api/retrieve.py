@@ -4,18 +4,20 @@ submit side (transfer_output_remaps, output and error, else the job's Iwd)."""
 
 from __future__ import annotations
 
+import functools
 import os
-import pwd
-import tempfile
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from classad2 import ExprTree
 
+from jobstore.api.ownerwrite import Wanted, write_as
 from jobstore.api.query import Shown, iter_query
 from jobstore.core.jobs import Job
 from jobstore.db.sandbox import OUT
 from jobstore.db.store import JobStore
+from jobstore.errors import InvalidInput
 from jobstore.formats.classads import Expr
 from jobstore.formats.jobads import stored_attrs
 from jobstore.submit.transfer import output_destination, parse_remaps
@@ -36,85 +38,58 @@ def retrieve(store: JobStore, shown: Shown, ids: Sequence[str] = (),
     root, with the rights of each job's owner."""
     out = []
     for job in iter_query(store, shown, ids, constraint, include_final=True):
-        files = {f.name: f for f in store.files.job_files_of(job, OUT)}  # the newest attempt's
-        if not files:
-            continue
-        ad = stored_attrs(job.ad, strict=False)
-        iwd = str(ad.get("Iwd") or "/")
-        remaps = parse_remaps(_string(ad.get("TransferOutputRemaps")))
-        listed = tuple(n.strip() for n in _string(ad.get("TransferOutput")).split(",")
-                       if n.strip())
-        written = []
-        for name, f in files.items():
-            dest = output_destination(name, iwd, remaps, _text(ad.get("Out")),
-                                      _text(ad.get("Err")), listed)
-            _write_as(job.owner, dest, store.files.file_content(f.owner, f.sha256), f.mode)
-            written.append((name, dest))
-        out.append(Retrieved(job, tuple(written)))
+        written = write_outputs(store, job)
+        if written:
+            out.append(Retrieved(job, written))
     return out
 
 
-def _string(value: object) -> str:
-    """A stored string attribute's value (an expression's, evaluated)."""
-    if isinstance(value, Expr):
-        result = ExprTree(str(value)).eval()
-        return result if isinstance(result, str) else ""
-    return value if isinstance(value, str) else ""
+def write_outputs(store: JobStore, job: Job) -> tuple[tuple[str, str], ...]:
+    """Write the outputs `job` sent (none: nothing) to their submit-side paths, as its owner
+    when this process is root: (output, where it went) of each. Nothing of the job's ad is
+    evaluated (its remaps and its lists are string literals or refused), and root writes for
+    no account but a SQLite store's own owner (who may write any of its rows)."""
+    files = store.files.job_files_of(job, OUT)  # the newest attempt's
+    if not files:
+        return ()
+    name = f"job {job.cluster_id}.{job.proc_id}"
+    only = store.db.backend.store_owner() if os.geteuid() == 0 else None
+    if only is not None and job.owner != only:
+        raise InvalidInput(f"{name} is {job.owner}'s, in a SQLite job store of {only}'s: root "
+                           "writes only its owner's outputs")
+    ad = stored_attrs(job.ad, strict=False)
+    iwd = _literal(name, ad, "Iwd") or "/"
+    if not os.path.isabs(iwd):
+        raise InvalidInput(f"{name}: its Iwd {iwd!r} is not an absolute path")
+    remaps = parse_remaps(_literal(name, ad, "TransferOutputRemaps"))
+    listed = tuple(n.strip() for n in _literal(name, ad, "TransferOutput").split(",")
+                   if n.strip())
+    out, err = _literal(name, ad, "Out"), _literal(name, ad, "Err")
+    wanted = []
+    for f in files:
+        dest = output_destination(f.name, iwd, remaps, _path(out), _path(err), listed)
+        wanted.append((f.name, Wanted(dest, f.mode, f.size, functools.partial(
+            store.files.file_content, f.owner, f.sha256))))
+    write_as(job.owner, [w for _, w in wanted])
+    return tuple((name, w.dest) for name, w in wanted)
 
 
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) and value != "/dev/null" else None
+# A ClassAd string literal: its value is read without evaluating anything of a job's.
+LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 
 
-def _write_as(owner: str, dest: str, chunks: Iterable[bytes], mode: int) -> None:
-    """`_write`, as `owner` when this process is root (by a child process with her rights):
-    root must never write where the owner's directories, or links in them, point."""
-    if os.geteuid() != 0 or owner == "root":
-        _write(dest, chunks, mode)
-        return
-    user = pwd.getpwnam(owner)
-    data_r, data_w = os.pipe()
-    err_r, err_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: her rights, then the file
-        os.close(data_w)
-        os.close(err_r)
-        try:
-            os.initgroups(owner, user.pw_gid)
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            with os.fdopen(data_r, "rb") as source:
-                _write(dest, iter(lambda: source.read(1 << 20), b""), mode)
-            os._exit(0)
-        except BaseException as exc:  # noqa: BLE001 - said to the parent, then gone
-            os.write(err_w, str(exc).encode("utf-8", "replace")[:1000])
-            os._exit(1)
-    os.close(data_r)
-    os.close(err_w)
-    try:
-        with os.fdopen(data_w, "wb") as sink:
-            for data in chunks:
-                sink.write(data)
-    except BrokenPipeError:
-        pass  # the child gave up: its reason follows
-    finally:
-        _, status = os.waitpid(pid, 0)
-        with os.fdopen(err_r, "rb") as errors:
-            why = errors.read().decode("utf-8", "replace")
-    if status != 0:
-        raise OSError(f"{dest}: not written as {owner}: {why or 'failed'}")
+def _literal(job: str, ad: Mapping[str, object], name: str) -> str:
+    """The string value of attribute `name` ("" when unset); InvalidInput when it is an
+    expression (condor_submit writes these as literals)."""
+    value = ad.get(name)
+    if not isinstance(value, Expr):  # a plain value (an Expr is a str too)
+        return value if isinstance(value, str) else ""
+    text = str(value).strip()
+    if not LITERAL.fullmatch(text):
+        raise InvalidInput(f"{job}: its {name} is not a string literal")
+    result = ExprTree(text).eval()
+    return result if isinstance(result, str) else ""
 
 
-def _write(dest: str, chunks: Iterable[bytes], mode: int) -> None:
-    directory = os.path.dirname(dest) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".jobstore-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for data in chunks:
-                f.write(data)
-        os.chmod(tmp, mode & 0o755 | 0o600)
-        os.replace(tmp, dest)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+def _path(value: str) -> str | None:
+    return value if value and value != "/dev/null" else None

@@ -144,8 +144,10 @@ class Schedd:
         database; the jobs commit or roll back with the caller's own rows. `idempotency_key`:
         a submit retried with a key used before queues nothing and returns the first one's
         result. `job_queue`: the job store queue (default the keyword's JOBSTORE_QUEUE).
-        `spool` changes nothing: the input files of a description with file transfer are
-        always stored in the job store at submit, as a spool would hold them."""
+        Without `spool`, the jobs' outputs go home: this access point's `jobstore schedd`
+        writes them into each job's Iwd as it ends; with `spool`, they wait in the store for
+        `retrieve` (condor_transfer_data). The input files of a description with file transfer
+        are always stored in the job store at submit, as a spool would hold them."""
         if isinstance(description, DagDescription):
             return self.submit_dag(description.path, description.options, job_queue=job_queue)
         if count and queue is not None:
@@ -161,6 +163,7 @@ class Schedd:
             specs, owner=owner, queue=target, max_attempts=self.settings.max_attempts,
             connection=connection, idempotency_key=idempotency_key,
             check=render_check(self.settings), now=now,
+            home=None if spool else self.settings.access_point(),
         )
         # made from what was inserted, not read back: nothing after the commit can fail
         first = Job.queued(specs[0], id=ids[0] if ids else 0, cluster_id=cluster, owner=owner,

@@ -78,8 +78,11 @@ def submit_path(
     *,
     owner: str | None = None,
     queue: str | None = None,
+    spool: bool = False,
 ) -> tuple[int, list[int]]:
-    """Read a submit description or ClassAd file and queue its jobs as one cluster."""
+    """Read a submit description or ClassAd file and queue its jobs as one cluster; their
+    outputs go home to this access point (`jobstore schedd` writes them into each job's Iwd),
+    or, `spool`ed, wait in the store for transfer-data."""
     specs = load_jobs(path)
     if not specs:
         raise SubmitError(f"{path}: no jobs to queue")
@@ -91,4 +94,5 @@ def submit_path(
         max_attempts=settings.max_attempts,
         submit_file=str(Path(path).absolute()),
         check=render_check(settings),
+        home=None if spool else settings.access_point(),
     )

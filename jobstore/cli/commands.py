@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from jobstore.cli import act, admin, dags, queue, status, submit, userprio, watch
+from jobstore.cli import act, admin, dags, queue, schedd, status, submit, userprio, watch
 from jobstore.cli.context import Context, Group
 from jobstore.cli.demo import demo, emulate
 
@@ -33,6 +33,7 @@ for command in (
     queue.history, queue.qedit, watch.events, watch.watch, act.hold, act.release, act.rm,
     queue.stats, act.transfer_data, status.status, userprio.userprio,
     admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
+    schedd.schedd,
     demo, emulate,
 ):
     main.add_command(command)

@@ -16,13 +16,18 @@ from jobstore.cli.context import Context, guard, pass_ctx
     metavar="Q",
     help="Queue to put the jobs in (default: the keyword's JOBSTORE_QUEUE).",
 )
+@click.option("-spool", "--spool", "spool", is_flag=True,
+              help="condor_submit -spool: the outputs wait in the job store for "
+              "`jobstore transfer-data` (default: this access point's `jobstore schedd` "
+              "writes them into each job's Iwd).")
 @pass_ctx
 @guard
-def submit(ctx: Context, file: str, owner: str | None, queue: str | None) -> None:
+def submit(ctx: Context, file: str, owner: str | None, queue: str | None, spool: bool) -> None:
     """Queue the jobs of an HTCondor submit description (or a plain ClassAd file)."""
     from jobstore.api.submission import submit_path
 
-    cluster, ids = submit_path(ctx.store, file, ctx.settings, owner=owner, queue=queue)
+    cluster, ids = submit_path(ctx.store, file, ctx.settings, owner=owner, queue=queue,
+                               spool=spool)
     click.echo(f"{len(ids)} job(s) submitted to cluster {cluster}.")
 
 

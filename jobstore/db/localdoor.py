@@ -38,6 +38,8 @@ HELD_AT_SUBMIT = "submitted on hold at user's request"  # condor_submit's HoldRe
 # What PostgreSQL's door takes as an account and a queue (jobstore_new_cluster)
 ACCOUNT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 QUEUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}")
+# An access point's name (JOBSTORE_SCHEDD_NAME: a host name, or name@host as SCHEDD_NAME)
+ACCESS_POINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,254}")
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 _WAITING = (Status.IDLE, Status.HELD)
 
@@ -63,13 +65,15 @@ class LocalDoor:
 
     def new_cluster(self, conn: Connection, *, owner: str, queue: str,
                     submit_file: str | None, num_procs: int, key: str | None,
-                    now: float) -> tuple[int, bool]:
+                    now: float, home: str | None = None) -> tuple[int, bool]:
         if not ACCOUNT.fullmatch(owner):
             raise InvalidInput(f"{owner!r} is not an account jobs may run as")
         if not QUEUE.fullmatch(queue):
             raise InvalidInput(f"{queue!r} is not a queue name")
+        if home is not None and not ACCESS_POINT.fullmatch(home):
+            raise InvalidInput(f"{home!r} is not the name of an access point")
         row = {"owner": owner, "queue": queue, "submit_file": submit_file,
-               "num_procs": num_procs, "submitted_at": now}
+               "num_procs": num_procs, "submitted_at": now, "home": home}
         if key is None:
             return int(conn.execute(insert(clusters).values(row)
                                     .returning(clusters.c.id)).scalar_one()), True

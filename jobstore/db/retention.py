@@ -23,6 +23,7 @@ from jobstore.db.schema import (
     dag_edges,
     dag_nodes,
     dags,
+    deliveries,
     job_events,
     job_files,
     jobs,
@@ -99,6 +100,7 @@ class Retention:
             cluster_ids = sorted({r.cluster_id for r in rows})
             events = conn.execute(delete(job_events).where(job_events.c.job_id.in_(ids))).rowcount
             conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
+            conn.execute(delete(deliveries).where(deliveries.c.job_id.in_(ids)))
             emptied = list(conn.execute(
                 delete(clusters).where(
                     clusters.c.id.in_(cluster_ids),

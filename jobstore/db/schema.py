@@ -52,7 +52,28 @@ clusters = Table(
     # Chosen by the submitter: a submit of hers retried with the same key returns this cluster
     # (unique per owner: no submitter can take another's key; migration 0019).
     Column("idempotency_key", String(255)),
+    # The access point whose `jobstore schedd` writes the jobs' outputs into their Iwd (its
+    # JOBSTORE_SCHEDD_NAME at submit); NULL: spooled, the outputs wait for transfer-data
+    # (migration 0022).
+    Column("home", String(255)),
     Index("ix_clusters_owner_idempotency_key", "owner", "idempotency_key", unique=True),
+)
+
+# Outputs written home by an access point's `jobstore schedd` (migration 0022): a job's row is
+# taken under a lease before its files are written and marked delivered in the transaction
+# after, so a restarted or second service never writes them again once delivered; the pruner
+# deletes it with its job.
+deliveries = Table(
+    "deliveries",
+    metadata,
+    Column("job_id", BigId, primary_key=True, autoincrement=False),
+    Column("attempt", Integer, nullable=False),
+    Column("home", String(255), nullable=False),
+    Column("leased_until", Epoch(), nullable=False),
+    Column("delivered_at", Epoch()),
+    Column("files", Integer),
+    Column("error", Text),
+    Column("failures", Integer, nullable=False, server_default=text("0")),
 )
 
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).

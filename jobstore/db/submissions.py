@@ -39,7 +39,7 @@ class Submissions:
     def submit(self, specs: Sequence[JobSpec], *, owner: str, queue: str, max_attempts: int,
                submit_file: str | None = None, now: float | None = None,
                connection: Connection | None = None, idempotency_key: str | None = None,
-               check: Check | None = None) -> tuple[int, list[int]]:
+               check: Check | None = None, home: str | None = None) -> tuple[int, list[int]]:
         """Insert one cluster of jobs, each with its `submit` event and its autocluster.
         Returns (cluster, job ids). Raises AdError when a spec's attributes cannot be stored (a
         reserved +Attr), ValueError for bad concurrency limits or accounting group names.
@@ -49,12 +49,14 @@ class Submissions:
         `idempotency_key`, a submit whose key was used before queues nothing and returns that
         cluster and its jobs. `check` is called on every job before it is inserted; what it
         raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
-        a time (a lazy sequence, submit.expansion.SubmitSpecs, is never held whole)."""
+        a time (a lazy sequence, submit.expansion.SubmitSpecs, is never held whole). `home`:
+        the access point whose `jobstore schedd` writes the outputs into each job's Iwd (None:
+        spooled, they wait in the store for transfer-data)."""
         now = now or time.time()
         with self.db.transaction(connection) as conn:
             cluster_id, new = self.door.new_cluster(
                 conn, owner=owner, queue=queue, submit_file=submit_file, num_procs=len(specs),
-                key=idempotency_key, now=now)
+                key=idempotency_key, now=now, home=home)
             if not new:  # queued before (or by a concurrent submit) with this key
                 return cluster_id, list(conn.execute(
                     select(jobs.c.id).where(jobs.c.cluster_id == cluster_id)

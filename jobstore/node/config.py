@@ -10,6 +10,7 @@ all, in the CLI).
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import threading
 from collections.abc import Callable, Iterable
@@ -87,6 +88,7 @@ class Settings:
     queue: str = DEFAULT_QUEUE
     allowed_owners: tuple[str, ...] = default("allowed_owners")
     uid_domain: str = default("uid_domain")
+    schedd_name: str | None = default("schedd_name")
     lease_duration: int = default("lease_duration")
     claim_lease: int = default("claim_lease")
     max_attempts: int = default("max_attempts")
@@ -118,6 +120,10 @@ class Settings:
     credentials_error: str | None = None
     # JOBSTORE_AGENT_STARTD_USERS: a job never runs as one of them (node.accounts.owner_refusal)
     service_accounts: tuple[str, ...] = agent_default("startd_users")
+
+    def access_point(self) -> str:
+        """This access point's name (JOBSTORE_SCHEDD_NAME, else the host's name)."""
+        return self.schedd_name or socket.gethostname()
 
     def owner_allowed(self, owner: str) -> bool:
         """Is `owner` on this keyword's allow-list? (System accounts are checked elsewhere.)"""

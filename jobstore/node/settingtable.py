@@ -52,6 +52,11 @@ KEYWORD_SETTINGS: tuple[Setting, ...] = (
     Setting("JOBSTORE_ALLOWED_OWNERS", "allowed_owners", "names", ("*",),
             "accounts whose jobs may run (`*`: any ordinary account); root and system accounts "
             "(uid < 1000, nobody) are always refused, at submit and again at fetch"),
+    Setting("JOBSTORE_SCHEDD_NAME", "schedd_name", "text", None,
+            "the name of this access point: a job submitted here (not spooled) has its "
+            "outputs written into its Iwd by the `jobstore schedd` of that name",
+            fallback="SCHEDD_NAME", environment=True,
+            shown="HTCondor's `SCHEDD_NAME`, else the host's name"),
     Setting("JOBSTORE_UID_DOMAIN", "uid_domain", "text", "localdomain",
             "the domain in `User = \"owner@domain\"`", fallback="UID_DOMAIN",
             shown="HTCondor's `UID_DOMAIN` (its default: the host's name)"),

@@ -1,12 +1,13 @@
 """What the tests and the benchmarks make again and again: a slot's offer, a claim request, a
-judge that takes every job, job specs and job rows, a submitted cluster, a claimed or running job
-and a report about its attempt. Each value has the default most callers want; every one can be
-given."""
+judge that takes every job, job specs and job rows, a submitted cluster, a claimed, running or
+completed job and a report about its attempt. Each value has the default most callers want;
+every one can be given."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobstore.core.claims import ClaimRequest, Offer, Verdict
@@ -105,4 +106,22 @@ def running(store: JobStore, req: ClaimRequest | None = None, *,
     job = claimed(store, req)
     out = report(store, job, Event.START, changes={"job_pid": 42, **(changes or {})}, **kw)
     assert out.after == "running", out
+    return store.reads.get_job(job.id)
+
+
+def completed(store: JobStore, outputs: dict[str, Path] | None = None) -> Job:
+    """The next idle job claimed, started and exited 0, having sent `outputs` (its name in the
+    sandbox -> the file with its content) as JOB_EXIT sends them: its row after the EXIT."""
+    from jobstore.db.sandbox import OUT, FileSource
+
+    job = running(store, lease=600)
+    if outputs:
+        with store.db.transaction() as conn:
+            store.files.store_files(
+                conn, cluster_id=job.cluster_id, proc_id=job.proc_id, owner=job.owner,
+                direction=OUT, sources=[FileSource(name, str(path), 0o644)
+                                        for name, path in outputs.items()],
+                attempt=job.claims)
+    out = report(store, job, Event.EXIT, changes={"exit_code": 0})
+    assert out.after == "completed", out
     return store.reads.get_job(job.id)

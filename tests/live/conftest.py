@@ -79,18 +79,29 @@ class Live:
     def jobstore(self, *args: str, db: str = PG_URL, account: str = SUBMITTER,
                  cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
         """The installed `jobstore` command, run as `account` (root: as root)."""
+        argv, kwargs = self._command(args, db, account, cwd)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def start(self, *args: str, db: str = PG_URL, account: str = SUBMITTER,
+              log: Path) -> subprocess.Popen[bytes]:
+        """The installed `jobstore` command started as `account`, its stderr into `log`."""
+        argv, kwargs = self._command(args, db, account, None)
+        with open(log, "wb") as err:
+            return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, **kwargs)
+
+    def _command(self, args: tuple[str, ...], db: str, account: str,
+                 cwd: Path | None) -> tuple[list[str], dict[str, Any]]:
         kwargs: dict[str, Any] = {}
         home = "/root"
         if account != "root":
             user = ensure_account(account)
             kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
             home = user.pw_dir
-        env = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
-               "CONDOR_CONFIG": str(self.pool.config), "PGHOST": str(self.server.socket),
-               "PGPORT": str(PORT)}
-        return subprocess.run([str(self.venv / "bin" / "jobstore"), "--db", db, *args],
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=str(cwd or self.work), env=env, **kwargs)
+        kwargs["env"] = {"PATH": "/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8",
+                         "CONDOR_CONFIG": str(self.pool.config),
+                         "PGHOST": str(self.server.socket), "PGPORT": str(PORT)}
+        kwargs["cwd"] = str(cwd or self.work)
+        return [str(self.venv / "bin" / "jobstore"), "--db", db, *args], kwargs
 
     def submit(self, text: str, *, db: str = PG_URL, name: str = "job.sub") -> list[str]:
         """Submit `text` as alice from her work directory; the job ids it made."""

@@ -9,7 +9,7 @@ import re
 
 from jobstore.testing.livepool import wait_for
 
-from .conftest import SUBMITTER, Live
+from .conftest import MEASURED, SUBMITTER, Live
 
 
 def _write(live: Live, name: str, text: str, mode: int = 0o644) -> None:
@@ -43,6 +43,31 @@ def test_files_go_in_and_come_out_with_a_directory_and_a_remap(live: Live) -> No
     assert (xfer / "outdir" / "b.txt").read_text() == "made\n"
     sandbox = (xfer / "job.out").read_text().strip()
     assert sandbox != str(xfer) and not os.path.exists(sandbox), sandbox  # its own, removed
+
+
+def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
+    """`jobstore schedd` as root on the access point: a completed job's outputs are in its
+    initialdir, written as its owner, with no command of hers (reported: how long after the
+    job's completion was recorded)."""
+    import pwd
+    import signal
+
+    _write(live, "home/in.txt", "came home\n")
+    service = live.start("schedd", account="root", log=live.work.parent / "schedd.log")
+    try:
+        (job,) = live.submit("executable = /bin/cat\ntransfer_executable = false\n"
+                             "arguments = in.txt\ninitialdir = home\nshould_transfer_files = YES\n"
+                             "transfer_input_files = in.txt\noutput = cat.out\nqueue\n")
+        done = live.wait_status(job, "completed")
+        out = live.work / "home" / "cat.out"
+        wait_for("cat.out written home", lambda: out.exists() or None, 30, 0.05)
+        MEASURED.append(f"a job's completion recorded -> its output written in its "
+                        f"initialdir: {(out.stat().st_mtime - done['finished_at']) * 1000:.0f} ms")
+        assert out.read_text() == "came home\n"
+        assert out.stat().st_uid == pwd.getpwnam(SUBMITTER).pw_uid
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=20) == 0
 
 
 def test_a_self_checkpointing_job_resumes_from_its_checkpoint_after_condor_vacate(live: Live

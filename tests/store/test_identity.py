@@ -336,8 +336,8 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: 
 
 @pytest.mark.empty_database
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
-    """Migrations 0012, 0014 and 0015 give the roles that held the agent's grants their
-    policies, the slots table and the sandbox files."""
+    """Migrations 0012, 0014, 0015 and 0022 give the roles that held the agent's grants their
+    policies, the slots table, the sandbox files and the deliveries."""
     upgrade(db_url, "0011")
     role = f"js_old_agent_{uuid.uuid4().hex[:8]}"
     admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
@@ -346,7 +346,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
     try:
         owner = JobStore.from_url(db_url)
         new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
-               " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys")
+               " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys", "deliveries")
         old = [s.replace(", slots", "") for s in owner.db.backend.roles().hook_statements(role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.db.engine.begin() as conn:
@@ -366,6 +366,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         assert agent.files.job_files_of(job) == []
         assert list(agent.files.file_content(ALICE, "0" * 64)) == []
         assert [r.name for r in agent.slots.live_slots(now=1.5)] == ["slot1@n"]
+        assert agent.deliveries.take(job, "ap1", 1.0, 60.0)
+        assert agent.deliveries.of([job_id])[job_id].home == "ap1"
         agent.db.engine.dispose()
         owner.db.engine.dispose()
     finally:

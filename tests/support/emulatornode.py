@@ -15,8 +15,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import clirun
 import pytest
@@ -26,8 +27,9 @@ from jobstore.api.submission import submit_path
 from jobstore.cli.demo import write_node_config
 from jobstore.db.engine import upgrade
 from jobstore.db.store import JobStore
-from jobstore.emulator import EmulatorConfig
+from jobstore.emulator import Emulator, EmulatorConfig
 from jobstore.node import config
+from jobstore.node.sandboxroot import ensure_root
 from jobstore.testing.support import ensure_account, own_node_dirs, sqlite_copy
 
 SERVICE_ACCOUNT = "jscondor"
@@ -161,3 +163,28 @@ def give_node(cfg: EmulatorConfig, store: JobStore, tmp: Path, owner: str | None
 
 def job_owner() -> str | None:
     return ensure_home_account(JOB_USERS[0]).pw_name if os.geteuid() == 0 else None
+
+
+def run_node(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
+             env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
+    """An emulated node with `slots` slots on `store` (the hooks through an agent, or in
+    `direct` mode), its sandboxes under `tmp`/sandboxes, run until every job's status is in
+    `until_status`."""
+    cfg, condor_config = emulated_node(tmp, str(store.db.engine.url.render_as_string(False)),
+                                       static_slots=slots, cpus=slots, **node)
+    cfg.env.update(env or {})
+    root = tmp / "sandboxes"
+    with open(condor_config, "a") as fh:
+        fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
+    if os.geteuid() == 0:
+        give_node(cfg, store, tmp, owner, personal=mode == "direct")
+    if mode == "direct":
+        ensure_root(str(root))  # what the agent, or the admin, makes
+    emulator = Emulator(cfg)
+    with ExitStack() as stack:
+        if mode == "agent":
+            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
+        emulator.run(until=lambda: all(j.status in until_status
+                                       for j in store.reads.list_jobs(include_final=True)),
+                     timeout=120, wait_for_jobs=True)
+    return emulator

@@ -10,22 +10,18 @@ import functools
 import os
 import socket
 import threading
-from contextlib import ExitStack
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
-from emulatornode import emulated_node, give_node, job_owner, node_db, running_agent, submit_text  # noqa: F401
+from emulatornode import job_owner, node_db, run_node, submit_text  # noqa: F401
 from sqlalchemy import func, select, update
 
 from jobstore.api.query import Shown
 from jobstore.api.retrieve import retrieve
 from jobstore.core import holds
 from jobstore.db.schema import sandbox_chunks
-from jobstore.db.store import JobStore
-from jobstore.emulator import Emulator
-from jobstore.node.sandboxroot import CACHE, OUTBOX, UPLOADS, ensure_root
+from jobstore.node.sandboxroot import CACHE, OUTBOX, UPLOADS
 
 SCRIPT = """#!/bin/sh
 wc -w < in.txt > count.txt
@@ -69,28 +65,6 @@ def _sandboxes(tmp: Path) -> list[Path]:
     return [p for p in (tmp / "sandboxes").iterdir() if not p.name.startswith(".jobstore-")]
 
 
-def _run(store: JobStore, tmp: Path, owner: str | None, mode: str, until_status: set[str],
-         env: dict[str, str] | None = None, slots: int = 1, **node: Any) -> Emulator:
-    cfg, condor_config = emulated_node(tmp, str(store.db.engine.url.render_as_string(False)),
-                               static_slots=slots, cpus=slots, **node)
-    cfg.env.update(env or {})
-    root = tmp / "sandboxes"
-    with open(condor_config, "a") as fh:
-        fh.write(f"JOBSTORE_SANDBOX_ROOT = {root}\n")
-    if os.geteuid() == 0:
-        give_node(cfg, store, tmp, owner, personal=mode == "direct")
-    if mode == "direct":
-        ensure_root(str(root))  # what the agent, or the admin, makes
-    emulator = Emulator(cfg)
-    with ExitStack() as stack:
-        if mode == "agent":
-            cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
-        emulator.run(until=lambda: all(j.status in until_status
-                                       for j in store.reads.list_jobs(include_final=True)),
-                     timeout=120, wait_for_jobs=True)
-    return emulator
-
-
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
 @pytest.mark.parametrize("mode", ["agent", "direct"])
 def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str) -> None:  # type: ignore[no-untyped-def] # noqa: F811
@@ -100,7 +74,7 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
     for gone in ("in.txt", "count.sh", "data/a.csv"):  # from now on only the store has them
         (sub / gone).unlink()
-    _run(store, tmp, owner, mode, {"completed", "held", "failed"})
+    run_node(store, tmp, owner, mode, {"completed", "held", "failed"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
     assert _sandboxes(tmp) == []  # each sandbox removed after its attempt
@@ -130,7 +104,7 @@ def test_an_input_that_cannot_be_had_holds_the_job(node_db) -> None:  # type: ig
     with store.db.engine.begin() as conn:
         conn.execute(update(sandbox_chunks).where(sandbox_chunks.c.seq == 0)
                      .values(data=b"three little wordz\n"))  # in.txt's length
-    _run(store, tmp, owner, "agent", {"held"})
+    run_node(store, tmp, owner, "agent", {"held"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
     assert "Failed to transfer the job's input files" in (job.reason or "")
@@ -147,7 +121,7 @@ def test_a_missing_output_holds_the_job_and_keeps_its_sandbox(node_db) -> None: 
     _files(tmp, owner)
     (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="transfer_output_files = count.txt, never.txt"), owner)
-    _run(store, tmp, owner, "agent", {"held", "completed"})
+    run_node(store, tmp, owner, "agent", {"held", "completed"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "never.txt: no such output file" in (job.reason or "")
@@ -196,7 +170,7 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
                 f"should_transfer_files = YES\ntransfer_input_files = {url}\n"
                 f"output = {label}.out\nrequest_memory = 32\nqueue\n")
         (jobs[label],) = submit_text(store, tmp, text, owner)
-    _run(store, tmp, owner, "agent", {"completed", "held"},
+    run_node(store, tmp, owner, "agent", {"completed", "held"},
          env={"JOBSTORE_URL_TIMEOUT": "1"}, slots=3)
     ok, missing, silent_job = (store.reads.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
     assert ok.status == "completed", ok.reason
@@ -235,7 +209,7 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
     (job_id,) = submit_text(store, tmp, SUBMIT.format(
         extra="checkpoint_exit_code = 85\ntransfer_checkpoint_files = ckpt.txt\n"
               "transfer_output_files = result.txt"), owner)
-    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code, job.claims) == ("completed", 0, 3), job.reason
     evicts = [e for e in store.reads.events(job_id) if e.event == "evict" and e.to_status]
@@ -261,7 +235,7 @@ def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(no
         evicted.append(1)
         return 1.5
 
-    _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"},
          vacate_after=first_attempt)
     job = store.reads.get_job(job_id)
     assert (job.status, job.claims) == ("completed", 2), job.reason
@@ -282,7 +256,7 @@ def test_the_file_guides_example(node_db) -> None:  # type: ignore[no-untyped-de
     sub = _files(tmp, owner)
     (job_id,) = submit_text(store, tmp, text, owner)
     (sub / "in.txt").unlink()  # the node needs no copy of it
-    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"})
     assert store.reads.get_job(job_id).status == "completed", store.reads.get_job(job_id).reason
     retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.reads.get_job(job_id).cluster_id)])
     assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
@@ -297,7 +271,7 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
     owner = job_owner()
     sub = _files(tmp, owner)
     (job_id,) = submit_text(store, tmp, SUBMIT.format(extra=""), owner)
-    _run(store, tmp, owner, "agent", {"completed", "held", "failed"},
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"},
          env={"JOBSTORE_OUTPUT_SECONDS": "0"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.exit_code) == ("completed", 0), (job.status, job.reason)
@@ -353,7 +327,7 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
             (ids[label],) = submit_text(store, tmp, SUBMIT.format(extra=(
                 f"output_destination = {url}\n"
                 "transfer_output_remaps = \"count.txt = n/words.txt\"")), owner)
-        _run(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
+        run_node(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
     finally:
         server.shutdown()
         server.server_close()
@@ -389,7 +363,7 @@ def test_a_flood_of_outputs_is_refused_at_its_request_disk(node_db) -> None:  # 
                 sandbox_chunks.c.data)), 0))).scalar_one())
 
     before = stored()
-    _run(store, tmp, owner, "agent", {"completed", "held", "failed"})
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"})
     job = store.reads.get_job(job_id)
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "1024 KiB" in (job.reason or "")

@@ -141,7 +141,6 @@ def test_root_retrieves_with_the_owners_rights() -> None:
     import shutil
     import tempfile
 
-
     tmp_path = Path(tempfile.mkdtemp(prefix="jobstore-retrieve-"))  # pytest's is 0700
     try:
         _retrieve_as_owner(tmp_path)
@@ -149,8 +148,67 @@ def test_root_retrieves_with_the_owners_rights() -> None:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's retrieval is root's")
+def test_the_owner_cannot_stop_roots_writer_and_a_stalled_one_is_killed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child that writes as her keeps root's real uid: she may not signal it (a stopped
+    writer would hold root's service). One that takes no bytes for IDLE seconds is killed,
+    and the file is left as it was (the piece it had begun stays, under a name of its own)."""
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+
+    from jobstore.api import ownerwrite
+
+    owner = ensure_account("jsalice", home=False)
+    tmp_path = Path(tempfile.mkdtemp(prefix="jobstore-writer-"))
+    os.chmod(tmp_path, 0o755)
+    os.chown(tmp_path, owner.pw_uid, owner.pw_gid)
+    children: list[int] = []
+
+    def mine() -> set[int]:
+        found = set()
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and Path(f"/proc/{p}/stat").read_text().rsplit(
+                        ")", 1)[1].split()[1] == str(os.getpid()):
+                    found.add(int(p))
+            except OSError:
+                pass  # gone meanwhile
+        return found
+
+    before = mine()
+
+    def content(stop: bool) -> list[bytes]:
+        (child,) = mine() - before  # the writer this call forked
+        children.append(child)
+        tried = subprocess.run(["setpriv", f"--reuid={owner.pw_uid}", f"--regid={owner.pw_gid}",
+                                "--clear-groups", "kill", "-STOP", str(child)],
+                               capture_output=True, text=True)
+        assert tried.returncode != 0 and "not permitted" in tried.stderr, tried
+        if stop:  # as root: it stalls
+            os.kill(child, signal.SIGSTOP)
+        return [b"x" * (1 << 20)] * 4
+
+    try:
+        ownerwrite.write_as("jsalice", [ownerwrite.Wanted(
+            str(tmp_path / "a"), 0o644, 4 << 20, lambda: content(False))])
+        assert (tmp_path / "a").stat().st_size == 4 << 20
+        monkeypatch.setattr(ownerwrite, "IDLE", 1.0)
+        with pytest.raises(OSError, match="took no bytes for 1 s"):
+            ownerwrite.write_as("jsalice", [ownerwrite.Wanted(
+                str(tmp_path / "a"), 0o644, 4 << 20, lambda: content(True))])
+        assert not Path(f"/proc/{children[-1]}").exists()  # killed, and reaped
+        assert (tmp_path / "a").stat().st_size == 4 << 20  # as it was
+        # what the killed writer had begun stays a piece of its own, never the file
+        assert {p.name[:10] for p in tmp_path.iterdir() if p.name != "a"} <= {".jobstore-"}
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def _retrieve_as_owner(tmp_path: Path) -> None:
-    from jobstore.api.retrieve import _write_as
+    from jobstore.api.ownerwrite import Wanted, write_as
 
     owner = ensure_account("jsalice", home=False)
     guarded = tmp_path / "guarded"
@@ -160,11 +218,21 @@ def _retrieve_as_owner(tmp_path: Path) -> None:
     os.chown(mine, owner.pw_uid, owner.pw_gid)
     os.chmod(tmp_path, 0o755)
     (mine / "logs").symlink_to(guarded)
+
+    def wanted(path: Path, data: bytes, size: int | None = None) -> Wanted:
+        return Wanted(str(path), 0o644, len(data) if size is None else size, lambda: [data])
+
     with pytest.raises(OSError, match="not written as jsalice"):
-        _write_as("jsalice", str(mine / "logs" / "job.err"), [b"x"], 0o644)
+        write_as("jsalice", [wanted(mine / "logs" / "job.err", b"x")])
     assert list(guarded.iterdir()) == []
-    _write_as("jsalice", str(mine / "job.out"), [b"ok"], 0o644)
+    write_as("jsalice", [wanted(mine / "job.out", b"ok"), wanted(mine / "sub" / "b", b"b")])
     assert (mine / "job.out").stat().st_uid == owner.pw_uid
+    assert (mine / "sub" / "b").read_bytes() == b"b"  # several files, one writer
+    # a writer stopped midway leaves the file as it was, and no piece of it
+    with pytest.raises(OSError, match="1 of its 2 bytes came"):
+        write_as("jsalice", [wanted(mine / "job.out", b"n", size=2)])
+    assert (mine / "job.out").read_bytes() == b"ok"
+    assert sorted(p.name for p in mine.iterdir()) == ["job.out", "logs", "sub"]
 
 
 def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ DROPIN = re.compile(r"^#?\s*(JOBSTORE_[A-Z0-9_]+)\s*=[ \t]*(.*)$", re.M)
 # What an admin writes: renaming one silently drops her setting.
 PARAMETERS = (
     "JOBSTORE_DATABASE_URL", "JOBSTORE_DATABASE_PASSWORD_FILE", "JOBSTORE_QUEUE",
-    "JOBSTORE_ALLOWED_OWNERS", "JOBSTORE_UID_DOMAIN", "JOBSTORE_CLAIM_LEASE",
+    "JOBSTORE_ALLOWED_OWNERS", "JOBSTORE_SCHEDD_NAME", "JOBSTORE_UID_DOMAIN",
+    "JOBSTORE_CLAIM_LEASE",
     "JOBSTORE_LEASE_DURATION", "JOBSTORE_MAX_ATTEMPTS", "JOBSTORE_JOB_LEASE_DURATION",
     "JOBSTORE_CONNECT_TIMEOUT", "JOBSTORE_STATEMENT_TIMEOUT_MS", "JOBSTORE_FETCH_DEADLINE",
     "JOBSTORE_FETCH_WAIT", "JOBSTORE_HOOK_LOG", "JOBSTORE_SPOOL", "JOBSTORE_SANDBOX_ROOT",
@@ -141,7 +142,8 @@ def test_every_setting_the_code_and_the_dropins_name_is_in_the_table() -> None:
             named.setdefault(name, str(path.relative_to(REPO)))
     # HTCondor's names for the hooks and for a daemon, and a marker that is no setting
     others = re.compile(r"JOBSTORE_(HOOK_(DIR|FETCH_WORK|REPLY_FETCH|EVICT_CLAIM|PREPARE_JOB|"
-                        r"UPDATE_JOB_INFO|JOB_EXIT)|AGENT(_ARGS)?|CLUSTER_ID_IS_NOT_KNOWN_\w+)$")
+                        r"UPDATE_JOB_INFO|JOB_EXIT)|(AGENT|SCHEDD)(_ARGS)?|"
+                        r"CLUSTER_ID_IS_NOT_KNOWN_\w+)$")
     missing = {n: where for n, where in named.items()
                if n not in BY_PARAM and not others.match(n)}
     assert not missing, f"settings outside the table: {missing}"

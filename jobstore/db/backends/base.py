@@ -105,9 +105,10 @@ class Door(Protocol):
 
     def new_cluster(self, conn: Connection, *, owner: str, queue: str,
                     submit_file: str | None, num_procs: int, key: str | None,
-                    now: float) -> tuple[int, bool]:
-        """A new cluster, or (with `key`) the cluster a submit of the owner's with that key
-        made before: (its id, whether it is new)."""
+                    now: float, home: str | None = None) -> tuple[int, bool]:
+        """A new cluster whose outputs go home to the access point `home` (None: spooled),
+        or (with `key`) the cluster a submit of the owner's with that key made before: (its
+        id, whether it is new)."""
 
     def queue_jobs(self, conn: Connection, jobs: Sequence[Job], held: Sequence[bool],
                    now: float) -> list[int]:
@@ -316,6 +317,10 @@ class Backend(Protocol):
     # ---- the session and the server ------------------------------------------------------
     def reads_tokens(self, conn: Connection) -> bool:
         """Whether the session may read an attempt's token (a submitter's role may not)."""
+
+    def store_owner(self) -> str | None:
+        """The one account whose jobs the store may hold, where the database cannot say whose
+        a row is (a SQLite file not root's: its owner, who may write any row); else None."""
 
     def local_identity(self) -> Identity | None:
         """Who every session is, where the database has no sessions of its own (a SQLite file

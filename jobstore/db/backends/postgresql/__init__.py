@@ -296,6 +296,9 @@ class PostgreSQL:
             self._reads_tokens = bool(conn.execute(READS_TOKENS).scalar())
         return self._reads_tokens
 
+    def store_owner(self) -> None:
+        return None  # every row's owner is the door's, from the session
+
     def local_identity(self) -> None:
         return None  # the session's role decides: session_identity
 

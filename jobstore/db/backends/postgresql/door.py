@@ -69,10 +69,10 @@ class PgDoor:
 
     def new_cluster(self, conn: Connection, *, owner: str, queue: str,
                     submit_file: str | None, num_procs: int, key: str | None,
-                    now: float) -> tuple[int, bool]:
+                    now: float, home: str | None = None) -> tuple[int, bool]:
         row = _one(driver.execute(conn, NEW_CLUSTER, {
             "owner": owner, "queue": queue, "submit_file": submit_file,
-            "num_procs": num_procs, "key": key, "now": now}))
+            "num_procs": num_procs, "key": key, "now": now, "home": home}))
         return int(row[0]), bool(row[1])
 
     def queue_jobs(self, conn: Connection, jobs: Sequence[Job], held: Sequence[bool],

@@ -224,8 +224,8 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 -- Start the role from nothing on the job store's tables.
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
-    dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys
-    FROM {role};
+    dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys,
+    deliveries FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -264,6 +264,10 @@ GRANT INSERT ON job_events TO {role};
 -- name: grant_sequence
 -- Take the ids of new events.
 GRANT USAGE ON SEQUENCE {sequence} TO {role};
+
+-- name: grant_deliveries
+-- Write a job's outputs home (jobstore schedd) and prune the record with the job.
+GRANT SELECT, INSERT, UPDATE, DELETE ON deliveries TO {role};
 
 -- name: grant_files
 -- Read a job's input files for its sandbox, store its outputs, and prune them with the job.
@@ -375,7 +379,7 @@ CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
-    accounting_groups, notify_keys FROM {role};
+    accounting_groups, notify_keys, deliveries FROM {role};
 
 -- name: user_revoke_sequences
 -- ... and on their sequences (a submitter takes no id herself: the door's functions do).
@@ -387,7 +391,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role};
 GRANT SELECT ON clusters, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
-    accounting_groups TO {role};
+    accounting_groups, deliveries TO {role};
 
 -- name: user_read_jobs
 -- Read every column of the jobs but the attempt's token (it names the attempt's sandbox).
@@ -441,7 +445,8 @@ ORDER BY seq;
 -- name: door_new_cluster
 -- A new cluster, or the one a submit of the owner's with the same idempotency key made.
 SELECT cluster_id, created FROM jobstore_new_cluster(%(owner)s::text, %(queue)s::text,
-    %(submit_file)s::text, %(num_procs)s::integer, %(key)s::text, %(now)s::float8);
+    %(submit_file)s::text, %(num_procs)s::integer, %(key)s::text, %(now)s::float8,
+    %(home)s::text);
 
 -- name: door_queue_jobs
 -- Queue jobs (a JSON array) with their submit events: their ids in order.

@@ -185,6 +185,19 @@ class SQLite:
 
     # ---- the session and the server ------------------------------------------------------
 
+    def store_owner(self) -> str | None:
+        database = self.engine.url.database or ""
+        try:
+            uid = os.stat(database).st_uid
+        except OSError:
+            return None  # in memory, or not made yet: the caller's own
+        if uid == 0:
+            return None
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return f"uid {uid}"
+
     def local_identity(self) -> Identity:
         """A SQLite job store is one account's (the file's owner, or root:
         connect.engine): its session is the invoking account, trusted (looked

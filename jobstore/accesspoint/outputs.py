@@ -1,0 +1,134 @@
+"""Outputs home: each completed job submitted from this access point (not spooled) has the
+outputs its JOB_EXIT sent written into its Iwd, with its remaps, as its owner, once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from jobstore.api.retrieve import write_outputs
+from jobstore.core.jobs import Job
+from jobstore.db.channels import CHANNEL
+from jobstore.db.store import JobStore
+from jobstore.errors import DatabaseError, JobstoreError
+from jobstore.node import config
+from jobstore.node.accounts import owner_refusal
+
+LOG = logging.getLogger("jobstore.schedd")
+LEASE = 300.0  # seconds a service holds a job's delivery before another may take it
+RETRY = 60.0  # seconds before a delivery that failed is tried again (then twice as long)
+SLACK = 60.0  # a job's finished_at may be this much older than its commit
+RESCAN = 3600.0  # seconds between looks at every completed job of this access point
+AWAY = 5.0  # seconds before the store is tried again when it cannot be reached
+POLL = 0.5  # seconds between looks where the store cannot announce its changes (SQLite)
+WAKE = 30.0  # seconds between looks where it can (a lost notification costs no more)
+GAP = 0.2  # the least time between two looks (notifications anyone may send wake it)
+STOP_CHECK = 0.5  # seconds between looks at whether to stop
+
+
+@dataclass
+class OutputsHome:
+    """Delivers the outputs of the jobs whose home is `name`; as root, every owner's (each
+    as herself), else only this account's."""
+
+    store: JobStore
+    name: str
+    settings: config.Settings
+    clock: Callable[[], float] = time.time
+    delivered: int = 0
+    failed: int = 0
+    _since: float = 0.0
+    _full_at: float = 0.0
+    _owner: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if os.geteuid() != 0:
+            self._owner = pwd.getpwuid(os.geteuid()).pw_name
+        else:  # a SQLite store of a user's holds her jobs alone, whatever its rows say
+            self._owner = self.store.db.backend.store_owner()
+
+    def pass_once(self) -> int:
+        """Deliver every job due now; returns how many were delivered."""
+        start = self.clock()
+        full = start >= self._full_at
+        since = 0.0 if full else self._since
+        done = 0
+        while jobs := self.store.deliveries.due(self.name, start, owner=self._owner,
+                                                since=since):
+            taken = [job for job in jobs if self.store.deliveries.take(
+                job, self.name, self.clock(), LEASE)]
+            done += sum(self._deliver(job) for job in taken)
+            if not taken:
+                break
+        self._since = start - SLACK
+        if full:
+            self._full_at = start + RESCAN
+        return done
+
+    def _deliver(self, job: Job) -> bool:
+        why = self._refusal(job.owner)
+        try:
+            if why is not None:
+                raise JobstoreError(why)
+            written = write_outputs(self.store, job)
+        except DatabaseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever a job's ad holds, the next job
+            self.failed += 1
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            self.store.deliveries.failed(job.id, reason, self.clock(), RETRY)
+            LOG.warning("job %s.%s: outputs not written home: %s", job.cluster_id,
+                        job.proc_id, reason)
+            return False
+        self.store.deliveries.delivered(job.id, len(written), self.clock())
+        self.delivered += 1
+        LOG.info("job %s.%s: %d output(s) written home", job.cluster_id, job.proc_id,
+                 len(written))
+        return True
+
+    def _refusal(self, owner: str) -> str | None:
+        if self._owner is not None:
+            return None if owner == self._owner else f"not {self._owner}'s job"
+        try:
+            pwd.getpwnam(owner)
+        except KeyError:
+            return f"account {owner} is not on this access point"
+        return owner_refusal(owner, self.settings)
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        """Deliver as jobs complete until `stop()`: at once when the store announces a change
+        (PostgreSQL), else every POLL seconds; every WAKE seconds in any case. A store that
+        cannot be reached is tried again every AWAY seconds."""
+        while not stop():
+            try:
+                self._serve(stop)
+            except DatabaseError as exc:
+                LOG.warning("the job store cannot be reached: %s", exc)
+                deadline = time.monotonic() + AWAY
+                while not stop() and time.monotonic() < deadline:
+                    time.sleep(STOP_CHECK)
+
+    def _serve(self, stop: Callable[[], bool]) -> None:
+        listener = None
+        if self.store.db.can_listen:
+            listener = self.store.db.listener(CHANNEL, self.settings.connect_timeout)
+            listener.open()
+        try:
+            due = last = 0.0
+            while not stop():
+                if time.monotonic() >= due:
+                    self.pass_once()
+                    last = time.monotonic()
+                    due = last + (WAKE if listener is not None else POLL)
+                if listener is not None:
+                    if listener.wait(STOP_CHECK):
+                        due = min(due, last + GAP)
+                else:
+                    time.sleep(STOP_CHECK)
+        finally:
+            if listener is not None:
+                listener.close()

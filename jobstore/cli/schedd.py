@@ -1,0 +1,49 @@
+"""`jobstore schedd`: the access point's service."""
+
+from __future__ import annotations
+
+import click
+
+from jobstore.cli.context import Context, fail, guard, pass_ctx
+
+
+@click.command("schedd")
+@click.option("--name", metavar="NAME",
+              help="This access point's name (default: JOBSTORE_SCHEDD_NAME, else the host's "
+              "name), as the jobs submitted here record it.")
+@click.option("--once", is_flag=True, help="Write home what is due now, then exit.")
+@click.option("--log", "log", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Append the log to PATH (default: stderr).")
+@pass_ctx
+@guard
+def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
+    """Write the outputs of the jobs submitted on this access point (not with -spool) into
+    their Iwd as they complete, with their remaps, each as its owner, as the schedd's shadow
+    does. As root, every owner's jobs; as an ordinary account, her own."""
+    import logging
+    import signal
+    import sys
+
+    from jobstore.accesspoint.outputs import OutputsHome
+    from jobstore.db.localdoor import ACCESS_POINT
+
+    home = name or ctx.settings.access_point()
+    if not ACCESS_POINT.fullmatch(home):
+        fail(f"{home!r} is not the name of an access point")
+    where = logging.FileHandler(log) if log else logging.StreamHandler(sys.stderr)
+    logging.basicConfig(handlers=[where], level=logging.INFO,
+                        format="%(asctime)s jobstore schedd: %(message)s")
+    service = OutputsHome(ctx.store, home, ctx.settings)
+    if once:
+        done = service.pass_once()
+        click.echo(f"{done} job(s)' outputs written home, {service.failed} not.")
+        return
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.getLogger("jobstore.schedd").info("serving the jobs of %s", home)
+    service.run(lambda: bool(stopping))
