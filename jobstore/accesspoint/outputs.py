@@ -14,7 +14,7 @@ from jobstore.api.retrieve import write_outputs
 from jobstore.core.jobs import Job
 from jobstore.db.channels import CHANNEL
 from jobstore.db.store import JobStore
-from jobstore.errors import DatabaseError, JobstoreError
+from jobstore.errors import ConfigError, DatabaseError
 from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 
@@ -48,8 +48,11 @@ class OutputsHome:
     def __post_init__(self) -> None:
         if os.geteuid() != 0:
             self._owner = pwd.getpwuid(os.geteuid()).pw_name
-        else:  # a SQLite store of a user's holds her jobs alone, whatever its rows say
-            self._owner = self.store.db.backend.store_owner()
+            return
+        mine = self.store.db.backend.local_owner()
+        if mine is not None:  # whoever may write the file may write any row
+            raise ConfigError(f"the job store is {mine}'s SQLite file: serve it as {mine} "
+                              "(`jobstore schedd` started as root becomes its owner)")
 
     def pass_once(self) -> int:
         """Deliver every job due now; returns how many were delivered."""
@@ -59,7 +62,7 @@ class OutputsHome:
         done = 0
         while jobs := self.store.deliveries.due(self.name, start, owner=self._owner,
                                                 since=since):
-            taken = [job for job in jobs if self.store.deliveries.take(
+            taken = [job for job in _by_turns(jobs) if self.store.deliveries.take(
                 job, self.name, self.clock(), LEASE)]
             done += sum(self._deliver(job) for job in taken)
             if not taken:
@@ -70,27 +73,40 @@ class OutputsHome:
         return done
 
     def _deliver(self, job: Job) -> bool:
-        why = self._refusal(job.owner)
+        """Write `job`'s outputs and record how it went; whatever its row holds, never raise
+        but a database that is away."""
+        reason = self._refusal(job.owner)
+        written = 0
         try:
-            if why is not None:
-                raise JobstoreError(why)
-            written = write_outputs(self.store, job)
+            if reason is None:
+                written = len(write_outputs(self.store, job))
         except DatabaseError:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever a job's ad holds, the next job
-            self.failed += 1
             reason = " ".join(str(exc).split()) or type(exc).__name__
-            self.store.deliveries.failed(job.id, reason, self.clock(), RETRY)
+        try:
+            if reason is None:
+                self.store.deliveries.delivered(job.id, written, self.clock())
+            else:
+                self.store.deliveries.failed(job.id, reason, self.clock(), RETRY)
+        except DatabaseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a record that cannot be updated (SQLite)
+            LOG.warning("job %s.%s: its delivery cannot be recorded: %s", job.cluster_id,
+                        job.proc_id, " ".join(str(exc).split()))
+            return False
+        if reason is not None:
+            self.failed += 1
             LOG.warning("job %s.%s: outputs not written home: %s", job.cluster_id,
                         job.proc_id, reason)
             return False
-        self.store.deliveries.delivered(job.id, len(written), self.clock())
         self.delivered += 1
-        LOG.info("job %s.%s: %d output(s) written home", job.cluster_id, job.proc_id,
-                 len(written))
+        LOG.info("job %s.%s: %d output(s) written home, %.3f s after its JOB_EXIT began",
+                 job.cluster_id, job.proc_id, written, self.clock() - (job.finished_at or 0.0))
         return True
 
     def _refusal(self, owner: str) -> str | None:
+        """Why this service writes nothing for `owner` (None: it may)."""
         if self._owner is not None:
             return None if owner == self._owner else f"not {self._owner}'s job"
         try:
@@ -108,9 +124,14 @@ class OutputsHome:
                 self._serve(stop)
             except DatabaseError as exc:
                 LOG.warning("the job store cannot be reached: %s", exc)
-                deadline = time.monotonic() + AWAY
-                while not stop() and time.monotonic() < deadline:
-                    time.sleep(STOP_CHECK)
+            except Exception as exc:  # noqa: BLE001 - nothing stored stops the service
+                LOG.error("a pass failed: %s: %s", type(exc).__name__,
+                          " ".join(str(exc).split()))
+            else:
+                return
+            deadline = time.monotonic() + AWAY
+            while not stop() and time.monotonic() < deadline:
+                time.sleep(STOP_CHECK)
 
     def _serve(self, stop: Callable[[], bool]) -> None:
         listener = None
@@ -132,3 +153,27 @@ class OutputsHome:
         finally:
             if listener is not None:
                 listener.close()
+
+
+def _by_turns(jobs: list[Job]) -> list[Job]:
+    """`jobs` (oldest first) taken one owner's at a time in turn: one owner's many jobs keep
+    no other owner's waiting behind all of them."""
+    queues: dict[str, list[Job]] = {}
+    for job in jobs:
+        queues.setdefault(job.owner, []).append(job)
+    out: list[Job] = []
+    while queues:
+        for owner in list(queues):
+            out.append(queues[owner].pop(0))
+            if not queues[owner]:
+                del queues[owner]
+    return out
+
+
+def become(owner: str) -> None:
+    """Take `owner`'s account for the rest of this process (root only): her groups, gid and
+    uid, real and saved too."""
+    user = pwd.getpwnam(owner)
+    os.initgroups(owner, user.pw_gid)
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)

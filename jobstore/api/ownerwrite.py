@@ -28,9 +28,9 @@ class Wanted(NamedTuple):
     content: Callable[[], Iterable[bytes]]
 
 
-def write_as(owner: str, files: Sequence[Wanted]) -> None:
+def write_as(owner: str, files: Sequence[Wanted], budget: float | None = None) -> None:
     """Write `files` with `owner`'s rights (OSError: the first that could not be written, and
-    why; those before it are written)."""
+    why; those before it are written), as root within `budget` seconds in all."""
     if os.geteuid() != 0 or owner == "root":
         for f in files:
             write_whole(f.dest, f.content(), f.mode, f.size)
@@ -44,8 +44,9 @@ def write_as(owner: str, files: Sequence[Wanted]) -> None:
     os.close(data_r)
     os.close(err_w)
     stalled = False
+    deadline = time.monotonic() + (budget if budget is not None else float("inf"))
     try:
-        _feed(data_w, files)
+        _feed(data_w, files, deadline)
     except BrokenPipeError:
         pass  # the child gave up: its reason follows
     except TimeoutError:
@@ -55,7 +56,8 @@ def write_as(owner: str, files: Sequence[Wanted]) -> None:
         os.close(data_w)
         why = _reason(err_r, pid)
     if stalled:
-        why = f"it took no bytes for {IDLE:g} s"
+        why = (f"it took no bytes for {IDLE:g} s" if time.monotonic() < deadline
+               else f"it took more than its {budget:g} s")
     if why is not None:
         raise OSError(f"not written as {owner}: {why}")
 
@@ -80,21 +82,22 @@ def write_whole(dest: str, chunks: Iterable[bytes], mode: int, size: int) -> Non
         raise
 
 
-def _feed(fd: int, files: Sequence[Wanted]) -> None:
+def _feed(fd: int, files: Sequence[Wanted], deadline: float) -> None:
     """Each file's header line, then its bytes, into the child's pipe; TimeoutError when the
-    child takes nothing for IDLE seconds."""
+    child takes nothing for IDLE seconds, or `deadline` passes."""
     os.set_blocking(fd, False)
     for f in files:
         header = json.dumps({"dest": f.dest, "mode": f.mode, "size": f.size}).encode() + b"\n"
-        _send(fd, header)
+        _send(fd, header, deadline)
         for data in f.content():
-            _send(fd, data)
+            _send(fd, data, deadline)
 
 
-def _send(fd: int, data: bytes) -> None:
+def _send(fd: int, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     while view:
-        _, ready, _ = select.select([], [fd], [], IDLE)
+        wait = min(IDLE, deadline - time.monotonic())
+        _, ready, _ = select.select([], [fd], [], max(wait, 0.0))
         if not ready:
             raise TimeoutError
         view = view[os.write(fd, view):]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,9 +18,10 @@ from jobstore.api.query import Shown, iter_query
 from jobstore.core.jobs import Job
 from jobstore.db.sandbox import OUT
 from jobstore.db.store import JobStore
-from jobstore.errors import InvalidInput
+from jobstore.errors import DatabaseError, InvalidInput
 from jobstore.formats.classads import Expr
 from jobstore.formats.jobads import stored_attrs
+from jobstore.node.accounts import MIN_USER_UID, NOBODY_UID
 from jobstore.submit.transfer import output_destination, parse_remaps
 
 
@@ -53,10 +55,8 @@ def write_outputs(store: JobStore, job: Job) -> tuple[tuple[str, str], ...]:
     if not files:
         return ()
     name = f"job {job.cluster_id}.{job.proc_id}"
-    only = store.db.backend.store_owner() if os.geteuid() == 0 else None
-    if only is not None and job.owner != only:
-        raise InvalidInput(f"{name} is {job.owner}'s, in a SQLite job store of {only}'s: root "
-                           "writes only its owner's outputs")
+    if os.geteuid() == 0:
+        _check_owner_as_root(store, name, job.owner)
     ad = stored_attrs(job.ad, strict=False)
     iwd = _literal(name, ad, "Iwd") or "/"
     if not os.path.isabs(iwd):
@@ -70,8 +70,32 @@ def write_outputs(store: JobStore, job: Job) -> tuple[tuple[str, str], ...]:
         dest = output_destination(f.name, iwd, remaps, _path(out), _path(err), listed)
         wanted.append((f.name, Wanted(dest, f.mode, f.size, functools.partial(
             store.files.file_content, f.owner, f.sha256))))
-    write_as(job.owner, [w for _, w in wanted])
+    budget = BUDGET + sum(w.size for _, w in wanted) / BUDGET_RATE + PER_FILE * len(wanted)
+    write_as(job.owner, [w for _, w in wanted], budget)
     return tuple((name, w.dest) for name, w in wanted)
+
+
+# How long root's writer may take for one job's outputs: BUDGET seconds, one more per
+# BUDGET_RATE bytes and PER_FILE per file (a directory of hers that stalls holds nobody else's).
+BUDGET, BUDGET_RATE, PER_FILE = 60.0, float(1 << 20), 0.01
+
+
+def _check_owner_as_root(store: JobStore, name: str, owner: str) -> None:
+    """Root writes for an ordinary account only, and from a SQLite store that is not root's
+    alone (whose rows its owner may have written) for that owner only."""
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise InvalidInput(f"account {owner} is not on this machine") from None
+    if uid < MIN_USER_UID or uid >= NOBODY_UID:
+        raise InvalidInput(f"{name} is {owner}'s: root writes no outputs of a system account")
+    try:
+        only = store.db.backend.local_owner()
+    except DatabaseError as exc:  # the file, not the database: this job's failure
+        raise InvalidInput(str(exc)) from None
+    if only is not None and owner != only:
+        raise InvalidInput(f"{name} is {owner}'s, in a SQLite job store of {only}'s: root "
+                           "writes only its owner's outputs")
 
 
 # A ClassAd string literal: its value is read without evaluating anything of a job's.

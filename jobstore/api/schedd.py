@@ -340,7 +340,10 @@ class Schedd:
         """Set attribute `attr` of the waiting (idle or held) jobs of `job_spec` to `value`
         (an expression, as condor_qedit takes it), a page of jobs per transaction; the number
         of jobs edited. ValueError for an attribute that may not change (Owner, the job
-        store's own) or a bad value; NotOwner when the jobs named are all another's."""
+        store's own) or a bad value; NotOwner when the jobs named are all another's; TypeError
+        for `flags` that are not a TransactionFlag (htcondor2's), as htcondor2's edit."""
+        if flags is not None and type(flags).__name__ != "TransactionFlag":
+            raise TypeError("flags must be a TransactionFlag")
         ids, constraint = _spec_parts(job_spec)
         return query.edit(self.store, self.shown, attr, str(value), ids=ids,
                           constraint=constraint)
@@ -361,12 +364,14 @@ class Schedd:
 
 
 def _action(action: Any) -> JobAction:
-    """A JobAction (ours or htcondor2's, by name) or its name."""
-    name = action if isinstance(action, str) else getattr(action, "name", None)
-    try:
-        return JobAction[name] if name else JobAction(int(action))
-    except (KeyError, ValueError):
-        raise InvalidInput(f"{action!r} is not a JobAction") from None
+    """A JobAction, ours or htcondor2's (by name); TypeError for anything else, as
+    htcondor2's act raises."""
+    if isinstance(action, JobAction):
+        return action
+    name = getattr(action, "name", None) if type(action).__name__ == "JobAction" else None
+    if not isinstance(name, str) or name not in JobAction.__members__:
+        raise TypeError("action must be a JobAction")
+    return JobAction[name]
 
 
 def _text(constraint: str | ExprTree | None) -> str | None:

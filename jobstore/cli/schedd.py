@@ -21,15 +21,20 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     their Iwd as they complete, with their remaps, each as its owner, as the schedd's shadow
     does. As root, every owner's jobs; as an ordinary account, her own."""
     import logging
+    import os
     import signal
     import sys
 
-    from jobstore.accesspoint.outputs import OutputsHome
+    from jobstore.accesspoint.outputs import OutputsHome, become
     from jobstore.db.localdoor import ACCESS_POINT
 
     home = name or ctx.settings.access_point()
     if not ACCESS_POINT.fullmatch(home):
         fail(f"{home!r} is not the name of an access point")
+    if os.geteuid() == 0:
+        owner = ctx.store.db.backend.local_owner()
+        if owner is not None:  # her SQLite file: whoever may write it may write any row
+            become(owner)
     where = logging.FileHandler(log) if log else logging.StreamHandler(sys.stderr)
     logging.basicConfig(handlers=[where], level=logging.INFO,
                         format="%(asctime)s jobstore schedd: %(message)s")

@@ -132,11 +132,13 @@ class Deliveries:
                 deliveries.c.job_id == job_id, deliveries.c.delivered_at.is_(None))).first()
             if row is None:
                 return
+            done = row.failures if isinstance(row.failures, int) else GIVE_UP  # an odd row
+            done = min(max(done, 0), GIVE_UP)
             conn.execute(update(deliveries)
                          .where(deliveries.c.job_id == job_id,
                                 deliveries.c.delivered_at.is_(None))
-                         .values(error=error[:1000], failures=row.failures + 1,
-                                 leased_until=now + retry_after * 2 ** min(row.failures, 6)))
+                         .values(error=error[:1000], failures=done + 1,
+                                 leased_until=now + retry_after * 2 ** min(done, 6)))
 
     def of(self, job_ids: Sequence[int]) -> dict[int, Delivery]:
         """The delivery record of each of `job_ids` that has one."""

@@ -47,8 +47,8 @@ def test_files_go_in_and_come_out_with_a_directory_and_a_remap(live: Live) -> No
 
 def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
     """`jobstore schedd` as root on the access point: a completed job's outputs are in its
-    initialdir, written as its owner, with no command of hers (reported: how long after the
-    job's completion was recorded)."""
+    initialdir, written as its owner, with no command of hers (reported: how long after its
+    JOB_EXIT began)."""
     import pwd
     import signal
 
@@ -61,8 +61,9 @@ def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
         done = live.wait_status(job, "completed")
         out = live.work / "home" / "cat.out"
         wait_for("cat.out written home", lambda: out.exists() or None, 30, 0.05)
-        MEASURED.append(f"a job's completion recorded -> its output written in its "
-                        f"initialdir: {(out.stat().st_mtime - done['finished_at']) * 1000:.0f} ms")
+        MEASURED.append(f"JOB_EXIT's start (the job's recorded end; it then sends the outputs "
+                        f"into the store) -> its output written in its initialdir by jobstore "
+                        f"schedd: {(out.stat().st_mtime - done['finished_at']) * 1000:.0f} ms")
         assert out.read_text() == "came home\n"
         assert out.stat().st_uid == pwd.getpwnam(SUBMITTER).pw_uid
     finally:

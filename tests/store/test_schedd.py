@@ -107,6 +107,16 @@ def test_act_returns_htcondor2_totals(schedd: Any) -> None:  # noqa: F811
     assert (gone["TotalJobAds"], gone["TotalSuccess"], gone["TotalAlreadyDone"]) == (2, 2, 0)
     with pytest.raises(ValueError, match="Suspend is not supported"):
         schedd.act(htcondor2.JobAction.Suspend, cluster)
+    # htcondor2's own checks of what it is given
+    for action in ("Hold", 1, None):
+        with pytest.raises(TypeError, match="action must be a JobAction"):
+            schedd.act(action, cluster)
+    with pytest.raises(TypeError, match="flags must be a TransactionFlag"):
+        schedd.edit(f"{cluster}.0", "JobPrio", "1", flags=1)
+    with pytest.raises(ValueError):
+        schedd.act(htcondor2.JobAction.Hold, [f"{cluster}.0", "1.2.3"])
+    assert schedd.edit(f"{cluster + 99}.0", "JobPrio", "1",
+                       flags=htcondor2.TransactionFlag.Default) == 0
 
 
 @BOTH_BACKENDS

@@ -57,6 +57,14 @@ def _schedd(store: JobStore, *args: str) -> list[str]:
     return [*JOBSTORE, "--db", store.db.engine.url.render_as_string(False), "schedd", *args]
 
 
+def _hers(store: JobStore, owner: str | None) -> None:
+    """A SQLite store in the node's directory, which every account may write, is the owner's
+    (root's service becomes her); a PostgreSQL one stays the database's."""
+    if owner and store.db.engine.dialect.name == "sqlite":
+        user = pwd.getpwnam(owner)
+        os.chown(str(store.db.engine.url.database), user.pw_uid, user.pw_gid)
+
+
 def _wait_for(paths: list[Path], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
@@ -76,6 +84,7 @@ def test_outputs_come_home_as_the_jobs_complete(node_db) -> None:  # type: ignor
     with store.db.engine.begin() as conn:  # as if submitted on another access point
         conn.exec_driver_sql("UPDATE clusters SET home = 'ap2.example.org' WHERE id = "
                              f"{other_cluster}")
+    _hers(store, owner)
     service = clirun.popen(_schedd(store), stderr=open(tmp / "schedd.log", "wb"))  # noqa: SIM115
     try:
         run_node(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
@@ -119,12 +128,13 @@ def test_a_link_swapped_into_iwd_gets_nothing(node_db) -> None:  # type: ignore[
     (home / "logs").symlink_to(guarded)
     os.lchown(home / "logs", pwd.getpwnam(owner).pw_uid, -1)
     run_node(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
+    _hers(store, owner)
     once = clirun.run(_schedd(store, "--once"), capture_output=True, text=True, timeout=60)
     assert once.stdout == "0 job(s)' outputs written home, 2 not.\n", once.stderr
     assert list(guarded.iterdir()) == []
     records = store.deliveries.of(ids).values()
     assert [d.delivered_at for d in records] == [None, None]
-    assert all(f"not written as {owner}" in (d.error or "") for d in records), records
+    assert all("Permission denied" in (d.error or "") for d in records), records
     assert "outputs not written home" in once.stderr
 
 
@@ -207,7 +217,7 @@ def test_root_writes_only_the_owners_jobs_of_her_sqlite_store(node_db) -> None: 
     another account's is written for nobody, by root's service or root's transfer-data."""
     from jobstore.accesspoint.outputs import OutputsHome
     from jobstore.api.retrieve import write_outputs
-    from jobstore.errors import InvalidInput
+    from jobstore.errors import ConfigError, InvalidInput
     from jobstore.testing.factories import completed, job_spec
     from jobstore.testing.support import ensure_account
 
@@ -223,7 +233,23 @@ def test_root_writes_only_the_owners_jobs_of_her_sqlite_store(node_db) -> None: 
                                          queue="default", max_attempts=1, home="ap1")[1]
     job = completed(store, {"notes.txt": tmp / "x"})
     settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
-    assert OutputsHome(store, "ap1", settings).pass_once() == 0
+    with pytest.raises(ConfigError, match="serve it as jsalice"):
+        OutputsHome(store, "ap1", settings)
     with pytest.raises(InvalidInput, match="root writes only its owner's outputs"):
         write_outputs(store, job)
+    served = clirun.run(_schedd(store, "--name", "ap1", "--once"), capture_output=True,
+                        text=True, timeout=60)  # root's service becomes her
+    assert served.stdout == "0 job(s)' outputs written home, 0 not.\n", served.stderr
     assert list(victim.iterdir()) == [] and store.deliveries.of([job_id]) == {}
+    # a path whose links others could change, or a root file they could replace: refused
+    chain = tmp / "link0"
+    chain.symlink_to(str(store.db.engine.url.database))
+    for n in range(1, 45):
+        (tmp / f"link{n}").symlink_to(tmp / f"link{n - 1}")
+    looped = clirun.run([*JOBSTORE, "--db", f"sqlite:///{tmp}/link44", "schedd", "--once"],
+                        capture_output=True, text=True, timeout=60)
+    assert looped.returncode == 1 and "job store" in looped.stderr, looped.stderr
+    os.chown(str(store.db.engine.url.database), 0, 0)
+    os.chmod(tmp, 0o777)
+    shared = clirun.run(_schedd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert shared.returncode == 1 and "others may replace it" in shared.stderr, shared.stderr

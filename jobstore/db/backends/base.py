@@ -318,9 +318,12 @@ class Backend(Protocol):
     def reads_tokens(self, conn: Connection) -> bool:
         """Whether the session may read an attempt's token (a submitter's role may not)."""
 
-    def store_owner(self) -> str | None:
-        """The one account whose jobs the store may hold, where the database cannot say whose
-        a row is (a SQLite file not root's: its owner, who may write any row); else None."""
+    def local_owner(self) -> str | None:
+        """The account a root process must act as on this store, because whoever may write
+        its file may write any row (a SQLite file that is not root's alone: its owner); None
+        where every row's owner is what the database checked (PostgreSQL's door) or the file
+        and every directory on its path are root's and nobody else may change them.
+        DatabaseError when it cannot be told (a root-owned file others could swap)."""
 
     def local_identity(self) -> Identity | None:
         """Who every session is, where the database has no sessions of its own (a SQLite file

@@ -296,7 +296,7 @@ class PostgreSQL:
             self._reads_tokens = bool(conn.execute(READS_TOKENS).scalar())
         return self._reads_tokens
 
-    def store_owner(self) -> None:
+    def local_owner(self) -> None:
         return None  # every row's owner is the door's, from the session
 
     def local_identity(self) -> None:

@@ -391,7 +391,7 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema} FROM {role};
 GRANT SELECT ON clusters, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
-    accounting_groups, deliveries TO {role};
+    accounting_groups TO {role};
 
 -- name: user_read_jobs
 -- Read every column of the jobs but the attempt's token (it names the attempt's sandbox).

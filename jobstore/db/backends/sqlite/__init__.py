@@ -28,6 +28,7 @@ from jobstore.db.backends.base import (
     insert_missing,
     upsert,
 )
+from jobstore.db.backends.sqlite.fileowner import local_owner
 from jobstore.db.backends.statements import load
 from jobstore.db.channels import Listener
 from jobstore.db.phases import status_in
@@ -185,18 +186,8 @@ class SQLite:
 
     # ---- the session and the server ------------------------------------------------------
 
-    def store_owner(self) -> str | None:
-        database = self.engine.url.database or ""
-        try:
-            uid = os.stat(database).st_uid
-        except OSError:
-            return None  # in memory, or not made yet: the caller's own
-        if uid == 0:
-            return None
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return f"uid {uid}"
+    def local_owner(self) -> str | None:
+        return local_owner(self.engine.url.database or "")
 
     def local_identity(self) -> Identity:
         """A SQLite job store is one account's (the file's owner, or root:

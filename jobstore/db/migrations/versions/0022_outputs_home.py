@@ -82,12 +82,11 @@ def _run_sql(source: str, schema: str) -> None:
 
 
 def _grant(bind: sa.Connection, function: str, *, deliveries: bool = True) -> None:
-    """The submitters' roles call `function`; the agents' roles keep the deliveries."""
+    """The submitters' roles call `function`; the agents' roles keep the deliveries (whose
+    errors name the owners' paths: no submitter reads them)."""
     quote = bind.dialect.identifier_preparer.quote
     for role in bind.execute(sa.text(USER_ROLES)).scalars():
         op.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {quote(role)}")
-        if deliveries:
-            op.execute(f"GRANT SELECT ON deliveries TO {quote(role)}")
     if deliveries:
         for role in bind.execute(sa.text(AGENT_ROLES)).scalars():
             op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON deliveries TO {quote(role)}")
