@@ -12,6 +12,7 @@ import socket
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from emulatornode import job_owner, node_db, run_node, submit_text  # noqa: F401
@@ -21,6 +22,7 @@ from jobstore.api.query import Shown
 from jobstore.api.retrieve import retrieve
 from jobstore.core import holds
 from jobstore.db.schema import sandbox_chunks
+from jobstore.db.store import JobStore
 from jobstore.node.sandboxroot import CACHE, OUTBOX, UPLOADS
 
 SCRIPT = """#!/bin/sh
@@ -59,6 +61,18 @@ def _files(tmp: Path, owner: str | None) -> Path:
     return sub
 
 
+def _retrieve(store: JobStore, ids: list[str]) -> list[Any]:
+    """transfer-data of `ids` as this process: as root, on a SQLite store in the node's
+    directory (which every account may write), as its file's owner, the jobs' (root takes the
+    rows of a SQLite file at their word only where nobody else may change it)."""
+    if os.geteuid() == 0 and store.db.engine.dialect.name == "sqlite":
+        import pwd
+
+        user = pwd.getpwnam(job_owner() or "")
+        os.chown(str(store.db.engine.url.database), user.pw_uid, user.pw_gid)
+    return retrieve(store, Shown("JOBSTORE", "localdomain"), ids)
+
+
 def _sandboxes(tmp: Path) -> list[Path]:
     """The attempts' sandboxes under the node's sandbox root (not the agent's own directories:
     outbox, cache, uploads)."""
@@ -80,7 +94,7 @@ def test_a_job_with_file_transfer_needs_no_shared_file_system(node_db, mode: str
     assert _sandboxes(tmp) == []  # each sandbox removed after its attempt
     if mode == "agent":  # the inputs were copied from the agent's node copies
         assert len(list((tmp / "sandboxes" / CACHE).iterdir())) == 3
-    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    (got,) = _retrieve(store, [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"
     assert (sub / "job.out").read_text() == "three little words\n1,2\n"
@@ -174,7 +188,7 @@ def test_url_inputs_are_fetched_by_prepare_job(node_db, web) -> None:  # type: i
          env={"JOBSTORE_URL_TIMEOUT": "1"}, slots=3)
     ok, missing, silent_job = (store.reads.get_job(jobs[k]) for k in ("ok", "missing", "silent"))
     assert ok.status == "completed", ok.reason
-    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(ok.cluster_id)])
+    (got,) = _retrieve(store, [str(ok.cluster_id)])
     assert (tmp / "submit" / "ok.out").read_text() == "from the web\n"
     for job, why in ((missing, "HTTP 404"), (silent_job, "no answer within 1 s")):
         assert (job.status, job.hold_code) == ("held", holds.TRANSFER_INPUT_ERROR), job.reason
@@ -215,7 +229,7 @@ def test_a_self_checkpointing_job_goes_on_from_its_checkpoint(node_db) -> None: 
     evicts = [e for e in store.reads.events(job_id) if e.event == "evict" and e.to_status]
     assert len(evicts) == 2
     assert "checkpointed (exit code 85)" in str(evicts[0].attrs)
-    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    _retrieve(store, [str(job.cluster_id)])
     assert (tmp / "submit" / "result.txt").read_text() == "done after 2 checkpoints\n"
     assert not (tmp / "submit" / "ckpt.txt").exists()  # a checkpoint is not an output
 
@@ -239,7 +253,7 @@ def test_on_exit_or_evict_starts_the_next_attempt_from_the_evicted_ones_files(no
          vacate_after=first_attempt)
     job = store.reads.get_job(job_id)
     assert (job.status, job.claims) == ("completed", 2), job.reason
-    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    (got,) = _retrieve(store, [str(job.cluster_id)])
     assert (tmp / "submit" / "result.txt").read_text() == "made by the first attempt\n"
     assert "partial.txt" not in dict(got.written)  # it came in as it went out: not new
 
@@ -258,7 +272,7 @@ def test_the_file_guides_example(node_db) -> None:  # type: ignore[no-untyped-de
     (sub / "in.txt").unlink()  # the node needs no copy of it
     run_node(store, tmp, owner, "agent", {"completed", "held", "failed"})
     assert store.reads.get_job(job_id).status == "completed", store.reads.get_job(job_id).reason
-    retrieve(store, Shown("JOBSTORE", "localdomain"), [str(store.reads.get_job(job_id).cluster_id)])
+    _retrieve(store, [str(store.reads.get_job(job_id).cluster_id)])
     assert (sub / "count.out").read_text().split() == ["3", "in.txt"]
 
 
@@ -280,7 +294,7 @@ def test_outputs_not_sent_in_job_exits_time_are_sent_by_the_agent(node_db) -> No
     assert _sandboxes(tmp) == []
     assert list((tmp / "sandboxes" / OUTBOX).iterdir()) == []
     assert list((tmp / "sandboxes" / UPLOADS).iterdir()) == []
-    (got,) = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(job.cluster_id)])
+    (got,) = _retrieve(store, [str(job.cluster_id)])
     assert sorted(name for name, _ in got.written) == ["count.txt", "job.err", "job.out"]
     assert (sub / "count.txt").read_text().strip() == "3"
 
@@ -341,7 +355,7 @@ def test_output_destination_sends_the_outputs_to_a_url(node_db, tmp_path: Path) 
     if owner:  # written with the job's user's rights
         assert (shared / "job.out").stat().st_uid == pwd.getpwnam(owner).pw_uid
     cluster = store.reads.get_job(ids["file"]).cluster_id
-    got = retrieve(store, Shown("JOBSTORE", "localdomain"), [str(cluster)])
+    got = _retrieve(store, [str(cluster)])
     assert all(not g.written for g in got) and not (sub / "count.txt").exists()
 
 
