@@ -26,7 +26,7 @@ RESCAN = 3600.0  # seconds between looks at every completed job of this access p
 AWAY = 5.0  # seconds before the store is tried again when it cannot be reached
 POLL = 0.5  # seconds between looks where the store cannot announce its changes (SQLite)
 WAKE = 30.0  # seconds between looks where it can (a lost notification costs no more)
-GAP = 0.2  # the least time between two looks (notifications anyone may send wake it)
+GAP = 0.1  # the least time between two looks (notifications anyone may send wake it)
 STOP_CHECK = 0.5  # seconds between looks at whether to stop
 
 
@@ -145,11 +145,12 @@ class OutputsHome:
                     self.pass_once()
                     last = time.monotonic()
                     due = last + (WAKE if listener is not None else POLL)
+                wait = max(0.0, min(STOP_CHECK, due - time.monotonic()))
                 if listener is not None:
-                    if listener.wait(STOP_CHECK):
+                    if listener.wait(wait):
                         due = min(due, last + GAP)
                 else:
-                    time.sleep(STOP_CHECK)
+                    time.sleep(wait)
         finally:
             if listener is not None:
                 listener.close()

@@ -15,13 +15,13 @@ from classad2 import ExprTree
 
 from jobstore.api.ownerwrite import Wanted, write_as
 from jobstore.api.query import Shown, iter_query
+from jobstore.core.accounts import ordinary_uid
 from jobstore.core.jobs import Job
 from jobstore.db.sandbox import OUT
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError, InvalidInput
 from jobstore.formats.classads import Expr
 from jobstore.formats.jobads import stored_attrs
-from jobstore.node.accounts import MIN_USER_UID, NOBODY_UID
 from jobstore.submit.transfer import output_destination, parse_remaps
 
 
@@ -81,21 +81,21 @@ BUDGET, BUDGET_RATE, PER_FILE = 60.0, float(1 << 20), 0.01
 
 
 def _check_owner_as_root(store: JobStore, name: str, owner: str) -> None:
-    """Root writes for an ordinary account only, and from a SQLite store that is not root's
-    alone (whose rows its owner may have written) for that owner only."""
+    """Root writes for an ordinary account only, and only from a store whose rows it may take
+    at their word (PostgreSQL's, or a SQLite file of root's alone)."""
     try:
         uid = pwd.getpwnam(owner).pw_uid
     except KeyError:
         raise InvalidInput(f"account {owner} is not on this machine") from None
-    if uid < MIN_USER_UID or uid >= NOBODY_UID:
+    if not ordinary_uid(uid):
         raise InvalidInput(f"{name} is {owner}'s: root writes no outputs of a system account")
     try:
-        only = store.db.backend.local_owner()
+        mine = store.db.backend.local_owner()
     except DatabaseError as exc:  # the file, not the database: this job's failure
         raise InvalidInput(str(exc)) from None
-    if only is not None and owner != only:
-        raise InvalidInput(f"{name} is {owner}'s, in a SQLite job store of {only}'s: root "
-                           "writes only its owner's outputs")
+    if mine is not None:
+        raise InvalidInput(f"the job store is {mine}'s SQLite file, whose rows she may write: "
+                           f"root writes none of its outputs (run it as {mine})")
 
 
 # A ClassAd string literal: its value is read without evaluating anything of a job's.

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import pwd
 
+from jobstore.core.accounts import MIN_USER_UID, NOBODY_UID
 from jobstore.node import config
-
-# The lowest uid of an ordinary account (Debian's and Red Hat's UID_MIN).
-MIN_USER_UID = 1000
-NOBODY_UID = 65534
 
 
 def owner_refusal(owner: str, settings: config.Settings) -> str | None:

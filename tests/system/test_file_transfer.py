@@ -62,15 +62,38 @@ def _files(tmp: Path, owner: str | None) -> Path:
 
 
 def _retrieve(store: JobStore, ids: list[str]) -> list[Any]:
-    """transfer-data of `ids` as this process: as root, on a SQLite store in the node's
-    directory (which every account may write), as its file's owner, the jobs' (root takes the
-    rows of a SQLite file at their word only where nobody else may change it)."""
-    if os.geteuid() == 0 and store.db.engine.dialect.name == "sqlite":
-        import pwd
+    """transfer-data of `ids`, as the jobs' owner would run it where root may not take the
+    store's rows at their word (a SQLite file in the node's directory, which every account
+    may write): in a child that becomes her, on the file made hers."""
+    import json
+    import pwd
+    from types import SimpleNamespace
 
-        user = pwd.getpwnam(job_owner() or "")
-        os.chown(str(store.db.engine.url.database), user.pw_uid, user.pw_gid)
-    return retrieve(store, Shown("JOBSTORE", "localdomain"), ids)
+    from jobstore.accesspoint.outputs import become
+
+    if os.geteuid() != 0 or store.db.engine.dialect.name != "sqlite":
+        return retrieve(store, Shown("JOBSTORE", "localdomain"), ids)
+    owner = job_owner() or ""
+    user = pwd.getpwnam(owner)
+    os.chown(str(store.db.engine.url.database), user.pw_uid, user.pw_gid)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: its answer is what the parent checks
+        code = 1
+        try:
+            os.close(read)
+            become(owner)
+            mine = JobStore.from_url(store.db.engine.url.render_as_string(False))
+            got = retrieve(mine, Shown("JOBSTORE", "localdomain"), ids)
+            os.write(write, json.dumps([r.written for r in got]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        written = json.loads(answer.read() or b"null")
+    assert os.waitpid(pid, 0)[1] == 0 and written is not None, "transfer-data failed"
+    return [SimpleNamespace(written=[tuple(w) for w in each]) for each in written]
 
 
 def _sandboxes(tmp: Path) -> list[Path]:

@@ -235,21 +235,33 @@ def test_root_writes_only_the_owners_jobs_of_her_sqlite_store(node_db) -> None: 
     settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
     with pytest.raises(ConfigError, match="serve it as jsalice"):
         OutputsHome(store, "ap1", settings)
-    with pytest.raises(InvalidInput, match="root writes only its owner's outputs"):
+    with pytest.raises(InvalidInput, match="root writes none of its outputs"):
         write_outputs(store, job)
     served = clirun.run(_schedd(store, "--name", "ap1", "--once"), capture_output=True,
                         text=True, timeout=60)  # root's service becomes her
     assert served.stdout == "0 job(s)' outputs written home, 0 not.\n", served.stderr
     assert list(victim.iterdir()) == [] and store.deliveries.of([job_id]) == {}
-    # a path whose links others could change, or a root file they could replace: refused
+    # root is never led by a path others may change: a link (to bob's directory, say) or a
+    # chain of them, `..`, a root file in a directory others may write (SQLite's journal goes
+    # there), a system account's file
+    database = str(store.db.engine.url.database)
+    (tmp / "to-bob").symlink_to(victim)
     chain = tmp / "link0"
-    chain.symlink_to(str(store.db.engine.url.database))
+    chain.symlink_to(database)
     for n in range(1, 45):
         (tmp / f"link{n}").symlink_to(tmp / f"link{n - 1}")
-    looped = clirun.run([*JOBSTORE, "--db", f"sqlite:///{tmp}/link44", "schedd", "--once"],
-                        capture_output=True, text=True, timeout=60)
-    assert looped.returncode == 1 and "job store" in looped.stderr, looped.stderr
-    os.chown(str(store.db.engine.url.database), 0, 0)
-    os.chmod(tmp, 0o777)
+    (tmp / "sub").mkdir()
+    refused = {f"{tmp}/to-bob": "no link or `..` on the way",
+               f"{tmp}/link44": "job store",  # too many links to be one
+               f"{tmp}/sub/../jobstore.db": "no link or `..` on the way"}
+    for path, why in refused.items():
+        done = clirun.run([*JOBSTORE, "--db", f"sqlite:///{path}", "schedd", "--once"],
+                          capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and why in done.stderr, (path, done.stderr)
+    os.chown(database, 0, 0)
+    os.chmod(tmp, 0o1777)  # sticky: still SQLite's journal's directory
     shared = clirun.run(_schedd(store, "--once"), capture_output=True, text=True, timeout=60)
     assert shared.returncode == 1 and "others may replace it" in shared.stderr, shared.stderr
+    os.chown(database, pwd.getpwnam("daemon").pw_uid, 0)
+    system = clirun.run(_schedd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert system.returncode == 1 and "a system account" in system.stderr, system.stderr

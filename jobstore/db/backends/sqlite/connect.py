@@ -31,7 +31,8 @@ def engine(url: URL, options: Mapping[str, Any], *, connect_timeout: int,
         if not create and not os.path.exists(database):
             raise DatabaseError(f"no job store at {database} (create it with `jobstore init`)")
         _check_owner(database)
-        _make_parent(database)
+        if create:
+            _make_parent(database)
     made = create_engine(url, connect_args={"timeout": max(connect_timeout, 30)}, **options)
     _immediate(made)
     return made
