@@ -14,7 +14,7 @@ import clirun
 import pytest
 
 USAGE = Path(__file__).resolve().parents[2] / "docs" / "usage.md"
-LONG_RUNNING = {"watch", "agent", "demo", "emulate"}  # checked with --help
+LONG_RUNNING = {"watch", "agent", "schedd", "demo", "emulate"}  # checked with --help
 
 
 def _blocks(language: str) -> list[str]:
