@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,3 +246,33 @@ def node_env(env: Env, db_url: str, extra: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and of its children it has waited for (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def as_root_on_both_backends(doc: str, run: Callable[[str, int, Path], list[list[str]]],
+                             ) -> tuple[int, list[list[str]]]:
+    """Parse `--jobs` and `--db-url`, and return (jobs, the rows of `run(url, jobs, tmp)` on a
+    fresh PostgreSQL database, then on a fresh SQLite file), as root with the job owner's
+    account made; the databases are dropped after."""
+    import argparse
+
+    from jobstore.testing.support import ensure_account
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=40)
+    ap.add_argument("--db-url", default=os.environ.get("JOBSTORE_BENCH_DATABASE_URL"))
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: the service writes as the job's owner")
+    ensure_account(OWNER, uid=1001)
+    env = make_env(args.db_url or DEFAULT_ADMIN_URL)
+    try:
+        create_pg(env)
+        create_sqlite(env)
+        return args.jobs, run(env.pg_url, args.jobs, env.tmp) + run(env.sqlite_url, args.jobs,
+                                                                    env.tmp)
+    finally:
+        cleanup(env)

@@ -15,7 +15,6 @@ Usage (as root): .venv/bin/python bench/outputs_home.py [--jobs 40] [--db-url AD
 
 from __future__ import annotations
 
-import argparse
 import os
 import pwd
 import signal
@@ -24,22 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_ADMIN_URL, OWNER, cleanup, create_pg, create_sqlite, make_env, pct, say
+from common import OWNER, as_root_on_both_backends, cpu_seconds, pct, say
 from common import table as render
 
 from jobstore.db.store import JobStore
 from jobstore.testing.factories import completed, job_spec
-from jobstore.testing.support import ensure_account
 
 HOME = "bench-ap.example.org"
 TARGET_P50 = 1.0
 CLI = [sys.executable, "-m", "jobstore.cli"]
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of `pid` and of its children it has waited for."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _complete(store: JobStore, scratch: Path) -> tuple[str, str, float]:
@@ -75,7 +67,7 @@ def _run(url: str, jobs: int, tmp: Path) -> list[list[str]]:
     time.sleep(2.0)  # started and listening
     served: list[float] = []
     asked: list[float] = []
-    cpu0 = _cpu(service.pid)
+    cpu0 = cpu_seconds(service.pid)
     try:
         for n in range(jobs):
             job_id, name, committed = _complete(store, scratch)
@@ -88,7 +80,7 @@ def _run(url: str, jobs: int, tmp: Path) -> list[list[str]]:
             else:
                 served.append(_arrived(iwd / name, committed))
         time.sleep(3.0)  # the asked ones, which the service delivers too
-        cpu = _cpu(service.pid) - cpu0
+        cpu = cpu_seconds(service.pid) - cpu0
     finally:
         service.send_signal(signal.SIGTERM)
         service.wait(timeout=30)
@@ -105,21 +97,8 @@ def _run(url: str, jobs: int, tmp: Path) -> list[list[str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=40)
-    ap.add_argument("--db-url", default=os.environ.get("JOBSTORE_BENCH_DATABASE_URL"))
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root: the service writes as the job's owner")
-    ensure_account(OWNER, uid=1001)
-    env = make_env(args.db_url or DEFAULT_ADMIN_URL)
-    try:
-        create_pg(env)
-        create_sqlite(env)
-        rows = _run(env.pg_url, args.jobs, env.tmp) + _run(env.sqlite_url, args.jobs, env.tmp)
-    finally:
-        cleanup(env)
-    say(f"a completed job's output in its Iwd, from its JOB_EXIT's commit ({args.jobs} jobs per"
+    jobs, rows = as_root_on_both_backends(__doc__, _run)
+    say(f"a completed job's output in its Iwd, from its JOB_EXIT's commit ({jobs} jobs per"
         " backend, the two ways alternating)")
     say(render(["way", "p50 ms", "p99 ms", "p50 / transfer-data's", "service CPU ms per job",
                 f"p50 <= {TARGET_P50:g} s"], rows))

@@ -10,24 +10,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from jobstore.accesspoint.service import refusal, serving_account
 from jobstore.api.retrieve import write_outputs
 from jobstore.core.jobs import Job
-from jobstore.db.channels import CHANNEL
 from jobstore.db.store import JobStore
 from jobstore.errors import ConfigError, DatabaseError
 from jobstore.node import config
-from jobstore.node.accounts import owner_refusal
 
 LOG = logging.getLogger("jobstore.schedd")
 LEASE = 300.0  # seconds a service holds a job's delivery before another may take it
 RETRY = 60.0  # seconds before a delivery that failed is tried again (then twice as long)
 SLACK = 60.0  # a job's finished_at may be this much older than its commit
 RESCAN = 3600.0  # seconds between looks at every completed job of this access point
-AWAY = 5.0  # seconds before the store is tried again when it cannot be reached
-POLL = 0.5  # seconds between looks where the store cannot announce its changes (SQLite)
-WAKE = 30.0  # seconds between looks where it can (a lost notification costs no more)
-GAP = 0.1  # the least time between two looks (notifications anyone may send wake it)
-STOP_CHECK = 0.5  # seconds between looks at whether to stop
 
 
 @dataclass
@@ -46,8 +40,8 @@ class OutputsHome:
     _owner: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        if os.geteuid() != 0:
-            self._owner = pwd.getpwuid(os.geteuid()).pw_name
+        self._owner = serving_account()
+        if self._owner is not None:
             return
         mine = self.store.db.backend.local_owner()
         if mine is not None:  # whoever may write the file may write any row
@@ -75,7 +69,7 @@ class OutputsHome:
     def _deliver(self, job: Job) -> bool:
         """Write `job`'s outputs and record how it went; whatever its row holds, never raise
         but a database that is away."""
-        reason = self._refusal(job.owner)
+        reason = refusal(job.owner, self._owner, self.settings)
         written = 0
         try:
             if reason is None:
@@ -105,55 +99,7 @@ class OutputsHome:
                  job.cluster_id, job.proc_id, written, self.clock() - (job.finished_at or 0.0))
         return True
 
-    def _refusal(self, owner: str) -> str | None:
-        """Why this service writes nothing for `owner` (None: it may)."""
-        if self._owner is not None:
-            return None if owner == self._owner else f"not {self._owner}'s job"
-        try:
-            pwd.getpwnam(owner)
-        except KeyError:
-            return f"account {owner} is not on this access point"
-        return owner_refusal(owner, self.settings)
 
-    def run(self, stop: Callable[[], bool]) -> None:
-        """Deliver as jobs complete until `stop()`: at once when the store announces a change
-        (PostgreSQL), else every POLL seconds; every WAKE seconds in any case. A store that
-        cannot be reached is tried again every AWAY seconds."""
-        while not stop():
-            try:
-                self._serve(stop)
-            except DatabaseError as exc:
-                LOG.warning("the job store cannot be reached: %s", exc)
-            except Exception as exc:  # noqa: BLE001 - nothing stored stops the service
-                LOG.error("a pass failed: %s: %s", type(exc).__name__,
-                          " ".join(str(exc).split()))
-            else:
-                return
-            deadline = time.monotonic() + AWAY
-            while not stop() and time.monotonic() < deadline:
-                time.sleep(STOP_CHECK)
-
-    def _serve(self, stop: Callable[[], bool]) -> None:
-        listener = None
-        if self.store.db.can_listen:
-            listener = self.store.db.listener(CHANNEL, self.settings.connect_timeout)
-            listener.open()
-        try:
-            due = last = 0.0
-            while not stop():
-                if time.monotonic() >= due:
-                    self.pass_once()
-                    last = time.monotonic()
-                    due = last + (WAKE if listener is not None else POLL)
-                wait = max(0.0, min(STOP_CHECK, due - time.monotonic()))
-                if listener is not None:
-                    if listener.wait(wait):
-                        due = min(due, last + GAP)
-                else:
-                    time.sleep(wait)
-        finally:
-            if listener is not None:
-                listener.close()
 
 
 def _by_turns(jobs: list[Job]) -> list[Job]:

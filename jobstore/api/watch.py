@@ -12,25 +12,21 @@ a notification only wakes it up, it then reads job_events by id, and reads anywa
 transaction mode, found by a probe at start or named with `poll=True`): the same read every
 `interval` seconds.
 
-Reading by id misses nothing and repeats nothing: event ids come from a sequence before commit,
-so on PostgreSQL a lower id can become visible after a higher one. Such missing ids ("gaps") are
-read again until every transaction that could still commit them has ended (a snapshot's xmin
-has reached a transaction id assigned after the gap was seen, `store.reads.xact_horizon`); this
-relies on every transaction that writes an event having written or locked a row first (so it
-had its id before it took the event's id), which the store's writes always do. On SQLite writers
-take turns, so ids become visible in order. After a database restart the subscriber reconnects
-with backoff and goes on from the last id it saw.
+Reading by id misses nothing and repeats nothing (jobstore.api.feed: late commits on
+PostgreSQL). After a database restart the subscriber reconnects with backoff and goes on from
+the last id it saw.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobstore.api.feed import EventFollower
 from jobstore.core.jobs import FeedEvent, Job, JobEvent, JobRecord, parse_job_id
 from jobstore.core.states import FINAL, Status
 from jobstore.db.channels import CHANNEL, Listener
@@ -52,8 +48,6 @@ __all__ = [
 
 WINDOW = 1000  # PostgreSQL: ids below the start that are re-checked for late commits
 NOTIFIED = 0.05  # seconds between two reads notifications ask for, at least (anyone may NOTIFY)
-BATCH = 1000
-MAX_GAP_RANGES = 100
 
 
 @dataclass(frozen=True)
@@ -133,56 +127,6 @@ def parse_since(text: str) -> int | datetime:
         ) from None
 
 
-class _Follower:
-    """Reads job_events by id: every committed event once, however late it commits."""
-
-    def __init__(self, store: JobStore, high: int, silent_upto: int = 0) -> None:
-        self.store = store
-        self.high = high  # every id <= high was delivered, is a gap, or is gone for good
-        # id -> a transaction id newer than any that could still commit it (None: not yet known)
-        self.gaps: dict[int, int | None] = {}
-        self.silent_upto = silent_upto  # ids read that are at most this are not delivered
-        self.late_ids = store.db.ids_commit_out_of_order
-
-    def read(self) -> tuple[list[FeedEvent], bool]:
-        """New events in id order (late ones first), and whether more are waiting."""
-        xmin = self.store.reads.snapshot_bounds()[0] if self.gaps else None  # type: ignore[index]
-        ranges = _ranges(sorted(self.gaps))[:MAX_GAP_RANGES]
-        rows = self.store.reads.event_feed(self.high, gaps=ranges, limit=BATCH)
-        found = {r.event.id for r in rows}
-        top = max((i for i in found if i > self.high), default=self.high)
-        if xmin is not None:  # asked gaps whose writers had all ended before the read: gone
-            for lo, hi in ranges:
-                for i in range(lo, hi + 1):
-                    h = self.gaps.get(i)
-                    if i not in found and h is not None and h <= xmin:
-                        del self.gaps[i]
-        for i in found:
-            self.gaps.pop(i, None)
-        if self.late_ids:
-            for i in range(self.high + 1, top):
-                if i not in found:
-                    self.gaps[i] = None
-            if any(h is None for h in self.gaps.values()):
-                horizon = self.store.reads.xact_horizon()
-                for i, h in self.gaps.items():
-                    if h is None:
-                        self.gaps[i] = horizon
-        self.high = top
-        fresh = [r for r in rows if r.event.id > self.silent_upto]
-        return fresh, len(rows) == BATCH
-
-
-def _ranges(ids: Sequence[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for i in ids:
-        if out and out[-1][1] == i - 1:
-            out[-1] = (out[-1][0], i)
-        else:
-            out.append((i, i))
-    return out
-
-
 def _names(value: str | Iterable[str] | None) -> frozenset[str]:
     if value is None:
         return frozenset()
@@ -253,7 +197,7 @@ class Subscription:
         else:  # from now on; on PostgreSQL re-check a window below for late commits
             silent = store.reads.last_event_id()
             high = max(0, silent - WINDOW) if store.db.ids_commit_out_of_order else silent
-        self.follower = _Follower(store, high, silent)
+        self.follower = EventFollower(store, high, silent)
         if named:
             candidates = [j for j in named if self._matches(j.id, j.owner, j.queue)]
         elif self.until_done:

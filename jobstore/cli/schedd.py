@@ -11,21 +11,25 @@ from jobstore.cli.context import Context, fail, guard, pass_ctx
 @click.option("--name", metavar="NAME",
               help="This access point's name (default: JOBSTORE_SCHEDD_NAME, else the host's "
               "name), as the jobs submitted here record it.")
-@click.option("--once", is_flag=True, help="Write home what is due now, then exit.")
+@click.option("--once", is_flag=True,
+              help="Write home what is due now and log what was committed, then exit.")
 @click.option("--log", "log", metavar="PATH", type=click.Path(dir_okay=False),
               help="Append the log to PATH (default: stderr).")
 @pass_ctx
 @guard
 def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     """Write the outputs of the jobs submitted on this access point (not with -spool) into
-    their Iwd as they complete, with their remaps, each as its owner, as the schedd's shadow
-    does. As root, every owner's jobs; as an ordinary account, her own."""
+    their Iwd as they complete, with their remaps, and append their transitions to their job
+    event logs, each as its owner, as the schedd and its shadows do. As root, every owner's
+    jobs; as an ordinary account, her own."""
     import logging
     import os
     import signal
     import sys
 
+    from jobstore.accesspoint.eventlogs import EventLogs
     from jobstore.accesspoint.outputs import OutputsHome, become
+    from jobstore.accesspoint.service import serve
     from jobstore.db.localdoor import ACCESS_POINT
 
     home = name or ctx.settings.access_point()
@@ -38,10 +42,12 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     where = logging.FileHandler(log) if log else logging.StreamHandler(sys.stderr)
     logging.basicConfig(handlers=[where], level=logging.INFO,
                         format="%(asctime)s jobstore schedd: %(message)s")
-    service = OutputsHome(ctx.store, home, ctx.settings)
+    outputs = OutputsHome(ctx.store, home, ctx.settings)
+    logs = EventLogs(ctx.store, home, ctx.settings)
     if once:
-        done = service.pass_once()
-        click.echo(f"{done} job(s)' outputs written home, {service.failed} not.")
+        done = outputs.pass_once()
+        click.echo(f"{done} job(s)' outputs written home, {outputs.failed} not.")
+        click.echo(f"{logs.pass_once()} event(s) appended to job event logs.")
         return
     stopping: list[int] = []
 
@@ -51,4 +57,4 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     logging.getLogger("jobstore.schedd").info("serving the jobs of %s", home)
-    service.run(lambda: bool(stopping))
+    serve(ctx.store, ctx.settings, [outputs, logs], lambda: bool(stopping))

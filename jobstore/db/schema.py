@@ -76,6 +76,19 @@ deliveries = Table(
     Column("failures", Integer, nullable=False, server_default=text("0")),
 )
 
+# Where a follower of job_events that must not lose or repeat an event stands (migration
+# 0023): every id up to `high` was handled but for `gaps`, JSON [[id, horizon], ...] of ids not
+# seen yet that a transaction still running may commit (jobstore.api.feed). One row per follower
+# (`name`: an access point's event logs, "userlog:HOME" or "userlog:HOME:OWNER").
+event_cursors = Table(
+    "event_cursors",
+    metadata,
+    Column("name", String(255), primary_key=True),
+    Column("high", BigInteger, nullable=False),
+    Column("gaps", Text),
+    Column("updated_at", Epoch(), nullable=False),
+)
+
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).
 autoclusters = Table(
     "autoclusters",

@@ -18,6 +18,8 @@ from jobstore.db.backends import Door
 from jobstore.db.dags import DagStore
 from jobstore.db.deliveries import Deliveries
 from jobstore.db.engine import make_engine
+from jobstore.db.eventcursors import EventCursors
+from jobstore.db.eventlogs import EventLogs
 from jobstore.db.gauges import Gauges
 from jobstore.db.localdoor import LocalDoor
 from jobstore.db.maintenance import Maintenance
@@ -53,8 +55,9 @@ class JobStore:
     accountant; `door`, a submitter's writes; `reports`, the hooks' reports; `maintenance`, the
     periodic policy, the reaper, the prune's pass; `actions`, hold, release, rm, qedit of one
     job or of a selection; `submissions`; `reads`; `slots`; `files`, the sandboxes;
-    `retention`; `deliveries`, the outputs an access point writes home; `metrics`, the gauges;
-    `dags`; `admin_settings`, condor_userprio's and the
+    `retention`; `deliveries`, the outputs an access point writes home; `event_cursors`, where
+    the followers of job_events stand; `event_logs`, the job event logs an access point
+    writes; `metrics`, the gauges; `dags`; `admin_settings`, condor_userprio's and the
     attribute rules. Callers use the part they need. Thread-safe as far as the engine is; holds
     no session state but the remembered verdicts of the claim (Negotiator.verdicts) and who its
     sessions are (Transactions.identity)."""
@@ -79,6 +82,8 @@ class JobStore:
         self.slots = SlotAds(self.db)
         self.retention = Retention(self.db)
         self.deliveries = Deliveries(self.db)
+        self.event_cursors = EventCursors(self.db)
+        self.event_logs = EventLogs(self.db)
         self.metrics = Gauges(self.db)
         self.maintenance = Maintenance(self.db, self.transitions, self.negotiator, self.reads,
                                        self.retention)

@@ -50,8 +50,9 @@ class Submissions:
         cluster and its jobs. `check` is called on every job before it is inserted; what it
         raises rolls the whole submit back. The specs are read once, in order, SUBMIT_BATCH at
         a time (a lazy sequence, submit.expansion.SubmitSpecs, is never held whole). `home`:
-        the access point whose `jobstore schedd` writes the outputs into each job's Iwd (None:
-        spooled, they wait in the store for transfer-data)."""
+        the access point whose `jobstore schedd` writes the outputs into each job's Iwd and
+        its event log (None: spooled, the outputs wait in the store for transfer-data, and
+        the process that commits each transition appends it to the log)."""
         now = now or time.time()
         with self.db.transaction(connection) as conn:
             cluster_id, new = self.door.new_cluster(
@@ -76,6 +77,8 @@ class Submissions:
                 if check is not None:
                     for job in queued:
                         check(job)
+                if home is not None:  # its access point writes the log (UserLog in the ad)
+                    queued = [job.but(user_log=None) for job in queued]
                 ids.extend(self._queue(conn, queued, [spec.hold for spec in batch], now))
                 for spec in batch:
                     if shared is None:

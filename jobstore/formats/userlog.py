@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jobstore.core.jobs import Job
 from jobstore.core.states import Event, Status
@@ -139,6 +139,21 @@ def released_body(reason: str | None) -> str:
 # ---- job store events -> job event log events ----------------------------------------------
 
 
+class JobBefore(Protocol):
+    """What an event's entries need of its job as it was before the transition (a Job)."""
+
+    @property
+    def cluster_id(self) -> int: ...
+    @property
+    def proc_id(self) -> int: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def slot(self) -> str | None: ...
+    @property
+    def image_size(self) -> int | None: ...
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -149,7 +164,7 @@ def _address(host: str | None) -> str:
     return f"<{host or socket.getfqdn()}>"
 
 
-def log_events(record: Mapping[str, Any], job: Job) -> list[LogEvent]:
+def log_events(record: Mapping[str, Any], job: JobBefore) -> list[LogEvent]:
     """The job event log entries for one committed job store event (often none).
 
     `record` is the job_events row as written, `job` the job row before the transition (for
@@ -346,4 +361,4 @@ def _warn(path: str, code: int, message: str) -> None:
     log.warning("jobstore: cannot write job event log %s: %s", path, message)
 
 
-__all__ = ["LogEvent", "log_events", "on_commit", "open_log", "append"]
+__all__ = ["JobBefore", "LogEvent", "log_events", "on_commit", "open_log", "append"]

@@ -47,17 +47,21 @@ def test_files_go_in_and_come_out_with_a_directory_and_a_remap(live: Live) -> No
 
 def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
     """`jobstore schedd` as root on the access point: a completed job's outputs are in its
-    initialdir, written as its owner, with no command of hers (reported: how long after its
-    JOB_EXIT began)."""
+    initialdir, and every event of its run in its job event log (which the real startd's
+    node never writes), written as its owner, with no command of hers (reported: how long
+    after its JOB_EXIT began)."""
     import pwd
     import signal
+
+    import htcondor2
 
     _write(live, "home/in.txt", "came home\n")
     service = live.start("schedd", account="root", log=live.work.parent / "schedd.log")
     try:
         (job,) = live.submit("executable = /bin/cat\ntransfer_executable = false\n"
                              "arguments = in.txt\ninitialdir = home\nshould_transfer_files = YES\n"
-                             "transfer_input_files = in.txt\noutput = cat.out\nqueue\n")
+                             "transfer_input_files = in.txt\noutput = cat.out\n"
+                             "log = cat.log\nqueue\n")
         done = live.wait_status(job, "completed")
         out = live.work / "home" / "cat.out"
         wait_for("cat.out written home", lambda: out.exists() or None, 30, 0.05)
@@ -66,6 +70,19 @@ def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
                         f"schedd: {(out.stat().st_mtime - done['finished_at']) * 1000:.0f} ms")
         assert out.read_text() == "came home\n"
         assert out.stat().st_uid == pwd.getpwnam(SUBMITTER).pw_uid
+        log = live.work / "home" / "cat.log"
+
+        def terminated() -> list[htcondor2.JobEventType] | None:
+            kinds = [e.type for e in htcondor2.JobEventLog(str(log)).events(0)
+                     if e.type != htcondor2.JobEventType.IMAGE_SIZE] if log.exists() else []
+            return kinds if htcondor2.JobEventType.JOB_TERMINATED in kinds else None
+
+        kinds = wait_for("cat.log's JOB_TERMINATED", terminated, 30, 0.05)
+        MEASURED.append(f"JOB_EXIT's start -> JOB_TERMINATED in the job event log on the access "
+                        f"point: {(log.stat().st_mtime - done['finished_at']) * 1000:.0f} ms")
+        assert kinds == [htcondor2.JobEventType.SUBMIT, htcondor2.JobEventType.EXECUTE,
+                         htcondor2.JobEventType.JOB_TERMINATED]
+        assert log.stat().st_uid == pwd.getpwnam(SUBMITTER).pw_uid
     finally:
         service.send_signal(signal.SIGTERM)
         assert service.wait(timeout=20) == 0

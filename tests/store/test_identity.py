@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
+from jobstore.db.eventcursors import EventCursor
 from jobstore.db.schema import clusters, job_events, jobs
 from jobstore.db.store import JobStore, SlotRow
 from jobstore.errors import NotOwner, Refused
@@ -173,6 +174,10 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
         f" SELECT cluster_id, 7, queue, 'running', owner, ad, cmd, 1, 1, 1, 1, 0, 0,"
         f" 'slot1@n', 'n' FROM jobs WHERE id = {alice_job}",
         f"INSERT INTO submitters (name, factor, updated_at) VALUES ('{BOB}@x', 1e6, 0)",
+        # where an access point's service stands in the events, and what it delivered
+        "INSERT INTO event_cursors (name, high, updated_at) VALUES ('userlog:ap1', 1e9, 0)",
+        "SELECT * FROM event_cursors",
+        "SELECT * FROM deliveries",
     ]
     with psycopg.connect(libpq_url(pool.url("alice")), autocommit=True) as conn:
         for sql in attempts:
@@ -336,8 +341,8 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: 
 
 @pytest.mark.empty_database
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
-    """Migrations 0012, 0014, 0015 and 0022 give the roles that held the agent's grants their
-    policies, the slots table, the sandbox files and the deliveries."""
+    """Migrations 0012, 0014, 0015, 0022 and 0023 give the roles that held the agent's grants
+    their policies, the slots table, the sandbox files, the deliveries and the event cursors."""
     upgrade(db_url, "0011")
     role = f"js_old_agent_{uuid.uuid4().hex[:8]}"
     admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
@@ -346,7 +351,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
     try:
         owner = JobStore.from_url(db_url)
         new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
-               " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys", "deliveries")
+               " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys", "deliveries",
+               "event_cursors")
         old = [s.replace(", slots", "") for s in owner.db.backend.roles().hook_statements(role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.db.engine.begin() as conn:
@@ -368,6 +374,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         assert [r.name for r in agent.slots.live_slots(now=1.5)] == ["slot1@n"]
         assert agent.deliveries.take(job, "ap1", 1.0, 60.0)
         assert agent.deliveries.of([job_id])[job_id].home == "ap1"
+        agent.event_cursors.save("userlog:ap1", EventCursor(7, {5: None}), 1.0)
+        assert agent.event_cursors.get("userlog:ap1") == EventCursor(7, {5: None})
         agent.db.engine.dispose()
         owner.db.engine.dispose()
     finally:

@@ -1,5 +1,6 @@
-"""HTCondor job event logs: jobs submitted with `log` run through the emulated node, and the log
-is read by the real htcondor2.JobEventLog exactly like one a schedd wrote."""
+"""HTCondor job event logs: jobs submitted with `log` run through the emulated node while the
+access point's `jobstore schedd` writes their log, which the real htcondor2.JobEventLog reads
+exactly like one a schedd wrote."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import clirun
 import htcondor2
 import pytest
+from apnode import hers, schedd_cmd, wait_for_events
 from backends import BOTH_BACKENDS
 from emulatornode import give_node
 
@@ -97,7 +100,8 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
     cluster, ids = submit_path(
         store, sub / "jobs.sub", settings, owner=owner.pw_name if owner else None
     )
-    assert {j.user_log for j in store.reads.find_jobs(cluster)} == {str(run / "jobs.log")}
+    jobs = store.reads.find_jobs(cluster)  # the access point writes it: no committer does
+    assert {(j.user_log, j.ad["UserLog"]) for j in jobs} == {(None, str(run / "jobs.log"))}
     store.actions.admin(ids[4], Event.HOLD, "held for the test")
     store.actions.admin(ids[4], Event.RELEASE, "released for the test")
     store.actions.admin(ids[5], Event.REMOVE, "removed for the test")
@@ -124,13 +128,19 @@ def test_emulated_jobs_write_a_schedd_style_event_log(node) -> None:  # type: ig
             emulator.vacate(job.slot)
         return not store.reads.list_jobs()
 
-    emulator.run(until=until, timeout=600, wait_for_jobs=True)
-    assert vacated and not store.reads.list_jobs(), [
-        (j.proc_id, j.status, j.reason, j.exit_code)
-        for j in store.reads.list_jobs(include_final=True)
-    ]
-
-    events = _read(run / "jobs.log")
+    hers(store, owner.pw_name if owner else None)
+    service = clirun.popen(schedd_cmd(store), stderr=subprocess.DEVNULL)
+    try:
+        emulator.run(until=until, timeout=600, wait_for_jobs=True)
+        assert vacated and not store.reads.list_jobs(), [
+            (j.proc_id, j.status, j.reason, j.exit_code)
+            for j in store.reads.list_jobs(include_final=True)
+        ]
+        events = wait_for_events(run / "jobs.log", {
+            p: {ET.JOB_TERMINATED, ET.JOB_ABORTED} for p in range(6)})
+    finally:
+        service.terminate()
+        assert service.wait(timeout=20) == 0
     assert {e.cluster for e in events} == {cluster}
     by_proc: dict[int, list[htcondor2.JobEvent]] = {}
     for e in events:

@@ -349,13 +349,13 @@ def test_late_commit_of_a_younger_transaction_is_not_lost(pg_url: str) -> None:
     not below the snapshot's xmax) is kept until that writer ends: its event is delivered.
     U takes xid u, T takes xid t > u and event id a, U takes event id b > a and commits; the
     follower sees b, then reads again while T still runs, then T commits."""
-    from jobstore.api.watch import _Follower
+    from jobstore.api.feed import EventFollower
 
     upgrade(pg_url)
     store = JobStore.from_url(pg_url)
     try:
         j1, j2 = submit_jobs(store, 2, ordinary_owner())
-        follower = _Follower(store, store.reads.last_event_id())
+        follower = EventFollower(store, store.reads.last_event_id())
         insert = ("INSERT INTO job_events (job_id, time, event) VALUES (%s, 0, 'hold') "
                   "RETURNING id")
         with psycopg.connect(libpq_url(pg_url)) as u, psycopg.connect(libpq_url(pg_url)) as t:

@@ -1,0 +1,138 @@
+"""Job event logs on the access point: every transition of a job submitted here (not spooled)
+appended to its log (`log = FILE`) by this service alone, in the order the store committed
+them, as the job's owner, as a schedd writes it: the execute node's events land on the machine
+the user reads them on."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.api.feed import EventFollower
+from jobstore.core.jobs import FeedEvent, JobEvent
+from jobstore.core.states import FINAL
+from jobstore.db.eventcursors import EventCursor
+from jobstore.db.eventlogs import HomeLog
+from jobstore.db.store import JobStore
+from jobstore.formats import userlog
+from jobstore.node import config
+
+LOG = logging.getLogger("jobstore.schedd")
+MAX_KNOWN = 100_000  # jobs whose log (or its absence) is remembered between passes
+
+
+class _Before(NamedTuple):
+    """An event's job as the log's entries need it (userlog.JobBefore)."""
+
+    cluster_id: int
+    proc_id: int
+    host: str | None
+    slot: str | None
+    image_size: int | None
+
+
+@dataclass
+class EventLogs:
+    """Appends the events of the jobs whose home is `name` to their logs; as root, every
+    owner's (each as herself), else only this account's. Where it stands is kept in the store
+    after each batch, so a restarted service goes on from there."""
+
+    store: JobStore
+    name: str
+    settings: config.Settings
+    clock: Callable[[], float] = time.time
+    written: int = 0  # entries appended
+    _owner: str | None = field(default=None, init=False)
+    _follower: EventFollower | None = field(default=None, init=False)
+    _known: dict[int, HomeLog | None] = field(default_factory=dict, init=False)
+    _sizes: dict[int, int] = field(default_factory=dict, init=False)
+    _refused: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        self._owner = serving_account()
+
+    @property
+    def cursor_name(self) -> str:
+        """The name this service's place in the events is kept under."""
+        return f"userlog:{self.name}" + (f":{self._owner}" if self._owner else "")
+
+    def pass_once(self) -> int:
+        """Append every event committed since the last pass; returns how many entries."""
+        follower = self._follower or self._resume()
+        done, more = 0, True
+        while more:
+            seen = (follower.high, dict(follower.gaps))
+            rows, more = follower.read()
+            done += self._append(rows)
+            if (follower.high, follower.gaps) != seen:
+                self.store.event_cursors.save(
+                    self.cursor_name, EventCursor(follower.high, follower.gaps), self.clock())
+        self.written += done
+        return done
+
+    def _resume(self) -> EventFollower:
+        kept = self.store.event_cursors.get(self.cursor_name) or EventCursor(0)
+        self._follower = EventFollower(self.store, kept.high, gaps=kept.gaps)
+        return self._follower
+
+    def _append(self, rows: list[FeedEvent]) -> int:
+        """Append the entries of `rows` that are this service's, one write per log."""
+        rows = [r for r in rows if self._owner is None or r.owner == self._owner]
+        logs = self._logs_of({r.event.job_id for r in rows})
+        texts: dict[tuple[str, str], list[str]] = {}
+        for r in rows:
+            event, log = r.event, logs.get(r.event.job_id)
+            if log is not None and log.path is not None:
+                before = self._before(event)
+                entries = [e.text() for e in userlog.log_events(_record(event), before)]
+                if entries:
+                    texts.setdefault((log.path, log.owner), []).extend(entries)
+            if event.to_status in FINAL:
+                self._known.pop(event.job_id, None)
+                self._sizes.pop(event.job_id, None)
+        done = 0
+        for (path, owner), entries in texts.items():
+            why = refusal(owner, self._owner, self.settings)
+            if why is not None:
+                if path not in self._refused:
+                    self._refused.add(path)
+                    LOG.warning("job event log %s: not written: %s", path, why)
+            elif userlog.append(path, "".join(entries), owner=owner):
+                done += len(entries)
+        return done
+
+    def _logs_of(self, job_ids: set[int]) -> dict[int, HomeLog | None]:
+        """Each job's log: remembered, or read (None: not a job whose log this service
+        writes)."""
+        unknown = [i for i in job_ids if i not in self._known]
+        if unknown:
+            if len(self._known) + len(unknown) > MAX_KNOWN:
+                self._known.clear()
+            found = self.store.event_logs.logs_of(unknown, self.name)
+            for job_id in unknown:
+                self._known[job_id] = found.get(job_id)
+        return {i: self._known[i] for i in job_ids}
+
+    def _before(self, event: JobEvent) -> _Before:
+        """The job as `event` found it: the attempt's place, the image size logged last."""
+        size = self._sizes.get(event.job_id)
+        reported = (event.attrs or {}).get("ImageSize")
+        if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+            if len(self._sizes) > MAX_KNOWN:
+                self._sizes.clear()
+            self._sizes[event.job_id] = reported
+        return _Before(event.cluster, event.proc, event.host, event.slot, size)
+
+
+def _record(event: JobEvent) -> dict[str, object]:
+    """The event as a commit listener gets it (jobstore.db.rows.event_row)."""
+    return {"event": event.event, "from_status": event.from_status,
+            "to_status": event.to_status, "time": event.time, "reason": event.reason,
+            "attrs": event.attrs}
+
+
+__all__ = ["EventLogs"]

@@ -1,0 +1,45 @@
+"""Event logs on the access point: `event_cursors` keeps where a follower of job_events stands
+(the access point's `jobstore schedd` writing its jobs' event logs), so that a restarted one
+goes on where it stopped. The agents' roles (which a `jobstore schedd` connects as) read and
+write it; no submitter does.
+
+Revision ID: 0023
+Revises: 0022
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0023"
+down_revision = "0022"
+branch_labels = None
+depends_on = None
+
+AGENT_ROLES = """
+SELECT DISTINCT grantee FROM information_schema.column_privileges
+WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
+  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
+  AND grantee <> (SELECT tableowner FROM pg_tables
+                  WHERE schemaname = current_schema() AND tablename = 'jobs')
+"""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "event_cursors",
+        sa.Column("name", sa.String(255), nullable=False),
+        sa.Column("high", sa.BigInteger(), nullable=False),
+        sa.Column("gaps", sa.Text()),
+        sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+        sa.PrimaryKeyConstraint("name", name="pk_event_cursors"),
+    )
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    quote = bind.dialect.identifier_preparer.quote
+    for role in bind.execute(sa.text(AGENT_ROLES)).scalars():
+        op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors TO {quote(role)}")
+
+
+def downgrade() -> None:
+    op.drop_table("event_cursors")

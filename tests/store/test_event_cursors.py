@@ -1,0 +1,58 @@
+"""Event logs on the access point, in the store: a job submitted there keeps its log in its ad
+alone (no committing process writes it), and is that access point's to log; a cursor kept in
+the store lets a restarted follower go on where it stopped, nothing missed, nothing twice."""
+
+from __future__ import annotations
+
+from backends import BOTH_BACKENDS
+
+from jobstore.api.feed import EventFollower
+from jobstore.core.states import Event
+from jobstore.db.eventcursors import EventCursor
+from jobstore.db.eventlogs import HomeLog
+from jobstore.db.schema import event_cursors
+from jobstore.db.store import JobStore
+from jobstore.testing.factories import job_spec
+
+HOME = "ap1.example.org"
+
+
+def _submit(store: JobStore, home: str | None, log: str | None = "/home/alice/jobs.log") -> int:
+    return store.submissions.submit([job_spec(user_log=log)], owner="alice", queue="default",
+                                    max_attempts=3, home=home)[1][0]
+
+
+@BOTH_BACKENDS
+def test_a_job_submitted_on_an_access_point_is_its_own_to_log(store: JobStore) -> None:
+    homed, spooled, silent, elsewhere = (_submit(store, HOME), _submit(store, None),
+                                         _submit(store, HOME, None), _submit(store, "ap2"))
+    job = store.reads.get_job(homed)
+    assert (job.user_log, job.ad["UserLog"]) == (None, "/home/alice/jobs.log")
+    assert store.reads.get_job(spooled).user_log == "/home/alice/jobs.log"
+    assert store.event_logs.logs_of([homed, spooled, silent, elsewhere], HOME) == {
+        homed: HomeLog("alice", "/home/alice/jobs.log"), silent: HomeLog("alice", None)}
+
+
+@BOTH_BACKENDS
+def test_a_kept_cursor_goes_on_where_it_stopped(store: JobStore) -> None:
+    first = _submit(store, HOME)
+    assert store.event_cursors.get("userlog:ap1") is None
+    follower = EventFollower(store, 0)
+    seen = [r.event.id for r in follower.read()[0]]
+    store.event_cursors.save("userlog:ap1", EventCursor(follower.high, follower.gaps), 1.0)
+    second = _submit(store, HOME)
+    store.actions.admin(first, Event.HOLD, "why")
+    kept = store.event_cursors.get("userlog:ap1")
+    assert kept is not None and kept.high == max(seen)
+    again = EventFollower(store, kept.high, gaps=kept.gaps)
+    later = [(r.event.job_id, r.event.event) for r in again.read()[0]]
+    assert later == [(second, "submit"), (first, "hold")]
+    store.event_cursors.save("userlog:ap1", EventCursor(again.high, {3: None, 4: 99}), 2.0)
+    assert store.event_cursors.get("userlog:ap1") == EventCursor(again.high, {3: None, 4: 99})
+
+
+def test_what_is_kept_that_is_no_cursor_keeps_no_gaps(store: JobStore) -> None:
+    with store.db.engine.begin() as conn:
+        conn.execute(event_cursors.insert().values(name="userlog:ap1", high=5,
+                                                   gaps='{"not": "pairs"}', updated_at=0))
+    assert store.event_cursors.get("userlog:ap1") == EventCursor(5, {})

@@ -1,0 +1,104 @@
+"""Job event logs on the access point: the jobs submitted there (not spooled) run on an emulated
+node with the real hooks and the agent, which write nothing to their logs; `jobstore schedd`
+appends every transition, in order, once, as the owner, and goes on where it stopped when it
+is run again; a spooled job's log is written by whoever commits each transition, as before."""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+import clirun
+import htcondor2
+import pytest
+from apnode import hers, schedd_cmd, submit_dir, submit_in, wait_for_events
+from emulatornode import job_owner, node_db, run_node  # noqa: F401
+
+from jobstore.db.schema import jobs
+
+ET = htcondor2.JobEventType
+BACKENDS = pytest.mark.parametrize(
+    "node_db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.matrix)], indirect=True)
+LOG = "log = jobs.log\n"
+ENDED = {ET.JOB_TERMINATED}
+
+
+def _kinds(events: list[htcondor2.JobEvent]) -> dict[int, list[htcondor2.JobEventType]]:
+    out: dict[int, list[htcondor2.JobEventType]] = {}
+    for e in events:
+        if e.type != ET.IMAGE_SIZE:
+            out.setdefault(e.proc, []).append(e.type)
+    return out
+
+
+@BACKENDS
+def test_the_access_point_writes_the_logs_the_node_does_not(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    store, tmp = node_db
+    owner = job_owner()
+    home = submit_dir(tmp, "home", owner, LOG)
+    spooled = submit_dir(tmp, "spooled", owner, LOG)
+    ids = submit_in(store, home, owner)
+    submit_in(store, spooled, owner, spool=True)
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=2)
+    assert {store.reads.get_job(i).status for i in ids} == {"completed"}
+    assert not (home / "jobs.log").exists()  # neither the submit nor the node wrote it
+    by_committers = wait_for_events(spooled / "jobs.log", {0: ENDED, 1: ENDED})
+    hers(store, owner)
+    elsewhere = clirun.run(schedd_cmd(store, "--name", "ap2.example.org", "--once"),
+                           capture_output=True, text=True, timeout=60)
+    assert elsewhere.stdout.endswith("\n0 event(s) appended to job event logs.\n"), elsewhere
+    assert not (home / "jobs.log").exists()
+    once = clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert once.returncode == 0, once.stderr
+    events = wait_for_events(home / "jobs.log", {0: ENDED, 1: ENDED}, timeout=0)
+    assert _kinds(events) == _kinds(by_committers) == {
+        p: [ET.SUBMIT, ET.EXECUTE, ET.JOB_TERMINATED] for p in (0, 1)}
+    assert once.stdout.endswith(f"\n{len(events)} event(s) appended to job event logs.\n")
+    assert [e.timestamp for e in events] == sorted(e.timestamp for e in events)
+    assert all(e["TerminatedNormally"] and e["ReturnValue"] == 0
+               for e in events if e.type == ET.JOB_TERMINATED)
+    if owner:
+        assert (home / "jobs.log").stat().st_uid == pwd.getpwnam(owner).pw_uid
+    # it goes on where it stopped: nothing twice
+    size = (home / "jobs.log").stat().st_size
+    again = clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert again.stdout.endswith("\n0 event(s) appended to job event logs.\n"), again.stderr
+    assert (home / "jobs.log").stat().st_size == size
+
+
+@BACKENDS
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service writes as the owner only as root")
+def test_a_log_the_owner_may_not_write_gets_nothing(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A log whose path leads where the owner may not write (a link she put there to root's
+    file, a directory of root's, what is no path at all) is written by nobody, root included;
+    the others' logs are written and the service goes on."""
+    from jobstore.testing.factories import job_spec
+
+    store, tmp = node_db
+    owner = job_owner()
+    assert owner is not None
+    sub = submit_dir(tmp, "sub", owner)
+    guarded = tmp / "guarded"
+    guarded.mkdir(mode=0o700)
+    (guarded / "root.log").write_text("root's\n")
+    (sub / "link.log").symlink_to(guarded / "root.log")
+    os.lchown(sub / "link.log", pwd.getpwnam(owner).pw_uid, -1)
+    paths = [str(sub / "link.log"), str(guarded / "new.log"), "relative.log", str(sub / "ok.log")]
+    ids = [store.submissions.submit([job_spec(0, iwd=str(sub), user_log=path)], owner=owner,
+                                    queue="default", max_attempts=1, home="ap1")[1][0]
+           for path in paths]
+    if store.db.engine.dialect.name == "sqlite":  # an ad written past the door
+        ids += store.submissions.submit([job_spec(0, iwd=str(sub), user_log=str(sub / "x.log"))],
+                                        owner=owner, queue="default", max_attempts=1,
+                                        home="ap1")[1]
+        with store.db.engine.begin() as conn:
+            conn.execute(jobs.update().where(jobs.c.id == ids[-1]).values(ad={"UserLog": ["/x"]}))
+    hers(store, owner)
+    once = clirun.run(schedd_cmd(store, "--name", "ap1", "--once"), capture_output=True,
+                      text=True, timeout=60)
+    assert once.stdout.endswith("\n1 event(s) appended to job event logs.\n"), once.stderr
+    assert (guarded / "root.log").read_text() == "root's\n"
+    assert sorted(p.name for p in guarded.iterdir()) == ["root.log"]
+    assert [e.type for e in htcondor2.JobEventLog(str(sub / "ok.log")).events(0)] == [ET.SUBMIT]
+    assert not (sub / "x.log").exists()
+    assert "cannot write job event log" in once.stderr
