@@ -69,7 +69,8 @@ class DagSubmitted:
 def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
                owner: str | None = None, queue: str | None = None,
                options: Mapping[str, Any] | None = None) -> DagSubmitted:
-    """Read the DAG file at `path` and queue it; DagError (one line, with the file and line)
+    """Read the DAG file at `path` and queue it, on this access point (its `jobstore schedd`
+    writes the nodes' outputs and event logs); DagError (one line, with the file and line)
     for what cannot run, SubmitError for a node's submit description."""
     opts = _options(options or {})
     dag = read_dag(path)
@@ -80,7 +81,7 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
         dag, _node_jobs(dag), owner=who, queue=queue or settings.queue,
         max_attempts=settings.max_attempts, batch_name=opts.get("batch_name"),
         max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
-        check=render_check(settings))
+        check=render_check(settings), home=settings.access_point())
     return DagSubmitted(dag_id, clusters)
 
 

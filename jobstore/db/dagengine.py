@@ -55,10 +55,10 @@ class DagEngine:
 
     def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
                 batch_name: str | None, max_jobs: int | None, max_idle: int | None,
-                attrs: Mapping[str, str], now: float) -> int:
+                attrs: Mapping[str, str], now: float, home: str | None = None) -> int:
         dag_id = int(conn.execute(insert(clusters).values(
-            owner=owner, queue=queue, submit_file=path, num_procs=0,
-            submitted_at=now).returning(clusters.c.id)).scalar_one())
+            owner=owner, queue=queue, submit_file=path, num_procs=0, submitted_at=now,
+            home=home).returning(clusters.c.id)).scalar_one())
         conn.execute(insert(dags).values(
             id=dag_id, owner=owner, path=path,
             batch_name=batch_name or f"{path.rsplit('/', 1)[-1]}+{dag_id}",
@@ -70,7 +70,8 @@ class DagEngine:
                   edges: Sequence[tuple[str, str]], categories: Mapping[str, int],
                   now: float) -> dict[str, int]:
         dag = conn.execute(select(dags).where(dags.c.id == dag_id)).one()
-        queue = conn.execute(select(clusters.c.queue).where(clusters.c.id == dag_id)).scalar_one()
+        queue, home = conn.execute(select(clusters.c.queue, clusters.c.home)
+                                   .where(clusters.c.id == dag_id)).one()
         done = {n["name"] for n in nodes if n.get("done")}
         parents: dict[str, list[str]] = {}
         for parent, child in edges:
@@ -80,7 +81,7 @@ class DagEngine:
             if node["procs"] and not node.get("done"):
                 clusters_of[node["name"]] = int(conn.execute(insert(clusters).values(
                     owner=dag.owner, queue=queue, submit_file=None, num_procs=node["procs"],
-                    submitted_at=now).returning(clusters.c.id)).scalar_one())
+                    submitted_at=now, home=home).returning(clusters.c.id)).scalar_one())
         conn.execute(insert(dag_nodes), [{
             "dag_id": dag_id, "name": n["name"], "owner": dag.owner,
             "cluster_id": clusters_of.get(n["name"]),

@@ -68,8 +68,9 @@ class NodeJobsQueue(Protocol):
     def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs],
                      clusters_of: dict[str, int], *, owner: str, queue: str,
                      max_attempts: int, now: float,
-                     check: Callable[[Job], None] | None) -> None:
-        """The nodes' jobs, waiting, in `conn`."""
+                     check: Callable[[Job], None] | None, home: str | None = None) -> None:
+        """The nodes' jobs, waiting, in `conn` (`home`: their access point's, which writes
+        their event logs)."""
 
 
 class DagStore:
@@ -84,11 +85,13 @@ class DagStore:
                    max_attempts: int, batch_name: str | None = None,
                    max_jobs: int | None = None, max_idle: int | None = None,
                    check: Callable[[Job], None] | None = None,
-                   connection: Connection | None = None) -> tuple[int, dict[str, int]]:
+                   connection: Connection | None = None,
+                   home: str | None = None) -> tuple[int, dict[str, int]]:
         """Queue `dag` in one transaction: (its DAGManJobId, each node's cluster). `specs_of`
         gives the jobs of the nodes to queue (their submit descriptions read with DAGMan's
         macros) for the DAG's id. The nodes without parents (or whose parents are DONE) are
-        released at once."""
+        released at once. `home`: the access point it is submitted on, whose `jobstore
+        schedd` writes its nodes' outputs and event logs."""
         now = time.time()
         with self.db.transaction(connection) as conn:
             config_jobs = _config_int(dag.config.get("DAGMAN_MAX_JOBS_SUBMITTED"))
@@ -97,7 +100,7 @@ class DagStore:
                 conn, owner=owner, queue=queue, path=dag.path, batch_name=batch_name,
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle,
-                attrs=dag.job_attrs, now=now)
+                attrs=dag.job_attrs, now=now, home=home)
             groups = specs_of(dag_id)
             procs = {}  # a node's jobs (a template's nodes are one each: none is read)
             for group in groups:
@@ -111,7 +114,8 @@ class DagStore:
                      for parent in node.parents]
             clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)
             self.nodes.submit_nodes(conn, groups, clusters_of, owner=owner, queue=queue,
-                                    max_attempts=max_attempts, now=now, check=check)
+                                    max_attempts=max_attempts, now=now, check=check,
+                                    home=home)
             self.door.start_dag(conn, dag_id, now)
         return dag_id, clusters_of
 

@@ -244,10 +244,12 @@ class LocalDoor:
 
     def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
                 batch_name: str | None, max_jobs: int | None, max_idle: int | None,
-                attrs: Mapping[str, str], now: float) -> int:
+                attrs: Mapping[str, str], now: float, home: str | None = None) -> int:
+        if home is not None and not ACCESS_POINT.fullmatch(home):
+            raise InvalidInput(f"{home!r} is not the name of an access point")
         return self.dags.new_dag(conn, owner=owner, queue=queue, path=path,
                                  batch_name=batch_name, max_jobs=max_jobs, max_idle=max_idle,
-                                 attrs=attrs, now=now)
+                                 attrs=attrs, now=now, home=home)
 
     def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Mapping[str, Any]],
                   edges: Sequence[tuple[str, str]], categories: Mapping[str, int],

@@ -98,10 +98,12 @@ class Submissions:
 
     def submit_nodes(self, conn: Connection, groups: Sequence[NodeJobs],
                      clusters_of: Mapping[str, int], *, owner: str, queue: str,
-                     max_attempts: int, now: float, check: Check | None) -> None:
+                     max_attempts: int, now: float, check: Check | None,
+                     home: str | None = None) -> None:
         """The jobs of a DAG's nodes, waiting, into their clusters (`clusters_of`, made with
         the DAG's nodes), in the DAG's transaction: a group's template made into rows by the
-        database where it can, the others SUBMIT_BATCH jobs at a time."""
+        database where it can, the others SUBMIT_BATCH jobs at a time. With `home`, their
+        access point writes their event logs (UserLog in the ad alone), as `submit`'s."""
         for group in groups:
             template = self._node_template(group)
             if template is not None:
@@ -119,7 +121,7 @@ class Submissions:
                                      status=Status.WAITING.value)
                     if check is not None:
                         check(job)
-                    batch.append(job)
+                    batch.append(job if home is None else job.but(user_log=None))
                 self._store_node_inputs(conn, cluster_id, owner, specs)
                 if len(batch) >= SUBMIT_BATCH:
                     self._queue(conn, batch, [False] * len(batch), now)

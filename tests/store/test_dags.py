@@ -182,6 +182,30 @@ def test_a_diamond_runs_in_order_and_completes(store: JobStore, settings: config
 
 
 @BOTH_BACKENDS
+def test_a_dag_and_its_nodes_are_its_access_points(store: JobStore, settings: config.Settings,
+                                                   tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own cluster and each node's record the access point it was submitted on; the
+    door refuses one that is not a name."""
+    from jobstore.db.schema import clusters
+    from jobstore.errors import InvalidInput
+    from jobstore.submit.dag import read_dag
+
+    monkeypatch.setenv("JOBSTORE_SCHEDD_NAME", "schedd1@ap1.example.org")
+    dag_id = _queued(store, tmp_path, config.load_settings(None), DIAMOND)
+    with store.db.transaction() as conn:
+        homes = dict(conn.execute(clusters.select().with_only_columns(clusters.c.id,
+                                                                      clusters.c.home)).all())
+    nodes = {n.cluster_id for n in store.dags.dag_nodes_of(dag_id)}
+    assert len(nodes) == 4 and set(homes) == {dag_id, *nodes}
+    assert set(homes.values()) == {"schedd1@ap1.example.org"}
+    dag = read_dag(str(tmp_path / "test.dag"))
+    with pytest.raises(InvalidInput, match="not the name of an access point"):
+        store.dags.submit_dag(dag, lambda _: [], owner=OWNER, queue="default", max_attempts=1,
+                              home="../etc")
+
+
+@BOTH_BACKENDS
 def test_nodes_that_share_a_submit_description(store: JobStore, settings: config.Settings,
                                                tmp_path: Path) -> None:
     """Nodes that share a submit file are read with one parse (on PostgreSQL their rows made

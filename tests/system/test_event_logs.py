@@ -102,3 +102,35 @@ def test_a_log_the_owner_may_not_write_gets_nothing(node_db) -> None:  # type: i
     assert [e.type for e in htcondor2.JobEventLog(str(sub / "ok.log")).events(0)] == [ET.SUBMIT]
     assert not (sub / "x.log").exists()
     assert "cannot write job event log" in once.stderr
+
+
+@BACKENDS
+def test_a_dags_nodes_come_home_with_their_log(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A DAG submitted on the access point is its: each node's outputs are written into the
+    DAG's directory and its events into the nodes' log by its `jobstore schedd`, none by the
+    node."""
+    from jobstore.api.dags import submit_dag
+    from jobstore.node import config
+
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    for name in ("a", "b"):
+        (sub / f"{name}.sub").write_text(
+            f"executable = /bin/echo\ntransfer_executable = false\narguments = node {name}\n"
+            f"output = {name}.out\nlog = nodes.log\nshould_transfer_files = YES\n"
+            "request_memory = 32\nqueue\n")
+    (sub / "two.dag").write_text("JOB A a.sub\nJOB B b.sub\nPARENT A CHILD B\n")
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
+    done = submit_dag(store, str(sub / "two.dag"), settings, owner=owner)
+    homes = {store.reads.find_jobs(c)[0].user_log for c in done.clusters.values()}
+    assert homes == {None}  # kept in the ad: the access point writes it
+    run_node(store, tmp, owner, "agent", {"completed", "held", "failed"}, slots=1)
+    assert not (sub / "nodes.log").exists() and not (sub / "a.out").exists()
+    hers(store, owner)
+    once = clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert once.stdout.startswith("2 job(s)' outputs written home, 0 not.\n"), once.stderr
+    assert [(sub / f"{n}.out").read_text() for n in "ab"] == ["node a\n", "node b\n"]
+    events = htcondor2.JobEventLog(str(sub / "nodes.log")).events(0)
+    ended = [e.cluster for e in events if e.type == ET.JOB_TERMINATED]
+    assert ended == [done.clusters["A"], done.clusters["B"]]

@@ -149,8 +149,10 @@ class Door(Protocol):
 
     def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
                 batch_name: str | None, max_jobs: int | None, max_idle: int | None,
-                attrs: Mapping[str, str], now: float) -> int:
-        """A DAG: its own cluster (DAGManJobId) and row; its nodes come with dag_nodes."""
+                attrs: Mapping[str, str], now: float, home: str | None = None) -> int:
+        """A DAG: its own cluster (DAGManJobId) and row, with the access point it was
+        submitted on (`home`, given to its nodes' clusters too); its nodes come with
+        dag_nodes."""
 
     def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Params],
                   edges: Sequence[tuple[str, str]], categories: Mapping[str, int],

@@ -144,11 +144,11 @@ class PgDoor:
 
     def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
                 batch_name: str | None, max_jobs: int | None, max_idle: int | None,
-                attrs: Mapping[str, str], now: float) -> int:
+                attrs: Mapping[str, str], now: float, home: str | None = None) -> int:
         return int(_one(driver.execute(conn, NEW_DAG, {
             "owner": owner, "queue": queue, "path": path, "batch_name": batch_name,
             "max_jobs": max_jobs, "max_idle": max_idle,
-            "attrs": json_text(dict(attrs)) if attrs else None, "now": now}))[0])
+            "attrs": json_text(dict(attrs)) if attrs else None, "now": now, "home": home}))[0])
 
     def dag_nodes(self, conn: Connection, dag_id: int, nodes: Sequence[Mapping[str, Any]],
                   edges: Sequence[tuple[str, str]], categories: Mapping[str, int],

@@ -85,7 +85,7 @@ DOOR_FUNCTIONS = (
     "jobstore_edit(bigint[], text, text, text[], boolean, double precision)",
     "jobstore_set_factor(text, double precision)",
     "jobstore_reset_usage(text, double precision)",
-    "jobstore_new_dag(text, text, text, text, integer, integer, json, double precision)",
+    "jobstore_new_dag(text, text, text, text, integer, integer, json, double precision, text)",
     "jobstore_dag_nodes(bigint, json, json, json, double precision)",
     "jobstore_start_dag(bigint, double precision)",
     "jobstore_pause_dag(bigint, boolean, double precision)",

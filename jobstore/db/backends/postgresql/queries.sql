@@ -497,7 +497,7 @@ SELECT jobstore_reset_usage(%(name)s::text, %(now)s::float8);
 -- A DAG's own cluster and row.
 SELECT jobstore_new_dag(%(owner)s::text, %(queue)s::text, %(path)s::text,
     %(batch_name)s::text, %(max_jobs)s::integer, %(max_idle)s::integer, %(attrs)s::json,
-    %(now)s::float8);
+    %(now)s::float8, %(home)s::text);
 
 -- name: door_dag_nodes
 -- A new DAG's nodes, dependencies and throttles: each node's cluster.
