@@ -1,15 +1,16 @@
 """The job event logs an access point's `jobstore schedd` writes: those of the jobs submitted
 there (`clusters.home`) whose log no committing process writes (`jobs.user_log` NULL: the
-submit kept the log, `UserLog`, in the ad alone)."""
+submit kept the log, `UserLog`, in the ad alone), and the own log of each DAG submitted there
+(`dagman_logs`: what of it was written)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, or_, select
 
-from jobstore.db.schema import clusters, jobs
+from jobstore.db.schema import clusters, dagman_logs, dags, jobs
 from jobstore.db.transactions import Transactions
 
 MAX_PATH = 4096
@@ -21,6 +22,24 @@ class HomeLog(NamedTuple):
 
     owner: str
     path: str | None
+
+
+class DagLog(NamedTuple):
+    """A DAG whose own log is due: its DAGManJobId, owner, DAG file, how it stands, and what
+    of its log was written (0 nothing, 1 its start, 2 its end too)."""
+
+    dag_id: int
+    owner: str
+    path: str
+    status: str
+    exit_code: int | None
+    created_at: float
+    finished_at: float | None
+    written: int
+
+
+DAG_ENDED = ("completed", "failed", "removed")
+DAG_STARTED, DAG_DONE = 1, 2
 
 
 class EventLogs:
@@ -58,6 +77,32 @@ class EventLogs:
         return found
 
 
+    def dags_due(self, home: str, *, owner: str | None = None, since: float = 0.0,
+                 limit: int = 100) -> list[DagLog]:
+        """The DAGs submitted on `home` (of `owner` alone, if given) that began or ended at
+        `since` or later and whose own log lacks what they did, oldest first."""
+        target = and_(dags.c.status.in_(DAG_ENDED), dagman_logs.c.written < DAG_DONE)
+        q = (select(dags.c.id, dags.c.owner, dags.c.path, dags.c.status, dags.c.exit_code,
+                    dags.c.created_at, dags.c.finished_at, dagman_logs.c.written)
+             .join(clusters, and_(clusters.c.id == dags.c.id, clusters.c.home == home))
+             .outerjoin(dagman_logs, dagman_logs.c.dag_id == dags.c.id)
+             .where(or_(dags.c.created_at >= since, dags.c.finished_at >= since),
+                    or_(dagman_logs.c.written.is_(None), target))
+             .order_by(dags.c.id).limit(limit))
+        if owner is not None:
+            q = q.where(dags.c.owner == owner)
+        with self.db.transaction() as conn:
+            return [DagLog(r.id, r.owner, r.path, r.status, r.exit_code, r.created_at,
+                           r.finished_at, r.written or 0) for r in conn.execute(q)]
+
+    def dag_logged(self, dag_id: int, written: int, now: float) -> None:
+        """Record what of the DAG's own log is written."""
+        with self.db.transaction() as conn:
+            self.db.backend.upsert(conn, dagman_logs, [
+                {"dag_id": dag_id, "written": written, "updated_at": now}], "dag_id",
+                ["written", "updated_at"])
+
+
 def _path(ad: object) -> str | None:
     """The ad's UserLog when it is an absolute path of one line."""
     value = ad.get("UserLog") if isinstance(ad, dict) else None
@@ -67,4 +112,4 @@ def _path(ad: object) -> str | None:
     return value
 
 
-__all__ = ["EventLogs", "HomeLog"]
+__all__ = ["DAG_DONE", "DAG_ENDED", "DAG_STARTED", "DagLog", "EventLogs", "HomeLog"]

@@ -22,6 +22,7 @@ from jobstore.db.schema import (
     dag_categories,
     dag_edges,
     dag_nodes,
+    dagman_logs,
     dags,
     deliveries,
     job_events,
@@ -132,7 +133,7 @@ def _prune_dags(conn: Connection, before: float) -> None:
         dags.c.finished_at < before, ~exists(node_jobs)).limit(PRUNE_BATCH)).scalars())
     if not gone:
         return
-    for table in (dag_edges, dag_categories, dag_nodes):
+    for table in (dag_edges, dag_categories, dag_nodes, dagman_logs):
         conn.execute(delete(table).where(table.c.dag_id.in_(gone)))
     conn.execute(delete(dags).where(dags.c.id.in_(gone)))
     conn.execute(delete(clusters).where(clusters.c.id.in_(gone)))

@@ -89,6 +89,17 @@ event_cursors = Table(
     Column("updated_at", Epoch(), nullable=False),
 )
 
+# What an access point's `jobstore schedd` wrote of a DAG's own job event log (DAGMan's job's
+# log, `<dag file>.dagman.log`; migration 0023): 1 its submit and execute, 2 its end too. The
+# pruner deletes it with its DAG.
+dagman_logs = Table(
+    "dagman_logs",
+    metadata,
+    Column("dag_id", BigId, primary_key=True, autoincrement=False),
+    Column("written", Integer, nullable=False),
+    Column("updated_at", Epoch(), nullable=False),
+)
+
 # Jobs that are the same in everything matching looks at (jobstore.core.autoclusters).
 autoclusters = Table(
     "autoclusters",

@@ -164,6 +164,11 @@ def _address(host: str | None) -> str:
     return f"<{host or socket.getfqdn()}>"
 
 
+def local_address() -> str:
+    """This host, as an event's host (`<name>`)."""
+    return _address(None)
+
+
 def log_events(record: Mapping[str, Any], job: JobBefore) -> list[LogEvent]:
     """The job event log entries for one committed job store event (often none).
 
@@ -361,4 +366,6 @@ def _warn(path: str, code: int, message: str) -> None:
     log.warning("jobstore: cannot write job event log %s: %s", path, message)
 
 
-__all__ = ["JobBefore", "LogEvent", "log_events", "on_commit", "open_log", "append"]
+__all__ = [
+    "JobBefore", "LogEvent", "append", "local_address", "log_events", "on_commit", "open_log",
+]

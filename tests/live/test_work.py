@@ -128,6 +128,12 @@ def test_an_expression_bomb_is_held_and_the_other_jobs_run(live: Live) -> None:
 
 
 def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
+    """Each node after its parents; DAGMan's own log, written by root's `jobstore schedd` on
+    the access point, ends with the DAG's JOB_TERMINATED."""
+    import signal
+
+    import htcondor2
+
     _write(live, "dag/node.sub", "executable = /bin/sh\n"
            "arguments = \"-c 'date +%s.%N > $(node).t'\"\nqueue\n")
     middle = [f"M{i}" for i in range(48)]
@@ -135,20 +141,38 @@ def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
              *(f"VARS {n} node=\"{n}\"" for n in ["A", *middle, "Z"]),
              f"PARENT A CHILD {' '.join(middle)}", f"PARENT {' '.join(middle)} CHILD Z"]
     _write(live, "dag/fifty.dag", "\n".join(lines) + "\n")
-    done = live.jobstore("submit-dag", "fifty.dag", cwd=live.work / "dag")
-    assert done.returncode == 0, done.stderr
-    dag = re.search(r"submitted as (\d+)", done.stdout)
-    assert dag, done.stdout
-    status: list[str] = []
-
-    def finished() -> bool:  # DAGMan's node status file
-        status[:] = [live.jobstore("dag", "node-status", dag.group(1)).stdout]
-        return "NodesDone = 50;" in status[0]
-
+    service = live.start("schedd", account="root", log=live.work.parent / "schedd-dag.log")
     try:
-        wait_for("the DAG's 50 nodes done", finished, 240, 1.0)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{status[0][:2000]}") from None
+        done = live.jobstore("submit-dag", "fifty.dag", cwd=live.work / "dag")
+        assert done.returncode == 0, done.stderr
+        dag = re.search(r"submitted as (\d+)", done.stdout)
+        assert dag, done.stdout
+        status: list[str] = []
+
+        def finished() -> bool:  # DAGMan's node status file
+            status[:] = [live.jobstore("dag", "node-status", dag.group(1)).stdout]
+            return "NodesDone = 50;" in status[0]
+
+        try:
+            wait_for("the DAG's 50 nodes done", finished, 240, 1.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{status[0][:2000]}") from None
+        log = live.work / "dag" / "fifty.dag.dagman.log"
+
+        def ended() -> list[htcondor2.JobEvent] | None:  # as the DAG tutorial waits on it
+            events = list(htcondor2.JobEventLog(str(log)).events(0)) if log.exists() else []
+            return events if events and events[-1].type == htcondor2.JobEventType.JOB_TERMINATED \
+                else None
+
+        dagman = wait_for("DAGMan's log's JOB_TERMINATED", ended, 30, 0.05)
+        assert [e.type for e in dagman] == [htcondor2.JobEventType.SUBMIT,
+                                            htcondor2.JobEventType.EXECUTE,
+                                            htcondor2.JobEventType.JOB_TERMINATED]
+        assert {e.cluster for e in dagman} == {int(dag.group(1))}
+        assert dagman[-1]["ReturnValue"] == 0
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=20) == 0
     times = {p.stem: float(p.read_text()) for p in (live.work / "dag").glob("*.t")}
     assert len(times) == 50
     assert all(times["A"] < times[m] < times["Z"] for m in middle)

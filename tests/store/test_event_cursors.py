@@ -1,9 +1,14 @@
 """Event logs on the access point, in the store: a job submitted there keeps its log in its ad
 alone (no committing process writes it), and is that access point's to log; a cursor kept in
-the store lets a restarted follower go on where it stopped, nothing missed, nothing twice."""
+the store lets a restarted follower go on where it stopped, nothing missed, nothing twice; a
+DAG's own log is due as the DAG starts and as it ends, and its record goes with it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import pytest
 from backends import BOTH_BACKENDS
 
 from jobstore.api.feed import EventFollower
@@ -56,3 +61,38 @@ def test_what_is_kept_that_is_no_cursor_keeps_no_gaps(store: JobStore) -> None:
         conn.execute(event_cursors.insert().values(name="userlog:ap1", high=5,
                                                    gaps='{"not": "pairs"}', updated_at=0))
     assert store.event_cursors.get("userlog:ap1") == EventCursor(5, {})
+
+
+@BOTH_BACKENDS
+def test_a_dags_own_log_is_due_as_it_starts_and_as_it_ends(
+        store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobstore.api.dags import submit_dag
+    from jobstore.db.eventlogs import DAG_DONE, DAG_STARTED
+    from jobstore.db.schema import dagman_logs
+    from jobstore.node import config
+
+    (tmp_path / "a.sub").write_text("executable = /bin/true\nqueue\n")
+    (tmp_path / "one.dag").write_text("JOB A a.sub\n")
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.db.engine.url.render_as_string(False))
+
+    def queued(home: str) -> int:
+        monkeypatch.setenv("JOBSTORE_SCHEDD_NAME", home)
+        return submit_dag(store, str(tmp_path / "one.dag"), config.load_settings(None),
+                          owner="alice").dag_id
+
+    mine, theirs = queued(HOME), queued("ap2")
+    (due,) = store.event_logs.dags_due(HOME)
+    assert (due.dag_id, due.owner, due.written) == (mine, "alice", 0)
+    assert due.path == str(tmp_path / "one.dag")
+    assert store.event_logs.dags_due(HOME, owner="bob") == []
+    store.event_logs.dag_logged(mine, DAG_STARTED, 1.0)
+    assert store.event_logs.dags_due(HOME) == []  # running: nothing more until it ends
+    assert store.dags.remove_dag(mine)
+    (due,) = store.event_logs.dags_due(HOME)
+    assert (due.status, due.written) == ("removed", DAG_STARTED)
+    store.event_logs.dag_logged(mine, DAG_DONE, 2.0)
+    assert store.event_logs.dags_due(HOME) == []
+    assert [d.dag_id for d in store.event_logs.dags_due("ap2")] == [theirs]
+    store.retention.prune(time.time() + 1)  # the record goes with its DAG
+    with store.db.transaction() as conn:
+        assert conn.execute(dagman_logs.select()).all() == []

@@ -177,6 +177,7 @@ def test_a_submitter_cannot_forge_what_the_agent_trusts(pool: Pool, owner: JobSt
         # where an access point's service stands in the events, and what it delivered
         "INSERT INTO event_cursors (name, high, updated_at) VALUES ('userlog:ap1', 1e9, 0)",
         "SELECT * FROM event_cursors",
+        "INSERT INTO dagman_logs (dag_id, written, updated_at) VALUES (1, 2, 0)",
         "SELECT * FROM deliveries",
     ]
     with psycopg.connect(libpq_url(pool.url("alice")), autocommit=True) as conn:
@@ -376,6 +377,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         assert agent.deliveries.of([job_id])[job_id].home == "ap1"
         agent.event_cursors.save("userlog:ap1", EventCursor(7, {5: None}), 1.0)
         assert agent.event_cursors.get("userlog:ap1") == EventCursor(7, {5: None})
+        agent.event_logs.dag_logged(12345, 1, 1.0)
         agent.db.engine.dispose()
         owner.db.engine.dispose()
     finally:

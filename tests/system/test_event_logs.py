@@ -134,3 +134,38 @@ def test_a_dags_nodes_come_home_with_their_log(node_db) -> None:  # type: ignore
     events = htcondor2.JobEventLog(str(sub / "nodes.log")).events(0)
     ended = [e.cluster for e in events if e.type == ET.JOB_TERMINATED]
     assert ended == [done.clusters["A"], done.clusters["B"]]
+    # DAGMan's own job's log, as the DAG tutorial reads it: its DAGManJobId to its end
+    dagman = list(htcondor2.JobEventLog(str(sub / "two.dag.dagman.log")).events(0))
+    assert [(e.cluster, e.type) for e in dagman] == [
+        (done.dag_id, ET.SUBMIT), (done.dag_id, ET.EXECUTE), (done.dag_id, ET.JOB_TERMINATED)]
+    assert dagman[-1]["ReturnValue"] == 0
+    if owner:
+        assert (sub / "two.dag.dagman.log").stat().st_uid == pwd.getpwnam(owner).pw_uid
+    again = clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+    assert again.stdout.endswith("\n0 event(s) appended to job event logs.\n"), again.stderr
+
+
+@BACKENDS
+def test_a_dags_own_log_follows_it_to_its_removal(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """Submitted and executing while it runs (once), aborted when it is removed."""
+    from jobstore.api.dags import submit_dag
+    from jobstore.node import config
+
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    (sub / "a.sub").write_text("executable = /bin/true\nqueue\n")
+    (sub / "one.dag").write_text("JOB A a.sub\n")
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
+    done = submit_dag(store, str(sub / "one.dag"), settings, owner=owner)
+    hers(store, owner)
+    log = sub / "one.dag.dagman.log"
+    for _ in range(2):
+        clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+        assert [e.type for e in htcondor2.JobEventLog(str(log)).events(0)] == [
+            ET.SUBMIT, ET.EXECUTE]
+    assert store.dags.remove_dag(done.dag_id)
+    clirun.run(schedd_cmd(store, "--once"), capture_output=True, text=True, timeout=60)
+    events = list(htcondor2.JobEventLog(str(log)).events(0))
+    assert [e.type for e in events] == [ET.SUBMIT, ET.EXECUTE, ET.JOB_ABORTED]
+    assert events[-1]["Reason"] == "the DAG was removed"

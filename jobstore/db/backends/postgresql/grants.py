@@ -59,7 +59,7 @@ HOOK_UPDATE_COLUMNS = (
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
           "grant_accountant", "grant_passes", "grant_slots", "grant_events", "grant_sequence",
-          "grant_deliveries", "grant_event_cursors", "grant_files", "grant_files_sequence",
+          "grant_deliveries", "grant_event_logs", "grant_files", "grant_files_sequence",
           "grant_store_limits", "grant_dag_engine", "grant_notify_key",
           "grant_agent_drop_update_policy", "grant_agent_update_policy",
           "grant_agent_drop_event_policy", "grant_agent_event_policy",

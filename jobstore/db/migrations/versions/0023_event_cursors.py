@@ -1,7 +1,7 @@
 """Event logs on the access point: `event_cursors` keeps where a follower of job_events stands
 (the access point's `jobstore schedd` writing its jobs' event logs), so that a restarted one
-goes on where it stopped. The agents' roles (which a `jobstore schedd` connects as) read and
-write it; no submitter does.
+goes on where it stopped; `dagman_logs`, what it wrote of each DAG's own log. The agents' roles
+(which a `jobstore schedd` connects as) read and write them; no submitter does.
 
 Revision ID: 0023
 Revises: 0022
@@ -33,13 +33,23 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.Float(precision=53), nullable=False),
         sa.PrimaryKeyConstraint("name", name="pk_event_cursors"),
     )
+    op.create_table(
+        "dagman_logs",
+        sa.Column("dag_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+                  autoincrement=False, nullable=False),
+        sa.Column("written", sa.Integer(), nullable=False),
+        sa.Column("updated_at", sa.Float(precision=53), nullable=False),
+        sa.PrimaryKeyConstraint("dag_id", name="pk_dagman_logs"),
+    )
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
     quote = bind.dialect.identifier_preparer.quote
     for role in bind.execute(sa.text(AGENT_ROLES)).scalars():
-        op.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors TO {quote(role)}")
+        op.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors, dagman_logs TO "
+                   f"{quote(role)}")
 
 
 def downgrade() -> None:
+    op.drop_table("dagman_logs")
     op.drop_table("event_cursors")
