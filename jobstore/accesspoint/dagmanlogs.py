@@ -20,6 +20,7 @@ LOG = logging.getLogger("jobstore.schedd")
 SUFFIX = ".dagman.log"
 SLACK = 60.0  # a DAG's start or end may be this much older than its commit
 RESCAN = 3600.0  # seconds between looks at every DAG of this access point
+MAX_REFUSED = 10_000  # DAGs whose log could not be written, said once each
 
 
 @dataclass
@@ -64,6 +65,8 @@ class DagmanLogs:
         if why is not None or not userlog.append(dag.path + SUFFIX, "".join(
                 e.text() for e in entries), owner=dag.owner):
             if dag.dag_id not in self._refused:
+                if len(self._refused) >= MAX_REFUSED:
+                    self._refused.clear()
                 self._refused.add(dag.dag_id)
                 LOG.warning("DAG %s: its own log is not written: %s", dag.dag_id,
                             why or "see above")

@@ -50,7 +50,7 @@ class EventLogs:
     _follower: EventFollower | None = field(default=None, init=False)
     _known: dict[int, HomeLog | None] = field(default_factory=dict, init=False)
     _sizes: dict[int, int] = field(default_factory=dict, init=False)
-    _refused: set[str] = field(default_factory=set, init=False)
+    _said: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -66,8 +66,12 @@ class EventLogs:
         done, more = 0, True
         while more:
             seen = (follower.high, dict(follower.gaps))
-            rows, more = follower.read()
-            done += self._append(rows)
+            try:
+                rows, more = follower.read()
+                done += self._append(rows)
+            except BaseException:  # the batch is read again by the next pass
+                follower.high, follower.gaps = seen
+                raise
             if (follower.high, follower.gaps) != seen:
                 self.store.event_cursors.save(
                     self.cursor_name, EventCursor(follower.high, follower.gaps), self.clock())
@@ -87,8 +91,7 @@ class EventLogs:
         for r in rows:
             event, log = r.event, logs.get(r.event.job_id)
             if log is not None and log.path is not None:
-                before = self._before(event)
-                entries = [e.text() for e in userlog.log_events(_record(event), before)]
+                entries = self._entries(event)
                 if entries:
                     texts.setdefault((log.path, log.owner), []).extend(entries)
             if event.to_status in FINAL:
@@ -98,12 +101,29 @@ class EventLogs:
         for (path, owner), entries in texts.items():
             why = refusal(owner, self._owner, self.settings)
             if why is not None:
-                if path not in self._refused:
-                    self._refused.add(path)
-                    LOG.warning("job event log %s: not written: %s", path, why)
+                self._once(f"job event log {path}: not written: {why}")
             elif userlog.append(path, "".join(entries), owner=owner):
                 done += len(entries)
         return done
+
+    def _entries(self, event: JobEvent) -> list[str]:
+        """The log entries of `event`; none (said once) for one whose row holds what no
+        entry can be made of (a SQLite file's owner may write anything in it)."""
+        try:
+            return [e.text() for e in userlog.log_events(_record(event), self._before(event))]
+        except Exception as exc:  # noqa: BLE001 - one event's row, never the others' logs
+            self._once(f"job {event.cluster}.{event.proc}: event {event.id} not logged: "
+                       f"{type(exc).__name__}")
+            return []
+
+    def _once(self, line: str) -> None:
+        """Log `line` the first time it comes (of the last MAX_KNOWN)."""
+        if line in self._said:
+            return
+        if len(self._said) >= MAX_KNOWN:
+            self._said.clear()
+        self._said.add(line)
+        LOG.warning("%s", line)
 
     def _logs_of(self, job_ids: set[int]) -> dict[int, HomeLog | None]:
         """Each job's log: remembered, or read (None: not a job whose log this service

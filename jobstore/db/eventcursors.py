@@ -13,7 +13,7 @@ from sqlalchemy import select
 from jobstore.db.schema import event_cursors
 from jobstore.db.transactions import Transactions
 
-MAX_GAPS = 10_000  # kept of a cursor's gaps: more would be a store in trouble, not a cursor
+MAX_GAPS = 10_000  # kept of a cursor's gaps; past them the cursor is kept lower
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,12 @@ class EventCursors:
 
     def save(self, name: str, cursor: EventCursor, now: float) -> None:
         """Keep `cursor` as `name`'s."""
-        values = {"high": cursor.high, "updated_at": now,
-                  "gaps": json.dumps(sorted(cursor.gaps.items())[:MAX_GAPS]) if cursor.gaps
-                  else None}
+        gaps = sorted(cursor.gaps.items())
+        high = cursor.high
+        if len(gaps) > MAX_GAPS:  # kept lower: what lies past it is read again, not lost
+            high = min(high, gaps[MAX_GAPS][0] - 1)
+            gaps = gaps[:MAX_GAPS]
+        values = {"high": high, "updated_at": now, "gaps": json.dumps(gaps) if gaps else None}
         with self.db.transaction() as conn:
             self.db.backend.upsert(conn, event_cursors, [{"name": name, **values}], "name",
                                    list(values))

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
+import math
 import os
 import pwd
+import select
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -155,9 +159,18 @@ class JobBefore(Protocol):
 
 
 def _int(value: Any) -> int | None:
+    """A report's number as an int; None for anything else (not finite, past 64 bits)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value) if abs(value) < 2**63 else None
+
+
+def _seconds(value: Any) -> float:
+    """A report's CPU seconds; 0 for anything that is not a number a job could use."""
+    number = _int(value)
+    return float(value) if number is not None and 0 <= number < 2**40 else 0.0
 
 
 def _address(host: str | None) -> str:
@@ -196,7 +209,7 @@ def log_events(record: Mapping[str, Any], job: JobBefore) -> list[LogEvent]:
             memory = _int(attrs.get("MemoryUsage"))
             add(IMAGE_SIZE, image_size_body(size, memory, _int(attrs.get("ResidentSetSize"))))
 
-    cpu = (float(attrs.get("RemoteUserCpu") or 0), float(attrs.get("RemoteSysCpu") or 0))
+    cpu = (_seconds(attrs.get("RemoteUserCpu")), _seconds(attrs.get("RemoteSysCpu")))
     ran = before == Status.RUNNING
     if event == Event.SUBMIT:
         add(SUBMIT, submit_body(_address(None)))
@@ -267,19 +280,43 @@ def append(path: str, text: str, *, owner: str | None = None) -> bool:
 
 # ---- appending ----------------------------------------------------------------------------
 
+LOCK_WAIT = 5.0  # seconds a log's lock is waited for (whoever holds it may hold it for ever)
+START_WAIT = LOCK_WAIT + 10.0  # seconds the owner's child has to start, open and lock the log
+MAX_WARNED = 10_000  # logs that could not be written, said once each
+
+
+def _open_locked(path: str) -> int:
+    """`path` opened for appending (made if missing; never through a link, never anything but
+    a regular file, never waiting on a FIFO) and locked; OSError if it cannot be within
+    LOCK_WAIT seconds."""
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+             | os.O_NONBLOCK)
+    fd = os.open(path, flags, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise OSError(exc.errno, "locked by another process for too long") from None
+            time.sleep(0.05)
+    except OSError:
+        os.close(fd)
+        raise
+
 
 class _FileWriter:
     """The log opened O_APPEND and locked (fcntl, as HTCondor locks it) until `finish`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        self.fd = os.open(path, flags, 0o644)
-        try:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX)
-        except OSError:
-            os.close(self.fd)
-            raise
+        self.fd = _open_locked(path)
 
     def finish(self, text: str) -> bool:
         """Write `text` in one write() (unless the kernel writes short), unlock, close."""
@@ -295,12 +332,23 @@ class _FileWriter:
         return True
 
 
-# Root never writes into a directory the user controls: a short child (stdlib only, no site)
-# opens and locks the log as the job's owner, says so, then appends what it is sent.
-_CHILD = """
-import fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-fcntl.lockf(fd, fcntl.LOCK_EX)
+# Root never writes into a directory the user controls: a short child (stdlib only, no site,
+# no environment of root's) opens and locks the log as the job's owner with _open_locked's own
+# source, says so, then appends what it is sent.
+@functools.cache
+def _child() -> str:
+    """The child's program."""
+    import inspect
+
+    return f"""
+import errno, fcntl, os, stat, sys, time
+LOCK_WAIT = float(sys.argv[2])
+{inspect.getsource(_open_locked)}
+try:
+    fd = _open_locked(sys.argv[1])
+except OSError as exc:
+    sys.stderr.write(exc.strerror or "cannot open")
+    sys.exit(1)
 sys.stdout.write("locked\\n")
 sys.stdout.flush()
 data = sys.stdin.buffer.read()
@@ -310,16 +358,18 @@ while data:
 
 
 class _OwnerWriter:
-    """As root: the same, done by a child process running as the log's owner."""
+    """As root: the same, done by a child process running as the log's owner. It is given
+    START_WAIT seconds to say the log is locked, and 10 more to append, then killed."""
 
     def __init__(self, path: str, owner: str) -> None:
         self.path = path
+        self.error: str | None = None
         try:
             pw = pwd.getpwnam(owner)
         except KeyError:
             raise OSError(errno.ENOENT, f"no account {owner}") from None
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CHILD, path],
+            [sys.executable, "-I", "-S", "-c", _child(), path, str(LOCK_WAIT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -327,9 +377,11 @@ class _OwnerWriter:
             group=pw.pw_gid,
             extra_groups=os.getgrouplist(owner, pw.pw_gid),
             cwd="/",
+            env={},
         )
         assert self.proc.stdout is not None
-        if self.proc.stdout.readline() != b"locked\n":
+        if _first_line(self.proc.stdout.fileno(), START_WAIT) != b"locked\n":
+            self.proc.kill()
             self.finish("")
             raise OSError(errno.EACCES, self.error or "failed")
 
@@ -339,12 +391,36 @@ class _OwnerWriter:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             _, err = self.proc.communicate()
-        lines = err.decode(errors="replace").strip().splitlines()
-        self.error = lines[-1] if lines else None
+        self.error = _said(err)
         if self.proc.returncode:
             _warn(self.path, errno.EIO, f"as the job owner: {self.error or 'failed'}")
             return False
         return True
+
+
+def _first_line(fd: int, wait: float) -> bytes:
+    """What a child wrote on `fd` up to its first newline, within `wait` seconds (b"" if it
+    said nothing whole in time)."""
+    got = b""
+    deadline = time.monotonic() + wait
+    while b"\n" not in got and len(got) < 64:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return b""
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return b""
+        got += chunk
+    return got
+
+
+def _said(err: bytes) -> str | None:
+    """A child's last line of stderr, as one short line of printable text (it is the job
+    owner's process: she may have written it)."""
+    lines = err.decode("ascii", "replace").strip().splitlines()
+    if not lines:
+        return None
+    return "".join(c if c.isprintable() else "?" for c in lines[-1])[:200]
 
 
 def open_log(path: str, *, owner: str | None = None) -> _FileWriter | _OwnerWriter | None:
@@ -362,6 +438,8 @@ def open_log(path: str, *, owner: str | None = None) -> _FileWriter | _OwnerWrit
 def _warn(path: str, code: int, message: str) -> None:
     if (path, code) in _warned:
         return
+    if len(_warned) >= MAX_WARNED:
+        _warned.clear()
     _warned.add((path, code))
     log.warning("jobstore: cannot write job event log %s: %s", path, message)
 

@@ -96,3 +96,14 @@ def test_a_dags_own_log_is_due_as_it_starts_and_as_it_ends(
     store.retention.prune(time.time() + 1)  # the record goes with its DAG
     with store.db.transaction() as conn:
         assert conn.execute(dagman_logs.select()).all() == []
+
+
+def test_a_cursor_with_more_gaps_than_kept_is_kept_lower(store: JobStore,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_GAPS ids not seen yet, the cursor is kept below the first it cannot keep: a
+    follower resumed from it reads again what lies past, and misses none of them."""
+    from jobstore.db import eventcursors
+
+    monkeypatch.setattr(eventcursors, "MAX_GAPS", 2)
+    store.event_cursors.save("userlog:ap1", EventCursor(100, {10: 5, 20: None, 30: 7}), 1.0)
+    assert store.event_cursors.get("userlog:ap1") == EventCursor(29, {10: 5, 20: None})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
+from pathlib import Path
 
 import clirun
 import htcondor2
@@ -169,3 +171,75 @@ def test_a_dags_own_log_follows_it_to_its_removal(node_db) -> None:  # type: ign
     events = list(htcondor2.JobEventLog(str(log)).events(0))
     assert [e.type for e in events] == [ET.SUBMIT, ET.EXECUTE, ET.JOB_ABORTED]
     assert events[-1]["Reason"] == "the DAG was removed"
+
+
+@pytest.mark.parametrize("node_db", ["sqlite"], indirect=True)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service writes as the owner only as root")
+def test_no_log_of_hers_stops_the_service_or_learns_its_secrets(node_db, monkeypatch) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A FIFO for a log, a log she keeps locked, a report's CPU time of infinity: each costs
+    her own entry at most, within seconds; the other logs are written, and the next pass
+    goes on. The child that writes as her gets none of root's environment."""
+    import fcntl
+    import subprocess
+    import threading
+
+    from jobstore.accesspoint.eventlogs import EventLogs
+    from jobstore.core.states import Event
+    from jobstore.formats import userlog
+    from jobstore.node import config
+    from jobstore.testing.factories import job_spec, report, running
+
+    store, tmp = node_db
+    owner = job_owner()
+    assert owner is not None
+    user = pwd.getpwnam(owner)
+    sub = submit_dir(tmp, "sub", owner)
+    os.mkfifo(sub / "fifo.log")
+    (sub / "locked.log").write_text("")
+    for path in (sub / "fifo.log", sub / "locked.log"):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    paths = ["fifo.log", "locked.log", "poison.log", "ok.log"]
+    ids = [store.submissions.submit([job_spec(0, iwd=str(sub), user_log=str(sub / p))],
+                                    owner=owner, queue="default", max_attempts=1,
+                                    home="ap1")[1][0] for p in paths]
+    poisoned = running(store, lease=600)
+    assert poisoned.id == ids[0]  # the oldest: the FIFO's
+    for _ in ids[1:3]:
+        job = running(store, lease=600)
+        report(store, job, Event.EXIT, changes={"exit_code": 0},
+               attrs={"RemoteUserCpu": float("inf"), "RemoteSysCpu": "x"})
+    monkeypatch.setattr(userlog, "LOCK_WAIT", 0.5)
+    held = open(sub / "locked.log", "a")  # noqa: SIM115 - held across the pass
+    fcntl.lockf(held, fcntl.LOCK_EX)
+    environs: list[str] = []
+    real_popen = subprocess.Popen
+
+    def spying(*args, **kwargs):  # type: ignore[no-untyped-def]
+        proc = real_popen(*args, **kwargs)
+        environs.append(Path(f"/proc/{proc.pid}/environ").read_bytes().decode())
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", spying)
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", "postgresql://u:SECRET@h/db")
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
+    service = EventLogs(store, "ap1", settings)
+    passed = threading.Thread(target=service.pass_once)
+    started = time.monotonic()
+    passed.start()
+    passed.join(timeout=60)
+    assert not passed.is_alive() and time.monotonic() - started < 30
+    held.close()
+    assert environs and not any("SECRET" in e for e in environs)
+    assert (sub / "locked.log").read_text() == ""
+    kinds = {p: [e.type for e in htcondor2.JobEventLog(str(sub / p)).events(0)]
+             for p in ("poison.log", "ok.log")}
+    assert kinds == {"poison.log": [ET.SUBMIT, ET.EXECUTE, ET.JOB_TERMINATED],
+                     "ok.log": [ET.SUBMIT]}
+    (end,) = [e for e in htcondor2.JobEventLog(str(sub / "poison.log")).events(0)
+              if e.type == ET.JOB_TERMINATED]
+    assert end["RunRemoteUsage"] == "Usr 0 00:00:00, Sys 0 00:00:00"
+    report(store, poisoned, Event.EXIT, changes={"exit_code": 0})
+    store.actions.admin(ids[3], Event.HOLD, "held for the test")
+    assert service.pass_once() == 1  # it goes on: the FIFO's entries are hers to lose
+    assert [e.type for e in htcondor2.JobEventLog(str(sub / "ok.log")).events(0)] == [
+        ET.SUBMIT, ET.JOB_HELD]
