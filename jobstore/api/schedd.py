@@ -22,6 +22,7 @@ from classad2 import ClassAd, ExprTree
 from sqlalchemy import Connection
 
 from jobstore.api import query
+from jobstore.api.dagmanjob import dagman_dag
 from jobstore.api.dags import DagDescription, dag_ads, submit_dag
 from jobstore.api.htcerrors import htcondor_errors
 from jobstore.api.submission import choose_owner, render_check
@@ -138,7 +139,9 @@ class Schedd:
         job_queue: str | None = None,
     ) -> SubmitResult:
         """Queue the jobs of `description` (an htcondor2.Submit, a dict of submit commands, or
-        submit-description text) as one cluster, as htcondor2.Schedd.submit does.
+        submit-description text) as one cluster, as htcondor2.Schedd.submit does. A DAG
+        (`jobstore.Submit.from_dag`, or htcondor2's, which describes DAGMan's job) is queued
+        as `submit_dag` does.
 
         `connection`: a SQLAlchemy connection of the caller's, inside its transaction on this
         database; the jobs commit or roll back with the caller's own rows. `idempotency_key`:
@@ -148,6 +151,8 @@ class Schedd:
         writes them into each job's Iwd as it ends; with `spool`, they wait in the store for
         `retrieve` (condor_transfer_data). The input files of a description with file transfer
         are always stored in the job store at submit, as a spool would hold them."""
+        if not isinstance(description, DagDescription | str):
+            description = dagman_dag(description) or description  # htcondor2's from_dag
         if isinstance(description, DagDescription):
             return self.submit_dag(description.path, description.options, job_queue=job_queue)
         if count and queue is not None:

@@ -545,6 +545,40 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
         jobstore.Submit.from_dag(str(path), {"maxpre": 2})
 
 
+@BOTH_BACKENDS
+def test_htcondor2s_own_from_dag_is_queued_as_its_dag(
+        store: JobStore, settings: config.Settings, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`schedd.submit(htcondor2.Submit.from_dag(...))`, unchanged but for the Schedd: DAGMan's
+    job as htcondor2 describes it queues its DAG with its options; what DAGMan would do that
+    the job store does not is refused with one line."""
+    import htcondor2
+
+    import jobstore
+
+    bin_dir = tmp_path / "bin"  # htcondor2 wants a condor_dagman on PATH, and never runs it
+    bin_dir.mkdir()
+    (bin_dir / "condor_dagman").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "condor_dagman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    _dag(tmp_path, DIAMOND)
+    monkeypatch.chdir(tmp_path)
+    schedd = jobstore.Schedd(store=store, owner=OWNER)
+    description = htcondor2.Submit.from_dag("test.dag", {"maxjobs": 1, "batch-name": "wf"})
+    result = schedd.submit(description)
+    dag = store.dags.dag_of(result.cluster())
+    assert dag is not None and (dag.path, dag.batch_name, dag.max_jobs) == (
+        str(tmp_path / "test.dag"), "wf", 1)
+    ran = _run(store)
+    assert ran[0] == "A" and sorted(ran[1:3]) == ["B", "C"] and ran[3] == "D"
+    refused = {"maxpre": "-MaxPre is not supported", "maxpost": "-MaxPost is not supported",
+               "notification": "notification is not supported"}
+    for option, message in refused.items():
+        (tmp_path / "test.dag.condor.sub").unlink()
+        with pytest.raises(DagError, match=message):
+            schedd.submit(htcondor2.Submit.from_dag("test.dag", {option: "1"}))
+
+
 @pytest.mark.slow
 def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Path,
                                                  tmp_path: Path,
