@@ -20,7 +20,7 @@ LOG = logging.getLogger("jobstore.schedd")
 SUFFIX = ".dagman.log"
 SLACK = 60.0  # a DAG's start or end may be this much older than its commit
 RESCAN = 3600.0  # seconds between looks at every DAG of this access point
-MAX_REFUSED = 10_000  # DAGs whose log could not be written, said once each
+OWNER_BUDGET = 5.0  # seconds of a page one owner's failed logs may take (she may lock them)
 
 
 @dataclass
@@ -35,7 +35,6 @@ class DagmanLogs:
     _owner: str | None = field(default=None, init=False)
     _since: float = field(default=0.0, init=False)
     _full_at: float = field(default=0.0, init=False)
-    _refused: set[int] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -46,34 +45,37 @@ class DagmanLogs:
         start = self.clock()
         full = start >= self._full_at
         done = 0
-        for dag in self.store.event_logs.dags_due(self.name, owner=self._owner,
-                                                  since=0.0 if full else self._since):
-            done += self._write(dag)
+        while dags := self.store.event_logs.dags_due(self.name, owner=self._owner,
+                                                     since=0.0 if full else self._since):
+            spent: dict[str, float] = {}
+            for dag in dags:  # each recorded, written or not: the next page is new ones
+                done += self._write(dag, spent)
         self._since = start - SLACK
         if full:
             self._full_at = start + RESCAN
         return done
 
-    def _write(self, dag: DagLog) -> int:
-        """Append `dag`'s entries not written yet and record them; those that cannot be
-        written are said once and not tried again until the service restarts."""
+    def _write(self, dag: DagLog, spent: dict[str, float]) -> int:
+        """Append `dag`'s entries not written yet, and record them as written: those that
+        cannot be (one line says why) are never tried again, and an owner whose failed logs
+        took OWNER_BUDGET seconds of this page has the rest of hers left out of it."""
         ended = dag.status in DAG_ENDED
         entries = _entries(dag, ended)
         why = refusal(dag.owner, self._owner, self.settings)
         if why is None and not dag.path.startswith("/"):
             why = "its DAG file is not an absolute path"
-        if why is not None or not userlog.append(dag.path + SUFFIX, "".join(
-                e.text() for e in entries), owner=dag.owner):
-            if dag.dag_id not in self._refused:
-                if len(self._refused) >= MAX_REFUSED:
-                    self._refused.clear()
-                self._refused.add(dag.dag_id)
-                LOG.warning("DAG %s: its own log is not written: %s", dag.dag_id,
-                            why or "see above")
-            return 0
+        if why is None and spent.get(dag.owner, 0.0) > OWNER_BUDGET:
+            why = f"{dag.owner}'s logs took more than {OWNER_BUDGET:g} s of this pass"
+        start = time.monotonic()
+        written = why is None and userlog.append(dag.path + SUFFIX, "".join(
+            e.text() for e in entries), owner=dag.owner)
+        if not written:
+            spent[dag.owner] = spent.get(dag.owner, 0.0) + time.monotonic() - start
+            LOG.warning("DAG %s: its own log is not written: %s", dag.dag_id, why or
+                        "see above")
         self.store.event_logs.dag_logged(dag.dag_id, DAG_DONE if ended else DAG_STARTED,
                                          self.clock())
-        return len(entries)
+        return len(entries) if written else 0
 
 
 def _entries(dag: DagLog, ended: bool) -> list[userlog.LogEvent]:

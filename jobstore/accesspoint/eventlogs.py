@@ -23,6 +23,7 @@ from jobstore.node import config
 
 LOG = logging.getLogger("jobstore.schedd")
 MAX_KNOWN = 100_000  # jobs whose log (or its absence) is remembered between passes
+OWNER_BUDGET = 5.0  # seconds of a pass one owner's failed logs may take (she may lock them)
 
 
 class _Before(NamedTuple):
@@ -50,6 +51,7 @@ class EventLogs:
     _follower: EventFollower | None = field(default=None, init=False)
     _known: dict[int, HomeLog | None] = field(default_factory=dict, init=False)
     _sizes: dict[int, int] = field(default_factory=dict, init=False)
+    _through: dict[int, int] = field(default_factory=dict, init=False)
     _said: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
@@ -64,11 +66,12 @@ class EventLogs:
         """Append every event committed since the last pass; returns how many entries."""
         follower = self._follower or self._resume()
         done, more = 0, True
+        spent: dict[str, float] = {}
         while more:
             seen = (follower.high, dict(follower.gaps))
             try:
                 rows, more = follower.read()
-                done += self._append(rows)
+                done += self._append(rows, spent)
             except BaseException:  # the batch is read again by the next pass
                 follower.high, follower.gaps = seen
                 raise
@@ -83,28 +86,44 @@ class EventLogs:
         self._follower = EventFollower(self.store, kept.high, gaps=kept.gaps)
         return self._follower
 
-    def _append(self, rows: list[FeedEvent]) -> int:
-        """Append the entries of `rows` that are this service's, one write per log."""
+    def _append(self, rows: list[FeedEvent], spent: dict[str, float]) -> int:
+        """Append the entries of `rows` that are this service's, one write per log, those of
+        each job past the last one its log got; record how far each job's log got. An owner
+        whose failed logs took OWNER_BUDGET seconds of this pass has the rest of hers left
+        out of it (she may keep them locked)."""
         rows = [r for r in rows if self._owner is None or r.owner == self._owner]
         logs = self._logs_of({r.event.job_id for r in rows})
         texts: dict[tuple[str, str], list[str]] = {}
+        through: dict[int, int] = {}
         for r in rows:
             event, log = r.event, logs.get(r.event.job_id)
-            if log is not None and log.path is not None:
+            if (log is not None and log.path is not None
+                    and event.id > self._through.get(event.job_id, 0)):
+                through[event.job_id] = self._through[event.job_id] = event.id
                 entries = self._entries(event)
                 if entries:
                     texts.setdefault((log.path, log.owner), []).extend(entries)
             if event.to_status in FINAL:
-                self._known.pop(event.job_id, None)
-                self._sizes.pop(event.job_id, None)
+                self._forget(event.job_id)
         done = 0
         for (path, owner), entries in texts.items():
             why = refusal(owner, self._owner, self.settings)
+            if why is None and spent.get(owner, 0.0) > OWNER_BUDGET:
+                why = f"{owner}'s logs that failed took more than {OWNER_BUDGET:g} s of a pass"
             if why is not None:
                 self._once(f"job event log {path}: not written: {why}")
-            elif userlog.append(path, "".join(entries), owner=owner):
+                continue
+            start = time.monotonic()
+            if userlog.append(path, "".join(entries), owner=owner):
                 done += len(entries)
+            else:
+                spent[owner] = spent.get(owner, 0.0) + time.monotonic() - start
+        self.store.event_logs.logged(through)
         return done
+
+    def _forget(self, job_id: int) -> None:
+        for known in (self._known, self._sizes, self._through):
+            known.pop(job_id, None)
 
     def _entries(self, event: JobEvent) -> list[str]:
         """The log entries of `event`; none (said once) for one whose row holds what no
@@ -132,9 +151,12 @@ class EventLogs:
         if unknown:
             if len(self._known) + len(unknown) > MAX_KNOWN:
                 self._known.clear()
+                self._through.clear()
             found = self.store.event_logs.logs_of(unknown, self.name)
             for job_id in unknown:
-                self._known[job_id] = found.get(job_id)
+                log = self._known[job_id] = found.get(job_id)
+                if log is not None:
+                    self._through[job_id] = max(self._through.get(job_id, 0), log.through)
         return {i: self._known[i] for i in job_ids}
 
     def _before(self, event: JobEvent) -> _Before:

@@ -5,12 +5,12 @@ submit kept the log, `UserLog`, in the ad alone), and the own log of each DAG su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from sqlalchemy import and_, or_, select
 
-from jobstore.db.schema import clusters, dagman_logs, dags, jobs
+from jobstore.db.schema import clusters, dagman_logs, dags, jobs, logged_events
 from jobstore.db.transactions import Transactions
 
 MAX_PATH = 4096
@@ -18,10 +18,12 @@ MAX_PATH = 4096
 
 class HomeLog(NamedTuple):
     """One job's event log, as its access point writes it: the path (None: the job has none,
-    or what its ad holds is no absolute path) and the account it is written as."""
+    or what its ad holds is no absolute path), the account it is written as, and the last of
+    the job's events appended to it (0: none)."""
 
     owner: str
     path: str | None
+    through: int = 0
 
 
 class DagLog(NamedTuple):
@@ -51,19 +53,22 @@ class EventLogs:
     def logs_of(self, job_ids: Sequence[int], home: str) -> dict[int, HomeLog]:
         """The jobs among `job_ids` whose event log the access point `home` writes, by id;
         a job whose ad cannot be read has no log (never raised)."""
-        q = (select(jobs.c.id, jobs.c.owner, jobs.c.ad)
+        q = (select(jobs.c.id, jobs.c.owner, jobs.c.ad, logged_events.c.event_id)
              .join(clusters, and_(clusters.c.id == jobs.c.cluster_id, clusters.c.home == home))
+             .outerjoin(logged_events, logged_events.c.job_id == jobs.c.id)
              .where(jobs.c.id.in_(job_ids), jobs.c.user_log.is_(None)))
         try:
             with self.db.transaction() as conn:
-                return {r.id: HomeLog(r.owner, _path(r.ad)) for r in conn.execute(q)}
+                return {r.id: HomeLog(r.owner, _path(r.ad), r.event_id or 0)
+                        for r in conn.execute(q)}
         except (ValueError, TypeError):  # an ad written past the door (SQLite): one at a time
             pass
         found: dict[int, HomeLog] = {}
         for job_id in job_ids:
-            one = select(jobs.c.id, jobs.c.owner).join(
+            one = select(jobs.c.id, jobs.c.owner, logged_events.c.event_id).join(
                 clusters, and_(clusters.c.id == jobs.c.cluster_id, clusters.c.home == home),
-            ).where(jobs.c.id == job_id, jobs.c.user_log.is_(None))
+            ).outerjoin(logged_events, logged_events.c.job_id == jobs.c.id).where(
+                jobs.c.id == job_id, jobs.c.user_log.is_(None))
             with self.db.transaction() as conn:
                 row = conn.execute(one).first()
             if row is None:
@@ -73,8 +78,18 @@ class EventLogs:
                     ad = conn.execute(select(jobs.c.ad).where(jobs.c.id == job_id)).scalar()
             except (ValueError, TypeError):
                 ad = None
-            found[job_id] = HomeLog(row.owner, _path(ad))
+            found[job_id] = HomeLog(row.owner, _path(ad), row.event_id or 0)
         return found
+
+    def logged(self, through: Mapping[int, int]) -> None:
+        """Record the last event of each job (`through`: job id -> event id) appended to its
+        log, or given up."""
+        if not through:
+            return
+        with self.db.transaction() as conn:
+            self.db.backend.upsert(conn, logged_events, [
+                {"job_id": job_id, "event_id": event_id}
+                for job_id, event_id in sorted(through.items())], "job_id", ["event_id"])
 
 
     def dags_due(self, home: str, *, owner: str | None = None, since: float = 0.0,

@@ -28,6 +28,7 @@ from jobstore.db.schema import (
     job_events,
     job_files,
     jobs,
+    logged_events,
     sandbox_chunks,
     sandbox_files,
 )
@@ -102,6 +103,7 @@ class Retention:
             events = conn.execute(delete(job_events).where(job_events.c.job_id.in_(ids))).rowcount
             conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
             conn.execute(delete(deliveries).where(deliveries.c.job_id.in_(ids)))
+            conn.execute(delete(logged_events).where(logged_events.c.job_id.in_(ids)))
             emptied = list(conn.execute(
                 delete(clusters).where(
                     clusters.c.id.in_(cluster_ids),

@@ -89,6 +89,16 @@ event_cursors = Table(
     Column("updated_at", Epoch(), nullable=False),
 )
 
+# The last event of each job that an access point's `jobstore schedd` appended to its job event
+# log (migration 0023): an event read again (a cursor kept lower) is never appended twice. The
+# pruner deletes it with its job.
+logged_events = Table(
+    "logged_events",
+    metadata,
+    Column("job_id", BigId, primary_key=True, autoincrement=False),
+    Column("event_id", BigInteger, nullable=False),
+)
+
 # What an access point's `jobstore schedd` wrote of a DAG's own job event log (DAGMan's job's
 # log, `<dag file>.dagman.log`; migration 0023): 1 its submit and execute, 2 its end too. The
 # pruner deletes it with its DAG.

@@ -282,6 +282,7 @@ def append(path: str, text: str, *, owner: str | None = None) -> bool:
 
 LOCK_WAIT = 5.0  # seconds a log's lock is waited for (whoever holds it may hold it for ever)
 START_WAIT = LOCK_WAIT + 10.0  # seconds the owner's child has to start, open and lock the log
+APPEND_WAIT = 10.0  # seconds it then has to append and end
 MAX_WARNED = 10_000  # logs that could not be written, said once each
 
 
@@ -381,21 +382,38 @@ class _OwnerWriter:
         )
         assert self.proc.stdout is not None
         if _first_line(self.proc.stdout.fileno(), START_WAIT) != b"locked\n":
-            self.proc.kill()
-            self.finish("")
-            raise OSError(errno.EACCES, self.error or "failed")
+            self._abandon()
+            raise OSError(errno.EACCES, "did not open and lock it in time")
 
     def finish(self, text: str) -> bool:
         try:
-            _, err = self.proc.communicate(text.encode("utf-8", "surrogateescape"), timeout=10)
+            _, err = self.proc.communicate(text.encode("utf-8", "surrogateescape"),
+                                           timeout=APPEND_WAIT)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
+            self._abandon()
+            _warn(self.path, errno.ETIME, "as the job owner: did not append in time")
+            return False
         self.error = _said(err)
         if self.proc.returncode:
             _warn(self.path, errno.EIO, f"as the job owner: {self.error or 'failed'}")
             return False
         return True
+
+
+    def _abandon(self) -> None:
+        """Kill the child and close this end of its pipes, never reading them to their end
+        (she may hold copies of the other end open)."""
+        self.proc.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _first_line(fd: int, wait: float) -> bytes:

@@ -5,6 +5,7 @@ is run again; a spooled job's log is written by whoever commits each transition,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import time
@@ -243,3 +244,54 @@ def test_no_log_of_hers_stops_the_service_or_learns_its_secrets(node_db, monkeyp
     assert service.pass_once() == 1  # it goes on: the FIFO's entries are hers to lose
     assert [e.type for e in htcondor2.JobEventLog(str(sub / "ok.log")).events(0)] == [
         ET.SUBMIT, ET.JOB_HELD]
+
+
+@pytest.mark.parametrize("node_db", ["sqlite"], indirect=True)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service writes as the owner only as root")
+def test_nothing_of_hers_holds_the_service_past_its_deadlines(node_db, monkeypatch) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A writer that keeps its pipes open after it is killed (she may hold copies of them) is
+    left, not read to its end; a hundred DAG logs that cannot be written are given up once,
+    and the DAG after them gets its log in the same pass; an event read again (a cursor kept
+    lower) is never appended twice."""
+    from jobstore.accesspoint.dagmanlogs import DagmanLogs
+    from jobstore.accesspoint.eventlogs import EventLogs
+    from jobstore.api.dags import submit_dag
+    from jobstore.db.eventcursors import EventCursor
+    from jobstore.formats import userlog
+    from jobstore.node import config
+    from jobstore.submit.dag import read_dag
+    from jobstore.testing.factories import job_spec
+
+    store, tmp = node_db
+    owner = job_owner()
+    assert owner is not None
+    sub = submit_dir(tmp, "sub", owner)
+    monkeypatch.setattr(userlog, "APPEND_WAIT", 0.5)
+    hold_pipes = 'import os, sys\nprint("locked", flush=True)\nif os.fork() == 0:\n' \
+                 '    import time; time.sleep(60)\nsys.stdin.read()\nsys.exit(1)\n'
+    monkeypatch.setattr(userlog, "_child", lambda: hold_pipes)
+    started = time.monotonic()
+    assert not userlog.append(str(sub / "x.log"), "text", owner=owner)
+    assert time.monotonic() - started < 15
+    monkeypatch.undo()
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
+    (sub / "a.sub").write_text("executable = /bin/true\nqueue\n")
+    (sub / "d.dag").write_text("JOB A a.sub\n")
+    dag = read_dag(str(sub / "d.dag"))
+    for n in range(101):  # paths the door took, that are no absolute path
+        store.dags.submit_dag(dataclasses.replace(dag, path=f"rel{n}.dag"), lambda _: [],
+                              owner=owner, queue="default", max_attempts=1, home="ap1")
+    monkeypatch.setenv("JOBSTORE_SCHEDD_NAME", "ap1")
+    last = submit_dag(store, str(sub / "d.dag"),
+                      config.load_settings("JOBSTORE", settings.database_url), owner=owner)
+    assert DagmanLogs(store, "ap1", settings).pass_once() == 2
+    assert [e.cluster for e in htcondor2.JobEventLog(str(sub / "d.dag.dagman.log")).events(0)] \
+        == [last.dag_id] * 2
+    assert DagmanLogs(store, "ap1", settings).pass_once() == 0  # given up, never tried again
+    (job_id,) = store.submissions.submit([job_spec(0, iwd=str(sub), user_log=str(sub / "j.log"))],
+                                         owner=owner, queue="default", max_attempts=1,
+                                         home="ap1")[1]
+    assert EventLogs(store, "ap1", settings).pass_once() == 1
+    store.event_cursors.save("userlog:ap1", EventCursor(0), time.time())  # kept lower
+    assert EventLogs(store, "ap1", settings).pass_once() == 0
+    assert [e.type for e in htcondor2.JobEventLog(str(sub / "j.log")).events(0)] == [ET.SUBMIT]

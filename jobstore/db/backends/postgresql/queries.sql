@@ -225,7 +225,7 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
     dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys,
-    deliveries, event_cursors, dagman_logs FROM {role};
+    deliveries, event_cursors, logged_events, dagman_logs FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -272,7 +272,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON deliveries TO {role};
 -- name: grant_event_logs
 -- Keep where the access point's event logs stand (jobstore schedd), and prune a DAG's record
 -- with the DAG.
-GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors, dagman_logs TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors, logged_events, dagman_logs TO {role};
 
 -- name: grant_files
 -- Read a job's input files for its sandbox, store its outputs, and prune them with the job.
@@ -384,7 +384,7 @@ CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
-    accounting_groups, notify_keys, deliveries, event_cursors, dagman_logs FROM {role};
+    accounting_groups, notify_keys, deliveries, event_cursors, logged_events, dagman_logs FROM {role};
 
 -- name: user_revoke_sequences
 -- ... and on their sequences (a submitter takes no id herself: the door's functions do).
