@@ -111,6 +111,10 @@ class SpoolError(JobstoreError, OSError):
     """The spool directory cannot be used safely."""
 
 
+class NotWritten(JobstoreError, OSError):
+    """Files that could not be written as their owner where they go (why, in one line)."""
+
+
 class SandboxError(JobstoreError):
     """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
 

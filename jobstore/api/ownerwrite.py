@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
+from jobstore.errors import NotWritten
+
 IDLE = 30.0  # seconds the child may go without taking bytes, or ending once it has them all
 HEADER_LIMIT = 16 * 1024  # bytes of one file's header line
 
@@ -59,7 +61,7 @@ def write_as(owner: str, files: Sequence[Wanted], budget: float | None = None) -
         why = (f"it took no bytes for {IDLE:g} s" if time.monotonic() < deadline
                else f"it took more than its {budget:g} s")
     if why is not None:
-        raise OSError(f"not written as {owner}: {why}")
+        raise NotWritten(f"not written as {owner}: {why}")
 
 
 def write_whole(dest: str, chunks: Iterable[bytes], mode: int, size: int) -> None:

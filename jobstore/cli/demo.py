@@ -31,40 +31,42 @@ queue 6
 KEYWORD = "JOBSTORE"
 
 
-def write_node_config(directory: Path, db_url: str, keyword: str = KEYWORD) -> Path:
-    """An HTCondor configuration naming our keyword and database, as a real node would have."""
+def write_node_config(directory: Path, db_url: str, keyword: str = KEYWORD, *,
+                      sandboxes: bool = False) -> Path:
+    """An HTCondor configuration naming our keyword and database, as a real node would have;
+    with `sandboxes`, a sandbox root of the node's own in `directory`, made now."""
     path = directory / "condor_config"
-    path.write_text(
-        f"UID_DOMAIN = localdomain\nSTARTD_JOB_HOOK_KEYWORD = {keyword}\n"
-        f"{keyword}_JOBSTORE_DATABASE_URL = {db_url}\n"
-        f"JOBSTORE_HOOK_LOG = {directory / 'JobstoreHookLog'}\n"
-    )
+    text = (f"UID_DOMAIN = localdomain\nSTARTD_JOB_HOOK_KEYWORD = {keyword}\n"
+            f"{keyword}_JOBSTORE_DATABASE_URL = {db_url}\n"
+            f"JOBSTORE_HOOK_LOG = {directory / 'JobstoreHookLog'}\n")
+    if sandboxes:
+        from jobstore.node.sandboxroot import ensure_root
+
+        ensure_root(str(directory / "sandboxes"))
+        text += f"JOBSTORE_SANDBOX_ROOT = {directory / 'sandboxes'}\n"
+    path.write_text(text)
     os.chmod(path, 0o644)
     return path
 
 
-def _ordinary_account() -> str | None:
-    for entry in sorted(pwd.getpwall(), key=lambda e: e.pw_uid):
-        if 1000 <= entry.pw_uid < 65534 and entry.pw_name != "root":
-            return entry.pw_name
-    return None
+DEMO_ACCOUNT = "jobstore-demo"
 
 
 def demo_owner(requested: str | None) -> str:
-    """Jobs never run as root: as root, use (or create) an ordinary account for the demo."""
+    """Jobs never run as root: as root, the demo's own account (made if missing), never a
+    person's."""
     if requested:
         return requested
     if os.geteuid() != 0:
         return pwd.getpwuid(os.getuid()).pw_name
-    found = _ordinary_account()
-    if found:
-        return found
-    click.echo(
-        "jobstore demo: no ordinary account on this machine; creating 'jobstore-demo' "
-        "(jobs never run as root)"
-    )
-    subprocess.run(["useradd", "--create-home", "jobstore-demo"], check=True)
-    return "jobstore-demo"
+    try:
+        pwd.getpwnam(DEMO_ACCOUNT)
+    except KeyError:
+        click.echo(f"jobstore demo: creating the account {DEMO_ACCOUNT!r} for its jobs (jobs "
+                   "never run as root, nor as a person's account)")
+        subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin",
+                        DEMO_ACCOUNT], check=True)
+    return DEMO_ACCOUNT
 
 
 def _run_emulator(
@@ -239,7 +241,7 @@ def demo(directory: str | None, slots: int, owner: str | None) -> None:
     base.mkdir(parents=True, exist_ok=True)
     account = pwd.getpwnam(who)
     db_url = f"sqlite:///{base / 'jobstore.db'}"
-    condor_config = write_node_config(base, db_url)
+    condor_config = write_node_config(base, db_url, sandboxes=True)
     (base / "submit").mkdir(exist_ok=True)
     submit_file = base / "submit" / "demo.sub"
     submit_file.write_text(DEMO_SUBMIT)
@@ -327,7 +329,7 @@ def emulate(
     os.chmod(work, 0o755)
     try:
         hooks = install_hooks(work / "hooks", sys.executable)
-        condor_config = write_node_config(work, db_url)
+        condor_config = write_node_config(work, db_url, sandboxes=True)
         try:
             report, store = _run_emulator(
                 hooks,

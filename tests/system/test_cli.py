@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import socket
 import subprocess
 import time
@@ -315,6 +316,39 @@ def test_emulate_stops_when_only_held_jobs_are_left(db: str, tmp_path: Path) -> 
     assert out.returncode == 1, out.stdout + out.stderr
     assert "job 1.0 is held: waiting for input" in out.stderr
     assert "release JOB" in out.stderr
+
+
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
+def test_emulate_gives_its_node_a_sandbox_root_of_its_own(db: str) -> None:  # noqa: F811
+    """A job with file transfer runs on `jobstore emulate`'s node (its sandbox root in the
+    node's own directory, not the system's), and its output comes back; one that cannot be
+    written where it goes is one line."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="jobstore-emulate-"))  # every account may enter
+    os.chmod(base, 0o755)
+    try:
+        if os.geteuid() == 0:
+            os.chown(base, pwd.getpwnam(_owner()).pw_uid, -1)
+        _write(base, "in.txt", "through the sandbox\n")
+        path = _write(base, "t.sub", "executable = /bin/cat\ntransfer_executable = false\n"
+                      "arguments = in.txt\nshould_transfer_files = YES\n"
+                      "transfer_input_files = in.txt\noutput = out.txt\nqueue\n")
+        assert submit(db, path, "-spool").returncode == 0
+        out = cli(db, "emulate", "--slots", "1", "--timeout", "600")
+        assert out.returncode == 0, out.stdout + out.stderr
+        back = cli(db, "transfer-data", "1")
+        assert back.returncode == 0, back.stderr
+        assert (base / "out.txt").read_text() == "through the sandbox\n"
+        if os.geteuid() == 0:  # as the owner, who may not write there now
+            (base / "out.txt").unlink()
+            os.chmod(base, 0o555)
+            again = cli(db, "transfer-data", "1")
+            assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
+            assert f"not written as {_owner()}" in again.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)
