@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.accesspoint.service import LogWriter, refusal, serving_account
 from jobstore.db.eventlogs import DAG_DONE, DAG_ENDED, DAG_STARTED, DagLog
 from jobstore.db.store import JobStore
 from jobstore.formats import userlog
@@ -20,7 +20,6 @@ LOG = logging.getLogger("jobstore.schedd")
 SUFFIX = ".dagman.log"
 SLACK = 60.0  # a DAG's start or end may be this much older than its commit
 RESCAN = 3600.0  # seconds between looks at every DAG of this access point
-OWNER_BUDGET = 5.0  # seconds of a page one owner's failed logs may take (she may lock them)
 
 
 @dataclass
@@ -47,30 +46,26 @@ class DagmanLogs:
         done = 0
         while dags := self.store.event_logs.dags_due(self.name, owner=self._owner,
                                                      since=0.0 if full else self._since):
-            spent: dict[str, float] = {}
+            writer = LogWriter()
             for dag in dags:  # each recorded, written or not: the next page is new ones
-                done += self._write(dag, spent)
+                done += self._write(dag, writer)
         self._since = start - SLACK
         if full:
             self._full_at = start + RESCAN
         return done
 
-    def _write(self, dag: DagLog, spent: dict[str, float]) -> int:
-        """Append `dag`'s entries not written yet, and record them as written: those that
-        cannot be (one line says why) are never tried again, and an owner whose failed logs
-        took OWNER_BUDGET seconds of this page has the rest of hers left out of it."""
+    def _write(self, dag: DagLog, writer: LogWriter) -> int:
+        """Append `dag`'s entries not written yet (by the page's `writer`), and record them
+        as written: those that cannot be (one line says why) are never tried again."""
         ended = dag.status in DAG_ENDED
         entries = _entries(dag, ended)
         why = refusal(dag.owner, self._owner, self.settings)
         if why is None and not dag.path.startswith("/"):
             why = "its DAG file is not an absolute path"
-        if why is None and spent.get(dag.owner, 0.0) > OWNER_BUDGET:
-            why = f"{dag.owner}'s logs took more than {OWNER_BUDGET:g} s of this pass"
-        start = time.monotonic()
-        written = why is None and userlog.append(dag.path + SUFFIX, "".join(
-            e.text() for e in entries), owner=dag.owner)
+        why = why or writer.over(dag.owner)
+        written = why is None and writer.append(dag.path + SUFFIX, "".join(
+            e.text() for e in entries), dag.owner)
         if not written:
-            spent[dag.owner] = spent.get(dag.owner, 0.0) + time.monotonic() - start
             LOG.warning("DAG %s: its own log is not written: %s", dag.dag_id, why or
                         "see above")
         self.store.event_logs.dag_logged(dag.dag_id, DAG_DONE if ended else DAG_STARTED,

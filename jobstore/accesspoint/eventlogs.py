@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.accesspoint.service import LogWriter, refusal, serving_account
 from jobstore.api.feed import EventFollower
 from jobstore.core.jobs import FeedEvent, JobEvent
 from jobstore.core.states import FINAL
@@ -23,7 +23,6 @@ from jobstore.node import config
 
 LOG = logging.getLogger("jobstore.schedd")
 MAX_KNOWN = 100_000  # jobs whose log (or its absence) is remembered between passes
-OWNER_BUDGET = 5.0  # seconds of a pass one owner's failed logs may take (she may lock them)
 
 
 class _Before(NamedTuple):
@@ -66,12 +65,12 @@ class EventLogs:
         """Append every event committed since the last pass; returns how many entries."""
         follower = self._follower or self._resume()
         done, more = 0, True
-        spent: dict[str, float] = {}
+        writer = LogWriter()
         while more:
             seen = (follower.high, dict(follower.gaps))
             try:
                 rows, more = follower.read()
-                done += self._append(rows, spent)
+                done += self._append(rows, writer)
             except BaseException:  # the batch is read again by the next pass
                 follower.high, follower.gaps = seen
                 raise
@@ -86,11 +85,10 @@ class EventLogs:
         self._follower = EventFollower(self.store, kept.high, gaps=kept.gaps)
         return self._follower
 
-    def _append(self, rows: list[FeedEvent], spent: dict[str, float]) -> int:
-        """Append the entries of `rows` that are this service's, one write per log, those of
-        each job past the last one its log got; record how far each job's log got. An owner
-        whose failed logs took OWNER_BUDGET seconds of this pass has the rest of hers left
-        out of it (she may keep them locked)."""
+    def _append(self, rows: list[FeedEvent], writer: LogWriter) -> int:
+        """Append the entries of `rows` that are this service's, one write per log (by the
+        pass's `writer`), those of each job past the last one its log got; record how far
+        each job's log got."""
         rows = [r for r in rows if self._owner is None or r.owner == self._owner]
         logs = self._logs_of({r.event.job_id for r in rows})
         texts: dict[tuple[str, str], list[str]] = {}
@@ -107,17 +105,11 @@ class EventLogs:
                 self._forget(event.job_id)
         done = 0
         for (path, owner), entries in texts.items():
-            why = refusal(owner, self._owner, self.settings)
-            if why is None and spent.get(owner, 0.0) > OWNER_BUDGET:
-                why = f"{owner}'s logs that failed took more than {OWNER_BUDGET:g} s of a pass"
+            why = refusal(owner, self._owner, self.settings) or writer.over(owner)
             if why is not None:
                 self._once(f"job event log {path}: not written: {why}")
-                continue
-            start = time.monotonic()
-            if userlog.append(path, "".join(entries), owner=owner):
+            elif writer.append(path, "".join(entries), owner):
                 done += len(entries)
-            else:
-                spent[owner] = spent.get(owner, 0.0) + time.monotonic() - start
         self.store.event_logs.logged(through)
         return done
 

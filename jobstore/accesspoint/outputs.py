@@ -100,8 +100,6 @@ class OutputsHome:
         return True
 
 
-
-
 def _by_turns(jobs: list[Job]) -> list[Job]:
     """`jobs` (oldest first) taken one owner's at a time in turn: one owner's many jobs keep
     no other owner's waiting behind all of them."""

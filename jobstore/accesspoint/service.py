@@ -13,6 +13,7 @@ from typing import Protocol
 from jobstore.db.channels import CHANNEL
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError
+from jobstore.formats import userlog
 from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 
@@ -22,6 +23,7 @@ POLL = 0.5  # seconds between looks where the store cannot announce its changes 
 WAKE = 30.0  # seconds between looks where it can (a lost notification costs no more)
 GAP = 0.1  # the least time between two looks (notifications anyone may send wake it)
 STOP_CHECK = 0.5  # seconds between looks at whether to stop
+OWNER_BUDGET = 5.0  # seconds of a pass one owner's failed logs may take (she may lock them)
 
 
 class Duty(Protocol):
@@ -46,6 +48,28 @@ def refusal(owner: str, mine: str | None, settings: config.Settings) -> str | No
     except KeyError:
         return f"account {owner} is not on this access point"
     return owner_refusal(owner, settings)
+
+
+class LogWriter:
+    """Appends to the logs of one pass, keeping the seconds each owner's failed appends took:
+    past OWNER_BUDGET, the rest of hers are left out of the pass (she may keep them locked)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def over(self, owner: str) -> str | None:
+        """Why the rest of `owner`'s logs are left out of this pass (None: they are not)."""
+        if self.spent.get(owner, 0.0) > OWNER_BUDGET:
+            return f"{owner}'s logs that failed took more than {OWNER_BUDGET:g} s of a pass"
+        return None
+
+    def append(self, path: str, text: str, owner: str) -> bool:
+        """userlog.append as `owner`; its time charged to her when it fails."""
+        start = time.monotonic()
+        if userlog.append(path, text, owner=owner):
+            return True
+        self.spent[owner] = self.spent.get(owner, 0.0) + time.monotonic() - start
+        return False
 
 
 def serve(store: JobStore, settings: config.Settings, duties: Sequence[Duty],
@@ -92,4 +116,4 @@ def _serve(store: JobStore, settings: config.Settings, duties: Sequence[Duty],
             listener.close()
 
 
-__all__ = ["Duty", "refusal", "serve", "serving_account"]
+__all__ = ["Duty", "LogWriter", "refusal", "serve", "serving_account"]

@@ -52,6 +52,7 @@ class EventCursors:
             self.db.backend.upsert(conn, event_cursors, [{"name": name, **values}], "name",
                                    list(values))
 
+
 def _gaps(text: str | None) -> dict[int, int | None]:
     """The gaps as kept; a value that is not a list of [id, horizon] pairs keeps none."""
     try:

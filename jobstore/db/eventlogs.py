@@ -91,7 +91,6 @@ class EventLogs:
                 {"job_id": job_id, "event_id": event_id}
                 for job_id, event_id in sorted(through.items())], "job_id", ["event_id"])
 
-
     def dags_due(self, home: str, *, owner: str | None = None, since: float = 0.0,
                  limit: int = 100) -> list[DagLog]:
         """The DAGs submitted on `home` (of `owner` alone, if given) that began or ended at

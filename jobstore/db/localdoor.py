@@ -70,8 +70,7 @@ class LocalDoor:
             raise InvalidInput(f"{owner!r} is not an account jobs may run as")
         if not QUEUE.fullmatch(queue):
             raise InvalidInput(f"{queue!r} is not a queue name")
-        if home is not None and not ACCESS_POINT.fullmatch(home):
-            raise InvalidInput(f"{home!r} is not the name of an access point")
+        _check_home(home)
         row = {"owner": owner, "queue": queue, "submit_file": submit_file,
                "num_procs": num_procs, "submitted_at": now, "home": home}
         if key is None:
@@ -245,8 +244,7 @@ class LocalDoor:
     def new_dag(self, conn: Connection, *, owner: str, queue: str, path: str,
                 batch_name: str | None, max_jobs: int | None, max_idle: int | None,
                 attrs: Mapping[str, str], now: float, home: str | None = None) -> int:
-        if home is not None and not ACCESS_POINT.fullmatch(home):
-            raise InvalidInput(f"{home!r} is not the name of an access point")
+        _check_home(home)
         return self.dags.new_dag(conn, owner=owner, queue=queue, path=path,
                                  batch_name=batch_name, max_jobs=max_jobs, max_idle=max_idle,
                                  attrs=attrs, now=now, home=home)
@@ -280,3 +278,8 @@ def _change(outcome: Outcome, kind: str) -> Change:
                   outcome.after if changed else None, None, outcome.reason, None,
                   outcome.pending, kind)
 
+
+def _check_home(home: str | None) -> None:
+    """InvalidInput for a home that is not the name of an access point (as the door's)."""
+    if home is not None and not ACCESS_POINT.fullmatch(home):
+        raise InvalidInput(f"{home!r} is not the name of an access point")

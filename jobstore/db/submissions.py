@@ -77,8 +77,7 @@ class Submissions:
                 if check is not None:
                     for job in queued:
                         check(job)
-                if home is not None:  # its access point writes the log (UserLog in the ad)
-                    queued = [job.but(user_log=None) for job in queued]
+                queued = [_logged_at(job, home) for job in queued]
                 ids.extend(self._queue(conn, queued, [spec.hold for spec in batch], now))
                 for spec in batch:
                     if shared is None:
@@ -121,7 +120,7 @@ class Submissions:
                                      status=Status.WAITING.value)
                     if check is not None:
                         check(job)
-                    batch.append(job if home is None else job.but(user_log=None))
+                    batch.append(_logged_at(job, home))
                 self._store_node_inputs(conn, cluster_id, owner, specs)
                 if len(batch) >= SUBMIT_BATCH:
                     self._queue(conn, batch, [False] * len(batch), now)
@@ -206,5 +205,12 @@ class Submissions:
 
 
 _HOLD_ATTRS: dict[str, Any] = {"HoldReasonCode": 15, "HoldReasonSubCode": 0}
+
+
+def _logged_at(job: Job, home: str | None) -> Job:
+    """`job` as it is queued: with a `home`, its access point writes its event log (the path
+    stays in its ad, UserLog), so no committing process is given it (`user_log`)."""
+    return job if home is None else job.but(user_log=None)
+
 
 __all__ = ["HELD_AT_SUBMIT", "SUBMIT_BATCH", "Submissions"]

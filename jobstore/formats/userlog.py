@@ -174,12 +174,13 @@ def _seconds(value: Any) -> float:
 
 
 def _address(host: str | None) -> str:
-    return f"<{host or socket.getfqdn()}>"
+    return f"<{host}>" if host else local_address()
 
 
+@functools.cache
 def local_address() -> str:
-    """This host, as an event's host (`<name>`)."""
-    return _address(None)
+    """This host, as an event's host (`<name>`): looked up once (a DNS query), not per event."""
+    return f"<{socket.getfqdn()}>"
 
 
 def log_events(record: Mapping[str, Any], job: JobBefore) -> list[LogEvent]:
@@ -360,7 +361,8 @@ while data:
 
 class _OwnerWriter:
     """As root: the same, done by a child process running as the log's owner. It is given
-    START_WAIT seconds to say the log is locked, and 10 more to append, then killed."""
+    START_WAIT seconds to say the log is locked, and APPEND_WAIT more to append, then killed
+    and left."""
 
     def __init__(self, path: str, owner: str) -> None:
         self.path = path

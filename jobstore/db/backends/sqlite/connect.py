@@ -93,4 +93,3 @@ def _immediate(made: Engine) -> None:
     @event.listens_for(made, "begin")
     def _begin(conn):  # type: ignore[no-untyped-def]
         conn.exec_driver_sql("BEGIN IMMEDIATE")
-
