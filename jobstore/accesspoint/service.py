@@ -1,4 +1,5 @@
-"""The access point's service loop: its duties (outputs home, event logs) each take a pass
+"""The access point's service loop: its duties (outputs home, event logs, DAG node scripts)
+each take a pass
 whenever the store announces a change, and at least every WAKE (POLL on SQLite) seconds."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ OWNER_BUDGET = 5.0  # seconds of a pass one owner's failed logs may take (she ma
 
 
 class Duty(Protocol):
-    """One thing the service does: a pass over what is due now."""
+    """One thing the service does: a pass over what is due now (a duty whose `busy` is true
+    waits for what the store does not announce, and is looked at every POLL seconds)."""
 
     def pass_once(self) -> int: ...
 
@@ -104,7 +106,9 @@ def _serve(store: JobStore, settings: config.Settings, duties: Sequence[Duty],
                 for duty in duties:
                     duty.pass_once()
                 last = time.monotonic()
-                due = last + (WAKE if listener is not None else POLL)
+                waiting = listener is not None and not any(
+                    getattr(duty, "busy", False) for duty in duties)  # nothing announces it
+                due = last + (WAKE if waiting else POLL)
             wait = max(0.0, min(STOP_CHECK, due - time.monotonic()))
             if listener is not None:
                 if listener.wait(wait):

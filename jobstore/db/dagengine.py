@@ -12,6 +12,7 @@ nothing else can run, and ends the DAG with DAGMan's result.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -30,15 +31,19 @@ from jobstore.db.schema import (
     jobs,
 )
 from jobstore.db.transitions import Transitions
+from jobstore.errors import InvalidInput
 
-# dag_nodes.status
-WAITING, READY, QUEUED, DONE, FAILED, FUTILE = (
-    "waiting", "ready", "queued", "done", "failed", "futile")
-UNFINISHED_NODES = (WAITING, READY, QUEUED)
+# dag_nodes.status (PRE, POST: its script is due on the access point, or runs there)
+WAITING, READY, PRE, QUEUED, POST, DONE, FAILED, FUTILE = (
+    "waiting", "ready", "pre", "queued", "post", "done", "failed", "futile")
+UNFINISHED_NODES = (WAITING, READY, PRE, QUEUED, POST)
+NOT_STARTED = (WAITING, READY, PRE)  # nodes whose jobs have not been released
 # DAGMan's DAG_Status
 DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
 # a DAG that has not ended
 LIVE = ("running", "held", "removing")
+# a script's run: the service's own id, then the run's (32 hexadecimal digits in all)
+SCRIPT_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 # Remove the unfinished jobs of these clusters (`jobstore rm` of a DAG's queued nodes)
 RemoveJobs = Callable[[Connection, list[int], float, str], None]
@@ -89,7 +94,9 @@ class DagEngine:
             "pending": len([p for p in parents.get(n["name"], []) if p not in done]),
             "priority": n.get("priority") or 0, "category": n.get("category"),
             "abort_exit": n.get("abort_exit"), "abort_return": n.get("abort_return"),
-            "final": bool(n.get("final")), "updated_at": now} for n in nodes])
+            "final": bool(n.get("final")), "updated_at": now,
+            "pre_script": n.get("pre_script"), "post_script": n.get("post_script"),
+            "pre_skip": n.get("pre_skip"), "directory": n.get("directory")} for n in nodes])
         if edges:
             conn.execute(insert(dag_edges), [{"dag_id": dag_id, "parent": p, "child": c,
                                               "owner": dag.owner} for p, c in edges])
@@ -128,6 +135,11 @@ class DagEngine:
             verdict = self._node_verdict(conn, cluster_id)
             if verdict is None:
                 continue  # other jobs of the node still run
+            if conn.execute(update(dag_nodes).where(
+                    dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
+                    dag_nodes.c.post_script.is_not(None))
+                    .values(status=POST, job_code=verdict, updated_at=now)).rowcount:
+                continue  # its POST script decides it
             self._node_ended(conn, dag_id, name, verdict, now)
             self.advance(conn, dag_id, now)
 
@@ -216,7 +228,7 @@ class DagEngine:
             return
         futile = list(conn.execute(select(dag_nodes.c.name, dag_nodes.c.cluster_id).where(
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(names),
-            dag_nodes.c.status.in_((WAITING, READY)), dag_nodes.c.final.is_(False))))
+            dag_nodes.c.status.in_(NOT_STARTED), dag_nodes.c.final.is_(False))))
         if not futile:
             return
         conn.execute(update(dag_nodes).where(
@@ -252,7 +264,7 @@ class DagEngine:
         conn.execute(update(dags).where(dags.c.id == dag_id).values(
             dag_status=dag_status, exit_code=code))
         waiting = list(conn.execute(select(dag_nodes.c.name).where(
-            dag_nodes.c.dag_id == dag_id, dag_nodes.c.status.in_((WAITING, READY)),
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.status.in_(NOT_STARTED),
             dag_nodes.c.final.is_(False))).scalars())
         self._make_futile(conn, dag_id, waiting, now, f"never run: {why}")
         queued = list(conn.execute(select(dag_nodes.c.cluster_id).where(
@@ -317,10 +329,16 @@ class DagEngine:
                 dag_nodes, and_(dag_nodes.c.cluster_id == jobs.c.cluster_id,
                                 dag_nodes.c.dag_id == dag.id))
                 .where(jobs.c.status == Status.IDLE)).scalar_one()
-        released, noop_done = [], []
+        released = []
+        noop_done: list[str] = []
+        pre: list[str] = []
+        post: list[str] = []
         for node in ready:
+            if node.pre_script is not None and node.pre_code is None:
+                pre.append(node.name)  # throttled on the access point (-maxpre)
+                continue
             if node.cluster_id is None:
-                noop_done.append(node.name)
+                (noop_done if node.post_script is None else post).append(node.name)
                 continue
             if not final:
                 if dag.max_jobs is not None and total >= dag.max_jobs:
@@ -342,6 +360,11 @@ class DagEngine:
                 .values(status=QUEUED, updated_at=now))
             self._move_jobs(conn, [n.cluster_id for n in released], Event.NODE_READY,
                             Status.IDLE, now, "its parents are done")
+        for names, values in ((pre, {"status": PRE}), (post, {"status": POST, "job_code": 0})):
+            if names:
+                conn.execute(update(dag_nodes).where(
+                    dag_nodes.c.dag_id == dag.id, dag_nodes.c.name.in_(names))
+                    .values(updated_at=now, **values))
         if noop_done:
             conn.execute(update(dag_nodes).where(
                 dag_nodes.c.dag_id == dag.id, dag_nodes.c.name.in_(noop_done))
@@ -371,6 +394,52 @@ class DagEngine:
         status = "removed" if dag.status == "removing" else "completed" if ok else "failed"
         conn.execute(update(dags).where(dags.c.id == dag.id).values(
             status=status, dag_status=dag_status, exit_code=code, finished_at=now))
+
+    # ---- its scripts (run by the access point's service) -------------------------------
+
+    @staticmethod
+    def script_start(conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     now: float) -> bool:
+        """Take the lease on node `name`'s due `kind` script ("pre" or "post") for the run
+        `token`: whether it was free (a PRE script starts only in a running DAG)."""
+        if not SCRIPT_TOKEN.fullmatch(token) or kind not in (PRE, POST):
+            raise InvalidInput("not a script's run")
+        if kind == PRE and conn.execute(select(dags.c.id).where(
+                dags.c.id == dag_id, dags.c.status == "running")).first() is None:
+            return False
+        return conn.execute(update(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
+            dag_nodes.c.status == kind, dag_nodes.c.script_token.is_(None))
+            .values(script_token=token, script_started_at=now)).rowcount == 1
+
+    def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                    code: int, now: float) -> bool:
+        """Node `name`'s `kind` script of the run `token` exited with `code`: a PRE script's
+        0 releases the node's jobs, its PRE_SKIP exit makes the node done without them,
+        another exit fails it; a POST script's exit is the node's. Whether it was the run
+        the node waited for."""
+        node = conn.execute(select(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
+        if node is None or node.status != kind or node.script_token != token:
+            return False
+        conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
+                                             dag_nodes.c.name == name)
+                     .values(script_token=None, updated_at=now,
+                             **({"pre_code": code} if kind == PRE else {})))
+        if kind == POST:
+            self._node_ended(conn, dag_id, name, code, now)
+        elif code == 0:
+            conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
+                                                 dag_nodes.c.name == name).values(status=READY))
+        else:
+            skipped = code == node.pre_skip
+            if node.cluster_id is not None:
+                self._move_jobs(conn, [node.cluster_id], Event.NODE_FUTILE, Status.REMOVED,
+                                now, f"{'PRE_SKIP: ' if skipped else ''}its PRE script "
+                                f"exited with {code}")
+            self._node_ended(conn, dag_id, name, 0 if skipped else code, now)
+        self.advance(conn, dag_id, now)
+        return True
 
     # ---- the DAG as a whole (hold, release, rm) ------------------------------------------
 

@@ -109,7 +109,10 @@ class DagStore:
             nodes = [{"name": node.name, "procs": procs.get(node.name, 0),
                       "done": node.done, "priority": node.priority, "category": node.category,
                       "abort_exit": node.abort_exit, "abort_return": node.abort_return,
-                      "final": node.final} for node in dag.nodes.values()]
+                      "final": node.final, "pre_script": node.pre_script,
+                      "post_script": node.post_script, "pre_skip": node.pre_skip,
+                      "directory": node.directory if node.pre_script or node.post_script
+                      else None} for node in dag.nodes.values()]
             edges = [(parent, node.name) for node in dag.nodes.values()
                      for parent in node.parents]
             clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)

@@ -270,6 +270,14 @@ class LocalDoor:
     def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
         self.dags.node_job_started(conn, job, now)
 
+    def script_start(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     now: float) -> bool:
+        return self.dags.script_start(conn, dag_id, name, kind, token, now)
+
+    def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                    code: int, now: float) -> None:
+        self.dags.script_done(conn, dag_id, name, kind, token, code, now)
+
 
 def _change(outcome: Outcome, kind: str) -> Change:
     """An Outcome as a Change: the event it wrote (None when nothing changed)."""

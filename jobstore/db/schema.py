@@ -255,7 +255,8 @@ dag_nodes = Table(
     Column("name", String(255), primary_key=True),
     Column("owner", String(255), nullable=False),
     Column("cluster_id", BigId),  # its jobs (none for a NOOP node)
-    Column("status", String(8), nullable=False),  # waiting ready queued done failed futile
+    # waiting ready pre queued post done failed futile (pre, post: its script is due or runs)
+    Column("status", String(8), nullable=False),
     Column("pending", Integer, nullable=False),  # parents not done yet
     Column("priority", Integer, nullable=False, server_default=text("0")),
     Column("category", String(255)),
@@ -264,6 +265,15 @@ dag_nodes = Table(
     Column("final", Boolean, nullable=False, server_default=false()),
     Column("exit_code", Integer),
     Column("updated_at", Epoch(), nullable=False),
+    # SCRIPT PRE and POST (run on the access point, in `directory`), PRE_SKIP
+    Column("pre_script", Text),
+    Column("post_script", Text),
+    Column("pre_skip", Integer),
+    Column("directory", Text),
+    Column("pre_code", Integer),  # its PRE script's exit ($PRE_SCRIPT_RETURN)
+    Column("job_code", Integer),  # its jobs' result, for its POST script ($RETURN)
+    Column("script_token", String(64)),  # the run of the script started (a lease)
+    Column("script_started_at", Epoch()),
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
     Index("ix_dag_nodes_status", "status", "dag_id"),
 )

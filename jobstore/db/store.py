@@ -16,6 +16,7 @@ from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.adminsettings import AdminSettings
 from jobstore.db.backends import Door
 from jobstore.db.dags import DagStore
+from jobstore.db.dagscripts import DagScripts
 from jobstore.db.deliveries import Deliveries
 from jobstore.db.engine import make_engine
 from jobstore.db.eventcursors import EventCursors
@@ -50,17 +51,17 @@ __all__ = [
 
 
 class JobStore:
-    """The job database's parts, each with one job, built on one engine: `db`, transactions
-    on the backend; `transitions`, the state machine's writes; `negotiator`, the claim and the
+    """The job database's parts, each with one job, built on one engine: `db`, transactions on the
+    backend; `transitions`, the state machine's writes; `negotiator`, the claim and the
     accountant; `door`, a submitter's writes; `reports`, the hooks' reports; `maintenance`, the
     periodic policy, the reaper, the prune's pass; `actions`, hold, release, rm, qedit of one
-    job or of a selection; `submissions`; `reads`; `slots`; `files`, the sandboxes;
-    `retention`; `deliveries`, the outputs an access point writes home; `event_cursors`, where
-    the followers of job_events stand; `event_logs`, the job event logs an access point
-    writes; `metrics`, the gauges; `dags`; `admin_settings`, condor_userprio's and the
-    attribute rules. Callers use the part they need. Thread-safe as far as the engine is; holds
-    no session state but the remembered verdicts of the claim (Negotiator.verdicts) and who its
-    sessions are (Transactions.identity)."""
+    job or of a selection; `submissions`; `reads`; `slots`; `files`, the sandboxes; `retention`;
+    `deliveries`, the outputs an access point writes home; `event_cursors`, where the followers
+    of job_events stand; `event_logs`, the job event logs an access point writes; `metrics`, the
+    gauges; `dags`; `dag_scripts`, the DAG node scripts an access point runs; `admin_settings`,
+    condor_userprio's and the attribute rules. Callers use the part they need. Thread-safe as
+    far as the engine is; holds no session state but the remembered verdicts of the claim
+    (Negotiator.verdicts) and who its sessions are (Transactions.identity)."""
 
     def __init__(self, engine: Engine, statement_timeout_ms: int | None = 5000, *,
                  user_log: bool = True) -> None:
@@ -79,6 +80,7 @@ class JobStore:
         self.files = SandboxFiles(self.db, self.door)
         self.submissions = Submissions(self.db, self.door, self.files)
         self.dags = DagStore(self.db, self.door, self.submissions)
+        self.dag_scripts = DagScripts(self.db, self.door)
         self.slots = SlotAds(self.db)
         self.retention = Retention(self.db)
         self.deliveries = Deliveries(self.db)

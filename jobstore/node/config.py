@@ -100,6 +100,7 @@ class Settings:
     job_lease_duration: int = default("job_lease_duration")
     spool: str = default("spool")
     sandbox_root: str = default("sandbox_root")
+    dag_scripts: str = default("dag_scripts")
     max_output_mb: int = default("max_output_mb")
     input_cache_mb: int = default("input_cache_mb")
     max_input_file_mb: int = default("max_input_file_mb")

@@ -93,6 +93,11 @@ KEYWORD_SETTINGS: tuple[Setting, ...] = (
     Setting("JOBSTORE_SPOOL", "spool", "path", "/var/lib/jobstore/spool",
             "local directory (root's, mode 1733; files 0600) where a report waits until the "
             "database has it; the agent creates it", environment=True),
+    Setting("JOBSTORE_DAG_SCRIPTS", "dag_scripts", "path", "/var/lib/jobstore/dagscripts",
+            "where `jobstore schedd` keeps the exits of the DAG node scripts it runs, so that a "
+            "restarted service loses none: its own directory, mode 0700 (it makes it; run as "
+            "an ordinary account, ~/.local/state/htcondor-jobstore/dagscripts)",
+            environment=True),
     Setting("JOBSTORE_SANDBOX_ROOT", "sandbox_root", "path", "/var/lib/jobstore/sandboxes",
             "where fetched jobs with file transfer get their sandboxes: root's, mode 1777 (the "
             "agent makes it; without an agent, the admin: `install -d -m 1777 -o root DIR`)",

@@ -19,11 +19,7 @@ from jobstore.errors import DagError
 
 ALL_NODES = "ALL_NODES"
 # DAGMan's commands the job store does not run, with why (each refused where it appears).
-_NO_SCRIPTS = ("runs a script on the submit machine around the node's job; the job store has "
-               "no DAGMan process to run it")
 REFUSED = {
-    "SCRIPT": _NO_SCRIPTS,
-    "PRE_SKIP": _NO_SCRIPTS,
     "PROVISIONER": "(a node that provisions resources) is not supported",
     "SERVICE": "(a node that runs beside the DAG) is not supported",
     "ENV": "sets the DAGMan process's environment; the job store has no DAGMan process",
@@ -39,6 +35,7 @@ REFUSED = {
 }
 # What a CONFIG file may set; anything else it sets is refused.
 CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS")
+MAX_SCRIPT = 4096  # characters of a SCRIPT's command line
 _NAME = re.compile(r"[^\s+{}]+")
 _MACRO = re.compile(r"[A-Za-z0-9_.+]+")
 _VAR = re.compile(r'\s*([^\s=]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -85,6 +82,10 @@ class Node:
     abort_exit: int | None = None  # ABORT-DAG-ON: this exit code stops the DAG
     abort_return: int | None = None  # and the DAG's own exit code then (None: the node's)
     parents: list[str] = field(default_factory=list)
+    pre_script: str | None = None  # SCRIPT PRE: its command line, as the DAG file gives it
+    post_script: str | None = None  # SCRIPT POST
+    pre_skip: int | None = None  # PRE_SKIP: this exit of the PRE script skips the node
+    script_where: str | None = None  # FILE:LINE of its first SCRIPT
 
 
 @dataclass
@@ -215,6 +216,15 @@ class _Reader:
             self._retry(words, where)
         elif command == "ABORT-DAG-ON":
             self._abort(words, where)
+        elif command == "SCRIPT":
+            self._script(line.text, words, where)
+        elif command == "PRE_SKIP":
+            value = _int(words, 2, where, "PRE_SKIP <node> non-zero-exit-code", size=3)
+            if value == 0:
+                raise DagError(f"{where}: PRE_SKIP's exit code is not 0 (PRE_SKIP <node> "
+                               "non-zero-exit-code)")
+            for node in self._targets(words[1], where):
+                node.pre_skip = value
         elif command == "PRIORITY":
             value = _int(words, 2, where, "PRIORITY <node> value", size=3)
             for node in self._targets(words[1], where):
@@ -425,6 +435,32 @@ class _Reader:
         for node in self._targets(words[1], where):
             node.retry, node.unless_exit = count, unless
 
+    def _script(self, text: str, words: list[str], where: str) -> None:
+        """SCRIPT PRE|POST <node> executable [arguments]: run on the access point, as the
+        node's owner, in its directory (DEFER, DEBUG and HOLD are refused)."""
+        usage = f"{where}: SCRIPT needs PRE or POST, a node and an executable [arguments]"
+        if len(words) > 1 and words[1].upper() in ("DEFER", "DEBUG"):
+            raise DagError(f"{where}: SCRIPT {words[1].upper()} is not supported (the script "
+                           "runs once; its output is not kept)")
+        if len(words) > 1 and words[1].upper() == "HOLD":
+            raise DagError(f"{where}: SCRIPT HOLD (a script run when a node's job is held) "
+                           "is not supported")
+        if len(words) < 4 or words[1].upper() not in ("PRE", "POST"):
+            raise DagError(usage)
+        rest = text.strip()
+        for word in words[:3]:
+            rest = rest[len(word):].lstrip()
+        command = " ".join(rest.split())
+        if len(command) > MAX_SCRIPT or "\0" in command:
+            raise DagError(f"{where}: SCRIPT: a command line of at most {MAX_SCRIPT} "
+                           "characters")
+        for node in self._targets(words[2], where):
+            if words[1].upper() == "PRE":
+                node.pre_script = command
+            else:
+                node.post_script = command
+            node.script_where = node.script_where or where
+
     def _abort(self, words: list[str], where: str) -> None:
         value, back = _int_and_option(words, where, "RETURN", "ABORT-DAG-ON <node> exit-value "
                                       "[RETURN dag-return-value]")
@@ -487,6 +523,11 @@ def _check(dag: Dag) -> None:
     """DAGMan's checks of the whole: nodes, and no cycle."""
     if not dag.nodes:
         raise DagError(f"{dag.path}: the DAG has no nodes")
+    for node in dag.nodes.values():
+        if node.retry and (node.pre_script or node.post_script):
+            raise DagError(f"{node.script_where}: node {node.name} has a SCRIPT and a RETRY: "
+                           "DAGMan retries such a node with its scripts, which is not "
+                           "supported yet (drop the RETRY, or the SCRIPT)")
     children = dag.children()
     state: dict[str, int] = {}  # 1: on the path, 2: done
     for start in dag.nodes:

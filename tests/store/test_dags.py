@@ -46,7 +46,7 @@ def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
     ("JOB A node.sub\nJOB B node.sub\nPARENT A CHILD B\nPARENT B CHILD A\n",
      "the DAG has a cycle: A -> B -> A"),
     ("JOB A missing.sub\n", "test.dag:1: node A: no such submit file"),
-    ("JOB A node.sub\nSCRIPT PRE A pre.sh\n", "test.dag:2: SCRIPT runs a script"),
+    ("JOB A node.sub\nSCRIPT HOLD A hold.sh\n", "test.dag:2: SCRIPT HOLD"),
     ("JOB A node.sub\nSPLICE S other.dag\n", "other.dag: cannot read the DAG file"),
     ("JOB A node.sub\nSUBDAG EXTERNAL S other.dag\n", "other.dag: cannot read the DAG file"),
     ("JOB A node.sub\nSUBDAG S test.dag\n", "test.dag:2: SUBDAG needs EXTERNAL"),
@@ -610,10 +610,10 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
     again = cli(db_url, "rm", "1")
     assert again.returncode == 1
     assert again.stderr.strip() == "jobstore: DAG 1 is removed; cannot remove"
-    (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT POST A post.sh\n")
+    (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT HOLD A hold.sh\n")
     bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
-    assert f"{tmp_path / 'bad.dag'}:2: SCRIPT runs a script" in bad.stderr
+    assert f"{tmp_path / 'bad.dag'}:2: SCRIPT HOLD (a script run when" in bad.stderr
     appended = cli(db_url, "submit-dag", str(path), "-append", "x = 1", *owner)
     assert appended.returncode == 1 and "-append and -insert_sub_file are not supported" in \
         appended.stderr

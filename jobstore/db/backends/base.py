@@ -178,6 +178,16 @@ class Door(Protocol):
     def node_job_started(self, conn: Connection, job: Job, now: float) -> None:
         """A DAG node's job started: a DAG with -maxidle may release more nodes."""
 
+    def script_start(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     now: float) -> bool:
+        """Take the lease on a DAG node's due `kind` script ("pre", "post") for the run
+        `token` (the access point's service): whether it was free."""
+
+    def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                    code: int, now: float) -> None:
+        """The run `token` of a node's `kind` script exited with `code`: carry its DAG
+        forward (nothing when the node no longer waits for that run)."""
+
 
 @dataclass(frozen=True)
 class UserRights:

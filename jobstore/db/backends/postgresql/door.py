@@ -40,6 +40,8 @@ PAUSE_DAG = QUERIES["door_pause_dag"].sql
 REMOVE_DAG = QUERIES["door_remove_dag"].sql
 DAG_JOBS_ENDED = QUERIES["dag_jobs_ended"].sql
 DAG_NODE_STARTED = QUERIES["dag_node_started"].sql
+DAG_SCRIPT_START = QUERIES["dag_script_start"].sql
+DAG_SCRIPT_DONE = QUERIES["dag_script_done"].sql
 NOTED_JOBS = QUERIES["noted_jobs"].sql.format(
     columns=", ".join(c.name for c in jobs.c if c.name not in ("token", "phase")))
 
@@ -177,6 +179,17 @@ class PgDoor:
         dag_id = _dag_of(job)
         if dag_id is not None:
             self._changes(conn, DAG_NODE_STARTED, {"dag": dag_id, "now": now})
+
+    def script_start(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     now: float) -> bool:
+        row = driver.execute(conn, DAG_SCRIPT_START, {
+            "dag": dag_id, "name": name, "kind": kind, "token": token, "now": now}).fetchone()
+        return bool(row and row[0])
+
+    def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                    code: int, now: float) -> None:
+        self._changes(conn, DAG_SCRIPT_DONE, {"dag": dag_id, "name": name, "kind": kind,
+                                              "token": token, "code": code, "now": now})
 
     # ---- what a function did -------------------------------------------------------------
 

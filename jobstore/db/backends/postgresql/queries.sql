@@ -319,7 +319,9 @@ GRANT SELECT ON dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
 -- Carry the DAGs of the jobs a transition ends forward, in its transaction, and sign the
 -- notifications the agents act on (migration 0019).
 GRANT EXECUTE ON FUNCTION jobstore_dag_jobs_ended(bigint[], double precision),
-    jobstore_dag_node_started(bigint, double precision), jobstore_sign(text) TO {role};
+    jobstore_dag_node_started(bigint, double precision), jobstore_sign(text),
+    jobstore_dag_script_start(bigint, text, text, text, double precision),
+    jobstore_dag_script_done(bigint, text, text, text, integer, double precision) TO {role};
 
 -- name: grant_notify_key
 -- Read the key that signs the notifications the agents act on (jobstore.db.channels).
@@ -520,6 +522,16 @@ SELECT * FROM jobstore_remove_dag(%(dag)s::bigint, %(why)s::text, %(now)s::float
 -- name: dag_jobs_ended
 -- Carry the DAGs of jobs that ended in this transaction forward (the database's engine).
 SELECT * FROM jobstore_dag_jobs_ended(%(ids)s::bigint[], %(now)s::float8);
+
+-- name: dag_script_start
+-- Take the lease on a DAG node's due script for one run of it (the access point's service).
+SELECT jobstore_dag_script_start(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
+    %(now)s::float8);
+
+-- name: dag_script_done
+-- A DAG node's script ended: carry its DAG forward.
+SELECT * FROM jobstore_dag_script_done(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
+    %(code)s::integer, %(now)s::float8);
 
 -- name: dag_node_started
 -- A DAG node's job started: a DAG with -maxidle may release more nodes.

@@ -1,0 +1,340 @@
+"""DAG node scripts on the access point: SCRIPT PRE before a node's jobs are released, SCRIPT
+POST after they end, each run as DAGMan runs it (in the node's directory, its arguments split
+on white space, DAGMan's macros such as $JOB, $RETURN and $PRE_SCRIPT_RETURN given), as the
+DAG's owner, by a runner of its own (scriptrunner.py) that outlives this service.
+
+A script starts only after its lease is taken in the store (one run of it, named by a token
+whose first half is this service's own id), and its exit is given to the store when its
+runner has written it into this service's directory: so a restarted service, or a second one
+on the same store, never runs a script twice, and one that restarts takes up the exits its
+runners wrote meanwhile. A run whose runner vanished without an exit fails its node."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pwd
+import secrets
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.db.dagengine import POST, PRE, QUEUED, SCRIPT_TOKEN
+from jobstore.db.dagscripts import NodeJob, NodeScript
+from jobstore.db.store import JobStore
+from jobstore.node import config
+
+LOG = logging.getLogger("jobstore.schedd")
+RUNNER = str(Path(__file__).with_name("scriptrunner.py"))
+DEFAULT_DIRECTORY = "/var/lib/jobstore/dagscripts"
+MAX_PER_DAG = 20  # DAGMan's DAGMAN_MAX_PRE_SCRIPTS and DAGMAN_MAX_POST_SCRIPTS
+MAX_PER_OWNER = 100  # scripts one owner's DAGs may run at once on this access point
+LOST_AFTER = 60.0  # seconds after its start a run with no runner and no exit is lost
+CANNOT_RUN = 127  # a script that could not be started, as a shell says it
+MAX_COMMAND = 4096
+# DAGMan's macros that only a POST script is told of (a PRE script gets them as written)
+POST_ONLY = {"$JOBID", "$CLUSTERID", "$JOB_COUNT", "$SUCCESS", "$RETURN", "$EXIT_CODES",
+             "$EXIT_CODE_COUNTS", "$EXIT_CODE_LIST", "$PRE_SCRIPT_RETURN", "$JOB_ABORT_COUNT"}
+REMOVED_RETURN = -1002  # $RETURN of a job removed from the queue, as DAGMan gives it
+
+
+@dataclass
+class _Run:
+    """A script this service started (or found running): its node and its runner."""
+
+    dag_id: int
+    name: str
+    kind: str
+    owner: str
+    started: float
+    process: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class DagScripts:
+    """Runs the due PRE and POST scripts of the DAGs whose home is `name`; as root, every
+    owner's (each as herself), else only this account's."""
+
+    store: JobStore
+    name: str
+    settings: config.Settings
+    clock: Callable[[], float] = time.time
+    _owner: str | None = field(default=None, init=False)
+    _directory: Path | None = field(default=None, init=False)
+    _id: str = field(default="", init=False)
+    _runs: dict[str, _Run] = field(default_factory=dict, init=False)
+    _warned: set[str] = field(default_factory=set, init=False)
+
+    def __post_init__(self) -> None:
+        self._owner = serving_account()
+        try:
+            self._directory = _own_directory(self._where())
+            self._id = _service_id(self._directory)
+        except OSError as exc:
+            LOG.error("DAG node scripts are not run: %s", exc)
+            self._directory = None
+
+    @property
+    def busy(self) -> bool:
+        """Do scripts run (their exits are looked for, not announced)?"""
+        return bool(self._runs)
+
+    def pass_once(self) -> int:
+        """Give the store the exits of the scripts that ended, then start the due ones;
+        returns how many scripts ended or started."""
+        if self._directory is None:
+            return 0
+        done = self._collect()
+        done += self._start(self.store.dag_scripts.due(self.name, owner=self._owner))
+        return done
+
+    # ---- the scripts that ended ----------------------------------------------------------
+
+    def _collect(self) -> int:
+        done = 0
+        holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for r in
+                                                  self._runs.values()])
+        for token, run in list(self._runs.items()):
+            result = self._result(token, run)
+            if result is None:
+                if holding.get((run.dag_id, run.name)) != token:
+                    self._stop(token, run)  # the node no longer waits for it (removed)
+                continue
+            code, why = result
+            if why:
+                LOG.warning("DAG %s node %s: its %s script: %s", run.dag_id, run.name,
+                            run.kind.upper(), why)
+            self.store.dag_scripts.done(run.dag_id, run.name, run.kind, token, code)
+            self._forget(token)
+            done += 1
+        return done
+
+    def _result(self, token: str, run: _Run) -> tuple[int, str] | None:
+        """How the run ended (its exit, and why it could not run), None while it runs."""
+        assert self._directory is not None
+        path = self._directory / f"{token}.json"
+        if run.process is not None and run.process.poll() is None:
+            return None
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+            return int(found["code"]), " ".join(str(found.get("error") or "").split())[:300]
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return CANNOT_RUN, f"its exit could not be read: {exc}"
+        if run.process is not None:
+            return CANNOT_RUN, "its runner ended without an exit"
+        if _runner_alive(self._directory / f"{token}.pid"):
+            return None
+        if self.clock() - run.started < LOST_AFTER:
+            return None
+        return CANNOT_RUN, "its runner was lost (no exit was written)"
+
+    def _stop(self, token: str, run: _Run) -> None:
+        assert self._directory is not None
+        try:
+            if run.process is not None:
+                run.process.send_signal(signal.SIGTERM)
+            else:
+                pid = int((self._directory / f"{token}.pid").read_text())
+                os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+
+    def _forget(self, token: str) -> None:
+        assert self._directory is not None
+        run = self._runs.pop(token, None)
+        if run is not None and run.process is not None:
+            run.process.wait()
+        for suffix in (".json", ".pid", ".tmp"):
+            try:
+                (self._directory / f"{token}{suffix}").unlink()
+            except FileNotFoundError:
+                pass
+
+    # ---- the due scripts -----------------------------------------------------------------
+
+    def _start(self, rows: list[NodeScript]) -> int:
+        running: dict[tuple[int, str], int] = {}
+        owners: dict[str, int] = {}
+        for row in rows:
+            if row.token is not None:
+                running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
+                owners[row.owner] = owners.get(row.owner, 0) + 1
+                if row.token.startswith(self._id) and row.token not in self._runs:
+                    self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
+                                                 row.started_at or 0.0)  # a former run's
+        started = 0
+        for row in rows:
+            if row.token is not None or (row.kind == PRE and row.dag_status != "running"):
+                continue
+            if (running.get((row.dag_id, row.kind), 0) >= MAX_PER_DAG
+                    or owners.get(row.owner, 0) >= MAX_PER_OWNER):
+                continue
+            why = refusal(row.owner, self._owner, self.settings)
+            if why is not None:
+                if self._owner is None and row.owner not in self._warned:
+                    self._warned.add(row.owner)
+                    LOG.warning("DAG %s: its scripts are not run: %s", row.dag_id, why)
+                continue
+            if self._launch(row):
+                running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
+                owners[row.owner] = owners.get(row.owner, 0) + 1
+                started += 1
+        return started
+
+    def _launch(self, row: NodeScript) -> bool:
+        """Take the lease on `row`'s script and start its runner: whether it started."""
+        assert self._directory is not None
+        token = self._id + secrets.token_hex(8)
+        if not self.store.dag_scripts.start(row, token):
+            return False
+        self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock())
+        try:
+            argv, directory = self._command(row)
+            uid = gid = -1
+            if self._owner is None:
+                account = pwd.getpwnam(row.owner)
+                uid, gid = account.pw_uid, account.pw_gid
+            run.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", RUNNER, str(self._directory), token, str(uid),
+                 str(gid), directory, *argv],
+                cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except (OSError, ValueError, KeyError) as exc:
+            LOG.warning("DAG %s node %s: its %s script cannot run: %s", row.dag_id, row.name,
+                        row.kind.upper(), " ".join(str(exc).split())[:300])
+            self.store.dag_scripts.done(row.dag_id, row.name, row.kind, token, CANNOT_RUN)
+            self._forget(token)
+        return True
+
+    def _command(self, row: NodeScript) -> tuple[list[str], str]:
+        """The script's arguments (DAGMan's macros replaced) and its directory; ValueError
+        when the store holds no command line or directory a DAG file could give."""
+        command, directory = row.command or "", row.directory or ""
+        if (not command.strip() or len(command) > MAX_COMMAND or "\0" in command
+                or not os.path.isabs(directory) or "\0" in directory
+                or len(directory) > MAX_COMMAND):
+            raise ValueError("the store holds no command line and directory for it")
+        words = command.split()
+        macros = self._macros(row, words)
+        return [macros.get(w.upper(), w) for w in words], directory
+
+    def _macros(self, row: NodeScript, words: list[str]) -> dict[str, str]:
+        """DAGMan's macros the script's arguments name, by name."""
+        wanted = {w.upper() for w in words if w.startswith("$")}
+        if not wanted:
+            return {}
+        out: dict[str, object] = {"$JOB": row.name, "$NODE": row.name, "$RETRY": 0,
+                                  "$MAX_RETRIES": 0, "$DAGID": row.dag_id}
+        if wanted & {"$DAG_STATUS"}:
+            out["$DAG_STATUS"] = self.store.dag_scripts.dag_status(row.dag_id)
+        if wanted & {"$FAILED_COUNT", "$FUTILE_COUNT", "$DONE_COUNT", "$QUEUED_COUNT",
+                     "$NODE_COUNT"}:
+            counts = self.store.dag_scripts.counts(row.dag_id)
+            out.update({"$FAILED_COUNT": counts.get("failed", 0),
+                        "$FUTILE_COUNT": counts.get("futile", 0),
+                        "$DONE_COUNT": counts.get("done", 0),
+                        "$QUEUED_COUNT": counts.get(QUEUED, 0),
+                        "$NODE_COUNT": sum(counts.values())})
+        if row.kind == POST and wanted & POST_ONLY:
+            jobs = (self.store.dag_scripts.node_jobs(row.cluster_id)
+                    if row.cluster_id is not None else [])
+            out.update(_post_macros(row, jobs))
+        return {name: str(value) for name, value in out.items()}
+
+    def _where(self) -> str:
+        where = self.settings.dag_scripts
+        if os.geteuid() != 0 and where == DEFAULT_DIRECTORY:
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+            return os.path.join(home, ".local", "state", "htcondor-jobstore", "dagscripts")
+        return where
+
+
+def _post_macros(row: NodeScript, jobs: list[NodeJob]) -> dict[str, object]:
+    """What DAGMan tells a POST script of the node's jobs."""
+    codes = [j.exit_code for j in jobs if j.status == "completed" and not j.by_signal
+             and j.exit_code is not None]
+    aborted = sum(1 for j in jobs if j.status != "completed")
+    counts: dict[int, int] = {}
+    for code in codes:
+        counts[code] = counts.get(code, 0) + 1
+    last = jobs[-1] if jobs else None
+    return {
+        "$CLUSTERID": row.cluster_id if row.cluster_id is not None else -1,
+        "$JOBID": f"{row.cluster_id}.{last.proc_id}" if last and row.cluster_id else "-1.-1",
+        "$JOB_COUNT": len(jobs), "$JOB_ABORT_COUNT": aborted,
+        "$SUCCESS": "True" if row.job_code == 0 else "False",
+        "$RETURN": _return(jobs),
+        "$EXIT_CODES": ",".join(str(c) for c in sorted(counts)),
+        "$EXIT_CODE_COUNTS": ",".join(f"{c}:{n}" for c, n in sorted(counts.items())),
+        "$EXIT_CODE_LIST": ",".join("" if j.status != "completed" or j.by_signal
+                                    else str(j.exit_code) for j in jobs),
+        "$PRE_SCRIPT_RETURN": row.pre_code if row.pre_code is not None else -1,
+    }
+
+
+def _return(jobs: list[NodeJob]) -> int:
+    """$RETURN: 0 when every job succeeded, else the first failure's value (a signal's
+    negative number, -1002 for a job removed from the queue)."""
+    for job in jobs:
+        if job.status != "completed":
+            return REMOVED_RETURN
+        if job.by_signal:
+            return -(job.exit_signal or 1)
+        if job.exit_code:
+            return job.exit_code
+    return 0
+
+
+def _own_directory(where: str) -> Path:
+    """`where`, this process's own directory of mode 0700 (made if missing); OSError when
+    it is something else (a link, another's)."""
+    path = Path(where)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{where} is not a directory of uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _service_id(directory: Path) -> str:
+    """This service's own id (16 hexadecimal digits), kept in its directory."""
+    path = directory / "id"
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        if SCRIPT_TOKEN.fullmatch(text * 2):
+            return text
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    text = secrets.token_hex(8)
+    tmp = directory / "id.tmp"
+    tmp.write_text(text + "\n", encoding="ascii")
+    os.replace(tmp, path)
+    return text
+
+
+def _runner_alive(pidfile: Path) -> bool:
+    """Does the runner that wrote `pidfile` still run (a runner of this interpreter)?"""
+    try:
+        pid = int(pidfile.read_text())
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return RUNNER.encode() in fh.read()
+    except (OSError, ValueError):
+        return False
+
+
+__all__ = ["DagScripts"]

@@ -1,0 +1,124 @@
+"""The scripts of DAG nodes an access point's `jobstore schedd` runs (SCRIPT PRE and POST):
+which are due there, the lease on one run of a script, its exit (which carries the DAG
+forward, in the door's engine), and what a script is told of its node and DAG.
+
+Everything read here may come from a store its owner writes herself (her own SQLite file):
+the service checks it before it acts, and runs nothing here but as her."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from sqlalchemy import and_, func, select
+
+from jobstore.db.backends import Door
+from jobstore.db.dagengine import POST, PRE
+from jobstore.db.schema import clusters, dag_nodes, dags, jobs
+from jobstore.db.transactions import Transactions
+
+
+class NodeScript(NamedTuple):
+    """A node whose PRE or POST script is due, or runs (`token`: the run that holds it)."""
+
+    dag_id: int
+    name: str
+    kind: str  # "pre" or "post"
+    owner: str
+    command: str | None  # the script's command line, as the DAG file gives it
+    directory: str | None  # where it runs: the node's DIR
+    cluster_id: int | None  # the node's jobs (None: a NOOP node)
+    job_code: int | None  # its jobs' result ($RETURN)
+    pre_code: int | None  # its PRE script's ($PRE_SCRIPT_RETURN)
+    token: str | None
+    started_at: float | None
+    dag_status: str
+
+
+class NodeJob(NamedTuple):
+    """One job of a node, as a POST script is told of it."""
+
+    proc_id: int
+    status: str
+    exit_code: int | None
+    exit_signal: int | None
+    by_signal: bool
+
+
+class DagScripts:
+    """The DAG node scripts of an access point."""
+
+    def __init__(self, db: Transactions, door: Door) -> None:
+        self.db = db
+        self.door = door
+
+    def due(self, home: str, *, owner: str | None = None, limit: int = 1000
+            ) -> list[NodeScript]:
+        """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script is
+        due or runs, oldest first."""
+        q = (select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.status,
+                    dag_nodes.c.owner,
+                    func.coalesce(dag_nodes.c.pre_script, "").label("pre"),
+                    func.coalesce(dag_nodes.c.post_script, "").label("post"),
+                    dag_nodes.c.directory, dag_nodes.c.cluster_id, dag_nodes.c.job_code,
+                    dag_nodes.c.pre_code, dag_nodes.c.script_token,
+                    dag_nodes.c.script_started_at, dags.c.status.label("dag_status"))
+             .join(dags, dags.c.id == dag_nodes.c.dag_id)
+             .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
+                                  clusters.c.home == home))
+             .where(dag_nodes.c.status.in_((PRE, POST)))
+             .order_by(dag_nodes.c.updated_at, dag_nodes.c.dag_id, dag_nodes.c.name)
+             .limit(limit))
+        if owner is not None:
+            q = q.where(dag_nodes.c.owner == owner)
+        with self.db.transaction() as conn:
+            rows = conn.execute(q).all()
+        return [NodeScript(r.dag_id, r.name, r.status, r.owner,
+                           (r.pre if r.status == PRE else r.post) or None, r.directory,
+                           r.cluster_id, r.job_code, r.pre_code, r.script_token,
+                           r.script_started_at, r.dag_status) for r in rows]
+
+    def holding(self, keys: Sequence[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
+        """The run that holds each node's script now (None: none), by (DAG, node)."""
+        out: dict[tuple[int, str], str | None] = {}
+        with self.db.transaction() as conn:
+            for dag_id in {d for d, _ in keys}:
+                names = [n for d, n in keys if d == dag_id]
+                for name, status, token in conn.execute(
+                        select(dag_nodes.c.name, dag_nodes.c.status, dag_nodes.c.script_token)
+                        .where(dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(names))):
+                    out[(dag_id, name)] = token if status in (PRE, POST) else None
+        return out
+
+    def start(self, script: NodeScript, token: str) -> bool:
+        """Take the lease on `script` for the run `token`: whether it was free."""
+        with self.db.transaction() as conn:
+            return self.door.script_start(conn, script.dag_id, script.name, script.kind,
+                                          token, time.time())
+
+    def done(self, dag_id: int, name: str, kind: str, token: str, code: int) -> None:
+        """The run `token` of the node's `kind` script exited with `code`."""
+        with self.db.transaction() as conn:
+            self.door.script_done(conn, dag_id, name, kind, token, code, time.time())
+
+    def node_jobs(self, cluster_id: int) -> list[NodeJob]:
+        """The jobs of a node's cluster, by ProcId."""
+        with self.db.transaction() as conn:
+            return [NodeJob(*r) for r in conn.execute(
+                select(jobs.c.proc_id, jobs.c.status, jobs.c.exit_code, jobs.c.exit_signal,
+                       func.coalesce(jobs.c.exit_by_signal, False))
+                .where(jobs.c.cluster_id == cluster_id).order_by(jobs.c.proc_id))]
+
+    def counts(self, dag_id: int) -> dict[str, int]:
+        """The DAG's nodes by status (what $DONE_COUNT, $FAILED_COUNT ... count)."""
+        with self.db.transaction() as conn:
+            return dict(conn.execute(select(dag_nodes.c.status, func.count())
+                                     .where(dag_nodes.c.dag_id == dag_id)
+                                     .group_by(dag_nodes.c.status)).all())
+
+    def dag_status(self, dag_id: int) -> int:
+        """DAGMan's DAG_Status of the DAG as it stands."""
+        with self.db.transaction() as conn:
+            return int(conn.execute(select(dags.c.dag_status).where(dags.c.id == dag_id))
+                       .scalar() or 0)

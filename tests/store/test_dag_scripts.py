@@ -1,0 +1,164 @@
+"""DAG node scripts in the store: SCRIPT PRE and POST read from the DAG file, the nodes that
+wait for them (`pre`, `post`), the lease on one run of a script, and the exits that carry the
+DAG forward, on SQLite and PostgreSQL (the access point's service runs them:
+tests/system/test_node_scripts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from backends import BOTH_BACKENDS
+from test_dags import DIAMOND, OWNER, _dag, _exit, _queued, _run, _states
+
+from jobstore.db.store import JobStore
+from jobstore.errors import DagError, InvalidInput
+from jobstore.node import config
+from jobstore.submit.dag import read_dag
+from jobstore.testing.factories import claim
+
+TOKEN = "0123456789abcdef" * 2
+
+
+@pytest.fixture
+def ap(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
+    """Settings of the access point "ap" on the test's store."""
+    monkeypatch.setenv("JOBSTORE_DATABASE_URL", store.db.engine.url.render_as_string(False))
+    monkeypatch.setenv("JOBSTORE_SCHEDD_NAME", "ap")
+    return config.load_settings(None)
+
+
+def _script(store: JobStore, dag_id: int, name: str, code: int, n: int = 0) -> None:
+    """Run node `name`'s due script, as the access point's service does: the lease, then
+    the exit `code`."""
+    row = next(r for r in store.dag_scripts.due("ap", owner=OWNER)
+               if r.dag_id == dag_id and r.name == name)
+    token = f"{n:032x}"
+    assert store.dag_scripts.start(row, token)
+    assert not store.dag_scripts.start(row, f"{n + 1:032x}")  # one run holds it
+    store.dag_scripts.done(dag_id, name, row.kind, token, code)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("SCRIPT PRE A\n", "SCRIPT needs PRE or POST, a node and an executable"),
+    ("SCRIPT HOLD A x.sh\n", "SCRIPT HOLD .* is not supported"),
+    ("SCRIPT DEFER 1 10 PRE A x.sh\n", "SCRIPT DEFER is not supported"),
+    ("SCRIPT DEBUG f ALL PRE A x.sh\n", "SCRIPT DEBUG is not supported"),
+    ("SCRIPT PRE Z x.sh\n", "unknown node 'Z'"),
+    ("PRE_SKIP A 0\n", "PRE_SKIP's exit code is not 0"),
+    ("PRE_SKIP A x\n", "'x' is not an integer"),
+    ("SCRIPT POST A x.sh\nRETRY A 2\n", "node A has a SCRIPT and a RETRY"),
+])
+def test_what_is_refused_of_scripts(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(DagError, match=message):
+        read_dag(str(_dag(tmp_path, "JOB A node.sub\n" + text)))
+
+
+def test_scripts_are_read_with_their_arguments(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "node.sub").write_text("queue\n")
+    dag = read_dag(str(_dag(tmp_path, "JOB A node.sub\nJOB B node.sub DIR sub\n"
+                            "SCRIPT PRE A pre.sh $JOB  two\t3\nSCRIPT post ALL_NODES "
+                            "post.sh $RETURN\nPRE_SKIP B 7\n")))
+    a, b = dag.nodes["A"], dag.nodes["B"]
+    assert (a.pre_script, a.post_script, a.pre_skip) == ("pre.sh $JOB two 3", "post.sh $RETURN",
+                                                         None)
+    assert (b.pre_script, b.post_script, b.pre_skip) == (None, "post.sh $RETURN", 7)
+    assert b.directory == str(tmp_path / "sub")
+
+
+@BOTH_BACKENDS
+def test_pre_and_post_scripts_carry_the_dag(store: JobStore, ap: config.Settings,
+                                            tmp_path: Path) -> None:
+    """A PRE script holds its node's jobs until it exits 0; a POST script's exit is its
+    node's (here it turns a failed job into a done node); the counts and tokens say so."""
+    dag_id = _queued(store, tmp_path, ap, DIAMOND
+                     + "SCRIPT PRE A pre.sh\nSCRIPT POST B post.sh $RETURN\n")
+    assert _states(store, dag_id) == {"A": "pre", "B": "waiting", "C": "waiting",
+                                      "D": "waiting"}
+    assert claim(store) is None  # A's job waits for its PRE script
+    [row] = store.dag_scripts.due("ap", owner=OWNER)
+    assert (row.name, row.kind, row.command, row.directory, row.token) == (
+        "A", "pre", "pre.sh", str(tmp_path), None)
+    assert store.dag_scripts.due("elsewhere") == []
+    _script(store, dag_id, "A", 0)
+    assert _states(store, dag_id)["A"] == "queued"
+    assert sorted(_run(store, {"B": 3})) == ["A", "B", "C"]
+    assert _states(store, dag_id)["B"] == "post"
+    [row] = store.dag_scripts.due("ap")
+    assert (row.name, row.kind, row.job_code, row.pre_code) == ("B", "post", 3, None)
+    assert row.cluster_id is not None
+    assert [(j.status, j.exit_code) for j in store.dag_scripts.node_jobs(row.cluster_id)] == [
+        ("completed", 3)]
+    _script(store, dag_id, "B", 0)
+    assert _run(store) == ["D"]
+    assert set(_states(store, dag_id).values()) == {"done"}
+    dag = store.dags.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.exit_code) == ("completed", 0)
+
+
+@BOTH_BACKENDS
+def test_a_failing_pre_script_fails_its_node_and_pre_skip_skips_it(
+        store: JobStore, ap: config.Settings, tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, ap, DIAMOND
+                     + "SCRIPT PRE B pre.sh\nSCRIPT PRE C pre.sh\nPRE_SKIP C 9\n"
+                     "SCRIPT POST B post.sh\n")
+    assert _run(store) == ["A"]
+    assert {k: v for k, v in _states(store, dag_id).items() if v == "pre"} == {
+        "B": "pre", "C": "pre"}
+    _script(store, dag_id, "C", 9)
+    _script(store, dag_id, "B", 4, n=5)
+    states = _states(store, dag_id)
+    assert (states["B"], states["C"], states["D"]) == ("failed", "done", "futile")
+    nodes = {n.name: n for n in store.dags.dag_nodes_of(dag_id)}
+    assert (nodes["B"].exit_code, nodes["B"].pre_code, nodes["C"].pre_code) == (4, 4, 9)
+    jobs = {j.cluster_id: j for j in store.reads.list_jobs(include_final=True)}
+    assert jobs[nodes["B"].cluster_id].status == "removed"
+    assert "its PRE script exited with 4" in (jobs[nodes["B"].cluster_id].reason or "")
+    assert "PRE_SKIP" in (jobs[nodes["C"].cluster_id].reason or "")
+    assert claim(store) is None
+    dag = store.dags.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.exit_code) == ("failed", 1)
+
+
+@BOTH_BACKENDS
+def test_a_noop_node_runs_its_scripts_and_a_removed_dag_drops_a_due_one(
+        store: JobStore, ap: config.Settings, tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, ap,
+                     "JOB N node.sub NOOP\nJOB A node.sub\nPARENT N CHILD A\n"
+                     "SCRIPT PRE N pre.sh\nSCRIPT POST N post.sh\nSCRIPT PRE A pre.sh\n")
+    _script(store, dag_id, "N", 0)
+    assert _states(store, dag_id) == {"N": "post", "A": "waiting"}
+    _script(store, dag_id, "N", 0, n=2)
+    assert _states(store, dag_id) == {"N": "done", "A": "pre"}
+    [row] = store.dag_scripts.due("ap")
+    assert store.dag_scripts.start(row, TOKEN)
+    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): TOKEN}
+    assert store.dags.remove_dag(dag_id)
+    assert _states(store, dag_id)["A"] == "futile"
+    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): None}
+    store.dag_scripts.done(dag_id, "A", "pre", TOKEN, 0)  # too late: nothing changes
+    assert _states(store, dag_id)["A"] == "futile" and claim(store) is None
+    dag = store.dags.dag_of(dag_id)
+    assert dag is not None and dag.status == "removed"
+    with pytest.raises(InvalidInput):
+        store.dag_scripts.start(row._replace(name="A"), "../../etc/passwd")
+
+
+@BOTH_BACKENDS
+def test_a_held_dag_starts_no_pre_script(store: JobStore, ap: config.Settings,
+                                         tmp_path: Path) -> None:
+    dag_id = _queued(store, tmp_path, ap,
+                     "JOB A node.sub\nSCRIPT PRE A pre.sh\nSCRIPT POST A post.sh\n")
+    assert store.dags.pause_dag(dag_id, True)
+    [row] = store.dag_scripts.due("ap")
+    assert not store.dag_scripts.start(row, TOKEN)
+    assert store.dags.pause_dag(dag_id, False)
+    _script(store, dag_id, "A", 0)
+    job = claim(store)
+    assert job is not None
+    _exit(store, job, 0)
+    _script(store, dag_id, "A", 2, n=3)
+    dag = store.dags.dag_of(dag_id)
+    assert dag is not None and (dag.status, dag.exit_code) == ("failed", 1)
+    assert store.dags.dag_nodes_of(dag_id)[0].exit_code == 2

@@ -1,0 +1,150 @@
+"""DAG node scripts on the access point: a real `jobstore schedd` runs the DAG's PRE and POST
+scripts as its owner, in the node's directory, with DAGMan's macros, while an emulated node
+with the real hooks and the agent runs the nodes' jobs; a service killed while a script runs
+and started again loses no exit and runs no script twice."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import clirun
+import pytest
+from apnode import hers, schedd_cmd, submit_dir
+from emulatornode import job_owner, node_db, run_node  # noqa: F401
+
+from jobstore.db.store import JobStore
+from jobstore.node import config
+
+BACKENDS = pytest.mark.parametrize(
+    "node_db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.matrix)], indirect=True)
+ENDED = {"completed", "removed", "held", "failed"}
+SCRIPT = """#!/bin/sh
+echo "$0 $* $(id -u) $(pwd)" >> scripts.txt
+{body}
+"""
+
+
+def _script(sub: Path, name: str, body: str, owner: str | None) -> None:
+    path = sub / name
+    path.write_text(SCRIPT.format(body=body))
+    path.chmod(0o755)
+    if owner:
+        user = pwd.getpwnam(owner)
+        os.chown(path, user.pw_uid, user.pw_gid)
+
+
+@contextmanager
+def _service(store: JobStore, tmp: Path) -> Iterator[subprocess.Popen[str]]:
+    """`jobstore schedd` on `store`, its scripts' exits kept under `tmp`."""
+    env = {**os.environ, "JOBSTORE_DAG_SCRIPTS": str(tmp / "dagscripts")}
+    process = clirun.popen(schedd_cmd(store, "--log", str(tmp / "schedd.log")), env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def _dag_end(store: JobStore, dag_id: int, timeout: float = 60.0) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        dag = store.dags.dag_of(dag_id)
+        assert dag is not None
+        if dag.status in ("completed", "failed", "removed"):
+            return dag
+        assert time.monotonic() < deadline, dag
+        time.sleep(0.2)
+
+
+def _submit(store: JobStore, sub: Path, dag: str, owner: str | None) -> int:
+    from jobstore.api.dags import submit_dag
+
+    settings = config.load_settings("JOBSTORE", store.db.engine.url.render_as_string(False))
+    return submit_dag(store, str(sub / dag), settings, owner=owner).dag_id
+
+
+@BACKENDS
+def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A POST script turns its node's failed job into success and is told its $RETURN; a
+    failing PRE script fails its node (whose job never runs) and the DAG; PRE_SKIP skips a
+    node; each script runs once, as the owner, in the node's DIR."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    (sub / "a.sub").write_text("executable = /bin/false\ntransfer_executable = false\n"
+                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+    (sub / "b.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
+                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+    (sub / "d").mkdir()
+    (sub / "d" / "b.sub").write_text((sub / "b.sub").read_text())
+    if owner:
+        user = pwd.getpwnam(owner)
+        os.chown(sub / "d", user.pw_uid, user.pw_gid)
+    _script(sub, "post.sh", "exit 0", owner)
+    _script(sub, "pre.sh", 'case "$1" in B) exit 1;; C) exit 5;; esac', owner)
+    _script(sub / "d", "pre.sh", "exit 0", owner)
+    (sub / "s.dag").write_text(
+        "JOB A a.sub\nJOB B b.sub\nJOB C b.sub\nJOB D b.sub DIR d\nJOB E b.sub\n"
+        "PARENT A CHILD B C D\nPARENT B CHILD E\n"
+        "SCRIPT POST A post.sh $JOB $RETURN $PRE_SCRIPT_RETURN $JOBID $UNKNOWN\n"
+        "SCRIPT PRE B pre.sh $NODE\nSCRIPT PRE C pre.sh $JOB $RETURN\nPRE_SKIP C 5\n"
+        "SCRIPT PRE D pre.sh $JOB\n")
+    dag_id = _submit(store, sub, "s.dag", owner)
+    hers(store, owner)
+    with _service(store, tmp):
+        run_node(store, tmp, owner, "agent", ENDED, slots=1)
+        dag = _dag_end(store, dag_id)
+    nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
+    assert nodes == {"A": ("done", 0), "B": ("failed", 1), "C": ("done", 0), "D": ("done", 0),
+                     "E": ("futile", None)}
+    assert (dag.status, dag.exit_code) == ("failed", 1)  # type: ignore[attr-defined]
+    uid = pwd.getpwnam(owner).pw_uid if owner else os.getuid()
+    a_job = next(j for j in store.reads.list_jobs(include_final=True)
+                 if j.ad["DAGNodeName"]["expr"] == '"A"')
+    lines = sorted((sub / "scripts.txt").read_text().splitlines())
+    assert lines == sorted([
+        f"post.sh A 1 -1 {a_job.cluster_id}.0 $UNKNOWN {uid} {sub}",
+        f"pre.sh B {uid} {sub}", f"pre.sh C $RETURN {uid} {sub}"])
+    assert (sub / "d" / "scripts.txt").read_text() == f"pre.sh D {uid} {sub / 'd'}\n"
+    ran = {j.ad["DAGNodeName"]["expr"].strip('"'): j.status
+           for j in store.reads.list_jobs(include_final=True)}
+    assert ran == {"A": "completed", "B": "removed", "C": "removed", "D": "completed",
+                   "E": "removed"}
+
+
+@BACKENDS
+def test_a_service_killed_while_a_script_runs_loses_nothing(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """The service is killed (SIGKILL) while a PRE script runs; the script finishes on its
+    own, and the service started again gives its exit to the store: the node runs, once."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    (sub / "a.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
+                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+    _script(sub, "pre.sh", "touch started; sleep 3", owner)
+    (sub / "one.dag").write_text("JOB A a.sub\nSCRIPT PRE A pre.sh $JOB\n")
+    dag_id = _submit(store, sub, "one.dag", owner)
+    hers(store, owner)
+    with _service(store, tmp) as first:
+        deadline = time.monotonic() + 30
+        while not (sub / "started").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        first.kill()
+        first.wait(timeout=10)
+    time.sleep(3.5)  # the script ends while no service runs
+    assert store.dags.dag_nodes_of(dag_id)[0].status == "pre"
+    with _service(store, tmp):
+        run_node(store, tmp, owner, "agent", ENDED, slots=1)
+        dag = _dag_end(store, dag_id)
+    assert (dag.status, dag.exit_code) == ("completed", 0)  # type: ignore[attr-defined]
+    assert len((sub / "scripts.txt").read_text().splitlines()) == 1
+    assert not [p for p in (tmp / "dagscripts").iterdir() if p.name != "id"]
