@@ -12,7 +12,8 @@ from typing import Any
 from jobstore.formats.classads import Expr, Value, string_literal
 
 # DAGMan's Node::status_t, by the store's dag_nodes.status
-NODE_STATUS = {"waiting": 0, "ready": 1, "queued": 3, "done": 5, "failed": 6, "futile": 7}
+NODE_STATUS = {"waiting": 0, "ready": 1, "pre": 2, "queued": 3, "post": 4, "done": 5,
+               "failed": 6, "futile": 7}
 _STATUS_NAMES = ("STATUS_NOT_READY", "STATUS_READY", "STATUS_PRERUN", "STATUS_SUBMITTED",
                  "STATUS_POSTRUN", "STATUS_DONE", "STATUS_ERROR", "STATUS_FUTILE")
 # the DAG's own job: JobStatus by dags.status (DAGMan's job runs until the DAG ends)
@@ -39,8 +40,9 @@ def dag_ad(dag: Any, now: float | None = None) -> dict[str, Value]:
         "DAGManDagFile": dag.path,
         "DAG_AdUpdateTime": int(time.time() if now is None else now),
         "DAG_NodesTotal": sum(nodes.values()), "DAG_NodesDone": nodes.get("done", 0),
-        "DAG_NodesPrerun": 0, "DAG_NodesQueued": nodes.get("queued", 0),
-        "DAG_NodesPostrun": 0, "DAG_NodesHoldrun": 0, "DAG_NodesReady": nodes.get("ready", 0),
+        "DAG_NodesPrerun": nodes.get("pre", 0), "DAG_NodesQueued": nodes.get("queued", 0),
+        "DAG_NodesPostrun": nodes.get("post", 0), "DAG_NodesHoldrun": 0,
+        "DAG_NodesReady": nodes.get("ready", 0),
         "DAG_NodesFailed": nodes.get("failed", 0), "DAG_NodesUnready": nodes.get("waiting", 0),
         "DAG_NodesFutile": nodes.get("futile", 0), "DAG_Status": dag.dag_status,
         "DAG_InRecovery": 0, "DAG_JobsSubmitted": dag.submitted_jobs,
