@@ -1,7 +1,7 @@
 """DAG node scripts on the access point: SCRIPT PRE before a node's jobs are released, SCRIPT
 POST after they end, each run as DAGMan runs it (in the node's directory, its arguments split
 on white space, DAGMan's macros such as $JOB, $RETURN and $PRE_SCRIPT_RETURN given), as the
-DAG's owner, by a runner of its own (scriptrunner.py) that outlives this service.
+DAG's owner, by a runner of its own (scriptrunner) that outlives this service.
 
 A script starts only after its lease is taken in the store (one run of it, named by a token
 whose first half is this service's own id), and its exit is given to the store when its
@@ -18,26 +18,27 @@ import pwd
 import secrets
 import signal
 import stat
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from jobstore.accesspoint import scriptrunner
 from jobstore.accesspoint.service import refusal, serving_account
 from jobstore.db.dagengine import POST, PRE, QUEUED, SCRIPT_TOKEN
-from jobstore.db.dagscripts import NodeJob, NodeScript
+from jobstore.db.dagscripts import NodeJob, NodeScript, ScriptExit
 from jobstore.db.store import JobStore
+from jobstore.errors import DatabaseError
 from jobstore.node import config
 
 LOG = logging.getLogger("jobstore.schedd")
-RUNNER = str(Path(__file__).with_name("scriptrunner.py"))
 DEFAULT_DIRECTORY = "/var/lib/jobstore/dagscripts"
 MAX_PER_DAG = 20  # DAGMan's DAGMAN_MAX_PRE_SCRIPTS and DAGMAN_MAX_POST_SCRIPTS
 MAX_PER_OWNER = 100  # scripts one owner's DAGs may run at once on this access point
 LOST_AFTER = 60.0  # seconds after its start a run with no runner and no exit is lost
-CANNOT_RUN = 127  # a script that could not be started, as a shell says it
+RESCAN = 60.0  # seconds between looks for the runs of a former service of this directory
+CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
+CANNOT_RUN = scriptrunner.CANNOT_RUN
 MAX_COMMAND = 4096
 # DAGMan's macros that only a POST script is told of (a PRE script gets them as written)
 POST_ONLY = {"$JOBID", "$CLUSTERID", "$JOB_COUNT", "$SUCCESS", "$RETURN", "$EXIT_CODES",
@@ -47,14 +48,15 @@ REMOVED_RETURN = -1002  # $RETURN of a job removed from the queue, as DAGMan giv
 
 @dataclass
 class _Run:
-    """A script this service started (or found running): its node and its runner."""
+    """A script this service started (or found running): its node and its runner (None: a
+    former service's)."""
 
     dag_id: int
     name: str
     kind: str
     owner: str
     started: float
-    process: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
 
 
 @dataclass
@@ -71,6 +73,8 @@ class DagScripts:
     _id: str = field(default="", init=False)
     _runs: dict[str, _Run] = field(default_factory=dict, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
+    _rescan_at: float = field(default=0.0, init=False)
+    _check_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -91,37 +95,81 @@ class DagScripts:
         returns how many scripts ended or started."""
         if self._directory is None:
             return 0
+        if self.clock() >= self._rescan_at:
+            self._take_up()
         done = self._collect()
-        done += self._start(self.store.dag_scripts.due(self.name, owner=self._owner))
+        while started := self._start(self.store.dag_scripts.due(self.name, owner=self._owner,
+                                                                 limit=MAX_PER_DAG * 10)):
+            done += started
         return done
+
+    def _take_up(self) -> None:
+        """Take up the runs a former service of this directory started (their runners may
+        still run, or have written their exits)."""
+        for row in self.store.dag_scripts.due(self.name, owner=self._owner, limit=10_000,
+                                              held_by=self._id):
+            if row.token is not None and row.token not in self._runs:
+                self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
+                                             row.started_at or 0.0)
+        self._rescan_at = self.clock() + RESCAN
 
     # ---- the scripts that ended ----------------------------------------------------------
 
     def _collect(self) -> int:
-        done = 0
-        holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for r in
-                                                  self._runs.values()])
+        ended: list[ScriptExit] = []
+        running: list[tuple[str, _Run]] = []
         for token, run in list(self._runs.items()):
             result = self._result(token, run)
             if result is None:
-                if holding.get((run.dag_id, run.name)) != token:
-                    self._stop(token, run)  # the node no longer waits for it (removed)
+                running.append((token, run))
                 continue
             code, why = result
             if why:
                 LOG.warning("DAG %s node %s: its %s script: %s", run.dag_id, run.name,
                             run.kind.upper(), why)
-            self.store.dag_scripts.done(run.dag_id, run.name, run.kind, token, code)
-            self._forget(token)
-            done += 1
-        return done
+            ended.append(ScriptExit(run.dag_id, run.name, run.kind, token, code))
+        if running and self.clock() >= self._check_at:
+            holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for _, r in running])
+            for token, run in running:
+                if holding.get((run.dag_id, run.name)) != token:
+                    self._stop(token, run)  # the node no longer waits for it (removed)
+            self._check_at = self.clock() + CHECK
+        self._give(ended)
+        return len(ended)
+
+    def _give(self, ended: list[ScriptExit]) -> None:
+        """Give the store the exits, in one transaction (one at a time if that fails, so
+        that one that cannot be given holds back none other), then forget them."""
+        if not ended:
+            return
+        try:
+            self.store.dag_scripts.done(ended)
+        except DatabaseError:
+            raise
+        except Exception:  # noqa: BLE001 - one node's exit must not hold back the others
+            for run in ended:
+                try:
+                    self.store.dag_scripts.done([run])
+                except DatabaseError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    LOG.error("DAG %s node %s: its %s script's exit %s was not taken: %s",
+                              run.dag_id, run.name, run.kind.upper(), run.code,
+                              " ".join(str(exc).split())[:300])
+                    continue
+                self._forget(run.token)
+            return
+        for run in ended:
+            self._forget(run.token)
 
     def _result(self, token: str, run: _Run) -> tuple[int, str] | None:
         """How the run ended (its exit, and why it could not run), None while it runs."""
         assert self._directory is not None
         path = self._directory / f"{token}.json"
-        if run.process is not None and run.process.poll() is None:
-            return None
+        if run.pid is not None:
+            if os.waitpid(run.pid, os.WNOHANG) == (0, 0):
+                return None
+            run.pid = -1  # reaped
         try:
             found = json.loads(path.read_text(encoding="utf-8"))
             return int(found["code"]), " ".join(str(found.get("error") or "").split())[:300]
@@ -129,9 +177,9 @@ class DagScripts:
             pass
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return CANNOT_RUN, f"its exit could not be read: {exc}"
-        if run.process is not None:
+        if run.pid is not None:
             return CANNOT_RUN, "its runner ended without an exit"
-        if _runner_alive(self._directory / f"{token}.pid"):
+        if scriptrunner.alive(self._directory / f"{token}.pid"):
             return None
         if self.clock() - run.started < LOST_AFTER:
             return None
@@ -139,20 +187,20 @@ class DagScripts:
 
     def _stop(self, token: str, run: _Run) -> None:
         assert self._directory is not None
+        pidfile = self._directory / f"{token}.pid"
         try:
-            if run.process is not None:
-                run.process.send_signal(signal.SIGTERM)
-            else:
-                pid = int((self._directory / f"{token}.pid").read_text())
-                os.kill(pid, signal.SIGTERM)
+            if run.pid is not None and run.pid > 0:
+                os.kill(run.pid, signal.SIGTERM)
+            elif scriptrunner.alive(pidfile):
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
         except (OSError, ValueError):
             pass
 
     def _forget(self, token: str) -> None:
         assert self._directory is not None
         run = self._runs.pop(token, None)
-        if run is not None and run.process is not None:
-            run.process.wait()
+        if run is not None and run.pid is not None and run.pid > 0:
+            os.waitpid(run.pid, 0)  # it wrote its exit: it ends at once
         for suffix in (".json", ".pid", ".tmp"):
             try:
                 (self._directory / f"{token}{suffix}").unlink()
@@ -162,18 +210,16 @@ class DagScripts:
     # ---- the due scripts -----------------------------------------------------------------
 
     def _start(self, rows: list[NodeScript]) -> int:
+        """Lease and start what the throttles allow of the due scripts `rows`: how many
+        started."""
         running: dict[tuple[int, str], int] = {}
         owners: dict[str, int] = {}
+        for run in self._runs.values():
+            running[(run.dag_id, run.kind)] = running.get((run.dag_id, run.kind), 0) + 1
+            owners[run.owner] = owners.get(run.owner, 0) + 1
+        chosen: list[tuple[NodeScript, str]] = []
         for row in rows:
-            if row.token is not None:
-                running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
-                owners[row.owner] = owners.get(row.owner, 0) + 1
-                if row.token.startswith(self._id) and row.token not in self._runs:
-                    self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
-                                                 row.started_at or 0.0)  # a former run's
-        started = 0
-        for row in rows:
-            if row.token is not None or (row.kind == PRE and row.dag_status != "running"):
+            if row.kind == PRE and row.dag_status != "running":
                 continue
             if (running.get((row.dag_id, row.kind), 0) >= MAX_PER_DAG
                     or owners.get(row.owner, 0) >= MAX_PER_OWNER):
@@ -184,18 +230,23 @@ class DagScripts:
                     self._warned.add(row.owner)
                     LOG.warning("DAG %s: its scripts are not run: %s", row.dag_id, why)
                 continue
-            if self._launch(row):
-                running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
-                owners[row.owner] = owners.get(row.owner, 0) + 1
-                started += 1
-        return started
+            chosen.append((row, self._id + secrets.token_hex(8)))
+            running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
+            owners[row.owner] = owners.get(row.owner, 0) + 1
+        if not chosen:
+            return 0
+        taken = self.store.dag_scripts.start(chosen)
+        failed: list[ScriptExit] = []
+        for (row, token), free in zip(chosen, taken, strict=True):
+            if free and not self._launch(row, token):
+                failed.append(ScriptExit(row.dag_id, row.name, row.kind, token, CANNOT_RUN))
+        self._give(failed)
+        return sum(taken)
 
-    def _launch(self, row: NodeScript) -> bool:
-        """Take the lease on `row`'s script and start its runner: whether it started."""
+    def _launch(self, row: NodeScript, token: str) -> bool:
+        """Start the runner of `row`'s script, whose lease `token` holds: whether it
+        started."""
         assert self._directory is not None
-        token = self._id + secrets.token_hex(8)
-        if not self.store.dag_scripts.start(row, token):
-            return False
         self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock())
         try:
             argv, directory = self._command(row)
@@ -203,16 +254,11 @@ class DagScripts:
             if self._owner is None:
                 account = pwd.getpwnam(row.owner)
                 uid, gid = account.pw_uid, account.pw_gid
-            run.process = subprocess.Popen(
-                [sys.executable, "-I", "-S", RUNNER, str(self._directory), token, str(uid),
-                 str(gid), directory, *argv],
-                cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv)
         except (OSError, ValueError, KeyError) as exc:
             LOG.warning("DAG %s node %s: its %s script cannot run: %s", row.dag_id, row.name,
                         row.kind.upper(), " ".join(str(exc).split())[:300])
-            self.store.dag_scripts.done(row.dag_id, row.name, row.kind, token, CANNOT_RUN)
-            self._forget(token)
+            return False
         return True
 
     def _command(self, row: NodeScript) -> tuple[list[str], str]:
@@ -325,16 +371,6 @@ def _service_id(directory: Path) -> str:
     tmp.write_text(text + "\n", encoding="ascii")
     os.replace(tmp, path)
     return text
-
-
-def _runner_alive(pidfile: Path) -> bool:
-    """Does the runner that wrote `pidfile` still run (a runner of this interpreter)?"""
-    try:
-        pid = int(pidfile.read_text())
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return RUNNER.encode() in fh.read()
-    except (OSError, ValueError):
-        return False
 
 
 __all__ = ["DagScripts"]

@@ -1,35 +1,69 @@
-"""Runs one DAG node script and records how it ended: a program of its own, which the access
-point's service starts in a session of its own (`python -I -S scriptrunner.py ...`), so that
-the script outlives a restarted service and its exit is never lost.
+"""The runner of one DAG node script: a process forked from the access point's service into a
+session of its own, which outlives the service, runs the script and writes how it ended.
 
-    scriptrunner.py RESULTS TOKEN UID GID DIRECTORY EXECUTABLE [ARGUMENT ...]
-
-As root it stays root (to write RESULTS, root's directory) and runs the script in a child that
-becomes UID (with GID and the account's groups) before it enters DIRECTORY, with an
-environment of the account's own: the script, its directory and its arguments are the
-owner's, and are used only with her rights. RESULTS/TOKEN.pid says it runs;
-RESULTS/TOKEN.json, written last, holds the exit (a negative number: killed by that signal)
-and why the script could not be started, if it could not. SIGTERM kills the script's process
-group. Only the standard library: nothing a user can put on a path is imported.
+As root the runner stays root (to write the service's directory, root's) and runs the script
+in a child that becomes the owner (her groups, her gid and uid, checked) before it enters the
+node's directory, with an environment of her own: the script, its directory and its arguments
+are hers, and are used only with her rights. The runner keeps none of the service's open
+files (its database connections), and writes DIRECTORY/TOKEN.pid (its pid and start time) as
+it starts and DIRECTORY/TOKEN.json (the exit, a negative number for a signal, and why the
+script could not be started) as the script ends. SIGTERM kills the script's process group.
 """
+
+from __future__ import annotations
 
 import json
 import os
 import pwd
 import signal
-import sys
+from pathlib import Path
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
-CANNOT_RUN = 127  # the exit of a script that could not be started
+CANNOT_RUN = 127  # the exit of a script that could not be started, as a shell says it
 
 
-def main(argv: list[str]) -> int:
-    results, token, uid_text, gid_text, directory, *command = argv
-    uid, gid = int(uid_text), int(gid_text)
-    pidfile = os.path.join(results, token + ".pid")
-    fd = os.open(pidfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+def start(directory: Path, token: str, uid: int, gid: int, cwd: str, argv: list[str]) -> int:
+    """Fork the runner of `argv` (run as `uid`:`gid` in `cwd`; -1: as this process): its
+    pid, which the caller reaps."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _runner(directory, token, uid, gid, cwd, argv)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def alive(pidfile: Path) -> bool:
+    """Does the runner that wrote `pidfile` still run?"""
+    try:
+        pid, started = pidfile.read_text().split()
+        return _start_time(int(pid)) == started
+    except (OSError, ValueError):
+        return False
+
+
+def _start_time(pid: int) -> str:
+    """The start time of `pid` (/proc/PID/stat), which tells it from a later process of the
+    same pid."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def _runner(directory: Path, token: str, uid: int, gid: int, cwd: str,
+            argv: list[str]) -> None:
+    os.setsid()
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    pidfile = directory / f"{token}.pid"
+    _write(pidfile, f"{os.getpid()} {_start_time(os.getpid())}", exclusive=True)
     account = pwd.getpwuid(uid if uid >= 0 else os.getuid())
     env = {"PATH": PATH, "HOME": account.pw_dir, "USER": account.pw_name,
            "LOGNAME": account.pw_name, "LANG": "C.UTF-8"}
@@ -37,37 +71,29 @@ def main(argv: list[str]) -> int:
     child = os.fork()
     if child == 0:
         os.close(read_end)
-        _exec(uid, gid, account.pw_name, directory, command, env, write_end)
+        _exec(uid, gid, account.pw_name, cwd, argv, env, write_end)
     os.close(write_end)
     signal.signal(signal.SIGTERM, lambda _sig, _frame: _kill(child))
     error = b""
     while chunk := os.read(read_end, 4096):
-        error += chunk
+        error += chunk[:1000]
     os.close(read_end)
-    while True:
-        try:
-            _pid, status = os.waitpid(child, 0)
-            break
-        except ChildProcessError:
-            status = CANNOT_RUN << 8
-            break
+    _pid, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
-    text = json.dumps({"code": code, "error": error.decode("utf-8", "replace")[:500]})
-    tmp = os.path.join(results, token + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.write(fd, text.encode())
-    os.fsync(fd)
-    os.close(fd)
-    os.rename(tmp, os.path.join(results, token + ".json"))
-    os.unlink(pidfile)
-    return 0
+    _write(directory / f"{token}.tmp", json.dumps(
+        {"code": code, "error": error.decode("utf-8", "replace")[:500]}), durable=True)
+    os.rename(directory / f"{token}.tmp", directory / f"{token}.json")
+    pidfile.unlink()
 
 
-def _exec(uid: int, gid: int, name: str, directory: str, command: list[str],
-          env: dict[str, str], errors: int) -> None:
-    """In the child: become the owner, enter her directory, run her script (never returns)."""
+def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[str, str],
+          errors: int) -> None:
+    """In the script's process: become the owner, enter her directory, run her script
+    (never returns)."""
     step = "becoming the owner"
     try:
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
         os.setpgid(0, 0)
         if uid >= 0:
             os.setgroups(os.getgrouplist(name, gid))
@@ -75,14 +101,10 @@ def _exec(uid: int, gid: int, name: str, directory: str, command: list[str],
             os.setuid(uid)
             if os.getuid() != uid or os.geteuid() != uid:
                 raise PermissionError(1, "the account was not taken")
-        step = f"entering {directory}"
-        os.chdir(directory)
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        step = f"running {command[0]}"
-        os.set_inheritable(errors, False)
-        os.execve(command[0], command, env)
+        step = f"entering {cwd}"
+        os.chdir(cwd)
+        step = f"running {argv[0]}"
+        os.execve(argv[0], argv, env)
     except OSError as exc:
         os.write(errors, f"{step}: {exc.strerror or exc}".encode())
     finally:
@@ -96,5 +118,12 @@ def _kill(child: int) -> None:
         pass
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def _write(path: Path, text: str, *, exclusive: bool = False, durable: bool = False) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.write(fd, text.encode())
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)

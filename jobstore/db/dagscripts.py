@@ -36,6 +36,16 @@ class NodeScript(NamedTuple):
     dag_status: str
 
 
+class ScriptExit(NamedTuple):
+    """How one run of a node's script ended."""
+
+    dag_id: int
+    name: str
+    kind: str
+    token: str
+    code: int
+
+
 class NodeJob(NamedTuple):
     """One job of a node, as a POST script is told of it."""
 
@@ -53,10 +63,11 @@ class DagScripts:
         self.db = db
         self.door = door
 
-    def due(self, home: str, *, owner: str | None = None, limit: int = 1000
-            ) -> list[NodeScript]:
+    def due(self, home: str, *, owner: str | None = None, limit: int = 1000,
+            held_by: str | None = None) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script is
-        due or runs, oldest first."""
+        due, oldest first; with `held_by`, those whose script a run whose token begins so
+        holds instead."""
         q = (select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.status,
                     dag_nodes.c.owner,
                     func.coalesce(dag_nodes.c.pre_script, "").label("pre"),
@@ -67,7 +78,9 @@ class DagScripts:
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
-             .where(dag_nodes.c.status.in_((PRE, POST)))
+             .where(dag_nodes.c.status.in_((PRE, POST)),
+                    dag_nodes.c.script_token.is_(None) if held_by is None else
+                    dag_nodes.c.script_token.startswith(held_by, autoescape=True))
              .order_by(dag_nodes.c.updated_at, dag_nodes.c.dag_id, dag_nodes.c.name)
              .limit(limit))
         if owner is not None:
@@ -91,16 +104,21 @@ class DagScripts:
                     out[(dag_id, name)] = token if status in (PRE, POST) else None
         return out
 
-    def start(self, script: NodeScript, token: str) -> bool:
-        """Take the lease on `script` for the run `token`: whether it was free."""
+    def start(self, runs: Sequence[tuple[NodeScript, str]]) -> list[bool]:
+        """Take the lease on each script for its run's token, in one transaction: whether
+        each was free."""
+        now = time.time()
         with self.db.transaction() as conn:
-            return self.door.script_start(conn, script.dag_id, script.name, script.kind,
-                                          token, time.time())
+            return [self.door.script_start(conn, script.dag_id, script.name, script.kind,
+                                           token, now) for script, token in runs]
 
-    def done(self, dag_id: int, name: str, kind: str, token: str, code: int) -> None:
-        """The run `token` of the node's `kind` script exited with `code`."""
+    def done(self, ended: Sequence[ScriptExit]) -> None:
+        """The runs that ended, each with its exit, in one transaction."""
+        now = time.time()
         with self.db.transaction() as conn:
-            self.door.script_done(conn, dag_id, name, kind, token, code, time.time())
+            for run in ended:
+                self.door.script_done(conn, run.dag_id, run.name, run.kind, run.token,
+                                      run.code, now)
 
     def node_jobs(self, cluster_id: int) -> list[NodeJob]:
         """The jobs of a node's cluster, by ProcId."""

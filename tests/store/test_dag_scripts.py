@@ -11,6 +11,7 @@ import pytest
 from backends import BOTH_BACKENDS
 from test_dags import DIAMOND, OWNER, _dag, _exit, _queued, _run, _states
 
+from jobstore.db.dagscripts import ScriptExit
 from jobstore.db.store import JobStore
 from jobstore.errors import DagError, InvalidInput
 from jobstore.node import config
@@ -34,9 +35,10 @@ def _script(store: JobStore, dag_id: int, name: str, code: int, n: int = 0) -> N
     row = next(r for r in store.dag_scripts.due("ap", owner=OWNER)
                if r.dag_id == dag_id and r.name == name)
     token = f"{n:032x}"
-    assert store.dag_scripts.start(row, token)
-    assert not store.dag_scripts.start(row, f"{n + 1:032x}")  # one run holds it
-    store.dag_scripts.done(dag_id, name, row.kind, token, code)
+    assert store.dag_scripts.start([(row, token), (row, f"{n + 1:032x}")]) == [True, False]
+    assert row not in store.dag_scripts.due("ap")  # one run holds it
+    assert store.dag_scripts.due("ap", held_by=token[:16])[0].token == token
+    store.dag_scripts.done([ScriptExit(dag_id, name, row.kind, token, code)])
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -132,17 +134,17 @@ def test_a_noop_node_runs_its_scripts_and_a_removed_dag_drops_a_due_one(
     _script(store, dag_id, "N", 0, n=2)
     assert _states(store, dag_id) == {"N": "done", "A": "pre"}
     [row] = store.dag_scripts.due("ap")
-    assert store.dag_scripts.start(row, TOKEN)
+    assert store.dag_scripts.start([(row, TOKEN)]) == [True]
     assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): TOKEN}
     assert store.dags.remove_dag(dag_id)
     assert _states(store, dag_id)["A"] == "futile"
     assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): None}
-    store.dag_scripts.done(dag_id, "A", "pre", TOKEN, 0)  # too late: nothing changes
+    store.dag_scripts.done([ScriptExit(dag_id, "A", "pre", TOKEN, 0)])  # too late: nothing
     assert _states(store, dag_id)["A"] == "futile" and claim(store) is None
     dag = store.dags.dag_of(dag_id)
     assert dag is not None and dag.status == "removed"
     with pytest.raises(InvalidInput):
-        store.dag_scripts.start(row._replace(name="A"), "../../etc/passwd")
+        store.dag_scripts.start([(row._replace(name="A"), "../../etc/passwd")])
 
 
 @BOTH_BACKENDS
@@ -152,7 +154,7 @@ def test_a_held_dag_starts_no_pre_script(store: JobStore, ap: config.Settings,
                      "JOB A node.sub\nSCRIPT PRE A pre.sh\nSCRIPT POST A post.sh\n")
     assert store.dags.pause_dag(dag_id, True)
     [row] = store.dag_scripts.due("ap")
-    assert not store.dag_scripts.start(row, TOKEN)
+    assert store.dag_scripts.start([(row, TOKEN)]) == [False]
     assert store.dags.pause_dag(dag_id, False)
     _script(store, dag_id, "A", 0)
     job = claim(store)
