@@ -41,6 +41,7 @@ class Event(StrEnum):
     REMOVE = "remove"  # jobstore rm
     NODE_READY = "node_ready"  # its DAG node's parents are done: queued
     NODE_FUTILE = "node_futile"  # its DAG node will never run (a parent failed, DAG ended)
+    POST_SCRIPT = "post_script"  # its DAG node's POST script ended: a record, no transition
 
 
 # The Status of a status text (or of a Status): a dict lookup, where Status(text) is Enum's

@@ -427,6 +427,7 @@ class DagEngine:
                      .values(script_token=None, updated_at=now,
                              **({"pre_code": code} if kind == PRE else {})))
         if kind == POST:
+            self._post_script_event(conn, node.cluster_id, name, code, now)
             self._node_ended(conn, dag_id, name, code, now)
         elif code == 0:
             conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
@@ -440,6 +441,18 @@ class DagEngine:
             self._node_ended(conn, dag_id, name, 0 if skipped else code, now)
         self.advance(conn, dag_id, now)
         return True
+
+    def _post_script_event(self, conn: Connection, cluster_id: int | None, name: str,
+                           code: int, now: float) -> None:
+        """The POST script's end, recorded on the node's proc 0 (DAGMan's 016 in its log)."""
+        job = conn.execute(select(jobs.c.id, jobs.c.status).where(
+            jobs.c.cluster_id == cluster_id, jobs.c.proc_id == 0)).first()
+        if cluster_id is None or job is None:
+            return
+        status = Status(job.status)
+        self.transitions.insert_events(conn, [event_row(
+            job.id, Event.POST_SCRIPT, status, status, now,
+            attrs={"ReturnValue": code, "DAGNodeName": name})], dags_too=False)
 
     # ---- the DAG as a whole (hold, release, rm) ------------------------------------------
 

@@ -33,6 +33,7 @@ from jobstore.core.states import Event, Status
 log = logging.getLogger(__name__)
 
 SUBMIT, EXECUTE, EVICTED, TERMINATED, IMAGE_SIZE, ABORTED, HELD, RELEASED = 0, 1, 4, 5, 6, 9, 12, 13
+POST_SCRIPT_TERMINATED = 16
 _ZERO_USAGE = (0, 0)
 _warned: set[tuple[str, int]] = set()
 
@@ -140,6 +141,13 @@ def released_body(reason: str | None) -> str:
     return "Job was released.\n" + (f"\t{_line(reason)}\n" if reason else "")
 
 
+def post_script_body(code: int, node: str) -> str:
+    """016: a DAG node's POST script ended (`code` < 0: killed by that signal)."""
+    term = (f"\t(1) Normal termination (return value {code})\n" if code >= 0
+            else f"\t(0) Abnormal termination (signal {-code})\n")
+    return f"POST Script terminated.\n{term}" + (f"    DAG Node: {_line(node)}\n" if node else "")
+
+
 # ---- job store events -> job event log events ----------------------------------------------
 
 
@@ -240,6 +248,9 @@ def log_events(record: Mapping[str, Any], job: JobBefore) -> list[LogEvent]:
         add(RELEASED, released_body(reason))
     elif event in (Event.REMOVE, Event.HOOK_REMOVE):
         add(ABORTED, aborted_body(reason))
+    elif event == Event.POST_SCRIPT:
+        add(POST_SCRIPT_TERMINATED, post_script_body(_int(attrs.get("ReturnValue")) or 0,
+                                                     str(attrs.get("DAGNodeName") or "")))
     return out
 
 

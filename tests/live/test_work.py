@@ -1,6 +1,6 @@
 """What a job brings and leaves, on the real startd: file transfer in and out (a directory and
 a remap), a self-checkpointing job across a condor_vacate, an expression bomb among ordinary
-jobs, a DAG of 50 nodes."""
+jobs, a DAG of 50 nodes, a DAG's PRE and POST scripts."""
 
 from __future__ import annotations
 
@@ -176,3 +176,38 @@ def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
     times = {p.stem: float(p.read_text()) for p in (live.work / "dag").glob("*.t")}
     assert len(times) == 50
     assert all(times["A"] < times[m] < times["Z"] for m in middle)
+
+
+def test_a_dags_pre_and_post_scripts_run_on_the_access_point(live: Live) -> None:
+    """Root's `jobstore schedd` runs a node's PRE script before its job and its POST script
+    after, as the DAG's owner; the POST script turns the job's exit 3 into the node's success,
+    so its child runs (reported: from the job's JOB_EXIT to the POST script's start)."""
+    import signal
+
+    script = ("#!/bin/sh\necho \"$(date +%s.%N) $0 $* $(id -un)\" >> scripts.txt\n")
+    _write(live, "scripts/fail.sub", "executable = /bin/sh\narguments = \"-c 'exit 3'\"\n"
+           "queue\n")
+    _write(live, "scripts/ok.sub", "executable = /bin/true\nqueue\n")
+    _write(live, "scripts/pre.sh", script, 0o755)
+    _write(live, "scripts/post.sh", script + "exit 0\n", 0o755)
+    _write(live, "scripts/s.dag", "JOB A fail.sub\nJOB B ok.sub\nPARENT A CHILD B\n"
+           "SCRIPT PRE A pre.sh $JOB\nSCRIPT POST A post.sh $JOB $RETURN\n")
+    service = live.start("schedd", account="root", log=live.work.parent / "schedd-scripts.log")
+    try:
+        done = live.jobstore("submit-dag", "s.dag", cwd=live.work / "scripts")
+        assert done.returncode == 0, done.stderr
+        dag = re.search(r"submitted as (\d+)", done.stdout)
+        assert dag, done.stdout
+        wait_for("the DAG's 2 nodes done", lambda: "NodesDone = 2;" in live.jobstore(
+            "dag", "node-status", dag.group(1)).stdout, 120, 0.5)
+        lines = (live.work / "scripts" / "scripts.txt").read_text().split("\n")
+        assert [line.split(" ", 1)[1] for line in lines if line] == [
+            f"pre.sh A {SUBMITTER}", f"post.sh A 3 {SUBMITTER}"]
+        job_a = live.job(f"{int(dag.group(1)) + 1}.0")  # the DAG's first node's cluster
+        assert (job_a["status"], job_a["exit_code"]) == ("completed", 3)
+        ran = float(lines[1].split()[0])
+        MEASURED.append(f"a DAG node's JOB_EXIT start -> its POST script started on the access "
+                        f"point: {(ran - job_a['finished_at']) * 1000:.0f} ms")
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=20) == 0

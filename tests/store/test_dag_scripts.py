@@ -93,6 +93,10 @@ def test_pre_and_post_scripts_carry_the_dag(store: JobStore, ap: config.Settings
     assert [(j.status, j.exit_code) for j in store.dag_scripts.node_jobs(row.cluster_id)] == [
         ("completed", 3)]
     _script(store, dag_id, "B", 0)
+    [posted] = [e for e in store.reads.events(store.reads.find_jobs(row.cluster_id)[0].id)
+                if e.event == "post_script"]
+    assert (posted.from_status, posted.to_status) == ("completed", "completed")
+    assert posted.attrs == {"ReturnValue": 0, "DAGNodeName": "B"}
     assert _run(store) == ["D"]
     assert set(_states(store, dag_id).values()) == {"done"}
     dag = store.dags.dag_of(dag_id)

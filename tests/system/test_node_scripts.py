@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import clirun
+import htcondor2
 import pytest
-from apnode import hers, schedd_cmd, submit_dir
+from apnode import hers, schedd_cmd, submit_dir, wait_for_events
 from emulatornode import job_owner, node_db, run_node  # noqa: F401
 
 from jobstore.db.store import JobStore
@@ -25,6 +26,7 @@ from jobstore.node import config
 BACKENDS = pytest.mark.parametrize(
     "node_db", ["sqlite", pytest.param("postgresql", marks=pytest.mark.matrix)], indirect=True)
 ENDED = {"completed", "removed", "held", "failed"}
+ET = htcondor2.JobEventType
 SCRIPT = """#!/bin/sh
 echo "$0 $* $(id -u) $(pwd)" >> scripts.txt
 {body}
@@ -80,7 +82,8 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
     owner = job_owner()
     sub = submit_dir(tmp, "dag", owner)
     (sub / "a.sub").write_text("executable = /bin/false\ntransfer_executable = false\n"
-                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+                               "should_transfer_files = YES\nrequest_memory = 32\n"
+                               "log = nodes.log\nqueue\n")
     (sub / "b.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
                                "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
     (sub / "d").mkdir()
@@ -102,6 +105,8 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
     with _service(store, tmp):
         run_node(store, tmp, owner, "agent", ENDED, slots=1)
         dag = _dag_end(store, dag_id)
+        # DAGMan's 016 in the node's log, after its job's end
+        events = wait_for_events(sub / "nodes.log", {0: {ET.POST_SCRIPT_TERMINATED}})
     nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
     assert nodes == {"A": ("done", 0), "B": ("failed", 1), "C": ("done", 0), "D": ("done", 0),
                      "E": ("futile", None)}
@@ -114,6 +119,10 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
         f"post.sh A 1 -1 {a_job.cluster_id}.0 $UNKNOWN {uid} {sub}",
         f"pre.sh B {uid} {sub}", f"pre.sh C $RETURN {uid} {sub}"])
     assert (sub / "d" / "scripts.txt").read_text() == f"pre.sh D {uid} {sub / 'd'}\n"
+    assert [e.type for e in events if e.type != ET.IMAGE_SIZE][-2:] == [
+        ET.JOB_TERMINATED, ET.POST_SCRIPT_TERMINATED]
+    assert (events[-1]["ReturnValue"], events[-1]["DAGNodeName"], events[-1].cluster) == (
+        0, "A", a_job.cluster_id)
     ran = {j.ad["DAGNodeName"]["expr"].strip('"'): j.status
            for j in store.reads.list_jobs(include_final=True)}
     assert ran == {"A": "completed", "B": "removed", "C": "removed", "D": "completed",

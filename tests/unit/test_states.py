@@ -48,6 +48,7 @@ EXPECTED: dict[Event, dict[Status, Status | str]] = {
     E.REMOVE: dict.fromkeys((S.WAITING, S.IDLE, S.HELD, *HANDED), S.REMOVED),
     E.NODE_READY: {S.WAITING: S.IDLE},
     E.NODE_FUTILE: {S.WAITING: S.REMOVED},
+    E.POST_SCRIPT: {},
 }
 ENDS_ATTEMPT = {S.WAITING, S.IDLE, S.HELD, S.COMPLETED, S.REMOVED, S.FAILED}
 

@@ -47,6 +47,14 @@ BEGIN
         pre_code = CASE WHEN p_kind = 'pre' THEN p_code ELSE pre_code END
     WHERE dag_id = p_dag AND name = p_name;
     IF p_kind = 'post' THEN
+        -- its end recorded on the node's proc 0 (DAGMan's 016 in its log)
+        INSERT INTO job_events (job_id, time, event, from_status, to_status, attrs)
+        SELECT j.id, v_now, 'post_script', j.status, j.status,
+               json_build_object('ReturnValue', p_code, 'DAGNodeName', p_name)
+        FROM jobs j WHERE j.cluster_id = n.cluster_id AND j.proc_id = 0;
+        IF FOUND THEN
+            PERFORM pg_notify('jobstore_events', 'page');
+        END IF;
         RETURN QUERY SELECT * FROM jobstore_dag_node_ended(p_dag, p_name, p_code, v_now);
     ELSIF p_code = 0 THEN
         UPDATE dag_nodes SET status = 'ready' WHERE dag_id = p_dag AND name = p_name;
