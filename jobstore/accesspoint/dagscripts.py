@@ -25,7 +25,7 @@ from pathlib import Path
 
 from jobstore.accesspoint import scriptrunner
 from jobstore.accesspoint.service import refusal, serving_account
-from jobstore.db.dagengine import POST, PRE, QUEUED, SCRIPT_TOKEN
+from jobstore.db.dagengine import POST, QUEUED, SCRIPT_TOKEN
 from jobstore.db.dagscripts import NodeJob, NodeScript, ScriptExit
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError
@@ -35,8 +35,10 @@ LOG = logging.getLogger("jobstore.schedd")
 DEFAULT_DIRECTORY = "/var/lib/jobstore/dagscripts"
 MAX_PER_DAG = 20  # DAGMan's DAGMAN_MAX_PRE_SCRIPTS and DAGMAN_MAX_POST_SCRIPTS
 MAX_PER_OWNER = 100  # scripts one owner's DAGs may run at once on this access point
+MAX_RUNS = 1000  # scripts that run at once on this access point, every owner's
 LOST_AFTER = 60.0  # seconds after its start a run with no runner and no exit is lost
 RESCAN = 60.0  # seconds between looks for the runs of a former service of this directory
+ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service may lease it)
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
 MAX_COMMAND = 4096
@@ -57,6 +59,7 @@ class _Run:
     owner: str
     started: float
     pid: int | None = None
+    waiting: tuple[int, int, str, list[str]] | None = None  # (uid, gid, cwd, argv): to start
 
 
 @dataclass
@@ -79,7 +82,7 @@ class DagScripts:
     def __post_init__(self) -> None:
         self._owner = serving_account()
         try:
-            self._directory = _own_directory(self._where())
+            self._directory = _own_directory(_safe_path(self._where()))
             self._id = _service_id(self._directory)
         except OSError as exc:
             LOG.error("DAG node scripts are not run: %s", exc)
@@ -97,20 +100,44 @@ class DagScripts:
             return 0
         if self.clock() >= self._rescan_at:
             self._take_up()
+        for token, run in self._runs.items():
+            if run.waiting is not None:
+                self._spawn(token, run)
         done = self._collect()
-        while started := self._start(self.store.dag_scripts.due(self.name, owner=self._owner,
-                                                                 limit=MAX_PER_DAG * 10)):
+        while len(self._runs) < MAX_RUNS and (started := self._start(
+                self.store.dag_scripts.due(self.name, owner=self._owner, per_dag=MAX_PER_DAG,
+                                           per_owner=MAX_PER_OWNER))):
             done += started
         return done
 
     def _take_up(self) -> None:
         """Take up the runs a former service of this directory started (their runners may
-        still run, or have written their exits)."""
-        for row in self.store.dag_scripts.due(self.name, owner=self._owner, limit=10_000,
-                                              held_by=self._id):
-            if row.token is not None and row.token not in self._runs:
+        still run, or have written their exits), and stop those whose node no longer waits
+        for them (a DAG removed while no service ran)."""
+        assert self._directory is not None
+        held = set()
+        for row in self.store.dag_scripts.held_by(self.name, self._id, owner=self._owner):
+            if row.token is None or not SCRIPT_TOKEN.fullmatch(row.token):
+                continue
+            held.add(row.token)
+            if row.token not in self._runs:
                 self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
                                              row.started_at or 0.0)
+        now = time.time()
+        for path in self._directory.iterdir():
+            token, _, suffix = path.name.partition(".")
+            if (not SCRIPT_TOKEN.fullmatch(token) or token in held or token in self._runs
+                    or suffix not in ("pid", "json", "tmp")):
+                continue
+            try:
+                if now - path.lstat().st_mtime < ORPHAN_AGE:
+                    continue
+                if suffix == "pid" and scriptrunner.alive(path):
+                    os.kill(int(path.read_text().split()[0]), signal.SIGTERM)
+                elif suffix != "pid" or not scriptrunner.alive(path):
+                    path.unlink()
+            except (OSError, ValueError):
+                pass
         self._rescan_at = self.clock() + RESCAN
 
     # ---- the scripts that ended ----------------------------------------------------------
@@ -166,6 +193,8 @@ class DagScripts:
         """How the run ended (its exit, and why it could not run), None while it runs."""
         assert self._directory is not None
         path = self._directory / f"{token}.json"
+        if run.waiting is not None:
+            return None
         if run.pid is not None:
             if os.waitpid(run.pid, os.WNOHANG) == (0, 0):
                 return None
@@ -219,8 +248,8 @@ class DagScripts:
             owners[run.owner] = owners.get(run.owner, 0) + 1
         chosen: list[tuple[NodeScript, str]] = []
         for row in rows:
-            if row.kind == PRE and row.dag_status != "running":
-                continue
+            if len(self._runs) + len(chosen) >= MAX_RUNS:
+                break
             if (running.get((row.dag_id, row.kind), 0) >= MAX_PER_DAG
                     or owners.get(row.owner, 0) >= MAX_PER_OWNER):
                 continue
@@ -244,9 +273,8 @@ class DagScripts:
         return sum(taken)
 
     def _launch(self, row: NodeScript, token: str) -> bool:
-        """Start the runner of `row`'s script, whose lease `token` holds: whether it
-        started."""
-        assert self._directory is not None
+        """Start the runner of `row`'s script, whose lease `token` holds: whether it can
+        start (now, or once this host can start a process again)."""
         self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock())
         try:
             argv, directory = self._command(row)
@@ -254,12 +282,26 @@ class DagScripts:
             if self._owner is None:
                 account = pwd.getpwnam(row.owner)
                 uid, gid = account.pw_uid, account.pw_gid
-            run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv)
         except (OSError, ValueError, KeyError) as exc:
             LOG.warning("DAG %s node %s: its %s script cannot run: %s", row.dag_id, row.name,
                         row.kind.upper(), " ".join(str(exc).split())[:300])
             return False
+        run.waiting = (uid, gid, directory, argv)
+        self._spawn(token, run)
         return True
+
+    def _spawn(self, token: str, run: _Run) -> None:
+        """Fork the run's runner; when this host has no room for a process now, the run
+        keeps its lease and is started on a later pass."""
+        assert self._directory is not None and run.waiting is not None
+        uid, gid, directory, argv = run.waiting
+        try:
+            run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv)
+        except OSError as exc:
+            LOG.warning("DAG %s node %s: its %s script waits to start: %s", run.dag_id,
+                        run.name, run.kind.upper(), exc.strerror or exc)
+            return
+        run.waiting = None
 
     def _command(self, row: NodeScript) -> tuple[list[str], str]:
         """The script's arguments (DAGMan's macros replaced) and its directory; ValueError
@@ -338,6 +380,25 @@ def _return(jobs: list[NodeJob]) -> int:
         if job.exit_code:
             return job.exit_code
     return 0
+
+
+def _safe_path(where: str) -> str:
+    """`where`, whose every directory above is root's or this process's, a directory (no
+    link), and changed by nobody else (or sticky, as /tmp: nobody else may replace what is
+    in it); OSError otherwise."""
+    if not os.path.isabs(where) or os.path.normpath(where) != where:
+        raise OSError(f"{where} is not an absolute path")
+    me = os.geteuid()
+    above = os.path.dirname(where)
+    while True:
+        st = os.lstat(above)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me) or (
+                st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise OSError(f"{where}: {above} is not a directory that only root"
+                          f"{'' if me == 0 else ' or uid ' + str(me)} may change")
+        if above == os.path.dirname(above):
+            return where
+        above = os.path.dirname(above)
 
 
 def _own_directory(where: str) -> Path:

@@ -92,7 +92,8 @@ def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[st
     (never returns)."""
     step = "becoming the owner"
     try:
-        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM,
+                    signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
         os.setpgid(0, 0)
         if uid >= 0:

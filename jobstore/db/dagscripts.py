@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Select, and_, func, or_, select
 
 from jobstore.db.backends import Door
 from jobstore.db.dagengine import POST, PRE
@@ -46,6 +46,13 @@ class ScriptExit(NamedTuple):
     code: int
 
 
+def _script(r: Any) -> NodeScript:
+    return NodeScript(r.dag_id, r.name, r.status, r.owner,
+                      (r.pre if r.status == PRE else r.post) or None, r.directory,
+                      r.cluster_id, r.job_code, r.pre_code, r.script_token,
+                      r.script_started_at, r.dag_status)
+
+
 class NodeJob(NamedTuple):
     """One job of a node, as a POST script is told of it."""
 
@@ -63,13 +70,43 @@ class DagScripts:
         self.db = db
         self.door = door
 
-    def due(self, home: str, *, owner: str | None = None, limit: int = 1000,
-            held_by: str | None = None) -> list[NodeScript]:
-        """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script is
-        due, oldest first; with `held_by`, those whose script a run whose token begins so
-        holds instead."""
+    def due(self, home: str, *, owner: str | None = None, per_dag: int = 20,
+            per_owner: int = 100, limit: int = 1000) -> list[NodeScript]:
+        """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script may
+        start now (a PRE script only in a running DAG): at most `per_dag` of each DAG's PRE
+        and of its POST scripts and `per_owner` of each owner's, each owner's oldest first
+        and the owners in turn, so that nobody's many scripts keep another's waiting."""
+        ranked = (self._rows(home, owner)
+                  .add_columns(
+                      func.row_number().over(
+                          partition_by=(dag_nodes.c.dag_id, dag_nodes.c.status),
+                          order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"),
+                      func.row_number().over(
+                          partition_by=dag_nodes.c.owner,
+                          order_by=(dag_nodes.c.updated_at, dag_nodes.c.dag_id,
+                                    dag_nodes.c.name)).label("in_owner"))
+                  .where(dag_nodes.c.script_token.is_(None),
+                         or_(dag_nodes.c.status == POST, dags.c.status == "running"))
+                  .subquery())
+        q = (select(ranked).where(ranked.c.in_dag <= per_dag, ranked.c.in_owner <= per_owner)
+             .order_by(ranked.c.in_owner, ranked.c.updated_at, ranked.c.dag_id, ranked.c.name)
+             .limit(limit))
+        with self.db.transaction() as conn:
+            return [_script(r) for r in conn.execute(q)]
+
+    def held_by(self, home: str, prefix: str, *, owner: str | None = None
+                ) -> list[NodeScript]:
+        """The nodes of DAGs submitted on `home` whose script a run whose token begins with
+        `prefix` holds."""
+        q = self._rows(home, owner).where(
+            dag_nodes.c.script_token.startswith(prefix, autoescape=True))
+        with self.db.transaction() as conn:
+            return [_script(r) for r in conn.execute(q)]
+
+    @staticmethod
+    def _rows(home: str, owner: str | None) -> Select[Any]:
         q = (select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.status,
-                    dag_nodes.c.owner,
+                    dag_nodes.c.owner, dag_nodes.c.updated_at,
                     func.coalesce(dag_nodes.c.pre_script, "").label("pre"),
                     func.coalesce(dag_nodes.c.post_script, "").label("post"),
                     dag_nodes.c.directory, dag_nodes.c.cluster_id, dag_nodes.c.job_code,
@@ -78,19 +115,8 @@ class DagScripts:
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
-             .where(dag_nodes.c.status.in_((PRE, POST)),
-                    dag_nodes.c.script_token.is_(None) if held_by is None else
-                    dag_nodes.c.script_token.startswith(held_by, autoescape=True))
-             .order_by(dag_nodes.c.updated_at, dag_nodes.c.dag_id, dag_nodes.c.name)
-             .limit(limit))
-        if owner is not None:
-            q = q.where(dag_nodes.c.owner == owner)
-        with self.db.transaction() as conn:
-            rows = conn.execute(q).all()
-        return [NodeScript(r.dag_id, r.name, r.status, r.owner,
-                           (r.pre if r.status == PRE else r.post) or None, r.directory,
-                           r.cluster_id, r.job_code, r.pre_code, r.script_token,
-                           r.script_started_at, r.dag_status) for r in rows]
+             .where(dag_nodes.c.status.in_((PRE, POST))))
+        return q if owner is None else q.where(dag_nodes.c.owner == owner)
 
     def holding(self, keys: Sequence[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
         """The run that holds each node's script now (None: none), by (DAG, node)."""

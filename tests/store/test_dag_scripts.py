@@ -5,12 +5,14 @@ tests/system/test_node_scripts.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from backends import BOTH_BACKENDS
 from test_dags import DIAMOND, OWNER, _dag, _exit, _queued, _run, _states
 
+from jobstore.api.dags import submit_dag
 from jobstore.db.dagscripts import ScriptExit
 from jobstore.db.store import JobStore
 from jobstore.errors import DagError, InvalidInput
@@ -37,7 +39,7 @@ def _script(store: JobStore, dag_id: int, name: str, code: int, n: int = 0) -> N
     token = f"{n:032x}"
     assert store.dag_scripts.start([(row, token), (row, f"{n + 1:032x}")]) == [True, False]
     assert row not in store.dag_scripts.due("ap")  # one run holds it
-    assert store.dag_scripts.due("ap", held_by=token[:16])[0].token == token
+    assert store.dag_scripts.held_by("ap", token[:16])[0].token == token
     store.dag_scripts.done([ScriptExit(dag_id, name, row.kind, token, code)])
 
 
@@ -156,8 +158,9 @@ def test_a_held_dag_starts_no_pre_script(store: JobStore, ap: config.Settings,
                                          tmp_path: Path) -> None:
     dag_id = _queued(store, tmp_path, ap,
                      "JOB A node.sub\nSCRIPT PRE A pre.sh\nSCRIPT POST A post.sh\n")
-    assert store.dags.pause_dag(dag_id, True)
     [row] = store.dag_scripts.due("ap")
+    assert store.dags.pause_dag(dag_id, True)
+    assert store.dag_scripts.due("ap") == []
     assert store.dag_scripts.start([(row, TOKEN)]) == [False]
     assert store.dags.pause_dag(dag_id, False)
     _script(store, dag_id, "A", 0)
@@ -168,3 +171,26 @@ def test_a_held_dag_starts_no_pre_script(store: JobStore, ap: config.Settings,
     dag = store.dags.dag_of(dag_id)
     assert dag is not None and (dag.status, dag.exit_code) == ("failed", 1)
     assert store.dags.dag_nodes_of(dag_id)[0].exit_code == 2
+
+
+@BOTH_BACKENDS
+def test_nobodys_many_scripts_keep_anothers_waiting(store: JobStore, ap: config.Settings,
+                                                    tmp_path: Path) -> None:
+    """What is due comes at most `per_dag` of a DAG's PRE scripts and `per_owner` of an
+    owner's, each owner's oldest first and the owners in turn: a DAG of many due scripts
+    (or an owner of many DAGs) never hides another's."""
+    many = "".join(f"JOB N{i} node.sub NOOP\nSCRIPT PRE N{i} pre.sh\n" for i in range(30))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _queued(store, tmp_path / "a", ap, many)
+    second = _queued(store, tmp_path / "b", ap, "JOB A node.sub\nSCRIPT PRE A pre.sh\n")
+    due = store.dag_scripts.due("ap", per_dag=20, per_owner=100)
+    assert len(due) == 21 and (second, "A") in [(r.dag_id, r.name) for r in due]
+    assert len(store.dag_scripts.due("ap", per_dag=20, per_owner=5)) == 5
+    if os.geteuid() != 0:
+        return  # another owner's DAG: submitted by root only
+    (tmp_path / "c").mkdir()
+    theirs = submit_dag(store, str(_dag(tmp_path / "c", "JOB B node.sub\nSCRIPT PRE B x.sh\n")),
+                        ap, owner="jsbob").dag_id
+    due = store.dag_scripts.due("ap", per_dag=20, per_owner=100, limit=2)
+    assert [(r.dag_id, r.name) for r in due] == [(first, "N0"), (theirs, "B")]

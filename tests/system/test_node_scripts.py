@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,10 +44,21 @@ def _script(sub: Path, name: str, body: str, owner: str | None) -> None:
         os.chown(path, user.pw_uid, user.pw_gid)
 
 
+def _scripts_dir(store: JobStore, owner: str | None) -> Path:
+    """A directory for the service's scripts' exits where nobody else may change a
+    directory above it (the node's directory is everybody's): the owner's when the service
+    becomes her (her SQLite file)."""
+    path = Path(tempfile.mkdtemp(prefix="jobstore-scripts-"))
+    if owner and store.db.engine.dialect.name == "sqlite":
+        user = pwd.getpwnam(owner)
+        os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
 @contextmanager
-def _service(store: JobStore, tmp: Path) -> Iterator[subprocess.Popen[str]]:
-    """`jobstore schedd` on `store`, its scripts' exits kept under `tmp`."""
-    env = {**os.environ, "JOBSTORE_DAG_SCRIPTS": str(tmp / "dagscripts")}
+def _service(store: JobStore, tmp: Path, scripts: Path) -> Iterator[subprocess.Popen[str]]:
+    """`jobstore schedd` on `store`, its scripts' exits kept in `scripts`."""
+    env = {**os.environ, "JOBSTORE_DAG_SCRIPTS": str(scripts)}
     process = clirun.popen(schedd_cmd(store, "--log", str(tmp / "schedd.log")), env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -102,7 +115,8 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
         "SCRIPT PRE D pre.sh $JOB\n")
     dag_id = _submit(store, sub, "s.dag", owner)
     hers(store, owner)
-    with _service(store, tmp):
+    scripts = _scripts_dir(store, owner)
+    with _service(store, tmp, scripts):
         run_node(store, tmp, owner, "agent", ENDED, slots=1)
         dag = _dag_end(store, dag_id)
         # DAGMan's 016 in the node's log, after its job's end
@@ -127,6 +141,7 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
            for j in store.reads.list_jobs(include_final=True)}
     assert ran == {"A": "completed", "B": "removed", "C": "removed", "D": "completed",
                    "E": "removed"}
+    shutil.rmtree(scripts)
 
 
 @BACKENDS
@@ -142,7 +157,8 @@ def test_a_service_killed_while_a_script_runs_loses_nothing(node_db) -> None:  #
     (sub / "one.dag").write_text("JOB A a.sub\nSCRIPT PRE A pre.sh $JOB\n")
     dag_id = _submit(store, sub, "one.dag", owner)
     hers(store, owner)
-    with _service(store, tmp) as first:
+    scripts = _scripts_dir(store, owner)
+    with _service(store, tmp, scripts) as first:
         deadline = time.monotonic() + 30
         while not (sub / "started").exists():
             assert time.monotonic() < deadline
@@ -151,9 +167,26 @@ def test_a_service_killed_while_a_script_runs_loses_nothing(node_db) -> None:  #
         first.wait(timeout=10)
     time.sleep(3.5)  # the script ends while no service runs
     assert store.dags.dag_nodes_of(dag_id)[0].status == "pre"
-    with _service(store, tmp):
+    with _service(store, tmp, scripts):
         run_node(store, tmp, owner, "agent", ENDED, slots=1)
         dag = _dag_end(store, dag_id)
     assert (dag.status, dag.exit_code) == ("completed", 0)  # type: ignore[attr-defined]
     assert len((sub / "scripts.txt").read_text().splitlines()) == 1
-    assert not [p for p in (tmp / "dagscripts").iterdir() if p.name != "id"]
+    assert not [p for p in scripts.iterdir() if p.name != "id"]
+    shutil.rmtree(scripts)
+
+
+def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path) -> None:
+    """Below a directory others may write (not sticky), a link, or a relative path, the
+    service runs no script (whoever could replace a directory above could forge exits)."""
+    from jobstore.accesspoint.dagscripts import _safe_path
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (tmp_path / "link").symlink_to(shared)
+    for where in (shared / "scripts", tmp_path / "link" / "scripts", Path("scripts")):
+        with pytest.raises(OSError, match="not"):
+            _safe_path(str(where))
+    shared.chmod(0o1777)  # sticky, as /tmp
+    assert _safe_path(str(shared / "scripts")) == str(shared / "scripts")
