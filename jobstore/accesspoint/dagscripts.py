@@ -11,6 +11,7 @@ runners wrote meanwhile. A run whose runner vanished without an exit fails its n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,9 @@ MAX_RUNS = 1000  # scripts that run at once on this access point, every owner's
 LOST_AFTER = 60.0  # seconds after its start a run with no runner and no exit is lost
 RESCAN = 60.0  # seconds between looks for the runs of a former service of this directory
 ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service may lease it)
+PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other duties' turn
+RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
+MAX_WARNED = 10_000  # DAGs whose scripts' troubles were logged, once each
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
 MAX_COMMAND = 4096
@@ -59,7 +63,9 @@ class _Run:
     owner: str
     started: float
     pid: int | None = None
-    waiting: tuple[int, int, str, list[str]] | None = None  # (uid, gid, cwd, argv): to start
+    command: tuple[int, int, str, list[str]] | None = None  # (uid, gid, cwd, argv)
+    waiting: bool = False  # its runner is to be started (again)
+    respawns: int = 0
 
 
 @dataclass
@@ -75,14 +81,16 @@ class DagScripts:
     _directory: Path | None = field(default=None, init=False)
     _id: str = field(default="", init=False)
     _runs: dict[str, _Run] = field(default_factory=dict, init=False)
-    _warned: set[str] = field(default_factory=set, init=False)
+    _warned: set[object] = field(default_factory=set, init=False)
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
         try:
-            self._directory = _own_directory(_safe_path(self._where()))
+            base = _own_directory(_safe_path(self._where()))
+            store = hashlib.sha256(self.settings.database_url.encode()).hexdigest()[:12]
+            self._directory = _own_directory(str(base / f"{self.name}-{store}"))
             self._id = _service_id(self._directory)
         except OSError as exc:
             LOG.error("DAG node scripts are not run: %s", exc)
@@ -101,10 +109,11 @@ class DagScripts:
         if self.clock() >= self._rescan_at:
             self._take_up()
         for token, run in self._runs.items():
-            if run.waiting is not None:
+            if run.waiting:
                 self._spawn(token, run)
         done = self._collect()
-        while len(self._runs) < MAX_RUNS and (started := self._start(
+        until = time.monotonic() + PASS_BUDGET
+        while len(self._runs) < MAX_RUNS and time.monotonic() < until and (started := self._start(
                 self.store.dag_scripts.due(self.name, owner=self._owner, per_dag=MAX_PER_DAG,
                                            per_owner=MAX_PER_OWNER))):
             done += started
@@ -133,6 +142,7 @@ class DagScripts:
                 if now - path.lstat().st_mtime < ORPHAN_AGE:
                     continue
                 if suffix == "pid" and scriptrunner.alive(path):
+                    LOG.info("the run %s is no node's: its runner is stopped", token)
                     os.kill(int(path.read_text().split()[0]), signal.SIGTERM)
                 elif suffix != "pid" or not scriptrunner.alive(path):
                     path.unlink()
@@ -151,6 +161,10 @@ class DagScripts:
                 running.append((token, run))
                 continue
             code, why = result
+            if code is None:  # the runner could not start the script: start it again
+                self._respawn(token, run, why)
+                running.append((token, run))
+                continue
             if why:
                 LOG.warning("DAG %s node %s: its %s script: %s", run.dag_id, run.name,
                             run.kind.upper(), why)
@@ -189,11 +203,29 @@ class DagScripts:
         for run in ended:
             self._forget(run.token)
 
-    def _result(self, token: str, run: _Run) -> tuple[int, str] | None:
-        """How the run ended (its exit, and why it could not run), None while it runs."""
+    def _respawn(self, token: str, run: _Run, why: str) -> None:
+        """Start the run's runner again, its script never having started; after RESPAWNS,
+        or for a former service's run, its node fails."""
+        assert self._directory is not None
+        for suffix in (".json", ".pid", ".tmp"):
+            (self._directory / f"{token}{suffix}").unlink(missing_ok=True)
+        run.pid = None
+        run.respawns += 1
+        run.waiting = run.command is not None
+        if not run.waiting or run.respawns > RESPAWNS:
+            run.waiting = False
+            run.command = None  # so its next look ends it
+            self._warn(run.dag_id, f"DAG {run.dag_id} node {run.name}: its {run.kind.upper()} "
+                       f"script could not be started: {why}")
+            (self._directory / f"{token}.json").write_text(json.dumps(
+                {"code": CANNOT_RUN, "error": why}))
+
+    def _result(self, token: str, run: _Run) -> tuple[int | None, str] | None:
+        """How the run ended (its exit, and why it could not run; exit None: its script never
+        started, and may be started again), None while it runs."""
         assert self._directory is not None
         path = self._directory / f"{token}.json"
-        if run.waiting is not None:
+        if run.waiting:
             return None
         if run.pid is not None:
             if os.waitpid(run.pid, os.WNOHANG) == (0, 0):
@@ -201,13 +233,14 @@ class DagScripts:
             run.pid = -1  # reaped
         try:
             found = json.loads(path.read_text(encoding="utf-8"))
-            return int(found["code"]), " ".join(str(found.get("error") or "").split())[:300]
+            why = " ".join(str(found.get("error") or "").split())[:300]
+            return (None if found.get("retry") is True else int(found["code"])), why
         except FileNotFoundError:
             pass
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return CANNOT_RUN, f"its exit could not be read: {exc}"
         if run.pid is not None:
-            return CANNOT_RUN, "its runner ended without an exit"
+            return None, "its runner ended without an exit"
         if scriptrunner.alive(self._directory / f"{token}.pid"):
             return None
         if self.clock() - run.started < LOST_AFTER:
@@ -266,11 +299,16 @@ class DagScripts:
             return 0
         taken = self.store.dag_scripts.start(chosen)
         failed: list[ScriptExit] = []
+        started = 0
         for (row, token), free in zip(chosen, taken, strict=True):
-            if free and not self._launch(row, token):
+            if not free:
+                continue
+            if self._launch(row, token):
+                started += 1
+            else:
                 failed.append(ScriptExit(row.dag_id, row.name, row.kind, token, CANNOT_RUN))
         self._give(failed)
-        return sum(taken)
+        return started
 
     def _launch(self, row: NodeScript, token: str) -> bool:
         """Start the runner of `row`'s script, whose lease `token` holds: whether it can
@@ -283,25 +321,31 @@ class DagScripts:
                 account = pwd.getpwnam(row.owner)
                 uid, gid = account.pw_uid, account.pw_gid
         except (OSError, ValueError, KeyError) as exc:
-            LOG.warning("DAG %s node %s: its %s script cannot run: %s", row.dag_id, row.name,
-                        row.kind.upper(), " ".join(str(exc).split())[:300])
+            self._warn(row.dag_id, f"DAG {row.dag_id} node {row.name}: its {row.kind.upper()} "
+                       f"script cannot run: {' '.join(str(exc).split())[:300]}")
             return False
-        run.waiting = (uid, gid, directory, argv)
+        run.command, run.waiting = (uid, gid, directory, argv), True
         self._spawn(token, run)
         return True
+
+    def _warn(self, dag_id: int, message: str) -> None:
+        """Log `message`, the first of the DAG's (a DAG of many nodes says it once)."""
+        if dag_id not in self._warned and len(self._warned) < MAX_WARNED:
+            self._warned.add(dag_id)
+            LOG.warning("%s", message)
 
     def _spawn(self, token: str, run: _Run) -> None:
         """Fork the run's runner; when this host has no room for a process now, the run
         keeps its lease and is started on a later pass."""
-        assert self._directory is not None and run.waiting is not None
-        uid, gid, directory, argv = run.waiting
+        assert self._directory is not None and run.command is not None
+        uid, gid, directory, argv = run.command
         try:
             run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv)
         except OSError as exc:
-            LOG.warning("DAG %s node %s: its %s script waits to start: %s", run.dag_id,
-                        run.name, run.kind.upper(), exc.strerror or exc)
+            self._warn(run.dag_id, f"DAG {run.dag_id} node {run.name}: its {run.kind.upper()} "
+                       f"script waits to start: {exc.strerror or exc}")
             return
-        run.waiting = None
+        run.waiting = False
 
     def _command(self, row: NodeScript) -> tuple[list[str], str]:
         """The script's arguments (DAGMan's macros replaced) and its directory; ValueError

@@ -7,7 +7,9 @@ node's directory, with an environment of her own: the script, its directory and 
 are hers, and are used only with her rights. The runner keeps none of the service's open
 files (its database connections), and writes DIRECTORY/TOKEN.pid (its pid and start time) as
 it starts and DIRECTORY/TOKEN.json (the exit, a negative number for a signal, and why the
-script could not be started) as the script ends. SIGTERM kills the script's process group.
+script could not be started) as the script ends; when this host had no room for the script's
+process, the json says `retry` instead, and the script never ran. SIGTERM kills the script's
+process group (until the runner has reaped the script).
 """
 
 from __future__ import annotations
@@ -64,11 +66,16 @@ def _runner(directory: Path, token: str, uid: int, gid: int, cwd: str,
         signal.signal(sig, signal.SIG_IGN)
     pidfile = directory / f"{token}.pid"
     _write(pidfile, f"{os.getpid()} {_start_time(os.getpid())}", exclusive=True)
-    account = pwd.getpwuid(uid if uid >= 0 else os.getuid())
+    try:
+        account = pwd.getpwuid(uid if uid >= 0 else os.getuid())
+        read_end, write_end = os.pipe()
+        child = os.fork()
+    except OSError as exc:  # no room for a process (or a file) now: not the script's failure
+        _end(directory, token, {"code": CANNOT_RUN, "retry": True,
+                                "error": f"starting the script: {exc.strerror or exc}"})
+        return
     env = {"PATH": PATH, "HOME": account.pw_dir, "USER": account.pw_name,
            "LOGNAME": account.pw_name, "LANG": "C.UTF-8"}
-    read_end, write_end = os.pipe()
-    child = os.fork()
     if child == 0:
         os.close(read_end)
         _exec(uid, gid, account.pw_name, cwd, argv, env, write_end)
@@ -79,11 +86,16 @@ def _runner(directory: Path, token: str, uid: int, gid: int, cwd: str,
         error += chunk[:1000]
     os.close(read_end)
     _pid, status = os.waitpid(child, 0)
-    code = os.waitstatus_to_exitcode(status)
-    _write(directory / f"{token}.tmp", json.dumps(
-        {"code": code, "error": error.decode("utf-8", "replace")[:500]}), durable=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its pid may be another's from now on
+    _end(directory, token, {"code": os.waitstatus_to_exitcode(status),
+                            "error": error.decode("utf-8", "replace")[:500]})
+
+
+def _end(directory: Path, token: str, result: dict[str, object]) -> None:
+    """Write the run's result, then say it no longer runs."""
+    _write(directory / f"{token}.tmp", json.dumps(result), durable=True)
     os.rename(directory / f"{token}.tmp", directory / f"{token}.json")
-    pidfile.unlink()
+    (directory / f"{token}.pid").unlink()
 
 
 def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[str, str],
@@ -92,9 +104,12 @@ def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[st
     (never returns)."""
     step = "becoming the owner"
     try:
-        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM,
-                    signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
+        for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # a real-time signal Python does not let be set
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         os.setpgid(0, 0)
         if uid >= 0:
             os.setgroups(os.getgrouplist(name, gid))

@@ -263,6 +263,11 @@ class DagEngine:
         nodes' unfinished jobs are removed."""
         conn.execute(update(dags).where(dags.c.id == dag_id).values(
             dag_status=dag_status, exit_code=code))
+        conn.execute(update(dag_nodes).where(  # it runs no POST script but its FINAL node's
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.status == POST,
+            dag_nodes.c.final.is_(False)).values(
+            status=FAILED, updated_at=now,
+            exit_code=case((dag_nodes.c.job_code != 0, dag_nodes.c.job_code), else_=1)))
         waiting = list(conn.execute(select(dag_nodes.c.name).where(
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.status.in_(NOT_STARTED),
             dag_nodes.c.final.is_(False))).scalars())

@@ -76,20 +76,21 @@ class DagScripts:
         start now (a PRE script only in a running DAG): at most `per_dag` of each DAG's PRE
         and of its POST scripts and `per_owner` of each owner's, each owner's oldest first
         and the owners in turn, so that nobody's many scripts keep another's waiting."""
-        ranked = (self._rows(home, owner)
-                  .add_columns(
-                      func.row_number().over(
-                          partition_by=(dag_nodes.c.dag_id, dag_nodes.c.status),
-                          order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"),
-                      func.row_number().over(
-                          partition_by=dag_nodes.c.owner,
-                          order_by=(dag_nodes.c.updated_at, dag_nodes.c.dag_id,
-                                    dag_nodes.c.name)).label("in_owner"))
+        in_dag = (self._rows(home, owner)
+                  .add_columns(func.row_number().over(
+                      partition_by=(dag_nodes.c.dag_id, dag_nodes.c.status),
+                      order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"))
                   .where(dag_nodes.c.script_token.is_(None),
                          or_(dag_nodes.c.status == POST, dags.c.status == "running"))
                   .subquery())
-        q = (select(ranked).where(ranked.c.in_dag <= per_dag, ranked.c.in_owner <= per_owner)
-             .order_by(ranked.c.in_owner, ranked.c.updated_at, ranked.c.dag_id, ranked.c.name)
+        in_owner = (select(in_dag, func.row_number().over(
+                        partition_by=in_dag.c.owner,
+                        order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
+                        .label("in_owner"))
+                    .where(in_dag.c.in_dag <= per_dag).subquery())
+        q = (select(in_owner).where(in_owner.c.in_owner <= per_owner)
+             .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
+                       in_owner.c.name)
              .limit(limit))
         with self.db.transaction() as conn:
             return [_script(r) for r in conn.execute(q)]

@@ -95,8 +95,10 @@ KEYWORD_SETTINGS: tuple[Setting, ...] = (
             "database has it; the agent creates it", environment=True),
     Setting("JOBSTORE_DAG_SCRIPTS", "dag_scripts", "path", "/var/lib/jobstore/dagscripts",
             "where `jobstore schedd` keeps the exits of the DAG node scripts it runs, so that a "
-            "restarted service loses none: its own directory, mode 0700 (it makes it; run as "
-            "an ordinary account, ~/.local/state/htcondor-jobstore/dagscripts)",
+            "restarted service loses none: its own directory, mode 0700, with a directory in "
+            "it per access point and store (it makes them; run as an ordinary account, "
+            "~/.local/state/htcondor-jobstore/dagscripts); no directory above it may be one "
+            "another account may change, unless sticky",
             environment=True),
     Setting("JOBSTORE_SANDBOX_ROOT", "sandbox_root", "path", "/var/lib/jobstore/sandboxes",
             "where fetched jobs with file transfer get their sandboxes: root's, mode 1777 (the "

@@ -187,6 +187,8 @@ def test_nobodys_many_scripts_keep_anothers_waiting(store: JobStore, ap: config.
     due = store.dag_scripts.due("ap", per_dag=20, per_owner=100)
     assert len(due) == 21 and (second, "A") in [(r.dag_id, r.name) for r in due]
     assert len(store.dag_scripts.due("ap", per_dag=20, per_owner=5)) == 5
+    # an owner's cap counts what her DAGs' caps let through
+    assert len(store.dag_scripts.due("ap", per_dag=20, per_owner=25)) == 21
     if os.geteuid() != 0:
         return  # another owner's DAG: submitted by root only
     (tmp_path / "c").mkdir()
@@ -194,3 +196,39 @@ def test_nobodys_many_scripts_keep_anothers_waiting(store: JobStore, ap: config.
                         ap, owner="jsbob").dag_id
     due = store.dag_scripts.due("ap", per_dag=20, per_owner=100, limit=2)
     assert [(r.dag_id, r.name) for r in due] == [(first, "N0"), (theirs, "B")]
+
+
+@BOTH_BACKENDS
+def test_a_removed_dag_runs_no_post_script(store: JobStore, ap: config.Settings,
+                                           tmp_path: Path) -> None:
+    """A node whose job ended waits for its POST script: the DAG removed meanwhile fails it
+    (its FINAL node's still runs), and no POST script of it is due any more."""
+    dag_id = _queued(store, tmp_path, ap, "JOB A node.sub\nJOB B node.sub\n"
+                     "SCRIPT POST ALL_NODES post.sh\nFINAL F node.sub\nSCRIPT POST F post.sh\n")
+    for _ in range(2):
+        job = claim(store)
+        assert job is not None
+        _exit(store, job, 0)
+    assert {r.name for r in store.dag_scripts.due("ap")} == {"A", "B"}
+    assert store.dags.remove_dag(dag_id)
+    assert _states(store, dag_id) == {"A": "failed", "B": "failed", "F": "queued"}
+    job = claim(store)
+    assert job is not None
+    _exit(store, job, 0)
+    assert [r.name for r in store.dag_scripts.due("ap")] == ["F"]
+    _script(store, dag_id, "F", 0)
+    dag = store.dags.dag_of(dag_id)
+    assert dag is not None and dag.status == "removed"
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_door_takes_a_script_with_its_absolute_directory_only(store: JobStore) -> None:
+    """What the service would refuse to run is refused when the DAG is queued."""
+    for bad in ({"post_script": "x", "directory": "rel"}, {"post_script": "  "},
+                {"pre_script": "x"}, {"pre_script": "x\ny", "directory": "/d"}):
+        with pytest.raises(InvalidInput, match="a SCRIPT is a command"), \
+                store.db.transaction() as conn:
+            dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
+                                        batch_name=None, max_jobs=None, max_idle=None,
+                                        attrs={}, now=0.0, home="ap")
+            store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 0, **bad}], [], {}, 0.0)

@@ -51,13 +51,16 @@ CHANGES = {
          "            pre_skip integer, directory text)"),
         ("    IF v_bad IS NOT NULL THEN\n        PERFORM jobstore_bad(format('DAG %s: %s',",
          "    IF v_bad IS NULL THEN\n"
-         "        SELECT format('node %s: a SCRIPT and a DIR are one line of at most 4096 '\n"
-         "                      'characters', n.name) INTO v_bad\n"
+         "        SELECT format('node %s: a SCRIPT is a command and its DIR an absolute path, '\n"
+         "                      'each one line of at most 4096 characters', n.name) INTO v_bad\n"
          "        FROM json_to_recordset(p_nodes) AS n(name text, pre_script text,\n"
          "                                             post_script text, directory text)\n"
          "        WHERE length(n.pre_script) > 4096 OR length(n.post_script) > 4096\n"
          "           OR length(n.directory) > 4096 OR n.pre_script ~ '[\\n\\r]'\n"
          "           OR n.post_script ~ '[\\n\\r]' OR n.directory ~ '[\\n\\r]'\n"
+         "           OR btrim(n.pre_script) = '' OR btrim(n.post_script) = ''\n"
+         "           OR ((n.pre_script IS NOT NULL OR n.post_script IS NOT NULL)\n"
+         "               AND coalesce(n.directory, '') !~ '^/')\n"
          "        LIMIT 1;\n"
          "    END IF;\n"
          "    IF v_bad IS NOT NULL THEN\n        PERFORM jobstore_bad(format('DAG %s: %s',"),
@@ -82,6 +85,12 @@ CHANGES = {
         ("status IN ('waiting', 'ready')\n", "status IN ('waiting', 'ready', 'pre')\n"),
     ],
     "jobstore_dag_abort(": [
+        ("    UPDATE dags SET dag_status = p_dag_status, exit_code = p_code WHERE id = p_dag;\n",
+         "    UPDATE dags SET dag_status = p_dag_status, exit_code = p_code WHERE id = p_dag;\n"
+         "    -- a stopped DAG runs no POST script but its FINAL node's\n"
+         "    UPDATE dag_nodes SET status = 'failed', updated_at = p_now,\n"
+         "        exit_code = CASE WHEN job_code <> 0 THEN job_code ELSE 1 END\n"
+         "    WHERE dag_id = p_dag AND status = 'post' AND NOT final;\n"),
         ("n.status IN ('waiting', 'ready') AND NOT n.final), p_now",
          "n.status IN ('waiting', 'ready', 'pre') AND NOT n.final), p_now"),
     ],
