@@ -108,10 +108,10 @@ class DagScripts:
             return 0
         if self.clock() >= self._rescan_at:
             self._take_up()
+        done = self._collect()
         for token, run in self._runs.items():
             if run.waiting:
                 self._spawn(token, run)
-        done = self._collect()
         until = time.monotonic() + PASS_BUDGET
         while len(self._runs) < MAX_RUNS and time.monotonic() < until and (started := self._start(
                 self.store.dag_scripts.due(self.name, owner=self._owner, per_dag=MAX_PER_DAG,
@@ -172,8 +172,13 @@ class DagScripts:
         if running and self.clock() >= self._check_at:
             holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for _, r in running])
             for token, run in running:
-                if holding.get((run.dag_id, run.name)) != token:
-                    self._stop(token, run)  # the node no longer waits for it (removed)
+                if holding.get((run.dag_id, run.name)) == token:
+                    continue
+                if run.waiting:  # the node no longer waits for it (removed): never start it
+                    run.waiting, run.command = False, None
+                    self._give_up(token, "its node no longer waits for it")
+                else:
+                    self._stop(token, run)
             self._check_at = self.clock() + CHECK
         self._give(ended)
         return len(ended)
@@ -217,8 +222,13 @@ class DagScripts:
             run.command = None  # so its next look ends it
             self._warn(run.dag_id, f"DAG {run.dag_id} node {run.name}: its {run.kind.upper()} "
                        f"script could not be started: {why}")
-            (self._directory / f"{token}.json").write_text(json.dumps(
-                {"code": CANNOT_RUN, "error": why}))
+            self._give_up(token, why)
+
+    def _give_up(self, token: str, why: str) -> None:
+        """End a run whose script never started: its next look gives the store its failure."""
+        assert self._directory is not None
+        (self._directory / f"{token}.json").write_text(json.dumps(
+            {"code": CANNOT_RUN, "error": why}))
 
     def _result(self, token: str, run: _Run) -> tuple[int | None, str] | None:
         """How the run ended (its exit, and why it could not run; exit None: its script never

@@ -232,3 +232,52 @@ def test_the_door_takes_a_script_with_its_absolute_directory_only(store: JobStor
                                         batch_name=None, max_jobs=None, max_idle=None,
                                         attrs={}, now=0.0, home="ap")
             store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 0, **bad}], [], {}, 0.0)
+
+
+@BOTH_BACKENDS
+def test_a_script_with_no_room_to_start_keeps_its_lease(store: JobStore, ap: config.Settings,
+                                                        tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the host has no room for a runner, the run keeps its lease and its runner starts
+    on a later pass; a run whose DAG is removed meanwhile never starts."""
+    import dataclasses
+    import errno
+    import time
+
+    from jobstore.accesspoint import dagscripts, scriptrunner
+    from jobstore.testing.support import ensure_account
+
+    if os.geteuid() == 0:
+        ensure_account(OWNER)
+    (tmp_path / "results").mkdir(mode=0o700)
+    settings = dataclasses.replace(ap, dag_scripts=str(tmp_path / "results"))
+    real = scriptrunner.start
+    started: list[str] = []
+
+    def no_room(*args: object) -> int:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    def counted(directory: Path, token: str, *args: object) -> int:
+        started.append(token)
+        return real(directory, token, *args)  # type: ignore[arg-type]
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    kept = _queued(store, tmp_path / "a", ap, "JOB A node.sub\nSCRIPT PRE A /bin/false\n")
+    dropped = _queued(store, tmp_path / "b", ap, "JOB B node.sub\nSCRIPT PRE B /bin/false\n")
+    monkeypatch.setattr(scriptrunner, "start", no_room)
+    duty = dagscripts.DagScripts(store, "ap", settings)
+    duty.pass_once()
+    held = {r.name: str(r.token) for r in store.dag_scripts.held_by("ap", "")}
+    assert set(held) == {"A", "B"} and all(duty._runs[t].waiting for t in held.values())
+    assert store.dags.remove_dag(dropped)
+    monkeypatch.setattr(scriptrunner, "start", counted)
+    duty._check_at = 0.0
+    deadline = time.monotonic() + 30
+    while duty._runs:
+        assert time.monotonic() < deadline, duty._runs
+        duty.pass_once()
+        time.sleep(0.05)
+    assert started == [held["A"]]  # once; B's never
+    assert store.dags.dag_nodes_of(kept)[0].status == "failed"  # its script ran, and failed
+    assert _states(store, dropped) == {"B": "futile"}
