@@ -20,6 +20,7 @@ import secrets
 import signal
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +31,9 @@ from jobstore.db.dagengine import POST, QUEUED, SCRIPT_TOKEN
 from jobstore.db.dagscripts import NodeJob, NodeScript, ScriptExit
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError
-from jobstore.node import config
+from jobstore.node import config, settingtable
 
 LOG = logging.getLogger("jobstore.schedd")
-DEFAULT_DIRECTORY = "/var/lib/jobstore/dagscripts"
 MAX_PER_DAG = 20  # DAGMan's DAGMAN_MAX_PRE_SCRIPTS and DAGMAN_MAX_POST_SCRIPTS
 MAX_PER_OWNER = 100  # scripts one owner's DAGs may run at once on this access point
 MAX_RUNS = 1000  # scripts that run at once on this access point, every owner's
@@ -42,7 +42,8 @@ RESCAN = 60.0  # seconds between looks for the runs of a former service of this 
 ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service may lease it)
 PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other duties' turn
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
-MAX_WARNED = 10_000  # DAGs whose scripts' troubles were logged, once each
+MAX_WARNED = 10_000  # DAGs (and owners) whose scripts' troubles were logged, once each
+RUN_FILES = (".json", ".pid", ".tmp")  # what a run leaves in the directory, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
 MAX_COMMAND = 4096
@@ -81,7 +82,7 @@ class DagScripts:
     _directory: Path | None = field(default=None, init=False)
     _id: str = field(default="", init=False)
     _runs: dict[str, _Run] = field(default_factory=dict, init=False)
-    _warned: set[object] = field(default_factory=set, init=False)
+    _warned: set[int | str] = field(default_factory=set, init=False)
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
 
@@ -136,17 +137,16 @@ class DagScripts:
         for path in self._directory.iterdir():
             token, _, suffix = path.name.partition(".")
             if (not SCRIPT_TOKEN.fullmatch(token) or token in held or token in self._runs
-                    or suffix not in ("pid", "json", "tmp")):
+                    or f".{suffix}" not in RUN_FILES):
                 continue
             try:
                 if now - path.lstat().st_mtime < ORPHAN_AGE:
                     continue
-                if suffix == "pid" and scriptrunner.alive(path):
+                if suffix == "pid" and scriptrunner.stop(path):
                     LOG.info("the run %s is no node's: its runner is stopped", token)
-                    os.kill(int(path.read_text().split()[0]), signal.SIGTERM)
-                elif suffix != "pid" or not scriptrunner.alive(path):
+                else:
                     path.unlink()
-            except (OSError, ValueError):
+            except OSError:
                 pass
         self._rescan_at = self.clock() + RESCAN
 
@@ -211,9 +211,7 @@ class DagScripts:
     def _respawn(self, token: str, run: _Run, why: str) -> None:
         """Start the run's runner again, its script never having started; after RESPAWNS,
         or for a former service's run, its node fails."""
-        assert self._directory is not None
-        for suffix in (".json", ".pid", ".tmp"):
-            (self._directory / f"{token}{suffix}").unlink(missing_ok=True)
+        self._remove_files(token)
         run.pid = None
         run.respawns += 1
         run.waiting = run.command is not None
@@ -259,52 +257,47 @@ class DagScripts:
 
     def _stop(self, token: str, run: _Run) -> None:
         assert self._directory is not None
-        pidfile = self._directory / f"{token}.pid"
-        try:
-            if run.pid is not None and run.pid > 0:
-                os.kill(run.pid, signal.SIGTERM)
-            elif scriptrunner.alive(pidfile):
-                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
-        except (OSError, ValueError):
-            pass
+        if run.pid is not None and run.pid > 0:
+            try:
+                os.kill(run.pid, signal.SIGTERM)  # this process's child, not reaped yet
+            except OSError:
+                pass
+        else:
+            scriptrunner.stop(self._directory / f"{token}.pid")
 
     def _forget(self, token: str) -> None:
-        assert self._directory is not None
         run = self._runs.pop(token, None)
         if run is not None and run.pid is not None and run.pid > 0:
             os.waitpid(run.pid, 0)  # it wrote its exit: it ends at once
-        for suffix in (".json", ".pid", ".tmp"):
-            try:
-                (self._directory / f"{token}{suffix}").unlink()
-            except FileNotFoundError:
-                pass
+        self._remove_files(token)
+
+    def _remove_files(self, token: str) -> None:
+        assert self._directory is not None
+        for suffix in RUN_FILES:
+            (self._directory / f"{token}{suffix}").unlink(missing_ok=True)
 
     # ---- the due scripts -----------------------------------------------------------------
 
     def _start(self, rows: list[NodeScript]) -> int:
         """Lease and start what the throttles allow of the due scripts `rows`: how many
         started."""
-        running: dict[tuple[int, str], int] = {}
-        owners: dict[str, int] = {}
-        for run in self._runs.values():
-            running[(run.dag_id, run.kind)] = running.get((run.dag_id, run.kind), 0) + 1
-            owners[run.owner] = owners.get(run.owner, 0) + 1
+        running = Counter((run.dag_id, run.kind) for run in self._runs.values())
+        owners = Counter(run.owner for run in self._runs.values())
         chosen: list[tuple[NodeScript, str]] = []
         for row in rows:
             if len(self._runs) + len(chosen) >= MAX_RUNS:
                 break
-            if (running.get((row.dag_id, row.kind), 0) >= MAX_PER_DAG
-                    or owners.get(row.owner, 0) >= MAX_PER_OWNER):
+            if (running[(row.dag_id, row.kind)] >= MAX_PER_DAG
+                    or owners[row.owner] >= MAX_PER_OWNER):
                 continue
             why = refusal(row.owner, self._owner, self.settings)
             if why is not None:
-                if self._owner is None and row.owner not in self._warned:
-                    self._warned.add(row.owner)
-                    LOG.warning("DAG %s: its scripts are not run: %s", row.dag_id, why)
+                if self._owner is None:
+                    self._warn(row.owner, f"DAG {row.dag_id}: its scripts are not run: {why}")
                 continue
             chosen.append((row, self._id + secrets.token_hex(8)))
-            running[(row.dag_id, row.kind)] = running.get((row.dag_id, row.kind), 0) + 1
-            owners[row.owner] = owners.get(row.owner, 0) + 1
+            running[(row.dag_id, row.kind)] += 1
+            owners[row.owner] += 1
         if not chosen:
             return 0
         taken = self.store.dag_scripts.start(chosen)
@@ -338,10 +331,11 @@ class DagScripts:
         self._spawn(token, run)
         return True
 
-    def _warn(self, dag_id: int, message: str) -> None:
-        """Log `message`, the first of the DAG's (a DAG of many nodes says it once)."""
-        if dag_id not in self._warned and len(self._warned) < MAX_WARNED:
-            self._warned.add(dag_id)
+    def _warn(self, about: int | str, message: str) -> None:
+        """Log `message`, the first about that DAG (or owner): a DAG of many nodes says it
+        once."""
+        if about not in self._warned and len(self._warned) < MAX_WARNED:
+            self._warned.add(about)
             LOG.warning("%s", message)
 
     def _spawn(self, token: str, run: _Run) -> None:
@@ -376,7 +370,7 @@ class DagScripts:
             return {}
         out: dict[str, object] = {"$JOB": row.name, "$NODE": row.name, "$RETRY": 0,
                                   "$MAX_RETRIES": 0, "$DAGID": row.dag_id}
-        if wanted & {"$DAG_STATUS"}:
+        if "$DAG_STATUS" in wanted:
             out["$DAG_STATUS"] = self.store.dag_scripts.dag_status(row.dag_id)
         if wanted & {"$FAILED_COUNT", "$FUTILE_COUNT", "$DONE_COUNT", "$QUEUED_COUNT",
                      "$NODE_COUNT"}:
@@ -394,7 +388,7 @@ class DagScripts:
 
     def _where(self) -> str:
         where = self.settings.dag_scripts
-        if os.geteuid() != 0 and where == DEFAULT_DIRECTORY:
+        if os.geteuid() != 0 and where == settingtable.default("dag_scripts"):
             home = pwd.getpwuid(os.geteuid()).pw_dir
             return os.path.join(home, ".local", "state", "htcondor-jobstore", "dagscripts")
         return where

@@ -47,6 +47,17 @@ def alive(pidfile: Path) -> bool:
         return False
 
 
+def stop(pidfile: Path) -> bool:
+    """SIGTERM the runner that wrote `pidfile`, if it still runs: whether it did."""
+    try:
+        if alive(pidfile):
+            os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
+            return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def _start_time(pid: int) -> str:
     """The start time of `pid` (/proc/PID/stat), which tells it from a later process of the
     same pid."""

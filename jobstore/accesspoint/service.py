@@ -1,6 +1,6 @@
 """The access point's service loop: its duties (outputs home, event logs, DAG node scripts)
-each take a pass
-whenever the store announces a change, and at least every WAKE (POLL on SQLite) seconds."""
+each take a pass whenever the store announces a change, and at least every WAKE (POLL on
+SQLite) seconds."""
 
 from __future__ import annotations
 

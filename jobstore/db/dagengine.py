@@ -427,17 +427,15 @@ class DagEngine:
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
         if node is None or node.status != kind or node.script_token != token:
             return False
+        values: dict[str, Any] = {"script_token": None, "updated_at": now}
+        if kind == PRE:
+            values.update(pre_code=code, **({"status": READY} if code == 0 else {}))
         conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                             dag_nodes.c.name == name)
-                     .values(script_token=None, updated_at=now,
-                             **({"pre_code": code} if kind == PRE else {})))
+                                             dag_nodes.c.name == name).values(values))
         if kind == POST:
             self._post_script_event(conn, node.cluster_id, name, code, now)
             self._node_ended(conn, dag_id, name, code, now)
-        elif code == 0:
-            conn.execute(update(dag_nodes).where(dag_nodes.c.dag_id == dag_id,
-                                                 dag_nodes.c.name == name).values(status=READY))
-        else:
+        elif code != 0:
             skipped = code == node.pre_skip
             if node.cluster_id is not None:
                 self._move_jobs(conn, [node.cluster_id], Event.NODE_FUTILE, Status.REMOVED,
@@ -450,9 +448,11 @@ class DagEngine:
     def _post_script_event(self, conn: Connection, cluster_id: int | None, name: str,
                            code: int, now: float) -> None:
         """The POST script's end, recorded on the node's proc 0 (DAGMan's 016 in its log)."""
+        if cluster_id is None:
+            return  # a NOOP node: no job to record it on
         job = conn.execute(select(jobs.c.id, jobs.c.status).where(
             jobs.c.cluster_id == cluster_id, jobs.c.proc_id == 0)).first()
-        if cluster_id is None or job is None:
+        if job is None:
             return
         status = Status(job.status)
         self.transitions.insert_events(conn, [event_row(

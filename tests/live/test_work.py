@@ -45,6 +45,15 @@ def test_files_go_in_and_come_out_with_a_directory_and_a_remap(live: Live) -> No
     assert sandbox != str(xfer) and not os.path.exists(sandbox), sandbox  # its own, removed
 
 
+def _submit_dag(live: Live, directory: str, dag: str) -> int:
+    """`jobstore submit-dag DAG` as alice in her `directory`: the DAG's id."""
+    done = live.jobstore("submit-dag", dag, cwd=live.work / directory)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"submitted as (\d+)", done.stdout)
+    assert found, done.stdout
+    return int(found.group(1))
+
+
 def test_outputs_come_home_as_the_job_completes(live: Live) -> None:
     """`jobstore schedd` as root on the access point: a completed job's outputs are in its
     initialdir, and every event of its run in its job event log (which the real startd's
@@ -143,14 +152,11 @@ def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
     _write(live, "dag/fifty.dag", "\n".join(lines) + "\n")
     service = live.start("schedd", account="root", log=live.work.parent / "schedd-dag.log")
     try:
-        done = live.jobstore("submit-dag", "fifty.dag", cwd=live.work / "dag")
-        assert done.returncode == 0, done.stderr
-        dag = re.search(r"submitted as (\d+)", done.stdout)
-        assert dag, done.stdout
+        dag = _submit_dag(live, "dag", "fifty.dag")
         status: list[str] = []
 
         def finished() -> bool:  # DAGMan's node status file
-            status[:] = [live.jobstore("dag", "node-status", dag.group(1)).stdout]
+            status[:] = [live.jobstore("dag", "node-status", str(dag)).stdout]
             return "NodesDone = 50;" in status[0]
 
         try:
@@ -168,7 +174,7 @@ def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
         assert [e.type for e in dagman] == [htcondor2.JobEventType.SUBMIT,
                                             htcondor2.JobEventType.EXECUTE,
                                             htcondor2.JobEventType.JOB_TERMINATED]
-        assert {e.cluster for e in dagman} == {int(dag.group(1))}
+        assert {e.cluster for e in dagman} == {dag}
         assert dagman[-1]["ReturnValue"] == 0
     finally:
         service.send_signal(signal.SIGTERM)
@@ -194,16 +200,13 @@ def test_a_dags_pre_and_post_scripts_run_on_the_access_point(live: Live) -> None
            "SCRIPT PRE A pre.sh $JOB\nSCRIPT POST A post.sh $JOB $RETURN\n")
     service = live.start("schedd", account="root", log=live.work.parent / "schedd-scripts.log")
     try:
-        done = live.jobstore("submit-dag", "s.dag", cwd=live.work / "scripts")
-        assert done.returncode == 0, done.stderr
-        dag = re.search(r"submitted as (\d+)", done.stdout)
-        assert dag, done.stdout
+        dag = _submit_dag(live, "scripts", "s.dag")
         wait_for("the DAG's 2 nodes done", lambda: "NodesDone = 2;" in live.jobstore(
-            "dag", "node-status", dag.group(1)).stdout, 120, 0.5)
+            "dag", "node-status", str(dag)).stdout, 120, 0.5)
         lines = (live.work / "scripts" / "scripts.txt").read_text().split("\n")
         assert [line.split(" ", 1)[1] for line in lines if line] == [
             f"pre.sh A {SUBMITTER}", f"post.sh A 3 {SUBMITTER}"]
-        job_a = live.job(f"{int(dag.group(1)) + 1}.0")  # the DAG's first node's cluster
+        job_a = live.job(f"{dag + 1}.0")  # the DAG's first node's cluster
         assert (job_a["status"], job_a["exit_code"]) == ("completed", 3)
         ran = float(lines[1].split()[0])
         MEASURED.append(f"a DAG node's JOB_EXIT start -> its POST script started on the access "
