@@ -1,6 +1,8 @@
 """The scripts of DAG nodes an access point's `jobstore schedd` runs (SCRIPT PRE and POST):
 which are due there, the lease on one run of a script, its exit (which carries the DAG
-forward, in the door's engine), and what a script is told of its node and DAG.
+forward, in the door's engine), and what a script is told of its node and DAG. A POST script
+waits for its node's outputs, and a PRE script for its parents', to be home (delivered into
+their Iwd, or failed once), as DAGMan's scripts run after the shadow wrote them.
 
 Everything read here may come from a store its owner writes herself (her own SQLite file):
 the service checks it before it acts, and runs nothing here but as her."""
@@ -11,11 +13,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select
 
+from jobstore.core.states import Status
 from jobstore.db.backends import Door
 from jobstore.db.dagengine import POST, PRE
-from jobstore.db.schema import clusters, dag_nodes, dags, jobs
+from jobstore.db.phases import status_in
+from jobstore.db.sandbox import OUT
+from jobstore.db.schema import clusters, dag_edges, dag_nodes, dags, deliveries, job_files, jobs
 from jobstore.db.transactions import Transactions
 
 
@@ -63,6 +68,27 @@ class NodeJob(NamedTuple):
     by_signal: bool
 
 
+def _outputs_away(cluster: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Has a completed job of `cluster` stored outputs that are not home yet (neither
+    delivered nor failed)?"""
+    return exists().where(
+        jobs.c.cluster_id == cluster, status_in([Status.COMPLETED]),
+        exists().where(job_files.c.cluster_id == jobs.c.cluster_id,
+                       job_files.c.proc_id == jobs.c.proc_id,
+                       job_files.c.owner == jobs.c.owner, job_files.c.direction == OUT),
+        ~exists().where(deliveries.c.job_id == jobs.c.id,
+                        or_(deliveries.c.delivered_at.is_not(None), deliveries.c.failures > 0)))
+
+
+def _parents_outputs_away() -> ColumnElement[bool]:
+    """Are a parent's outputs of the node in hand not home yet?"""
+    parent = dag_nodes.alias("parent")
+    return exists().where(
+        dag_edges.c.dag_id == dag_nodes.c.dag_id, dag_edges.c.child == dag_nodes.c.name,
+        parent.c.dag_id == dag_edges.c.dag_id, parent.c.name == dag_edges.c.parent,
+        _outputs_away(parent.c.cluster_id))
+
+
 class DagScripts:
     """The DAG node scripts of an access point."""
 
@@ -73,15 +99,19 @@ class DagScripts:
     def due(self, home: str, *, owner: str | None = None, per_dag: int = 20,
             per_owner: int = 100, limit: int = 1000) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script may
-        start now (a PRE script only in a running DAG): at most `per_dag` of each DAG's PRE
-        and of its POST scripts and `per_owner` of each owner's, each owner's oldest first
-        and the owners in turn, so that nobody's many scripts keep another's waiting."""
+        start now (a PRE script only in a running DAG; neither before the outputs it may read
+        are home): at most `per_dag` of each DAG's PRE and of its POST scripts and `per_owner`
+        of each owner's, each owner's oldest first and the owners in turn, so that nobody's
+        many scripts keep another's waiting."""
         in_dag = (self._rows(home, owner)
                   .add_columns(func.row_number().over(
                       partition_by=(dag_nodes.c.dag_id, dag_nodes.c.status),
                       order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"))
                   .where(dag_nodes.c.script_token.is_(None),
-                         or_(dag_nodes.c.status == POST, dags.c.status == "running"))
+                         or_(and_(dag_nodes.c.status == POST,
+                                  ~_outputs_away(dag_nodes.c.cluster_id)),
+                             and_(dag_nodes.c.status == PRE, dags.c.status == "running",
+                                  ~_parents_outputs_away())))
                   .subquery())
         in_owner = (select(in_dag, func.row_number().over(
                         partition_by=in_dag.c.owner,

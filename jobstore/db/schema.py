@@ -285,6 +285,7 @@ dag_edges = Table(
     Column("parent", String(255), primary_key=True),
     Column("child", String(255), primary_key=True),
     Column("owner", String(255), nullable=False),
+    Index("ix_dag_edges_child", "dag_id", "child"),
 )
 
 dag_categories = Table(

@@ -221,6 +221,47 @@ def test_a_removed_dag_runs_no_post_script(store: JobStore, ap: config.Settings,
     assert dag is not None and dag.status == "removed"
 
 
+def _exit_with_output(store: JobStore, tmp: Path, node: str) -> int:
+    """Run the next job (node `node`'s) to a 0 exit, with an output sent back, as JOB_EXIT
+    does: its id."""
+    from jobstore.db.sandbox import OUT, FileSource
+
+    job = claim(store)
+    assert job is not None and job.ad["DAGNodeName"]["expr"].strip('"') == node
+    (tmp / "out.txt").write_text(node)
+    with store.db.transaction() as conn:
+        store.files.store_files(conn, cluster_id=job.cluster_id, proc_id=job.proc_id,
+                                owner=job.owner, direction=OUT, attempt=job.claims,
+                                sources=[FileSource("out.txt", str(tmp / "out.txt"), 0o644)])
+    _exit(store, job, 0)
+    return job.id
+
+
+@BOTH_BACKENDS
+def test_scripts_wait_for_the_outputs_they_may_read(store: JobStore, ap: config.Settings,
+                                                    tmp_path: Path) -> None:
+    """A POST script waits until its node's outputs are home, a PRE script until its
+    parents' are: delivered into their Iwd, or failed once (DAGMan runs them after the
+    shadow wrote the outputs)."""
+    dag_id = _queued(store, tmp_path, ap, "JOB A node.sub\nJOB B node.sub\nJOB C node.sub\n"
+                     "PARENT A CHILD B\nPARENT B CHILD C\nSCRIPT POST A post.sh\n"
+                     "SCRIPT PRE C pre.sh\n")
+    a = _exit_with_output(store, tmp_path, "A")
+    assert _states(store, dag_id)["A"] == "post"
+    assert store.dag_scripts.due("ap") == []
+    assert store.deliveries.take(store.reads.get_job(a), "ap", 1.0, 300.0)
+    assert store.dag_scripts.due("ap") == []  # taken, not yet written
+    store.deliveries.delivered(a, 1, 2.0)
+    _script(store, dag_id, "A", 0)
+    b = _exit_with_output(store, tmp_path, "B")
+    assert _states(store, dag_id)["C"] == "pre"
+    assert store.dag_scripts.due("ap") == []
+    assert store.deliveries.take(store.reads.get_job(b), "ap", 1.0, 300.0)
+    store.deliveries.failed(b, "Iwd is gone", 2.0, 60.0)
+    _script(store, dag_id, "C", 0)
+    assert _run(store) == ["C"]
+
+
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_the_door_takes_a_script_with_its_absolute_directory_only(store: JobStore) -> None:
     """What the service would refuse to run is refused when the DAG is queued."""

@@ -88,15 +88,17 @@ def _submit(store: JobStore, sub: Path, dag: str, owner: str | None) -> int:
 
 @BACKENDS
 def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
-    """A POST script turns its node's failed job into success and is told its $RETURN; a
-    failing PRE script fails its node (whose job never runs) and the DAG; PRE_SKIP skips a
-    node; each script runs once, as the owner, in the node's DIR."""
+    """A POST script turns its node's failed job into success and is told its $RETURN, once
+    the job's output is home; a failing PRE script fails its node (whose job never runs)
+    and the DAG; PRE_SKIP skips a node; each script runs once, as the owner, in the node's
+    DIR."""
     store, tmp = node_db
     owner = job_owner()
     sub = submit_dir(tmp, "dag", owner)
-    (sub / "a.sub").write_text("executable = /bin/false\ntransfer_executable = false\n"
-                               "should_transfer_files = YES\nrequest_memory = 32\n"
-                               "log = nodes.log\nqueue\n")
+    (sub / "a.sub").write_text("executable = /bin/sh\ntransfer_executable = false\n"
+                               "arguments = \"-c 'echo a > a.out; exit 1'\"\n"
+                               "should_transfer_files = YES\ntransfer_output_files = a.out\n"
+                               "request_memory = 32\nlog = nodes.log\nqueue\n")
     (sub / "b.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
                                "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
     (sub / "d").mkdir()
@@ -104,7 +106,7 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
     if owner:
         user = pwd.getpwnam(owner)
         os.chown(sub / "d", user.pw_uid, user.pw_gid)
-    _script(sub, "post.sh", "exit 0", owner)
+    _script(sub, "post.sh", "test -s a.out", owner)  # the job's output is home first
     _script(sub, "pre.sh", 'case "$1" in B) exit 1;; C) exit 5;; esac', owner)
     _script(sub / "d", "pre.sh", "exit 0", owner)
     (sub / "s.dag").write_text(
