@@ -115,6 +115,10 @@ class NotWritten(JobstoreError, OSError):
     """Files that could not be written as their owner where they go (why, in one line)."""
 
 
+class NotRead(JobstoreError, OSError):
+    """Files that could not be read as their owner (why, in one line)."""
+
+
 class SandboxError(JobstoreError):
     """Why a sandbox cannot be made, filled or sent back; errno when the system said one."""
 

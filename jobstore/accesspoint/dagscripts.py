@@ -7,7 +7,12 @@ A script starts only after its lease is taken in the store (one run of it, named
 whose first half is this service's own id), and its exit is given to the store when its
 runner has written it into this service's directory: so a restarted service, or a second one
 on the same store, never runs a script twice, and one that restarts takes up the exits its
-runners wrote meanwhile. A run whose runner vanished without an exit fails its node."""
+runners wrote meanwhile. A run whose runner vanished without an exit fails its node.
+
+A node whose transfer_input_files are read when it is submitted (one with parents) waits in
+`pre` too: once its PRE script (if any) exited 0, its inputs are read as its owner
+(ownerread) and stored with that exit, in one transaction; when they cannot be, the node
+fails as DAGMan's does when its job cannot be submitted (-1001)."""
 
 from __future__ import annotations
 
@@ -26,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobstore.accesspoint import scriptrunner
+from jobstore.accesspoint.ownerread import read_as
 from jobstore.accesspoint.service import refusal, serving_account
-from jobstore.db.dagengine import POST, QUEUED, SCRIPT_TOKEN
+from jobstore.db.dagengine import POST, PRE, QUEUED, SCRIPT_TOKEN, SUBMIT_FAILED
 from jobstore.db.dagscripts import NodeJob, NodeScript, ScriptExit
+from jobstore.db.sandbox import FileSource
 from jobstore.db.store import JobStore
-from jobstore.errors import DatabaseError
+from jobstore.errors import DatabaseError, FileChanged, InputTooLarge, NotRead
 from jobstore.node import config, settingtable
 
 LOG = logging.getLogger("jobstore.schedd")
@@ -51,6 +58,7 @@ MAX_COMMAND = 4096
 POST_ONLY = {"$JOBID", "$CLUSTERID", "$JOB_COUNT", "$SUCCESS", "$RETURN", "$EXIT_CODES",
              "$EXIT_CODE_COUNTS", "$EXIT_CODE_LIST", "$PRE_SCRIPT_RETURN", "$JOB_ABORT_COUNT"}
 REMOVED_RETURN = -1002  # $RETURN of a job removed from the queue, as DAGMan gives it
+INPUTS_BUDGET = 600.0  # seconds one node's late inputs may take to be read and stored
 
 
 @dataclass
@@ -67,6 +75,8 @@ class _Run:
     command: tuple[int, int, str, list[str]] | None = None  # (uid, gid, cwd, argv)
     waiting: bool = False  # its runner is to be started (again)
     respawns: int = 0
+    late: str | None = None  # the node's inputs read once its PRE step exited 0 (JSON)
+    cluster_id: int | None = None
 
 
 @dataclass
@@ -132,7 +142,8 @@ class DagScripts:
             held.add(row.token)
             if row.token not in self._runs:
                 self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
-                                             row.started_at or 0.0)
+                                             row.started_at or 0.0, late=row.late_inputs,
+                                             cluster_id=row.cluster_id)
         now = time.time()
         for path in self._directory.iterdir():
             token, _, suffix = path.name.partition(".")
@@ -154,6 +165,7 @@ class DagScripts:
 
     def _collect(self) -> int:
         ended: list[ScriptExit] = []
+        inputs: list[tuple[str, _Run]] = []
         running: list[tuple[str, _Run]] = []
         for token, run in list(self._runs.items()):
             result = self._result(token, run)
@@ -168,6 +180,9 @@ class DagScripts:
             if why:
                 LOG.warning("DAG %s node %s: its %s script: %s", run.dag_id, run.name,
                             run.kind.upper(), why)
+            if run.kind == PRE and code == 0 and run.late is not None:
+                inputs.append((token, run))
+                continue
             ended.append(ScriptExit(run.dag_id, run.name, run.kind, token, code))
         if running and self.clock() >= self._check_at:
             holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for _, r in running])
@@ -181,7 +196,40 @@ class DagScripts:
                     self._stop(token, run)
             self._check_at = self.clock() + CHECK
         self._give(ended)
-        return len(ended)
+        until = time.monotonic() + PASS_BUDGET
+        for token, run in inputs:
+            if time.monotonic() >= until:
+                break  # the rest on the next pass
+            self._store_inputs(token, run)
+        return len(ended) + len(inputs)
+
+    def _store_inputs(self, token: str, run: _Run) -> None:
+        """Read the node's late inputs as its owner and store them with its PRE step's exit
+        0; when they cannot be read or stored, the node fails (DAGMan's submit failure)."""
+        exit_ = ScriptExit(run.dag_id, run.name, PRE, token, 0)
+        try:
+            why = refusal(run.owner, self._owner, self.settings)
+            if why is not None:
+                raise NotRead(why)
+            entries = _late_entries(run.late)
+            if run.cluster_id is None:
+                raise NotRead("the node has no jobs")
+            reader = read_as(run.owner if self._owner is None else None, entries,
+                             INPUTS_BUDGET)
+            try:
+                self.store.dag_scripts.inputs_done(
+                    exit_, run.cluster_id, run.owner,
+                    (FileSource(f.name, f"/proc/self/fd/{f.fd}", f.mode) for f in reader))
+            finally:
+                reader.close()
+        except DatabaseError:
+            raise
+        except (NotRead, InputTooLarge, FileChanged, OSError, ValueError, KeyError) as exc:
+            self._warn(run.dag_id, f"DAG {run.dag_id} node {run.name}: its transfer_input_files"
+                       f" could not be read: {' '.join(str(exc).split())[:300]}")
+            self._give([exit_._replace(code=SUBMIT_FAILED)])
+            return
+        self._forget(token)
 
     def _give(self, ended: list[ScriptExit]) -> None:
         """Give the store the exits, in one transaction (one at a time if that fails, so
@@ -306,17 +354,29 @@ class DagScripts:
         for (row, token), free in zip(chosen, taken, strict=True):
             if not free:
                 continue
-            if self._launch(row, token):
+            if row.kind == PRE and row.command is None and row.late_inputs is not None:
+                self._inputs_due(row, token)
+                started += 1
+            elif self._launch(row, token):
                 started += 1
             else:
                 failed.append(ScriptExit(row.dag_id, row.name, row.kind, token, CANNOT_RUN))
         self._give(failed)
         return started
 
+    def _inputs_due(self, row: NodeScript, token: str) -> None:
+        """A node with no PRE script whose inputs are to be read: its PRE step "exited" 0,
+        and the next look at the runs reads them (a service started again does it too)."""
+        assert self._directory is not None
+        self._runs[token] = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
+                                 late=row.late_inputs, cluster_id=row.cluster_id)
+        (self._directory / f"{token}.json").write_text(json.dumps({"code": 0}))
+
     def _launch(self, row: NodeScript, token: str) -> bool:
         """Start the runner of `row`'s script, whose lease `token` holds: whether it can
         start (now, or once this host can start a process again)."""
-        self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock())
+        self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
+                                       late=row.late_inputs, cluster_id=row.cluster_id)
         try:
             argv, directory = self._command(row)
             uid = gid = -1
@@ -413,8 +473,23 @@ def _post_macros(row: NodeScript, jobs: list[NodeJob]) -> dict[str, object]:
         "$EXIT_CODE_COUNTS": ",".join(f"{c}:{n}" for c, n in sorted(counts.items())),
         "$EXIT_CODE_LIST": ",".join("" if j.status != "completed" or j.by_signal
                                     else str(j.exit_code) for j in jobs),
-        "$PRE_SCRIPT_RETURN": row.pre_code if row.pre_code is not None else -1,
+        "$PRE_SCRIPT_RETURN": row.pre_code if row.pre_code is not None and row.has_pre
+        else -1,
     }
+
+
+def _late_entries(text: str | None) -> list[tuple[str, str]]:
+    """A node's late inputs as the store holds them (ValueError: not what the door takes)."""
+    found = json.loads(text or "null")
+    if not isinstance(found, list) or not found:
+        raise ValueError("the store holds no inputs for it")
+    out = []
+    for entry in found:
+        if not (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(x, str) for x in entry) and os.path.isabs(entry[0])):
+            raise ValueError("the store holds no inputs for it")
+        out.append((entry[0], entry[1]))
+    return out
 
 
 def _return(jobs: list[NodeJob]) -> int:

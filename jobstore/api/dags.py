@@ -163,6 +163,7 @@ class _Group(NamedTuple):
     retry: int
     unless_exit: int | None
     final: bool
+    late: bool  # its transfer_input_files read when it is submitted (_late_inputs)
 
 
 class _Member(NamedTuple):
@@ -211,7 +212,8 @@ def _node_jobs(dag: Dag) -> Callable[[int], list[NodeJobs]]:
                 else:
                     before[var.name] = value
             key = _Group(text, node.directory, tuple(before), tuple(after),
-                         tuple(attrs.items()), node.retry, node.unless_exit, node.final)
+                         tuple(attrs.items()), node.retry, node.unless_exit, node.final,
+                         _late_inputs(node))
             groups.setdefault(key, []).append(_Member(node, before, after))
         return [_group_jobs(key, members, dag_id) for key, members in groups.items()]
 
@@ -231,20 +233,28 @@ def _group_jobs(key: _Group, members: list[_Member], dag_id: int) -> NodeJobs:
     if len(members) > 1:
         shared = parse_submit_nodes(key.text, base_dir=key.directory, extra_vars=macros,
                                     items=[{**m.before, **m.variables()} for m in members],
-                                    before=key.before, source=source)
+                                    before=key.before, source=source, late_inputs=key.late)
     if shared is None:
         specs = [_node_specs(m.node, "\n".join(
             [*(f"{name} = {value}" for name, value in m.before.items()), key.text]),
-            {**macros, **m.variables()}, dag_id, attrs) for m in members]
+            {**macros, **m.variables()}, dag_id, attrs, key.late) for m in members]
         return NodeJobs([node.name for node in nodes], specs)
     return NodeJobs([node.name for node in nodes], _SharedSpecs(shared, nodes, dag_id, attrs),
                     _node_template(shared, nodes, dag_id, attrs))
 
 
+def _late_inputs(node: Node) -> bool:
+    """Are the node's transfer_input_files read when it is submitted (its parents done, their
+    outputs home), as DAGMan reads a node's submit description then? A node with parents,
+    and the FINAL node, may take what others make."""
+    return bool(node.parents) or node.final
+
+
 def _node_specs(node: Node, text: str, macros: dict[str, str], dag_id: int,
-                attrs: dict[str, str]) -> list[JobSpec]:
+                attrs: dict[str, str], late: bool) -> list[JobSpec]:
     source = f"{node.where}: node {node.name}"
-    specs = parse_submit_text(text, base_dir=node.directory, extra_vars=macros, source=source)
+    specs = parse_submit_text(text, base_dir=node.directory, extra_vars=macros, source=source,
+                              late_inputs=late)
     if not specs:
         raise DagError(f"{source}: its submit description queues no job")
     return [_as_node(spec, node.name, _parent_names(node), dag_id, attrs, node)

@@ -68,6 +68,9 @@ class JobSpec:
     proc_id: int = 0
     hold: bool = False  # submitted on hold (HoldReasonCode 15)
     inputs: tuple[InputFile, ...] = ()  # file transfer: what its sandbox starts with
+    # a DAG node's transfer_input_files read when the node is submitted, not now: (the path
+    # on the access point, its name in the sandbox; "" for a directory's contents)
+    late_inputs: tuple[tuple[str, str], ...] = ()
 
 
 # The JobSpec fields where a templated submit may put a per-proc macro: text the job ad carries

@@ -44,6 +44,32 @@ DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
 LIVE = ("running", "held", "removing")
 # a script's run: the service's own id, then the run's (32 hexadecimal digits in all)
 SCRIPT_TOKEN = re.compile(r"[0-9a-f]{32}")
+# DAGMan's return value of a node whose job could not be submitted: here, whose
+# transfer_input_files the access point could not read when the node was submitted
+SUBMIT_FAILED = -1001
+MAX_LATE_INPUTS = 1000  # entries of a node's transfer_input_files read when it is submitted
+MAX_PATH = 4096
+
+
+def late_inputs_text(entries: Any) -> str | None:
+    """A node's late inputs as dag_nodes.late_inputs holds them (JSON: [[path, name], ...]);
+    InvalidInput for anything else than absolute paths with names in a sandbox ("" for a
+    directory's contents), as the door checks them on PostgreSQL."""
+    if entries is None:
+        return None
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_LATE_INPUTS:
+        raise InvalidInput("a node's late inputs are a list of [path, name]")
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(x, str) for x in entry)):
+            raise InvalidInput("a node's late inputs are a list of [path, name]")
+        path, name = entry
+        if (not path.startswith("/") or len(path) > MAX_PATH or len(name) > MAX_PATH
+                or any(ord(c) < 32 or c == "\x7f" for c in path + name)
+                or name.startswith("/") or ".." in name.split("/")):
+            raise InvalidInput(f"a node's late input {path!r} -> {name!r} is not an absolute "
+                               "path with a name in the sandbox")
+    return json.dumps(entries)
 
 # Remove the unfinished jobs of these clusters (`jobstore rm` of a DAG's queued nodes)
 RemoveJobs = Callable[[Connection, list[int], float, str], None]
@@ -96,7 +122,8 @@ class DagEngine:
             "abort_exit": n.get("abort_exit"), "abort_return": n.get("abort_return"),
             "final": bool(n.get("final")), "updated_at": now,
             "pre_script": n.get("pre_script"), "post_script": n.get("post_script"),
-            "pre_skip": n.get("pre_skip"), "directory": n.get("directory")} for n in nodes])
+            "pre_skip": n.get("pre_skip"), "directory": n.get("directory"),
+            "late_inputs": late_inputs_text(n.get("late_inputs"))} for n in nodes])
         if edges:
             conn.execute(insert(dag_edges), [{"dag_id": dag_id, "parent": p, "child": c,
                                               "owner": dag.owner} for p, c in edges])
@@ -339,7 +366,8 @@ class DagEngine:
         pre: list[str] = []
         post: list[str] = []
         for node in ready:
-            if node.pre_script is not None and node.pre_code is None:
+            if ((node.pre_script is not None or node.late_inputs is not None)
+                    and node.pre_code is None):
                 pre.append(node.name)  # throttled on the access point (-maxpre)
                 continue
             if node.cluster_id is None:
@@ -420,9 +448,10 @@ class DagEngine:
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> bool:
         """Node `name`'s `kind` script of the run `token` exited with `code`: a PRE script's
-        0 releases the node's jobs, its PRE_SKIP exit makes the node done without them,
-        another exit fails it; a POST script's exit is the node's. Whether it was the run
-        the node waited for."""
+        0 releases the node's jobs (its late inputs stored), its PRE_SKIP exit makes the node
+        done without them, another exit fails it (SUBMIT_FAILED: its late inputs could not be
+        read); a POST script's exit is the node's. Whether it was the run the node waited
+        for."""
         node = conn.execute(select(dag_nodes).where(
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
         if node is None or node.status != kind or node.script_token != token:
@@ -437,10 +466,12 @@ class DagEngine:
             self._node_ended(conn, dag_id, name, code, now)
         elif code != 0:
             skipped = code == node.pre_skip
+            why = (f"{'PRE_SKIP: ' if skipped else ''}its PRE script exited with {code}"
+                   if code != SUBMIT_FAILED else "its transfer_input_files could not be read "
+                   "on the access point when the node was submitted")
             if node.cluster_id is not None:
                 self._move_jobs(conn, [node.cluster_id], Event.NODE_FUTILE, Status.REMOVED,
-                                now, f"{'PRE_SKIP: ' if skipped else ''}its PRE script "
-                                f"exited with {code}")
+                                now, why)
             self._node_ended(conn, dag_id, name, 0 if skipped else code, now)
         self.advance(conn, dag_id, now)
         return True

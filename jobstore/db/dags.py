@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, func, select
 
-from jobstore.core.jobs import Job, NodeJobs
+from jobstore.core.jobs import Job, JobSpec, NodeJobs
 from jobstore.core.states import FINAL_VALUES
 from jobstore.db.backends import DAG, Door
 from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
 from jobstore.db.jsontext import json_value
 from jobstore.db.schema import dag_nodes, dags, job_events, jobs
 from jobstore.db.transactions import Transactions
+from jobstore.errors import DagError
 
 if TYPE_CHECKING:  # a hook's store never reads a DAG file: no submit package to import
     from jobstore.submit.dag import Dag
@@ -103,16 +104,23 @@ class DagStore:
                 attrs=dag.job_attrs, now=now, home=home)
             groups = specs_of(dag_id)
             procs = {}  # a node's jobs (a template's nodes are one each: none is read)
+            late: dict[str, list[list[str]] | None] = {}  # inputs read when it is submitted
             for group in groups:
                 for i, name in enumerate(group.names):
-                    procs[name] = 1 if group.template is not None else len(group.specs[i])
+                    if group.template is not None:
+                        procs[name] = 1
+                        late[name] = _late(name, [group.template.spec])
+                    else:
+                        procs[name] = len(group.specs[i])
+                        late[name] = _late(name, group.specs[i])
             nodes = [{"name": node.name, "procs": procs.get(node.name, 0),
                       "done": node.done, "priority": node.priority, "category": node.category,
                       "abort_exit": node.abort_exit, "abort_return": node.abort_return,
                       "final": node.final, "pre_script": node.pre_script,
                       "post_script": node.post_script, "pre_skip": node.pre_skip,
                       "directory": node.directory if node.pre_script or node.post_script
-                      else None} for node in dag.nodes.values()]
+                      else None, "late_inputs": late.get(node.name)}
+                     for node in dag.nodes.values()]
             edges = [(parent, node.name) for node in dag.nodes.values()
                      for parent in node.parents]
             clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)
@@ -222,3 +230,13 @@ def _config_int(text: str | None) -> int | None:
     except ValueError:
         return None
     return value if value > 0 else None
+
+
+def _late(name: str, specs: Sequence[JobSpec]) -> list[list[str]] | None:
+    """The transfer_input_files a node's jobs take when it is submitted (None: none); every
+    job of a node takes the same, read once for them all."""
+    first = specs[0].late_inputs if specs else ()
+    if any(spec.late_inputs != first for spec in specs):
+        raise DagError(f"node {name}: its jobs' transfer_input_files differ; the job store "
+                       "reads a node's inputs once, for all of its jobs, when it is submitted")
+    return [list(pair) for pair in first] or None

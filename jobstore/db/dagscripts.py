@@ -9,8 +9,9 @@ the service checks it before it acts, and runs nothing here but as her."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select
@@ -19,9 +20,10 @@ from jobstore.core.states import Status
 from jobstore.db.backends import Door
 from jobstore.db.dagengine import POST, PRE
 from jobstore.db.phases import status_in
-from jobstore.db.sandbox import OUT
+from jobstore.db.sandbox import IN, MAX_INPUT_MB, OUT, FileSource, SandboxFiles
 from jobstore.db.schema import clusters, dag_edges, dag_nodes, dags, deliveries, job_files, jobs
 from jobstore.db.transactions import Transactions
+from jobstore.errors import InputTooLarge
 
 
 class NodeScript(NamedTuple):
@@ -39,6 +41,8 @@ class NodeScript(NamedTuple):
     token: str | None
     started_at: float | None
     dag_status: str
+    late_inputs: str | None = None  # the inputs read when it is submitted (JSON, unchecked)
+    has_pre: bool = False  # it has a PRE script (else $PRE_SCRIPT_RETURN is -1)
 
 
 class ScriptExit(NamedTuple):
@@ -55,7 +59,7 @@ def _script(r: Any) -> NodeScript:
     return NodeScript(r.dag_id, r.name, r.status, r.owner,
                       (r.pre if r.status == PRE else r.post) or None, r.directory,
                       r.cluster_id, r.job_code, r.pre_code, r.script_token,
-                      r.script_started_at, r.dag_status)
+                      r.script_started_at, r.dag_status, r.late_inputs, bool(r.pre))
 
 
 class NodeJob(NamedTuple):
@@ -92,9 +96,10 @@ def _parents_outputs_away() -> ColumnElement[bool]:
 class DagScripts:
     """The DAG node scripts of an access point."""
 
-    def __init__(self, db: Transactions, door: Door) -> None:
+    def __init__(self, db: Transactions, door: Door, files: SandboxFiles) -> None:
         self.db = db
         self.door = door
+        self.files = files
 
     def due(self, home: str, *, owner: str | None = None, per_dag: int = 20,
             per_owner: int = 100, limit: int = 1000) -> list[NodeScript]:
@@ -142,7 +147,8 @@ class DagScripts:
                     func.coalesce(dag_nodes.c.post_script, "").label("post"),
                     dag_nodes.c.directory, dag_nodes.c.cluster_id, dag_nodes.c.job_code,
                     dag_nodes.c.pre_code, dag_nodes.c.script_token,
-                    dag_nodes.c.script_started_at, dags.c.status.label("dag_status"))
+                    dag_nodes.c.script_started_at, dags.c.status.label("dag_status"),
+                    dag_nodes.c.late_inputs)
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
@@ -176,6 +182,26 @@ class DagScripts:
             for run in ended:
                 self.door.script_done(conn, run.dag_id, run.name, run.kind, run.token,
                                       run.code, now)
+
+    def inputs_done(self, run: ScriptExit, cluster_id: int, owner: str,
+                    files: Iterable[FileSource]) -> None:
+        """Store a node's late inputs as its jobs' (`files`, read as they come; the store's
+        limits on a job's inputs apply to them all) and give its PRE step's exit 0, in one
+        transaction: its jobs are released with their inputs, or not at all."""
+        now = time.time()
+        limit = None
+        total = 0
+        with self.db.transaction() as conn:
+            for source in files:
+                if limit is None:
+                    limit = self.files.input_limits(conn)[MAX_INPUT_MB] << 20
+                total += os.path.getsize(source.path)
+                if total > limit:
+                    raise InputTooLarge(f"the node's inputs are more than the {limit >> 20} MB "
+                                        "a job may store (JOBSTORE_MAX_INPUT_MB)")
+                self.files.store_files(conn, cluster_id=cluster_id, proc_id=None, owner=owner,
+                                       direction=IN, sources=[source])
+            self.door.script_done(conn, run.dag_id, run.name, PRE, run.token, 0, now)
 
     def node_jobs(self, cluster_id: int) -> list[NodeJob]:
         """The jobs of a node's cluster, by ProcId."""

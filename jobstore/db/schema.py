@@ -274,6 +274,8 @@ dag_nodes = Table(
     Column("job_code", Integer),  # its jobs' result, for its POST script ($RETURN)
     Column("script_token", String(64)),  # the run of the script started (a lease)
     Column("script_started_at", Epoch()),
+    # its transfer_input_files read when it is submitted: JSON [[path, name], ...]
+    Column("late_inputs", Text),
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
     Index("ix_dag_nodes_status", "status", "dag_id"),
 )

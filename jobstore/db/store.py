@@ -80,7 +80,7 @@ class JobStore:
         self.files = SandboxFiles(self.db, self.door)
         self.submissions = Submissions(self.db, self.door, self.files)
         self.dags = DagStore(self.db, self.door, self.submissions)
-        self.dag_scripts = DagScripts(self.db, self.door)
+        self.dag_scripts = DagScripts(self.db, self.door, self.files)
         self.slots = SlotAds(self.db)
         self.retention = Retention(self.db)
         self.deliveries = Deliveries(self.db)

@@ -54,8 +54,10 @@ def parse_submit_text(
     base_dir: str | Path,
     extra_vars: dict[str, str] | None = None,
     source: str | None = None,
+    late_inputs: bool = False,
 ) -> Sequence[JobSpec]:
-    """Parse submit-language ``text``; relative paths resolve against ``base_dir``.
+    """Parse submit-language ``text``; relative paths resolve against ``base_dir``;
+    ``late_inputs``: transfer_input_files are left to be read later (JobSpec.late_inputs).
 
     ``queue ... from FILE`` and ``queue ... matching GLOB`` are resolved against ``base_dir``
     too (the process's working directory is changed for the duration of that call).
@@ -66,7 +68,7 @@ def parse_submit_text(
         submit = _submit_from_text(source, text)
         for name, value in (extra_vars or {}).items():
             _set_extra_var(source, submit, name, value)
-    return _specs(source, base, submit)
+    return _specs(source, base, submit, late_inputs=late_inputs)
 
 
 def parse_submit_nodes(
@@ -77,6 +79,7 @@ def parse_submit_nodes(
     items: list[dict[str, str]],
     before: Iterable[str] = (),
     source: str,
+    late_inputs: bool = False,
 ) -> SubmitSpecs | None:
     """One parse for many DAG nodes: item i's variables set after the text's own (as
     `extra_vars` are), and each item a cluster of its own of one job (proc 0, its counters 0).
@@ -98,7 +101,8 @@ def parse_submit_nodes(
             for name, value in item.items():
                 _check_extra_var(source, name, value)
         keys = {k.lower(): k for k in submit}
-    expander = SubmitExpander(source, base, submit, keys, per_cluster=True)
+    expander = SubmitExpander(source, base, submit, keys, per_cluster=True,
+                              late_inputs=late_inputs)
     return expander.specs(items, 1)
 
 
@@ -157,7 +161,7 @@ def _submit_from_text(source: str, text: str) -> htcondor2.Submit:
 
 def _specs(source: str, base: str, submit: htcondor2.Submit,
            itemdata: Iterable[str] | Iterable[Mapping[str, str]] | None = None,
-           count: int = 0) -> Sequence[JobSpec]:
+           count: int = 0, late_inputs: bool = False) -> Sequence[JobSpec]:
     """The jobs of a parsed description: its queue statement's items (or `itemdata`), each
     `count` times when not 0."""
     qargs = (submit.getQArgs() or "").strip()
@@ -170,7 +174,7 @@ def _specs(source: str, base: str, submit: htcondor2.Submit,
             n = queue_count(source, submit, count_text(qargs))
     if count:
         n = check_count(source, count, str(count))
-    return SubmitExpander(source, base, submit, keys).specs(items, n)
+    return SubmitExpander(source, base, submit, keys, late_inputs=late_inputs).specs(items, n)
 
 
 def _check_submit_lines(source: str, text: str) -> None:

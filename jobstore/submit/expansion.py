@@ -240,9 +240,10 @@ class SubmitExpander:
     """Expands the commands of a parsed submit description once per proc."""
 
     def __init__(self, source: str, base: str, submit: htcondor2.Submit, keys: dict[str, str],
-                 *, per_cluster: bool = False):
+                 *, per_cluster: bool = False, late_inputs: bool = False):
         self.source = source
         self.per_cluster = per_cluster  # each item a cluster of one proc (a DAG's nodes)
+        self.late_inputs = late_inputs  # transfer_input_files read later (JobSpec.late_inputs)
         self.base = base
         self.submit = submit
         self.commands = self._command_keys(keys)
@@ -499,7 +500,7 @@ class SubmitExpander:
         """condor_submit's file transfer: the files the sandbox starts with, and the
         attributes it sets (jobstore.submit.transfer)."""
         try:
-            transfer = read_transfer(values, spec.iwd)
+            transfer = read_transfer(values, spec.iwd, check=not self.late_inputs)
             if transfer is None:
                 for command in ("checkpoint_exit_code", "transfer_checkpoint_files"):
                     if values.get(command, "").strip():
@@ -507,6 +508,11 @@ class SubmitExpander:
                                          " = YES): the checkpoint travels in the sandbox")
                 return
             stdin = abspath(spec.iwd, spec.input) if spec.input else None
+            if self.late_inputs:
+                spec.late_inputs = tuple((e.source, e.name) for e in transfer.inputs
+                                         if not e.is_url)
+                transfer = dataclasses.replace(
+                    transfer, inputs=tuple(e for e in transfer.inputs if e.is_url))
             spec.inputs = sandbox_inputs(transfer, spec.cmd, stdin)
             spec.custom.update(transfer_attrs(transfer, values, spec.inputs))
         except ValueError as exc:

@@ -62,9 +62,11 @@ class Transfer:
         return os.path.join(iwd, os.path.basename(name))
 
 
-def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
+def read_transfer(values: Mapping[str, str], iwd: str, *, check: bool = True
+                  ) -> Transfer | None:
     """The file transfer the commands in `values` ask for (None: the job reads and writes its
-    files in place, on a shared file system). FieldError names the command at fault."""
+    files in place, on a shared file system). FieldError names the command at fault.
+    `check`: the input files must be there now (else they are read later)."""
     mode = _mode(values.get("should_transfer_files"))
     inputs_text = values.get("transfer_input_files", "").strip()
     outputs_text = values.get("transfer_output_files")
@@ -80,7 +82,7 @@ def read_transfer(values: Mapping[str, str], iwd: str) -> Transfer | None:
     when = values.get("when_to_transfer_output", "on_exit").strip().lower()
     if when not in _WHEN:
         raise FieldError("when_to_transfer_output", f"{when!r} is not ON_EXIT or ON_EXIT_OR_EVICT")
-    inputs = tuple(_input(entry, iwd) for entry in _entries(inputs_text))
+    inputs = tuple(_input(entry, iwd, check) for entry in _entries(inputs_text))
     _no_clash([i.name for i in inputs if i.name], "transfer_input_files")
     outputs = None
     if outputs_text is not None:
@@ -142,7 +144,7 @@ def _entries(text: str) -> list[str]:
     return [e.strip() for e in text.split(",") if e.strip()]
 
 
-def _input(entry: str, iwd: str) -> Input:
+def _input(entry: str, iwd: str, check: bool = True) -> Input:
     what = "transfer_input_files"
     if "://" in entry:
         scheme = entry.split("://", 1)[0].lower()
@@ -157,6 +159,8 @@ def _input(entry: str, iwd: str) -> Input:
                                    "backslashes (encode them)")
         return Input(entry, name, is_url=True)
     path = os.path.normpath(os.path.join(iwd, entry))
+    if not check:
+        return Input(path, "" if entry.endswith("/") else os.path.basename(path))
     if not os.path.lexists(path):
         raise FieldError(what, f"{entry}: no such file or directory ({path})")
     if not os.access(path, os.R_OK):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from backends import BOTH_BACKENDS
@@ -322,3 +323,82 @@ def test_a_script_with_no_room_to_start_keeps_its_lease(store: JobStore, ap: con
     assert started == [held["A"]]  # once; B's never
     assert store.dags.dag_nodes_of(kept)[0].status == "failed"  # its script ran, and failed
     assert _states(store, dropped) == {"B": "futile"}
+
+
+@BOTH_BACKENDS
+def test_a_childs_inputs_are_read_when_it_is_submitted(store: JobStore, ap: config.Settings,
+                                                       tmp_path: Path) -> None:
+    """A node with parents takes the transfer_input_files they make: read by the access
+    point as the DAG's owner once its parents are done, stored with its jobs' release; one it
+    cannot read fails its node (DAGMan's -1001) and nothing of it runs."""
+    import dataclasses
+    import pwd
+    import shutil
+    import tempfile
+    import time
+
+    from jobstore.accesspoint import dagscripts
+    from jobstore.db.sandbox import IN
+    from jobstore.testing.support import ensure_account
+
+    work = Path(tempfile.mkdtemp(prefix="jobstore-late-"))  # the owner's, as a DAG's is
+    if os.geteuid() == 0:
+        ensure_account(OWNER)
+        user = pwd.getpwnam(OWNER)
+        os.chown(work, user.pw_uid, user.pw_gid)
+    (tmp_path / "results").mkdir(mode=0o700)
+    settings = dataclasses.replace(ap, dag_scripts=str(tmp_path / "results"))
+    common = ("executable = /bin/true\ntransfer_executable = false\n"
+              "should_transfer_files = YES\n")
+    (work / "b.sub").write_text(common + "transfer_input_files = a.out, d\nqueue\n")
+    (work / "c.sub").write_text(common + "transfer_input_files = missing.txt\nqueue\n")
+    dag_id = _queued(store, work, ap, "JOB A node.sub\nJOB B b.sub\nJOB C c.sub\n"
+                     "PARENT A CHILD B C\n")
+    assert _run(store) == ["A"]
+    assert {k: v for k, v in _states(store, dag_id).items() if k != "A"} == {
+        "B": "pre", "C": "pre"}
+    (work / "a.out").write_text("made by A")
+    (work / "d").mkdir()
+    (work / "d" / "x.txt").write_text("x")
+    duty = dagscripts.DagScripts(store, "ap", settings)
+    deadline = time.monotonic() + 30
+    while {_states(store, dag_id)[n] for n in "BC"} & {"pre"}:
+        assert time.monotonic() < deadline, _states(store, dag_id)
+        duty.pass_once()
+        time.sleep(0.05)
+    assert not duty._runs
+    nodes = {n.name: n for n in store.dags.dag_nodes_of(dag_id)}
+    assert (nodes["B"].status, nodes["C"].status, nodes["C"].exit_code) == (
+        "queued", "failed", -1001)
+    jobs = {j.cluster_id: j for j in store.reads.list_jobs(include_final=True)}
+    assert "transfer_input_files could not be read" in (jobs[nodes["C"].cluster_id].reason
+                                                          or "")
+    b = claim(store)
+    assert b is not None and b.cluster_id == nodes["B"].cluster_id
+    files = {f.name: f.size for f in store.files.job_files_of(b, IN)}
+    assert files == {"a.out": len("made by A"), "d/x.txt": 1}
+    assert claim(store) is None
+    shutil.rmtree(work)
+
+
+@BOTH_BACKENDS
+def test_the_door_takes_late_inputs_with_absolute_paths_and_sandbox_names(
+        store: JobStore) -> None:
+    """What the access point would read as the owner is checked when the DAG is queued: an
+    absolute path, a name inside the sandbox, no control characters, at most 1000."""
+    bads: list[Any] = ["x", [], [["rel", "x"]], [["/a", "../x"]], [["/a", "/x"]],
+                       [["/a\n", "x"]], [["/a", "x", "y"]], [[1, "x"]], [["/a", "x"]] * 1001]
+    for bad in bads:
+        with pytest.raises(InvalidInput, match="late input"), store.db.transaction() as conn:
+            dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
+                                        batch_name=None, max_jobs=None, max_idle=None,
+                                        attrs={}, now=0.0, home="ap")
+            store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 1,
+                                                 "late_inputs": bad}], [], {}, 0.0)
+    with store.db.transaction() as conn:
+        dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
+                                    batch_name=None, max_jobs=None, max_idle=None,
+                                    attrs={}, now=0.0, home="ap")
+        store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 1,
+                                             "late_inputs": [["/d/a b", "d/a b"], ["/d/", ""]]}],
+                             [], {}, 0.0)

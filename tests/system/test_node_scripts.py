@@ -79,6 +79,20 @@ def _dag_end(store: JobStore, dag_id: int, timeout: float = 60.0) -> object:
         time.sleep(0.2)
 
 
+@contextmanager
+def _dag_run(store: JobStore, tmp: Path, sub: Path, dag: str,
+             owner: str | None) -> Iterator[tuple[int, object]]:
+    """Queue `dag` and run it to its end with the service and an emulated node: (its id, its
+    end), while the service still runs."""
+    dag_id = _submit(store, sub, dag, owner)
+    hers(store, owner)
+    scripts = _scripts_dir(store, owner)
+    with _service(store, tmp, scripts):
+        run_node(store, tmp, owner, "agent", ENDED, slots=1)
+        yield dag_id, _dag_end(store, dag_id)
+    shutil.rmtree(scripts)
+
+
 def _submit(store: JobStore, sub: Path, dag: str, owner: str | None) -> int:
     from jobstore.api.dags import submit_dag
 
@@ -115,12 +129,7 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
         "SCRIPT POST A post.sh $JOB $RETURN $PRE_SCRIPT_RETURN $JOBID $UNKNOWN\n"
         "SCRIPT PRE B pre.sh $NODE\nSCRIPT PRE C pre.sh $JOB $RETURN\nPRE_SKIP C 5\n"
         "SCRIPT PRE D pre.sh $JOB\n")
-    dag_id = _submit(store, sub, "s.dag", owner)
-    hers(store, owner)
-    scripts = _scripts_dir(store, owner)
-    with _service(store, tmp, scripts):
-        run_node(store, tmp, owner, "agent", ENDED, slots=1)
-        dag = _dag_end(store, dag_id)
+    with _dag_run(store, tmp, sub, "s.dag", owner) as (dag_id, dag):
         # DAGMan's 016 in the node's log, after its job's end
         events = wait_for_events(sub / "nodes.log", {0: {ET.POST_SCRIPT_TERMINATED}})
     nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
@@ -143,7 +152,6 @@ def test_pre_and_post_scripts_run_as_dagman_runs_them(node_db) -> None:  # type:
            for j in store.reads.list_jobs(include_final=True)}
     assert ran == {"A": "completed", "B": "removed", "C": "removed", "D": "completed",
                    "E": "removed"}
-    shutil.rmtree(scripts)
 
 
 @BACKENDS
@@ -177,6 +185,39 @@ def test_a_service_killed_while_a_script_runs_loses_nothing(node_db) -> None:  #
     (own,) = scripts.iterdir()  # this access point's on this store
     assert not [p for p in own.iterdir() if p.name != "id"]
     shutil.rmtree(scripts)
+
+
+@BACKENDS
+def test_a_child_takes_what_its_parent_made(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """A child's transfer_input_files name its parent's output: the parent's output comes
+    home, the service reads it as the owner when the child is submitted, and the child's job
+    reads it in its sandbox; a child whose input the owner may not read fails (-1001) and
+    runs nothing."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    head = ("transfer_executable = false\nshould_transfer_files = YES\n"
+            "request_memory = 32\n")
+    (sub / "a.sub").write_text(head + "executable = /bin/sh\n"
+                               "arguments = \"-c 'echo made by A > a.out'\"\n"
+                               "transfer_output_files = a.out\nqueue\n")
+    (sub / "b.sub").write_text(head + "executable = /bin/sh\n"
+                               "arguments = \"-c 'cat a.out > b.out'\"\n"
+                               "transfer_input_files = a.out\ntransfer_output_files = b.out\n"
+                               "queue\n")
+    (sub / "c.sub").write_text(head + "executable = /bin/true\n"
+                               "transfer_input_files = /etc/shadow\nqueue\n")
+    (sub / "x.dag").write_text("JOB A a.sub\nJOB B b.sub\nJOB C c.sub\n"
+                               "PARENT A CHILD B C\n")
+    with _dag_run(store, tmp, sub, "x.dag", owner) as (dag_id, dag):
+        deadline = time.monotonic() + 30
+        while not (sub / "b.out").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert (sub / "b.out").read_text() == "made by A\n"
+    nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
+    assert nodes == {"A": ("done", 0), "B": ("done", 0), "C": ("failed", -1001)}
+    assert (dag.status, dag.exit_code) == ("failed", 1)  # type: ignore[attr-defined]
 
 
 def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path) -> None:

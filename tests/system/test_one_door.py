@@ -188,6 +188,7 @@ def test_a_submitter_writes_nothing_but_through_the_door(door: Door) -> None:
         "SELECT jobstore_dag_script_start(1, 'A', 'pre', repeat('a', 32), 0)",
         "SELECT jobstore_dag_script_done(1, 'A', 'post', repeat('a', 32), 0, 0)",
         "UPDATE dag_nodes SET script_token = NULL, pre_script = 'x'",
+        "UPDATE dag_nodes SET late_inputs = '[[\"/etc/shadow\", \"s\"]]'",
         "CREATE TABLE jobstore_mine (x int)",
         "CREATE FUNCTION lower(text) RETURNS text LANGUAGE sql AS 'SELECT $1'",
     ]
