@@ -99,7 +99,9 @@ class DagScripts:
     def __post_init__(self) -> None:
         self._owner = serving_account()
         try:
-            base = _own_directory(_safe_path(self._where()))
+            where = _safe_path(self._where())  # what is missing of it, this process makes
+            base = _own_directory(where)
+            _safe_path(where)
             store = hashlib.sha256(self.settings.database_url.encode()).hexdigest()[:12]
             self._directory = _own_directory(str(base / f"{self.name}-{store}"))
             self._id = _service_id(self._directory)
@@ -506,15 +508,19 @@ def _return(jobs: list[NodeJob]) -> int:
 
 
 def _safe_path(where: str) -> str:
-    """`where`, whose every directory above is root's or this process's, a directory (no
-    link), and changed by nobody else (or sticky, as /tmp: nobody else may replace what is
-    in it); OSError otherwise."""
+    """`where`, whose every directory above that is there is root's or this process's, a
+    directory (no link), and changed by nobody else (or sticky, as /tmp: nobody else may
+    replace what is in it); OSError otherwise."""
     if not os.path.isabs(where) or os.path.normpath(where) != where:
         raise OSError(f"{where} is not an absolute path")
     me = os.geteuid()
     above = os.path.dirname(where)
     while True:
-        st = os.lstat(above)
+        try:
+            st = os.lstat(above)
+        except FileNotFoundError:
+            above = os.path.dirname(above)
+            continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, me) or (
                 st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
             raise OSError(f"{where}: {above} is not a directory that only root"

@@ -186,16 +186,20 @@ def test_a_dag_of_fifty_nodes_runs_in_order(live: Live) -> None:
 
 def test_a_dags_pre_and_post_scripts_run_on_the_access_point(live: Live) -> None:
     """Root's `jobstore schedd` runs a node's PRE script before its job and its POST script
-    after, as the DAG's owner; the POST script turns the job's exit 3 into the node's success,
-    so its child runs (reported: from the job's JOB_EXIT to the POST script's start)."""
+    after its output is home, as the DAG's owner; the POST script turns the job's exit 3 into
+    the node's success, so its child runs, and takes the parent's output as its input
+    (reported: from the job's JOB_EXIT to the POST script's start, and to the child's job's
+    start)."""
     import signal
 
     script = ("#!/bin/sh\necho \"$(date +%s.%N) $0 $* $(id -un)\" >> scripts.txt\n")
-    _write(live, "scripts/fail.sub", "executable = /bin/sh\narguments = \"-c 'exit 3'\"\n"
-           "queue\n")
-    _write(live, "scripts/ok.sub", "executable = /bin/true\nqueue\n")
+    files = "should_transfer_files = YES\ntransfer_executable = false\nexecutable = /bin/sh\n"
+    _write(live, "scripts/fail.sub", files + "arguments = \"-c 'echo made by A > a.out; "
+           "exit 3'\"\ntransfer_output_files = a.out\nqueue\n")
+    _write(live, "scripts/ok.sub", files + "arguments = \"-c 'cat a.out > b.out'\"\n"
+           "transfer_input_files = a.out\ntransfer_output_files = b.out\nqueue\n")
     _write(live, "scripts/pre.sh", script, 0o755)
-    _write(live, "scripts/post.sh", script + "exit 0\n", 0o755)
+    _write(live, "scripts/post.sh", script + "test -s a.out\n", 0o755)
     _write(live, "scripts/s.dag", "JOB A fail.sub\nJOB B ok.sub\nPARENT A CHILD B\n"
            "SCRIPT PRE A pre.sh $JOB\nSCRIPT POST A post.sh $JOB $RETURN\n")
     service = live.start("schedd", account="root", log=live.work.parent / "schedd-scripts.log")
@@ -211,6 +215,13 @@ def test_a_dags_pre_and_post_scripts_run_on_the_access_point(live: Live) -> None
         ran = float(lines[1].split()[0])
         MEASURED.append(f"a DAG node's JOB_EXIT start -> its POST script started on the access "
                         f"point: {(ran - job_a['finished_at']) * 1000:.0f} ms")
+        job_b = live.job(f"{dag + 2}.0")
+        MEASURED.append(f"a DAG node's JOB_EXIT start -> its child's job started with the "
+                        f"node's output as its input: "
+                        f"{(job_b['started_at'] - job_a['finished_at']) * 1000:.0f} ms")
+        b_out = live.work / "scripts" / "b.out"
+        wait_for("the child's output home", lambda: b_out.exists() or None, 30, 0.05)
+        assert b_out.read_text() == "made by A\n"
     finally:
         service.send_signal(signal.SIGTERM)
         assert service.wait(timeout=20) == 0

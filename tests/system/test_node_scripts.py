@@ -5,6 +5,7 @@ and started again loses no exit and runs no script twice."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import shutil
@@ -220,17 +221,28 @@ def test_a_child_takes_what_its_parent_made(node_db) -> None:  # type: ignore[no
     assert (dag.status, dag.exit_code) == ("failed", 1)  # type: ignore[attr-defined]
 
 
-def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path) -> None:
+def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path,
+                                                              store: JobStore) -> None:
     """Below a directory others may write (not sticky), a link, or a relative path, the
-    service runs no script (whoever could replace a directory above could forge exits)."""
+    service runs no script (whoever could replace a directory above could forge exits);
+    directories not there yet below a safe one, the service makes (a new machine's
+    /var/lib/jobstore)."""
     from jobstore.accesspoint.dagscripts import _safe_path
 
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     (tmp_path / "link").symlink_to(shared)
-    for where in (shared / "scripts", tmp_path / "link" / "scripts", Path("scripts")):
+    for where in (shared / "scripts", tmp_path / "link" / "scripts", Path("scripts"),
+                  shared / "missing" / "scripts"):
         with pytest.raises(OSError, match="not"):
             _safe_path(str(where))
     shared.chmod(0o1777)  # sticky, as /tmp
     assert _safe_path(str(shared / "scripts")) == str(shared / "scripts")
+    missing = tmp_path / "lib" / "jobstore" / "dagscripts"
+    assert _safe_path(str(missing)) == str(missing)
+    from jobstore.accesspoint.dagscripts import DagScripts
+
+    settings = config.load_settings(None)
+    duty = DagScripts(store, "ap", dataclasses.replace(settings, dag_scripts=str(missing)))
+    assert duty._directory is not None and duty._directory.parent == missing
