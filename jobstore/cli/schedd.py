@@ -20,9 +20,10 @@ from jobstore.cli.context import Context, fail, guard, pass_ctx
 def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     """Write the outputs of the jobs submitted on this access point (not with -spool) into
     their Iwd as they complete, with their remaps, append their transitions to their job
-    event logs (and each DAG's to its DAGMan log), and run the DAGs' PRE and POST scripts,
-    each as its owner, as the schedd, its shadows and DAGMan do. As root, every owner's
-    jobs; as an ordinary account, her own."""
+    event logs (and each DAG's to its DAGMan log), run the DAGs' PRE and POST scripts, read
+    the inputs of the nodes they submit and keep their node status files current, each as
+    its owner, as the schedd, its shadows and DAGMan do. As root, every owner's jobs; as an
+    ordinary account, her own."""
     import logging
     import os
     import signal
@@ -30,6 +31,7 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
 
     from jobstore.accesspoint.dagmanlogs import DagmanLogs
     from jobstore.accesspoint.dagscripts import DagScripts
+    from jobstore.accesspoint.dagstatus import DagStatusFiles
     from jobstore.accesspoint.eventlogs import EventLogs
     from jobstore.accesspoint.outputs import OutputsHome, become
     from jobstore.accesspoint.service import serve
@@ -49,12 +51,14 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     logs = EventLogs(ctx.store, home, ctx.settings)
     dagman = DagmanLogs(ctx.store, home, ctx.settings)
     scripts = DagScripts(ctx.store, home, ctx.settings)
+    status = DagStatusFiles(ctx.store, home, ctx.settings)
     if once:
         done = outputs.pass_once()
         click.echo(f"{done} job(s)' outputs written home, {outputs.failed} not.")
         click.echo(f"{logs.pass_once() + dagman.pass_once()} event(s) appended to job event "
                    "logs.")
         click.echo(f"{scripts.pass_once()} DAG node script(s) ended or started.")
+        click.echo(f"{status.pass_once()} DAG node status file(s) written.")
         return
     stopping: list[int] = []
 
@@ -64,4 +68,5 @@ def schedd(ctx: Context, name: str | None, once: bool, log: str | None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     logging.getLogger("jobstore.schedd").info("serving the jobs of %s", home)
-    serve(ctx.store, ctx.settings, [outputs, logs, dagman, scripts], lambda: bool(stopping))
+    serve(ctx.store, ctx.settings, [outputs, logs, dagman, scripts, status],
+          lambda: bool(stopping))

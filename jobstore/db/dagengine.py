@@ -133,6 +133,21 @@ class DagEngine:
                 for name, n in categories.items()])
         return clusters_of
 
+    @staticmethod
+    def dag_files(conn: Connection, dag_id: int, status_file: str, status_every: int) -> None:
+        """Record a new DAG's NODE_STATUS_FILE (InvalidInput: not an absolute path of one
+        line, or a DAG with nodes already)."""
+        if conn.execute(select(dag_nodes.c.name).where(dag_nodes.c.dag_id == dag_id)
+                        .limit(1)).first() is not None:
+            raise InvalidInput(f"DAG {dag_id} has its nodes already")
+        if (not status_file.startswith("/") or len(status_file) > MAX_PATH
+                or any(ord(c) < 32 or c == "\x7f" for c in status_file)
+                or not 0 <= status_every <= 86400):
+            raise InvalidInput("NODE_STATUS_FILE is an absolute path of one line, written at "
+                               "most every 0 to 86400 s")
+        conn.execute(update(dags).where(dags.c.id == dag_id).values(
+            status_file=status_file, status_every=status_every))
+
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         conn.execute(update(dag_nodes).where(
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.status == WAITING,

@@ -102,6 +102,8 @@ class DagStore:
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle,
                 attrs=dag.job_attrs, now=now, home=home)
+            if dag.status_file is not None:
+                self.door.dag_files(conn, dag_id, dag.status_file, dag.status_every)
             groups = specs_of(dag_id)
             procs = {}  # a node's jobs (a template's nodes are one each: none is read)
             late: dict[str, list[list[str]] | None] = {}  # inputs read when it is submitted

@@ -254,6 +254,10 @@ class LocalDoor:
                   now: float) -> dict[str, int]:
         return self.dags.dag_nodes(conn, dag_id, nodes, edges, categories, now)
 
+    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
+                  status_every: int) -> None:
+        self.dags.dag_files(conn, dag_id, status_file, status_every)
+
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         return self.dags.start_dag(conn, dag_id, now)
 

@@ -102,6 +102,15 @@ logged_events = Table(
 # What an access point's `jobstore schedd` wrote of a DAG's own job event log (DAGMan's job's
 # log, `<dag file>.dagman.log`; migration 0023): 1 its submit and execute, 2 its end too. The
 # pruner deletes it with its DAG.
+# When the access point wrote each DAG's NODE_STATUS_FILE.
+dag_files = Table(
+    "dag_files",
+    metadata,
+    Column("dag_id", BigId, primary_key=True, autoincrement=False),
+    Column("written_at", Epoch(), nullable=False),
+    Column("final", Boolean, nullable=False),  # written after the DAG ended
+)
+
 dagman_logs = Table(
     "dagman_logs",
     metadata,
@@ -246,6 +255,8 @@ dags = Table(
     Column("attrs", Text),  # SET_JOB_ATTR, as JSON
     Column("created_at", Epoch(), nullable=False),
     Column("finished_at", Epoch()),
+    Column("status_file", Text),  # NODE_STATUS_FILE
+    Column("status_every", Integer),  # its least seconds between writes
 )
 
 dag_nodes = Table(

@@ -15,6 +15,7 @@ from jobstore.core.claims import Offer, Verdict
 from jobstore.db.actions import ActTotals, PagedActions
 from jobstore.db.adminsettings import AdminSettings
 from jobstore.db.backends import Door
+from jobstore.db.dagfiles import DagFiles
 from jobstore.db.dags import DagStore
 from jobstore.db.dagscripts import DagScripts
 from jobstore.db.deliveries import Deliveries
@@ -86,6 +87,7 @@ class JobStore:
         self.deliveries = Deliveries(self.db)
         self.event_cursors = EventCursors(self.db)
         self.event_logs = EventLogs(self.db)
+        self.dag_files = DagFiles(self.db)
         self.metrics = Gauges(self.db)
         self.maintenance = Maintenance(self.db, self.transitions, self.negotiator, self.reads,
                                        self.retention)

@@ -23,10 +23,8 @@ REFUSED = {
     "PROVISIONER": "(a node that provisions resources) is not supported",
     "SERVICE": "(a node that runs beside the DAG) is not supported",
     "ENV": "sets the DAGMan process's environment; the job store has no DAGMan process",
-    "NODE_STATUS_FILE": "is written by no process here (no DAGMan): `jobstore dag node-status "
-                        "DAGID` prints it, in DAGMan's format, when asked",
-    "JOBSTATE_LOG": "is written by no process here (no DAGMan): `jobstore dag jobstate-log "
-                    "DAGID` prints it, in DAGMan's format, when asked",
+    "JOBSTATE_LOG": "is written by no process here: `jobstore dag jobstate-log DAGID` prints "
+                    "it, in DAGMan's format, when asked",
     "DOT": "is not supported",
     "SAVE_POINT_FILE": "is not supported",
     "CONNECT": "(splice pins) is not supported",
@@ -36,6 +34,7 @@ REFUSED = {
 # What a CONFIG file may set; anything else it sets is refused.
 CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS")
 MAX_SCRIPT = 4096  # characters of a SCRIPT's command line
+STATUS_EVERY = 60  # DAGMan's least seconds between two writes of the node status file
 _NAME = re.compile(r"[^\s+{}]+")
 _MACRO = re.compile(r"[A-Za-z0-9_.+]+")
 _VAR = re.compile(r'\s*([^\s=]+)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -97,6 +96,8 @@ class Dag:
     maxjobs: dict[str, int] = field(default_factory=dict)  # MAXJOBS per category
     config: dict[str, str] = field(default_factory=dict)  # CONFIG's DAGMAN_* knobs
     job_attrs: dict[str, str] = field(default_factory=dict)  # SET_JOB_ATTR: the DAG's own ad
+    status_file: str | None = None  # NODE_STATUS_FILE, kept current on the access point
+    status_every: int = STATUS_EVERY  # its minimumUpdateTime
 
     @property
     def final(self) -> Node | None:
@@ -250,6 +251,14 @@ class _Reader:
             if not sep or not attr.strip() or not text.strip():
                 raise DagError(f"{where}: SET_JOB_ATTR needs Name = Value")
             self.dag.job_attrs[attr.strip()] = text.strip()
+        elif command == "NODE_STATUS_FILE":
+            usage = "NODE_STATUS_FILE <file> [minimumUpdateTime] [ALWAYS-UPDATE]"
+            if not 2 <= len(words) <= 4 or (len(words) == 4
+                                             and words[3].upper() != "ALWAYS-UPDATE"):
+                raise DagError(f"{where}: {usage}")
+            self.dag.status_file = os.path.join(here, words[1])
+            if len(words) > 2:
+                self.dag.status_every = min(_int(words, 2, where, usage, least=0), 86400)
         elif command == "REJECT":
             raise DagError(f"{where}: REJECT: the DAG file says it must not run")
         else:

@@ -193,7 +193,7 @@ def test_a_child_takes_what_its_parent_made(node_db) -> None:  # type: ignore[no
     """A child's transfer_input_files name its parent's output: the parent's output comes
     home, the service reads it as the owner when the child is submitted, and the child's job
     reads it in its sandbox; a child whose input the owner may not read fails (-1001) and
-    runs nothing."""
+    runs nothing; the DAG's node status file is kept current, as the owner."""
     store, tmp = node_db
     owner = job_owner()
     sub = submit_dir(tmp, "dag", owner)
@@ -209,12 +209,16 @@ def test_a_child_takes_what_its_parent_made(node_db) -> None:  # type: ignore[no
     (sub / "c.sub").write_text(head + "executable = /bin/true\n"
                                "transfer_input_files = /etc/shadow\nqueue\n")
     (sub / "x.dag").write_text("JOB A a.sub\nJOB B b.sub\nJOB C c.sub\n"
-                               "PARENT A CHILD B C\n")
+                               "PARENT A CHILD B C\nNODE_STATUS_FILE x.status 0\n")
+    status = sub / "x.status"
     with _dag_run(store, tmp, sub, "x.dag", owner) as (dag_id, dag):
         deadline = time.monotonic() + 30
-        while not (sub / "b.out").exists():
+        while not (sub / "b.out").exists() or "DagStatus = 6;" not in (
+                status.read_text() if status.exists() else ""):
             assert time.monotonic() < deadline
             time.sleep(0.1)
+    assert status.stat().st_uid == (pwd.getpwnam(owner).pw_uid if owner else os.getuid())
+    assert 'Node = "C";\n  NodeStatus = 6;' in status.read_text()
     assert (sub / "b.out").read_text() == "made by A\n"
     nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
     assert nodes == {"A": ("done", 0), "B": ("done", 0), "C": ("failed", -1001)}

@@ -189,6 +189,8 @@ def test_a_submitter_writes_nothing_but_through_the_door(door: Door) -> None:
         "SELECT jobstore_dag_script_done(1, 'A', 'post', repeat('a', 32), 0, 0)",
         "UPDATE dag_nodes SET script_token = NULL, pre_script = 'x'",
         "UPDATE dag_nodes SET late_inputs = '[[\"/etc/shadow\", \"s\"]]'",
+        "UPDATE dags SET status_file = '/etc/passwd'",
+        "INSERT INTO dag_files VALUES (1, 0, true)",
         "CREATE TABLE jobstore_mine (x int)",
         "CREATE FUNCTION lower(text) RETURNS text LANGUAGE sql AS 'SELECT $1'",
     ]

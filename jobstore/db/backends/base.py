@@ -161,6 +161,11 @@ class Door(Protocol):
         abort_return, final), dependencies and throttles: the cluster made for each node
         with jobs, by name."""
 
+    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
+                  status_every: int) -> None:
+        """A new DAG's NODE_STATUS_FILE (written at most every `status_every` seconds),
+        before its nodes: an absolute path of one line."""
+
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         """Release the nodes of a queued DAG that have no parents to wait for."""
 

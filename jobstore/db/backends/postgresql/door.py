@@ -35,6 +35,7 @@ SET_FACTOR = QUERIES["door_set_factor"].sql
 RESET_USAGE = QUERIES["door_reset_usage"].sql
 NEW_DAG = QUERIES["door_new_dag"].sql
 DAG_NODES = QUERIES["door_dag_nodes"].sql
+DAG_FILES = QUERIES["door_dag_files"].sql
 START_DAG = QUERIES["door_start_dag"].sql
 PAUSE_DAG = QUERIES["door_pause_dag"].sql
 REMOVE_DAG = QUERIES["door_remove_dag"].sql
@@ -161,6 +162,11 @@ class PgDoor:
             "categories": json_text([{"name": n, "maxjobs": m} for n, m in categories.items()]),
             "now": now}).fetchall()
         return {str(r[0]): int(r[1]) for r in rows}
+
+    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
+                  status_every: int) -> None:
+        driver.execute(conn, DAG_FILES, {"dag": dag_id, "status_file": status_file,
+                                         "every": status_every})
 
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         return self._changes(conn, START_DAG, {"dag": dag_id, "now": now})

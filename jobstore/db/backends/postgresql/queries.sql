@@ -225,7 +225,7 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
     dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys,
-    deliveries, event_cursors, logged_events, dagman_logs FROM {role};
+    deliveries, event_cursors, logged_events, dagman_logs, dag_files FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -272,7 +272,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON deliveries TO {role};
 -- name: grant_event_logs
 -- Keep where the access point's event logs stand (jobstore schedd), and prune a DAG's record
 -- with the DAG.
-GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors, logged_events, dagman_logs TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON event_cursors, logged_events, dagman_logs, dag_files
+    TO {role};
 
 -- name: grant_files
 -- Read a job's input files for its sandbox, store its outputs, and prune them with the job.
@@ -386,7 +387,8 @@ CREATE POLICY {policy} ON job_events FOR INSERT TO {role} WITH CHECK (true);
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
-    accounting_groups, notify_keys, deliveries, event_cursors, logged_events, dagman_logs FROM {role};
+    accounting_groups, notify_keys, deliveries, event_cursors, logged_events, dagman_logs,
+    dag_files FROM {role};
 
 -- name: user_revoke_sequences
 -- ... and on their sequences (a submitter takes no id herself: the door's functions do).
@@ -506,6 +508,10 @@ SELECT jobstore_new_dag(%(owner)s::text, %(queue)s::text, %(path)s::text,
 -- A new DAG's nodes, dependencies and throttles: each node's cluster.
 SELECT name, cluster_id FROM jobstore_dag_nodes(%(dag)s::bigint, %(nodes)s::json,
     %(edges)s::json, %(categories)s::json, %(now)s::float8);
+
+-- name: door_dag_files
+-- A new DAG's NODE_STATUS_FILE.
+SELECT jobstore_dag_files(%(dag)s::bigint, %(status_file)s::text, %(every)s::integer);
 
 -- name: door_start_dag
 -- Release the nodes of a queued DAG that wait for no parent.
