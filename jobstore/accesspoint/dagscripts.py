@@ -337,7 +337,7 @@ class DagScripts:
         for row in rows:
             if len(self._runs) + len(chosen) >= MAX_RUNS:
                 break
-            if (running[(row.dag_id, row.kind)] >= MAX_PER_DAG
+            if (running[(row.dag_id, row.kind)] >= row.cap
                     or owners[row.owner] >= MAX_PER_OWNER):
                 continue
             why = refusal(row.owner, self._owner, self.settings)

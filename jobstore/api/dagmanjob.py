@@ -17,7 +17,8 @@ from jobstore.formats.classads import parse_ad
 IGNORED = {"-f": 0, "-l": 1, "-lockfile": 1, "-csdversion": 1, "-dagman": 1, "-autorescue": 1,
            "-allowversionmismatch": 0, "-verbose": 0, "-debug": 1, "-suppress_notification": 0,
            "-dont_suppress_notification": 0}
-TAKEN = {"-maxjobs": "maxjobs", "-maxidle": "maxidle"}
+TAKEN = {"-maxjobs": "maxjobs", "-maxidle": "maxidle", "-maxpre": "maxpre",
+         "-maxpost": "maxpost"}
 # what from_dag writes in DAGMan's submit description besides its arguments
 DESCRIPTION = {"universe", "executable", "arguments", "getenv", "output", "error", "log",
                "environment", "remove_kill_sig", "on_exit_remove", "my.jobbatchname",
@@ -35,7 +36,8 @@ def dagman_dag(description: Any) -> DagDescription | None:
     extra = sorted(set(items) - DESCRIPTION)
     if extra:
         raise DagError(f"Submit.from_dag: {extra[0]} is not supported by the job store for a "
-                       "DAG (only condor_submit_dag's -maxjobs, -maxidle and -batch-name)")
+                       "DAG (only condor_submit_dag's -maxjobs, -maxidle, -maxpre, -maxpost "
+                       "and -batch-name)")
     if items.get("universe", "scheduler").lower() != "scheduler":
         raise DagError("Submit.from_dag: condor_dagman runs in the scheduler universe")
     dag, options = _arguments(arguments(items.get("arguments", "")))
@@ -105,7 +107,8 @@ def _arguments(args: list[str]) -> tuple[str, dict[str, Any]]:
             i += 1 + IGNORED[name]
         else:
             raise DagError(f"Submit.from_dag: condor_dagman's {args[i]} is not supported by the "
-                           "job store (only -maxjobs, -maxidle and -batch-name)")
+                           "job store (only -maxjobs, -maxidle, -maxpre, -maxpost and "
+                           "-batch-name)")
     if len(dags) != 1:
         raise DagError("Submit.from_dag: one DAG file, as -Dag FILE (several are one DAG to "
                        "DAGMan: not supported by the job store)")

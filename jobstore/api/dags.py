@@ -29,7 +29,7 @@ from jobstore.submit.description import parse_submit_nodes, parse_submit_text
 from jobstore.submit.expansion import SubmitSpecs
 
 # condor_submit_dag's options the job store takes (Python name -> what it means here)
-OPTIONS = ("maxjobs", "maxidle", "batch_name", "force", "rescue")
+OPTIONS = ("maxjobs", "maxidle", "maxpre", "maxpost", "batch_name", "force", "rescue")
 _FINAL_ONLY = ("DAG_STATUS", "FAILED_COUNT")
 # DAGMan leaves DAGParentNodeNames empty when the names would make the job ad too long
 MAX_PARENT_NAMES = 1024
@@ -52,8 +52,9 @@ class Submit(htcondor2.Submit):
     @staticmethod
     def from_dag(filename: str, options: Mapping[str, Any] | None = None,  # type: ignore[override]
                  ) -> DagDescription:
-        """The DAG in `filename` with condor_submit_dag's `options` (maxjobs, maxidle,
-        batch_name, force), for `jobstore.Schedd.submit`; its options are checked now."""
+        """The DAG in `filename` with condor_submit_dag's `options` (maxjobs, maxidle, maxpre,
+        maxpost, batch_name, force), for `jobstore.Schedd.submit`; its options are checked
+        now."""
         _options(options or {})
         return DagDescription(os.path.abspath(filename), dict(options or {}))
 
@@ -81,7 +82,8 @@ def submit_dag(store: JobStore, path: str, settings: config.Settings, *,
         dag, _node_jobs(dag), owner=who, queue=queue or settings.queue,
         max_attempts=settings.max_attempts, batch_name=opts.get("batch_name"),
         max_jobs=opts.get("maxjobs"), max_idle=opts.get("maxidle"),
-        check=render_check(settings), home=settings.access_point())
+        check=render_check(settings), home=settings.access_point(),
+        max_pre=opts.get("maxpre"), max_post=opts.get("maxpost"))
     return DagSubmitted(dag_id, clusters)
 
 
@@ -126,12 +128,15 @@ def _options(options: Mapping[str, Any]) -> dict[str, Any]:
                 out[name] = int(value)
             except (TypeError, ValueError):
                 raise DagError(f"-rescue: {value!r} is not a DAG's id") from None
-        elif name in ("maxjobs", "maxidle"):
+        elif name in ("maxjobs", "maxidle", "maxpre", "maxpost"):
             try:
                 number = int(value)
             except (TypeError, ValueError):
                 raise DagError(f"-{name}: {value!r} is not an integer") from None
-            out[name] = number if number > 0 else None
+            if name in ("maxpre", "maxpost"):  # 0: no limit of the DAG's own
+                out[name] = max(number, 0)
+            else:
+                out[name] = number if number > 0 else None
         elif name == "batch_name":
             out[name] = str(value)
     return out

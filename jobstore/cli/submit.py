@@ -37,6 +37,12 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None, spool:
               help="At most N nodes queued at once (DAGMAN_MAX_JOBS_SUBMITTED).")
 @click.option("-maxidle", "--maxidle", "maxidle", type=int, metavar="N",
               help="No node released while the DAG has N idle jobs (DAGMAN_MAX_JOBS_IDLE).")
+@click.option("-maxpre", "--maxpre", "maxpre", type=int, metavar="N",
+              help="At most N of its PRE scripts run at once (0: no limit of its own; "
+              "DAGMAN_MAX_PRE_SCRIPTS, 20).")
+@click.option("-maxpost", "--maxpost", "maxpost", type=int, metavar="N",
+              help="At most N of its POST scripts run at once (0: no limit of its own; "
+              "DAGMAN_MAX_POST_SCRIPTS, 20).")
 @click.option("-batch-name", "--batch-name", "batch_name", metavar="NAME",
               help="The nodes' JobBatchName (default: FILE+DAGID).")
 @click.option("-rescue", "--rescue", "rescue", type=int, metavar="DAGID",
@@ -53,8 +59,9 @@ def submit(ctx: Context, file: str, owner: str | None, queue: str | None, spool:
 @pass_ctx
 @guard
 def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None,
-               batch_name: str | None, rescue: int | None, refused: str | None, force: bool,
-               owner: str | None, queue: str | None) -> None:
+               maxpre: int | None, maxpost: int | None, batch_name: str | None,
+               rescue: int | None, refused: str | None, force: bool, owner: str | None,
+               queue: str | None) -> None:
     """Queue a DAG, like condor_submit_dag: its nodes wait in the job store until their
     parents are done, and the store releases them itself (no DAGMan process)."""
     from jobstore.api.dags import submit_dag as queue_dag
@@ -64,7 +71,8 @@ def submit_dag(ctx: Context, file: str, maxjobs: int | None, maxidle: int | None
         raise DagError("-append and -insert_sub_file are not supported: a node's submit "
                        "description is read as it is (give its commands there, or as VARS)")
 
-    options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle, "rescue": rescue}
+    options: dict[str, object] = {"maxjobs": maxjobs, "maxidle": maxidle, "maxpre": maxpre,
+                                  "maxpost": maxpost, "rescue": rescue}
     if batch_name:
         options["batch_name"] = batch_name
     done = queue_dag(ctx.store, file, ctx.settings, owner=owner, queue=queue,

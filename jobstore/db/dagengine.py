@@ -20,7 +20,7 @@ from sqlalchemy import Connection, and_, case, func, insert, select, update
 
 from jobstore.core.jobs import Job
 from jobstore.core.states import FINAL_VALUES, Event, Status
-from jobstore.db.backends import DAG, Change
+from jobstore.db.backends import DAG, Change, DagSettings
 from jobstore.db.rows import event_row
 from jobstore.db.schema import (
     clusters,
@@ -134,19 +134,24 @@ class DagEngine:
         return clusters_of
 
     @staticmethod
-    def dag_files(conn: Connection, dag_id: int, status_file: str, status_every: int) -> None:
-        """Record a new DAG's NODE_STATUS_FILE (InvalidInput: not an absolute path of one
-        line, or a DAG with nodes already)."""
+    def dag_settings(conn: Connection, dag_id: int, settings: DagSettings) -> None:
+        """Record a new DAG's settings for its access point (InvalidInput: a status file
+        that is no absolute path of one line, a negative count, or a DAG with nodes
+        already)."""
         if conn.execute(select(dag_nodes.c.name).where(dag_nodes.c.dag_id == dag_id)
                         .limit(1)).first() is not None:
             raise InvalidInput(f"DAG {dag_id} has its nodes already")
-        if (not status_file.startswith("/") or len(status_file) > MAX_PATH
-                or any(ord(c) < 32 or c == "\x7f" for c in status_file)
-                or not 0 <= status_every <= 86400):
+        path, every = settings.status_file, settings.status_every
+        if path is not None and (not path.startswith("/") or len(path) > MAX_PATH or any(
+                ord(c) < 32 or c == "\x7f" for c in path)) or not 0 <= every <= 86400:
             raise InvalidInput("NODE_STATUS_FILE is an absolute path of one line, written at "
                                "most every 0 to 86400 s")
+        if any(n is not None and not 0 <= n <= 1_000_000
+               for n in (settings.max_pre, settings.max_post)):
+            raise InvalidInput("-MaxPre and -MaxPost are 0 or more")
         conn.execute(update(dags).where(dags.c.id == dag_id).values(
-            status_file=status_file, status_every=status_every))
+            status_file=path, status_every=every, max_pre=settings.max_pre,
+            max_post=settings.max_post))
 
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         conn.execute(update(dag_nodes).where(

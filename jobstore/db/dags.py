@@ -19,7 +19,7 @@ from sqlalchemy import Connection, func, select
 
 from jobstore.core.jobs import Job, JobSpec, NodeJobs
 from jobstore.core.states import FINAL_VALUES
-from jobstore.db.backends import DAG, Door
+from jobstore.db.backends import DAG, DagSettings, Door
 from jobstore.db.dagengine import DONE, FAILED, LIVE, QUEUED
 from jobstore.db.jsontext import json_value
 from jobstore.db.schema import dag_nodes, dags, job_events, jobs
@@ -87,12 +87,14 @@ class DagStore:
                    max_jobs: int | None = None, max_idle: int | None = None,
                    check: Callable[[Job], None] | None = None,
                    connection: Connection | None = None,
-                   home: str | None = None) -> tuple[int, dict[str, int]]:
+                   home: str | None = None, max_pre: int | None = None,
+                   max_post: int | None = None) -> tuple[int, dict[str, int]]:
         """Queue `dag` in one transaction: (its DAGManJobId, each node's cluster). `specs_of`
         gives the jobs of the nodes to queue (their submit descriptions read with DAGMan's
         macros) for the DAG's id. The nodes without parents (or whose parents are DONE) are
         released at once. `home`: the access point it is submitted on, whose `jobstore
-        schedd` writes its nodes' outputs and event logs."""
+        schedd` writes its nodes' outputs and event logs, and runs its scripts (at most
+        `max_pre` PRE and `max_post` POST scripts at once; 0: no limit of its own)."""
         now = time.time()
         with self.db.transaction(connection) as conn:
             config_jobs = _config_int(dag.config.get("DAGMAN_MAX_JOBS_SUBMITTED"))
@@ -102,8 +104,14 @@ class DagStore:
                 max_jobs=max_jobs if max_jobs is not None else config_jobs,
                 max_idle=max_idle if max_idle is not None else config_idle,
                 attrs=dag.job_attrs, now=now, home=home)
-            if dag.status_file is not None:
-                self.door.dag_files(conn, dag_id, dag.status_file, dag.status_every)
+            settings = DagSettings(
+                dag.status_file, dag.status_every,
+                max_pre if max_pre is not None else _config_int(
+                    dag.config.get("DAGMAN_MAX_PRE_SCRIPTS"), least=0),
+                max_post if max_post is not None else _config_int(
+                    dag.config.get("DAGMAN_MAX_POST_SCRIPTS"), least=0))
+            if settings != DagSettings(status_every=dag.status_every):
+                self.door.dag_settings(conn, dag_id, settings)
             groups = specs_of(dag_id)
             procs = {}  # a node's jobs (a template's nodes are one each: none is read)
             late: dict[str, list[list[str]] | None] = {}  # inputs read when it is submitted
@@ -224,14 +232,14 @@ def _attrs(text: str | None) -> dict[str, str]:
     return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
 
 
-def _config_int(text: str | None) -> int | None:
+def _config_int(text: str | None, least: int = 1) -> int | None:
     if text is None:
         return None
     try:
         value = int(text)
     except ValueError:
         return None
-    return value if value > 0 else None
+    return value if value >= least else None
 
 
 def _late(name: str, specs: Sequence[JobSpec]) -> list[list[str]] | None:

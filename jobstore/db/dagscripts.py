@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Select, and_, exists, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, select
 
 from jobstore.core.states import Status
 from jobstore.db.backends import Door
@@ -43,6 +43,7 @@ class NodeScript(NamedTuple):
     dag_status: str
     late_inputs: str | None = None  # the inputs read when it is submitted (JSON, unchecked)
     has_pre: bool = False  # it has a PRE script (else $PRE_SCRIPT_RETURN is -1)
+    cap: int = 20  # the DAG's scripts of this kind that may run at once (-MaxPre, -MaxPost)
 
 
 class ScriptExit(NamedTuple):
@@ -55,11 +56,13 @@ class ScriptExit(NamedTuple):
     code: int
 
 
-def _script(r: Any) -> NodeScript:
+def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
+    cap = r.max_pre if r.status == PRE else r.max_post
     return NodeScript(r.dag_id, r.name, r.status, r.owner,
                       (r.pre if r.status == PRE else r.post) or None, r.directory,
                       r.cluster_id, r.job_code, r.pre_code, r.script_token,
-                      r.script_started_at, r.dag_status, r.late_inputs, bool(r.pre))
+                      r.script_started_at, r.dag_status, r.late_inputs, bool(r.pre),
+                      per_dag if cap is None else per_owner if cap == 0 else cap)
 
 
 class NodeJob(NamedTuple):
@@ -105,13 +108,17 @@ class DagScripts:
             per_owner: int = 100, limit: int = 1000) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose script may
         start now (a PRE script only in a running DAG; neither before the outputs it may read
-        are home): at most `per_dag` of each DAG's PRE and of its POST scripts and `per_owner`
-        of each owner's, each owner's oldest first and the owners in turn, so that nobody's
-        many scripts keep another's waiting."""
+        are home): at most `per_dag` of each DAG's PRE and of its POST scripts (or what the
+        DAG's -MaxPre and -MaxPost say; 0: `per_owner`) and `per_owner` of each owner's,
+        each owner's oldest first and the owners in turn, so that nobody's many scripts keep
+        another's waiting."""
+        cap = case((dag_nodes.c.status == PRE, dags.c.max_pre), else_=dags.c.max_post)
         in_dag = (self._rows(home, owner)
                   .add_columns(func.row_number().over(
                       partition_by=(dag_nodes.c.dag_id, dag_nodes.c.status),
-                      order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"))
+                      order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"),
+                      case((cap.is_(None), per_dag), (cap == 0, per_owner),
+                           else_=cap).label("cap"))
                   .where(dag_nodes.c.script_token.is_(None),
                          or_(and_(dag_nodes.c.status == POST,
                                   ~_outputs_away(dag_nodes.c.cluster_id)),
@@ -122,22 +129,22 @@ class DagScripts:
                         partition_by=in_dag.c.owner,
                         order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
                         .label("in_owner"))
-                    .where(in_dag.c.in_dag <= per_dag).subquery())
+                    .where(in_dag.c.in_dag <= in_dag.c.cap).subquery())
         q = (select(in_owner).where(in_owner.c.in_owner <= per_owner)
              .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
                        in_owner.c.name)
              .limit(limit))
         with self.db.transaction() as conn:
-            return [_script(r) for r in conn.execute(q)]
+            return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
 
-    def held_by(self, home: str, prefix: str, *, owner: str | None = None
-                ) -> list[NodeScript]:
+    def held_by(self, home: str, prefix: str, *, owner: str | None = None,
+                per_dag: int = 20, per_owner: int = 100) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` whose script a run whose token begins with
         `prefix` holds."""
         q = self._rows(home, owner).where(
             dag_nodes.c.script_token.startswith(prefix, autoescape=True))
         with self.db.transaction() as conn:
-            return [_script(r) for r in conn.execute(q)]
+            return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
 
     @staticmethod
     def _rows(home: str, owner: str | None) -> Select[Any]:
@@ -148,7 +155,7 @@ class DagScripts:
                     dag_nodes.c.directory, dag_nodes.c.cluster_id, dag_nodes.c.job_code,
                     dag_nodes.c.pre_code, dag_nodes.c.script_token,
                     dag_nodes.c.script_started_at, dags.c.status.label("dag_status"),
-                    dag_nodes.c.late_inputs)
+                    dag_nodes.c.late_inputs, dags.c.max_pre, dags.c.max_post)
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from jobstore.core import holds, policy
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.core.states import STATUS_OF, Event, Status, decide
-from jobstore.db.backends import ACTED, Change, InputFile
+from jobstore.db.backends import ACTED, Change, DagSettings, InputFile
 from jobstore.db.dagengine import DagEngine
 from jobstore.db.negotiator import Negotiator
 from jobstore.db.rows import event_row, note_event
@@ -254,9 +254,8 @@ class LocalDoor:
                   now: float) -> dict[str, int]:
         return self.dags.dag_nodes(conn, dag_id, nodes, edges, categories, now)
 
-    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
-                  status_every: int) -> None:
-        self.dags.dag_files(conn, dag_id, status_file, status_every)
+    def dag_settings(self, conn: Connection, dag_id: int, settings: DagSettings) -> None:
+        self.dags.dag_settings(conn, dag_id, settings)
 
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         return self.dags.start_dag(conn, dag_id, now)

@@ -257,6 +257,8 @@ dags = Table(
     Column("finished_at", Epoch()),
     Column("status_file", Text),  # NODE_STATUS_FILE
     Column("status_every", Integer),  # its least seconds between writes
+    Column("max_pre", Integer),  # -MaxPre: its PRE scripts that run at once (0: no limit)
+    Column("max_post", Integer),  # -MaxPost
 )
 
 dag_nodes = Table(

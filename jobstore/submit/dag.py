@@ -32,7 +32,8 @@ REFUSED = {
     "PIN_OUT": "(splice pins) is not supported",
 }
 # What a CONFIG file may set; anything else it sets is refused.
-CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS")
+CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS",
+                "DAGMAN_MAX_PRE_SCRIPTS", "DAGMAN_MAX_POST_SCRIPTS")
 MAX_SCRIPT = 4096  # characters of a SCRIPT's command line
 STATUS_EVERY = 60  # DAGMan's least seconds between two writes of the node status file
 _NAME = re.compile(r"[^\s+{}]+")

@@ -541,8 +541,8 @@ def test_a_dag_written_by_htcondor2_dags_through_schedd_submit(
                   if j.ad["DAGNodeName"]["expr"].startswith('"prep'))
     assert args == ["1", "2"]
     assert sorted(_run(store)) == ["prep:0", "prep:1", "work:0"]
-    with pytest.raises(DagError, match="option 'maxpre' is not supported"):
-        jobstore.Submit.from_dag(str(path), {"maxpre": 2})
+    with pytest.raises(DagError, match="option 'maxhold' is not supported"):
+        jobstore.Submit.from_dag(str(path), {"maxhold": 2})
 
 
 @BOTH_BACKENDS
@@ -564,14 +564,15 @@ def test_htcondor2s_own_from_dag_is_queued_as_its_dag(
     _dag(tmp_path, DIAMOND)
     monkeypatch.chdir(tmp_path)
     schedd = jobstore.Schedd(store=store, owner=OWNER)
-    description = htcondor2.Submit.from_dag("test.dag", {"maxjobs": 1, "batch-name": "wf"})
+    description = htcondor2.Submit.from_dag("test.dag", {"maxjobs": 1, "batch-name": "wf",
+                                                         "maxpre": 2, "maxpost": 0})
     result = schedd.submit(description)
     dag = store.dags.dag_of(result.cluster())
-    assert dag is not None and (dag.path, dag.batch_name, dag.max_jobs) == (
-        str(tmp_path / "test.dag"), "wf", 1)
+    assert dag is not None and (dag.path, dag.batch_name, dag.max_jobs, dag.max_pre,
+                                dag.max_post) == (str(tmp_path / "test.dag"), "wf", 1, 2, 0)
     ran = _run(store)
     assert ran[0] == "A" and sorted(ran[1:3]) == ["B", "C"] and ran[3] == "D"
-    refused = {"maxpre": "-MaxPre is not supported", "maxpost": "-MaxPost is not supported",
+    refused = {"usedagdir": "-UseDagDir is not supported",
                "notification": "notification is not supported"}
     for option, message in refused.items():
         (tmp_path / "test.dag.condor.sub").unlink()

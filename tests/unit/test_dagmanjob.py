@@ -40,7 +40,7 @@ def test_dagmans_job_is_its_dag(tmp_path, monkeypatch) -> None:  # type: ignore[
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"arguments": '"-Dag x.dag -MaxPre 2"'}, "-MaxPre is not supported"),
+    ({"arguments": '"-Dag x.dag -MaxHold 2"'}, "-MaxHold is not supported"),
     ({"arguments": '"-Dag x.dag -Dag y.dag"'}, "one DAG file"),
     ({"arguments": '"-f"'}, "one DAG file"),
     ({"universe": "vanilla"}, "scheduler universe"),

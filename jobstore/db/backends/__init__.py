@@ -24,6 +24,7 @@ from jobstore.db.backends.base import (
     Backend,
     Change,
     Claim,
+    DagSettings,
     Door,
     HandOut,
     Identity,
@@ -94,6 +95,6 @@ def preload_drivers() -> None:
 
 
 __all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "READ_JOBS", "SKIPPED",
-           "Backend", "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "MenuRow",
-           "Opened", "Params", "Roles", "Row", "UserRights", "Value", "backend_for",
-           "database", "preload_drivers", "server_warnings"]
+           "Backend", "Change", "Claim", "DagSettings", "Door", "HandOut", "Identity",
+           "InputFile", "MenuRow", "Opened", "Params", "Roles", "Row", "UserRights", "Value",
+           "backend_for", "database", "preload_drivers", "server_warnings"]

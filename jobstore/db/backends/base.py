@@ -96,6 +96,18 @@ class InputFile:
     mode: int
 
 
+@dataclass(frozen=True, slots=True)
+class DagSettings:
+    """What a DAG asks of its access point: its NODE_STATUS_FILE, written at most every
+    `status_every` seconds, and the most PRE and POST scripts of it that run at once (None:
+    the access point's default; 0: no limit of its own)."""
+
+    status_file: str | None = None
+    status_every: int = 60
+    max_pre: int | None = None
+    max_post: int | None = None
+
+
 class Door(Protocol):
     """The writes of a submitter: what the schedd does for condor_submit, condor_hold,
     condor_release, condor_rm, condor_qedit, condor_submit_dag and condor_userprio. Each
@@ -161,10 +173,8 @@ class Door(Protocol):
         abort_return, final), dependencies and throttles: the cluster made for each node
         with jobs, by name."""
 
-    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
-                  status_every: int) -> None:
-        """A new DAG's NODE_STATUS_FILE (written at most every `status_every` seconds),
-        before its nodes: an absolute path of one line."""
+    def dag_settings(self, conn: Connection, dag_id: int, settings: DagSettings) -> None:
+        """A new DAG's settings for its access point, before its nodes."""
 
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         """Release the nodes of a queued DAG that have no parents to wait for."""

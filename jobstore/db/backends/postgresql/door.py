@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from jobstore.core import policy
 from jobstore.core.autoclusters import signature
 from jobstore.core.jobs import Job, ProcTemplate
-from jobstore.db.backends.base import Change, InputFile
+from jobstore.db.backends.base import Change, DagSettings, InputFile
 from jobstore.db.backends.postgresql import driver
 from jobstore.db.backends.postgresql.queries import QUERIES
 from jobstore.db.jsontext import json_text
@@ -35,7 +35,7 @@ SET_FACTOR = QUERIES["door_set_factor"].sql
 RESET_USAGE = QUERIES["door_reset_usage"].sql
 NEW_DAG = QUERIES["door_new_dag"].sql
 DAG_NODES = QUERIES["door_dag_nodes"].sql
-DAG_FILES = QUERIES["door_dag_files"].sql
+DAG_SETTINGS = QUERIES["door_dag_settings"].sql
 START_DAG = QUERIES["door_start_dag"].sql
 PAUSE_DAG = QUERIES["door_pause_dag"].sql
 REMOVE_DAG = QUERIES["door_remove_dag"].sql
@@ -163,10 +163,10 @@ class PgDoor:
             "now": now}).fetchall()
         return {str(r[0]): int(r[1]) for r in rows}
 
-    def dag_files(self, conn: Connection, dag_id: int, status_file: str,
-                  status_every: int) -> None:
-        driver.execute(conn, DAG_FILES, {"dag": dag_id, "status_file": status_file,
-                                         "every": status_every})
+    def dag_settings(self, conn: Connection, dag_id: int, settings: DagSettings) -> None:
+        driver.execute(conn, DAG_SETTINGS, {
+            "dag": dag_id, "status_file": settings.status_file, "every": settings.status_every,
+            "max_pre": settings.max_pre, "max_post": settings.max_post})
 
     def start_dag(self, conn: Connection, dag_id: int, now: float) -> list[Change]:
         return self._changes(conn, START_DAG, {"dag": dag_id, "now": now})

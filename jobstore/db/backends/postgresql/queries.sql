@@ -509,9 +509,10 @@ SELECT jobstore_new_dag(%(owner)s::text, %(queue)s::text, %(path)s::text,
 SELECT name, cluster_id FROM jobstore_dag_nodes(%(dag)s::bigint, %(nodes)s::json,
     %(edges)s::json, %(categories)s::json, %(now)s::float8);
 
--- name: door_dag_files
--- A new DAG's NODE_STATUS_FILE.
-SELECT jobstore_dag_files(%(dag)s::bigint, %(status_file)s::text, %(every)s::integer);
+-- name: door_dag_settings
+-- A new DAG's NODE_STATUS_FILE and its scripts' throttles.
+SELECT jobstore_dag_settings(%(dag)s::bigint, %(status_file)s::text, %(every)s::integer,
+    %(max_pre)s::integer, %(max_post)s::integer);
 
 -- name: door_start_dag
 -- Release the nodes of a queued DAG that wait for no parent.

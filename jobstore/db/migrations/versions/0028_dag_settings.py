@@ -1,8 +1,10 @@
-"""A DAG's NODE_STATUS_FILE, kept current by the access point's `jobstore schedd` as DAGMan
-keeps it: `dags` records its path and least seconds between writes, given by the submitter
-through the door (`jobstore_dag_files`, which checks them: an absolute path of one line, before
-the DAG has nodes); `dag_files` is when the service wrote it (and whether after the DAG's
-end), which only the agents' roles (as which it connects) read and write.
+"""A DAG's settings for the access point's `jobstore schedd`: its NODE_STATUS_FILE (kept current
+as DAGMan keeps it: its path and least seconds between writes) and the most PRE and POST
+scripts of it that run at once (-MaxPre, -MaxPost), recorded in `dags` through the door
+(`jobstore_dag_settings`, which checks them: an absolute path of one line, counts of 0 or
+more, before the DAG has nodes); `dag_files` is when the service wrote the status file (and
+whether after the DAG's end), which only the agents' roles (as which it connects) read and
+write.
 
 Revision ID: 0028
 Revises: 0027
@@ -16,7 +18,7 @@ down_revision = "0027"
 branch_labels = None
 depends_on = None
 
-FUNCTION = "jobstore_dag_files(bigint, text, integer)"
+FUNCTION = "jobstore_dag_settings(bigint, text, integer, integer, integer)"
 USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
 AGENT_ROLES = """
 SELECT DISTINCT grantee FROM information_schema.column_privileges
@@ -26,9 +28,11 @@ WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 
                   WHERE schemaname = current_schema() AND tablename = 'jobs')
 """
 SQL = r"""
--- A DAG's NODE_STATUS_FILE (written at most every p_status_every seconds), given by its owner
--- when she queues it (before its nodes): an absolute path of one line.
-CREATE FUNCTION jobstore_dag_files(p_dag bigint, p_status_file text, p_status_every integer)
+-- A DAG's NODE_STATUS_FILE (written at most every p_status_every seconds) and the most PRE and
+-- POST scripts of it that run at once (0: as many as the access point lets one owner run),
+-- given by its owner when she queues it (before its nodes).
+CREATE FUNCTION jobstore_dag_settings(p_dag bigint, p_status_file text, p_status_every integer,
+    p_max_pre integer, p_max_post integer)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
 #variable_conflict use_column
@@ -43,13 +47,16 @@ BEGIN
     IF EXISTS (SELECT 1 FROM dag_nodes n WHERE n.dag_id = p_dag) THEN
         PERFORM jobstore_bad(format('DAG %s has its nodes already', p_dag));
     END IF;
-    IF p_status_file IS NULL OR p_status_file !~ '^/' OR length(p_status_file) > 4096
-       OR p_status_file ~ '[\x01-\x1f\x7f]' OR p_status_every IS NULL
-       OR p_status_every NOT BETWEEN 0 AND 86400 THEN
+    IF p_status_file !~ '^/' OR length(p_status_file) > 4096
+       OR p_status_file ~ '[\x01-\x1f\x7f]' OR p_status_every NOT BETWEEN 0 AND 86400 THEN
         PERFORM jobstore_bad(format('DAG %s: NODE_STATUS_FILE is an absolute path of one '
                                     'line, written at most every 0 to 86400 s', d.path));
     END IF;
-    UPDATE dags SET status_file = p_status_file, status_every = p_status_every
+    IF p_max_pre NOT BETWEEN 0 AND 1000000 OR p_max_post NOT BETWEEN 0 AND 1000000 THEN
+        PERFORM jobstore_bad(format('DAG %s: -MaxPre and -MaxPost are 0 or more', d.path));
+    END IF;
+    UPDATE dags SET status_file = p_status_file, status_every = p_status_every,
+        max_pre = p_max_pre, max_post = p_max_post
     WHERE id = p_dag;
 END $$;
 """
@@ -58,6 +65,8 @@ END $$;
 def upgrade() -> None:
     op.add_column("dags", sa.Column("status_file", sa.Text()))
     op.add_column("dags", sa.Column("status_every", sa.Integer()))
+    op.add_column("dags", sa.Column("max_pre", sa.Integer()))
+    op.add_column("dags", sa.Column("max_post", sa.Integer()))
     op.create_table(
         "dag_files",
         sa.Column("dag_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
@@ -87,5 +96,7 @@ def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {FUNCTION}")
     op.drop_table("dag_files")
+    op.drop_column("dags", "max_post")
+    op.drop_column("dags", "max_pre")
     op.drop_column("dags", "status_every")
     op.drop_column("dags", "status_file")

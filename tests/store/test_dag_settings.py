@@ -1,7 +1,7 @@
-"""A DAG's NODE_STATUS_FILE kept current on the access point: read from the DAG file, given
-through the door (checked there), due every minimumUpdateTime seconds while the DAG runs and
-once more after its end, and written by the service as the DAG's owner, on SQLite and
-PostgreSQL."""
+"""What a DAG asks of its access point, on SQLite and PostgreSQL: its NODE_STATUS_FILE kept
+current (read from the DAG file, given through the door and checked there, due every
+minimumUpdateTime seconds while the DAG runs and once more after its end, written by the
+service as the DAG's owner), and -MaxPre and -MaxPost."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from backends import BOTH_BACKENDS
+from sqlalchemy import Connection
 from test_dags import OWNER, _dag, _exit, _queued, _run
 
 from jobstore.accesspoint.dagstatus import DagStatusFiles
+from jobstore.db.backends import DagSettings
 from jobstore.db.store import JobStore
 from jobstore.errors import DagError, InvalidInput
 from jobstore.node import config
@@ -51,21 +53,43 @@ def test_the_status_file_is_read_with_its_update_time(tmp_path: Path) -> None:
 
 
 @BOTH_BACKENDS
-def test_the_door_takes_an_absolute_status_file_before_the_nodes(store: JobStore) -> None:
-    for path, every in (("rel", 5), ("/a\nb", 5), ("/a", -1), ("/a", 86401)):
-        with pytest.raises(InvalidInput, match="NODE_STATUS_FILE"), \
-                store.db.transaction() as conn:
-            dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
-                                        batch_name=None, max_jobs=None, max_idle=None,
-                                        attrs={}, now=0.0, home="ap")
-            store.door.dag_files(conn, dag_id, path, every)
+def test_the_door_checks_a_dags_settings_before_its_nodes(store: JobStore) -> None:
+    for bad, message in ((DagSettings("rel", 5), "NODE_STATUS_FILE"),
+                         (DagSettings("/a\nb", 5), "NODE_STATUS_FILE"),
+                         (DagSettings("/a", -1), "NODE_STATUS_FILE"),
+                         (DagSettings("/a", 86401), "NODE_STATUS_FILE"),
+                         (DagSettings(None, 60, -1), "-MaxPre"),
+                         (DagSettings(None, 60, None, -2), "-MaxPost")):
+        with pytest.raises(InvalidInput, match=message), store.db.transaction() as conn:
+            store.door.dag_settings(conn, _new_dag(store, conn), bad)
     with pytest.raises(InvalidInput, match="has its nodes already"), \
             store.db.transaction() as conn:
-        dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
-                                    batch_name=None, max_jobs=None, max_idle=None,
-                                    attrs={}, now=0.0, home="ap")
+        dag_id = _new_dag(store, conn)
         store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 1}], [], {}, 0.0)
-        store.door.dag_files(conn, dag_id, "/d/s.txt", 5)
+        store.door.dag_settings(conn, dag_id, DagSettings("/d/s.txt", 5))
+
+
+def _new_dag(store: JobStore, conn: Connection) -> int:
+    return store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",
+                              batch_name=None, max_jobs=None, max_idle=None, attrs={}, now=0.0,
+                              home="ap")
+
+
+@BOTH_BACKENDS
+def test_max_pre_and_max_post_throttle_a_dags_scripts(store: JobStore, ap: config.Settings,
+                                                      tmp_path: Path) -> None:
+    """At most -MaxPre of a DAG's PRE scripts are due at once (DAGMAN_MAX_PRE_SCRIPTS in its
+    CONFIG, else the access point's default, here 2; 0: as many as an owner may run)."""
+    nodes = "".join(f"JOB N{i} node.sub\nSCRIPT PRE N{i} pre.sh\n" for i in range(4))
+    for where, options, config_text, due in (("a", {"maxpre": 1}, "", 1),
+                                             ("b", {}, "DAGMAN_MAX_PRE_SCRIPTS = 3\n", 3),
+                                             ("c", {"maxpre": 0}, "", 4),
+                                             ("d", {"maxpost": 1}, "", 2)):
+        (tmp_path / where).mkdir()
+        (tmp_path / where / "dag.config").write_text(config_text)
+        dag_id = _queued(store, tmp_path / where, ap, nodes + "CONFIG dag.config\n", **options)
+        rows = [r for r in store.dag_scripts.due("ap", per_dag=2) if r.dag_id == dag_id]
+        assert len(rows) == due, where
 
 
 @BOTH_BACKENDS
