@@ -22,6 +22,7 @@ import logging
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import stat
 import time
@@ -50,7 +51,7 @@ ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service 
 PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other duties' turn
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
 MAX_WARNED = 10_000  # DAGs (and owners) whose scripts' troubles were logged, once each
-RUN_FILES = (".json", ".pid", ".tmp")  # what a run leaves in the directory, after its token
+RUN_FILES = (".json", ".pid", ".tmp", ".inputs")  # what a run leaves, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
 MAX_COMMAND = 4096
@@ -58,7 +59,7 @@ MAX_COMMAND = 4096
 POST_ONLY = {"$JOBID", "$CLUSTERID", "$JOB_COUNT", "$SUCCESS", "$RETURN", "$EXIT_CODES",
              "$EXIT_CODE_COUNTS", "$EXIT_CODE_LIST", "$PRE_SCRIPT_RETURN", "$JOB_ABORT_COUNT"}
 REMOVED_RETURN = -1002  # $RETURN of a job removed from the queue, as DAGMan gives it
-INPUTS_BUDGET = 600.0  # seconds one node's late inputs may take to be read and stored
+OWNER_BUDGET = 5.0  # seconds of a pass one owner's late inputs may take (the rest wait)
 
 
 @dataclass
@@ -75,7 +76,7 @@ class _Run:
     command: tuple[int, int, str, list[str]] | None = None  # (uid, gid, cwd, argv)
     waiting: bool = False  # its runner is to be started (again)
     respawns: int = 0
-    late: str | None = None  # the node's inputs read once its PRE step exited 0 (JSON)
+    late: bool = False  # the node's inputs are read once its PRE step exited 0
     cluster_id: int | None = None
 
 
@@ -144,7 +145,7 @@ class DagScripts:
             held.add(row.token)
             if row.token not in self._runs:
                 self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
-                                             row.started_at or 0.0, late=row.late_inputs,
+                                             row.started_at or 0.0, late=row.late,
                                              cluster_id=row.cluster_id)
         now = time.time()
         for path in self._directory.iterdir():
@@ -157,6 +158,8 @@ class DagScripts:
                     continue
                 if suffix == "pid" and scriptrunner.stop(path):
                     LOG.info("the run %s is no node's: its runner is stopped", token)
+                elif suffix == "inputs":
+                    shutil.rmtree(path)
                 else:
                     path.unlink()
             except OSError:
@@ -182,7 +185,7 @@ class DagScripts:
             if why:
                 LOG.warning("DAG %s node %s: its %s script: %s", run.dag_id, run.name,
                             run.kind.upper(), why)
-            if run.kind == PRE and code == 0 and run.late is not None:
+            if run.kind == PRE and code == 0 and run.late:
                 inputs.append((token, run))
                 continue
             ended.append(ScriptExit(run.dag_id, run.name, run.kind, token, code))
@@ -199,31 +202,38 @@ class DagScripts:
             self._check_at = self.clock() + CHECK
         self._give(ended)
         until = time.monotonic() + PASS_BUDGET
+        spent: dict[str, float] = {}
         for token, run in inputs:
             if time.monotonic() >= until:
                 break  # the rest on the next pass
+            if spent.get(run.owner, 0.0) > OWNER_BUDGET:
+                continue  # hers wait for the next pass: her files hold nobody else's
+            start = time.monotonic()
             self._store_inputs(token, run)
+            spent[run.owner] = spent.get(run.owner, 0.0) + time.monotonic() - start
         return len(ended) + len(inputs)
 
     def _store_inputs(self, token: str, run: _Run) -> None:
         """Read the node's late inputs as its owner and store them with its PRE step's exit
         0; when they cannot be read or stored, the node fails (DAGMan's submit failure)."""
+        assert self._directory is not None
         exit_ = ScriptExit(run.dag_id, run.name, PRE, token, 0)
+        copies = self._directory / f"{token}.inputs"
         try:
             why = refusal(run.owner, self._owner, self.settings)
             if why is not None:
                 raise NotRead(why)
-            entries = _late_entries(run.late)
+            entries = _late_entries(self.store.dag_scripts.late_inputs(run.dag_id, run.name))
             if run.cluster_id is None:
                 raise NotRead("the node has no jobs")
-            reader = read_as(run.owner if self._owner is None else None, entries,
-                             INPUTS_BUDGET)
-            try:
-                self.store.dag_scripts.inputs_done(
-                    exit_, run.cluster_id, run.owner,
-                    (FileSource(f.name, f"/proc/self/fd/{f.fd}", f.mode) for f in reader))
-            finally:
-                reader.close()
+            shutil.rmtree(copies, ignore_errors=True)  # a former try's
+            copies.mkdir(mode=0o700)
+            max_file, max_total = self.store.dag_scripts.input_limits()
+            files = read_as(run.owner if self._owner is None else None, entries, copies,
+                            max_file, max_total)
+            self.store.dag_scripts.inputs_done(
+                exit_, run.cluster_id, run.owner,
+                [FileSource(f.name, f.path, f.mode) for f in files])
         except DatabaseError:
             raise
         except (NotRead, InputTooLarge, FileChanged, OSError, ValueError, KeyError) as exc:
@@ -231,6 +241,8 @@ class DagScripts:
                        f" could not be read: {' '.join(str(exc).split())[:300]}")
             self._give([exit_._replace(code=SUBMIT_FAILED)])
             return
+        finally:
+            shutil.rmtree(copies, ignore_errors=True)
         self._forget(token)
 
     def _give(self, ended: list[ScriptExit]) -> None:
@@ -324,7 +336,11 @@ class DagScripts:
     def _remove_files(self, token: str) -> None:
         assert self._directory is not None
         for suffix in RUN_FILES:
-            (self._directory / f"{token}{suffix}").unlink(missing_ok=True)
+            path = self._directory / f"{token}{suffix}"
+            if suffix == ".inputs":
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     # ---- the due scripts -----------------------------------------------------------------
 
@@ -356,7 +372,7 @@ class DagScripts:
         for (row, token), free in zip(chosen, taken, strict=True):
             if not free:
                 continue
-            if row.kind == PRE and row.command is None and row.late_inputs is not None:
+            if row.kind == PRE and row.command is None and row.late:
                 self._inputs_due(row, token)
                 started += 1
             elif self._launch(row, token):
@@ -371,14 +387,14 @@ class DagScripts:
         and the next look at the runs reads them (a service started again does it too)."""
         assert self._directory is not None
         self._runs[token] = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
-                                 late=row.late_inputs, cluster_id=row.cluster_id)
+                                 late=row.late, cluster_id=row.cluster_id)
         (self._directory / f"{token}.json").write_text(json.dumps({"code": 0}))
 
     def _launch(self, row: NodeScript, token: str) -> bool:
         """Start the runner of `row`'s script, whose lease `token` holds: whether it can
         start (now, or once this host can start a process again)."""
         self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
-                                       late=row.late_inputs, cluster_id=row.cluster_id)
+                                       late=row.late, cluster_id=row.cluster_id)
         try:
             argv, directory = self._command(row)
             uid = gid = -1

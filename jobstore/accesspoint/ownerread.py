@@ -1,9 +1,11 @@
-"""Files read on an owner's behalf: as root, a child process that takes her groups and her
-effective uid and gid (its real uid stays root's, so she can neither signal nor trace it) opens
-each file as she may, and hands the open file to this process over a socket pair; as anyone
-else, this process opens them itself. What the child says is checked as if she wrote it: names
-inside the sandbox, regular files only, at most MAX_FILES, the whole exchange under a
-deadline."""
+"""Files read on an owner's behalf: a child process that takes her groups and her effective uid
+and gid (as root; its real uid stays root's, so she can neither signal nor trace it) opens and
+reads each file as she may, and sends its bytes to this process, which copies them into a
+directory of its own. This process never opens nor reads a file of hers: what a file shows
+depends on who reads it (/proc, for one), and she may change it while it is read. What the
+child sends is checked as if she wrote it: names inside the sandbox, each file's size (taken
+when it was opened) within the limits before its bytes are taken, at most MAX_FILES, the
+whole exchange under a deadline."""
 
 from __future__ import annotations
 
@@ -12,161 +14,211 @@ import os
 import pwd
 import select
 import signal
-import socket
 import stat
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 from jobstore.errors import NotRead
 
-IDLE = 30.0  # seconds the child may take to open its next file
-HEADER_LIMIT = 16 * 1024  # bytes of one file's header
+IDLE = 5.0  # seconds the child may go without sending a byte
+BASE = 10.0  # seconds a read may take, and one more per RATE bytes it sends
+RATE = 20 * (1 << 20)
+HEADER_LIMIT = 16 * 1024  # bytes of one file's header line
 MAX_FILES = 10_000  # files of one read (a directory's, at any depth)
 MAX_NAME = 4096
+CHUNK = 1 << 20
 
 
-class Opened(NamedTuple):
-    """One file read: its name in the sandbox, its mode, and a descriptor open on it (closed
-    when the next one is read)."""
+class Copied(NamedTuple):
+    """One file read: its name in the sandbox, its mode, and this process's copy."""
 
     name: str
     mode: int
-    fd: int
+    path: str
+    size: int
 
 
-def read_as(owner: str | None, entries: Sequence[tuple[str, str]],
-            budget: float) -> Generator[Opened, None, None]:
+def read_as(owner: str | None, entries: Sequence[tuple[str, str]], into: Path,
+            max_file: int, max_total: int) -> list[Copied]:
     """The files of `entries` ((path, name): a file under its name, a directory's files
-    under it; name "" for a directory's contents), each opened with `owner`'s rights (None:
-    this process's), within `budget` seconds in all. NotRead (one line) for the first
-    that cannot be read, or a child that says what no reader would."""
-    if owner is None or os.geteuid() != 0 or owner == "root":
-        yield from _checked(_opened(entries), time.monotonic() + budget)
-        return
-    user = pwd.getpwnam(owner)
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    under it; name "" for a directory's contents), read with `owner`'s rights (None: this
+    process's) and copied into the directory `into` (this process's own); at most
+    `max_file` bytes each and `max_total` in all. NotRead (one line) for the first that
+    cannot be read, or a child that says what no reader would."""
+    user = pwd.getpwnam(owner) if owner is not None and os.geteuid() == 0 else None
+    data_r, data_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child, measured by the tests through its effects
-        mine.close()
-        _child(owner, user, theirs, entries)
-    theirs.close()
+        os.close(data_r)
+        _child(owner, user, data_w, entries)
+    os.close(data_w)
     try:
-        yield from _checked(_received(mine, time.monotonic() + budget, owner),
-                            time.monotonic() + budget)
+        with os.fdopen(data_r, "rb", buffering=0) as source:
+            return _received(_Reader(source.fileno()), into, max_file, max_total)
     finally:
-        mine.close()
         _reap(pid)
 
 
-def _checked(found: Iterator[Opened], deadline: float) -> Iterator[Opened]:
-    """The files as they come, each checked (a regular file, a name inside the sandbox, none
-    twice), each closed when the next is read."""
-    seen: set[str] = set()
-    for opened in found:
+class _Reader:
+    """The child's bytes, each read waited for at most IDLE seconds and all of them by a
+    deadline that grows with what was announced."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.deadline = time.monotonic() + BASE
+
+    def _more(self) -> bytes:
+        left = min(IDLE, self.deadline - time.monotonic())
+        ready, _, _ = select.select([self.fd], [], [], max(left, 0.0))
+        if not ready:
+            raise NotRead("reading them took too long")
+        return os.read(self.fd, CHUNK)
+
+    def line(self) -> bytes:
+        while b"\n" not in self.buffer:
+            data = self._more()
+            if not data:
+                raise NotRead("the reader ended before it said why")
+            self.buffer += data
+            if len(self.buffer) > HEADER_LIMIT and b"\n" not in self.buffer[:HEADER_LIMIT]:
+                raise NotRead("the reader said what no reader says")
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def chunks(self, size: int) -> Iterator[bytes]:
+        left = size
+        if self.buffer:
+            head, self.buffer = self.buffer[:left], self.buffer[left:]
+            left -= len(head)
+            yield head
+        while left > 0:
+            data = self._more()
+            if not data:
+                raise NotRead("a file changed while it was read")
+            if len(data) > left:
+                data, self.buffer = data[:left], data[left:]
+            left -= len(data)
+            yield data
+
+
+def _received(reader: _Reader, into: Path, max_file: int, max_total: int) -> list[Copied]:
+    seen: dict[str, Copied] = {}
+    total = 0
+    while True:
         try:
-            _check_name(opened.name)
-            if opened.name in seen:
-                raise NotRead(f"{opened.name} would be in the sandbox twice")
-            if len(seen) >= MAX_FILES:
-                raise NotRead(f"more than {MAX_FILES} files")
-            if time.monotonic() > deadline:
-                raise NotRead("reading them took too long")
-            if not stat.S_ISREG(os.fstat(opened.fd).st_mode):
-                raise NotRead(f"{opened.name}: not a regular file")
-            seen.add(opened.name)
-            yield Opened(opened.name, opened.mode & 0o755, opened.fd)
-        finally:
-            os.close(opened.fd)
+            header = json.loads(reader.line())
+            if not isinstance(header, dict):
+                raise ValueError
+        except ValueError:
+            raise NotRead("the reader said what no reader says") from None
+        if header.get("end") is True:
+            return list(seen.values())
+        if "error" in header:
+            raise NotRead(" ".join(str(header["error"]).split())[:300])
+        name, mode, size = header.get("name"), header.get("mode"), header.get("size")
+        if not (isinstance(name, str) and isinstance(mode, int) and isinstance(size, int)
+                and size >= 0):
+            raise NotRead("the reader said what no reader says")
+        _check_name(name)
+        if name in seen:
+            raise NotRead(f"{name} would be in the sandbox twice")
+        if len(seen) >= MAX_FILES:
+            raise NotRead(f"more than {MAX_FILES} files")
+        if size > max_file:
+            raise NotRead(f"{name} is {size / (1 << 20):.1f} MB, more than the "
+                          f"{max_file >> 20} MB an input file may be (JOBSTORE_MAX_INPUT_FILE_MB)")
+        total += size
+        if total > max_total:
+            raise NotRead(f"the node's inputs are more than the {max_total >> 20} MB a job "
+                          "may store (JOBSTORE_MAX_INPUT_MB)")
+        reader.deadline += size / RATE
+        path = into / f"{len(seen)}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            for data in reader.chunks(size):
+                out.write(data)
+        seen[name] = Copied(name, mode & 0o755, str(path), size)
 
 
 def _check_name(name: str) -> None:
     parts = name.split("/")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotRead(f"{name!r} is not a name in the sandbox (not UTF-8)") from None
     if (not name or len(name) > MAX_NAME or name.startswith("/") or ".." in parts
             or "" in parts or "." in parts or any(ord(c) < 32 or c == "\x7f" for c in name)):
         raise NotRead(f"{name!r} is not a name in the sandbox")
 
 
-def _opened(entries: Sequence[tuple[str, str]]) -> Iterator[Opened]:
-    """Each file of `entries`, opened by this process (what the child does as her)."""
-    for path, name in entries:
-        try:
-            fd = _open(path)
-        except OSError as exc:
-            raise NotRead(f"{path}: {exc.strerror or exc}") from None
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            yield Opened(name or os.path.basename(path), os.fstat(fd).st_mode, fd)
-            continue
-        os.close(fd)
-        for top, dirs, files in os.walk(path, onerror=_raise):
-            dirs.sort()
-            for leaf in sorted(files):
-                full = os.path.join(top, leaf)
-                rel = os.path.relpath(full, path)
-                try:
-                    fd = _open(full)
-                except OSError as exc:
-                    raise NotRead(f"{full}: {exc.strerror or exc}") from None
-                yield Opened(os.path.join(name, rel) if name else rel, os.fstat(fd).st_mode, fd)
+def _child(owner: str | None, user: pwd.struct_passwd | None, data_w: int,
+           entries: Sequence[tuple[str, str]]) -> None:
+    try:
+        os.closerange(3, data_w)
+        os.closerange(data_w + 1, os.sysconf("SC_OPEN_MAX"))
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if user is not None and owner is not None:
+            os.initgroups(owner, user.pw_gid)
+            os.setegid(user.pw_gid)
+            os.seteuid(user.pw_uid)
+        with os.fdopen(data_w, "wb") as out:
+            try:
+                for path, name in entries:
+                    _send_entry(out, path, name)
+                out.write(b'{"end": true}\n')
+            except OSError as exc:
+                where = f"{exc.filename}: " if exc.filename else ""
+                out.write(json.dumps({"error": f"{where}{exc.strerror or exc}"}).encode()
+                          + b"\n")
+        os._exit(0)
+    except BaseException:  # noqa: BLE001 - the parent sees the pipe end without a word
+        os._exit(1)
+
+
+def _send_entry(out: object, path: str, name: str) -> None:
+    """A file under `name`, or each file of a directory under it."""
+    fd = _open(path)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        _send(out, fd, name or os.path.basename(path), path)
+        return
+    os.close(fd)
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    for top, dirs, files in os.walk(path, onerror=fail):
+        dirs.sort()
+        for leaf in sorted(files):
+            full = os.path.join(top, leaf)
+            rel = os.path.relpath(full, path)
+            _send(out, _open(full), os.path.join(name, rel) if name else rel, full)
 
 
 def _open(path: str) -> int:
     return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
 
 
-def _raise(exc: OSError) -> None:
-    raise NotRead(f"{exc.filename}: {exc.strerror or exc}")
-
-
-def _received(sock: socket.socket, deadline: float, owner: str) -> Iterator[Opened]:
-    """The files the child hands over, until it says it is done; NotRead when it says
-    why it cannot, stalls, or hands over what is not one file with its header."""
-    while True:
-        left = min(IDLE, deadline - time.monotonic())
-        ready, _, _ = select.select([sock], [], [], max(left, 0.0))
-        if not ready:
-            raise NotRead(f"not read as {owner}: it took too long")
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, HEADER_LIMIT, 1)
-        except OSError as exc:
-            raise NotRead(f"not read as {owner}: {exc.strerror or exc}") from None
-        try:
-            header = json.loads(data) if data else {"error": "it ended without a word"}
-            if not isinstance(header, dict):
-                raise ValueError("not a header")
-        except ValueError:
-            header = {"error": "it said what no reader says"}
-        if header.get("end") is True and not fds:
-            return
-        if "error" in header or len(fds) != 1 or not isinstance(header.get("name"), str) \
-                or not isinstance(header.get("mode"), int):
-            for fd in fds:
-                os.close(fd)
-            why = header.get("error") or "it said what no reader says"
-            raise NotRead(" ".join(str(why).split())[:300])
-        yield Opened(str(header["name"]), int(header["mode"]), fds[0])
-
-
-def _child(owner: str, user: pwd.struct_passwd, sock: socket.socket,
-           entries: Sequence[tuple[str, str]]) -> None:
+def _send(out: object, fd: int, name: str, path: str) -> None:
+    """One file's header (its size as it is now) and as many bytes, read by this process."""
+    write = out.write  # type: ignore[attr-defined]
     try:
-        keep = sock.fileno()
-        os.closerange(3, keep)
-        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        os.initgroups(owner, user.pw_gid)
-        os.setegid(user.pw_gid)
-        os.seteuid(user.pw_uid)
-        for opened in _opened(entries):
-            socket.send_fds(sock, [json.dumps({"name": opened.name,
-                                               "mode": opened.mode}).encode()], [opened.fd])
-            os.close(opened.fd)
-        sock.send(json.dumps({"end": True}).encode())
-        os._exit(0)
-    except BaseException as exc:  # noqa: BLE001 - said to the parent, then gone
-        try:
-            sock.send(json.dumps({"error": str(exc)[:1000]}).encode())
-        finally:
-            os._exit(1)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file", path)
+        write(json.dumps({"name": name, "mode": st.st_mode, "size": st.st_size},
+                         ensure_ascii=True).encode() + b"\n")
+        left = st.st_size
+        while left > 0:
+            data = os.read(fd, min(CHUNK, left))
+            if not data:
+                raise OSError(0, "it changed while it was read", path)
+            write(data)
+            left -= len(data)
+    finally:
+        os.close(fd)
 
 
 def _reap(pid: int) -> None:
@@ -181,4 +233,4 @@ def _reap(pid: int) -> None:
     os.waitpid(pid, 0)
 
 
-__all__ = ["Opened", "read_as"]
+__all__ = ["Copied", "read_as"]

@@ -48,6 +48,7 @@ SCRIPT_TOKEN = re.compile(r"[0-9a-f]{32}")
 # transfer_input_files the access point could not read when the node was submitted
 SUBMIT_FAILED = -1001
 MAX_LATE_INPUTS = 1000  # entries of a node's transfer_input_files read when it is submitted
+MAX_LATE_BYTES = 1 << 20  # of their JSON text
 MAX_PATH = 4096
 
 
@@ -69,7 +70,10 @@ def late_inputs_text(entries: Any) -> str | None:
                 or name.startswith("/") or ".." in name.split("/")):
             raise InvalidInput(f"a node's late input {path!r} -> {name!r} is not an absolute "
                                "path with a name in the sandbox")
-    return json.dumps(entries)
+    text = json.dumps(entries)
+    if len(text) > MAX_LATE_BYTES:
+        raise InvalidInput(f"a node's late inputs are more than {MAX_LATE_BYTES} bytes")
+    return text
 
 # Remove the unfinished jobs of these clusters (`jobstore rm` of a DAG's queued nodes)
 RemoveJobs = Callable[[Connection, list[int], float, str], None]

@@ -9,9 +9,8 @@ the service checks it before it acts, and runs nothing here but as her."""
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, select
@@ -20,10 +19,17 @@ from jobstore.core.states import Status
 from jobstore.db.backends import Door
 from jobstore.db.dagengine import POST, PRE
 from jobstore.db.phases import status_in
-from jobstore.db.sandbox import IN, MAX_INPUT_MB, OUT, FileSource, SandboxFiles
+from jobstore.db.sandbox import (
+    IN,
+    MAX_INPUT_FILE_MB,
+    MAX_INPUT_MB,
+    OUT,
+    FileSource,
+    SandboxFiles,
+)
 from jobstore.db.schema import clusters, dag_edges, dag_nodes, dags, deliveries, job_files, jobs
 from jobstore.db.transactions import Transactions
-from jobstore.errors import InputTooLarge
+from jobstore.errors import InvalidInput
 
 
 class NodeScript(NamedTuple):
@@ -41,7 +47,7 @@ class NodeScript(NamedTuple):
     token: str | None
     started_at: float | None
     dag_status: str
-    late_inputs: str | None = None  # the inputs read when it is submitted (JSON, unchecked)
+    late: bool = False  # it has inputs to read when it is submitted (late_inputs)
     has_pre: bool = False  # it has a PRE script (else $PRE_SCRIPT_RETURN is -1)
     cap: int = 20  # the DAG's scripts of this kind that may run at once (-MaxPre, -MaxPost)
 
@@ -61,7 +67,7 @@ def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
     return NodeScript(r.dag_id, r.name, r.status, r.owner,
                       (r.pre if r.status == PRE else r.post) or None, r.directory,
                       r.cluster_id, r.job_code, r.pre_code, r.script_token,
-                      r.script_started_at, r.dag_status, r.late_inputs, bool(r.pre),
+                      r.script_started_at, r.dag_status, bool(r.late), bool(r.pre),
                       per_dag if cap is None else per_owner if cap == 0 else cap)
 
 
@@ -155,7 +161,8 @@ class DagScripts:
                     dag_nodes.c.directory, dag_nodes.c.cluster_id, dag_nodes.c.job_code,
                     dag_nodes.c.pre_code, dag_nodes.c.script_token,
                     dag_nodes.c.script_started_at, dags.c.status.label("dag_status"),
-                    dag_nodes.c.late_inputs, dags.c.max_pre, dags.c.max_post)
+                    dag_nodes.c.late_inputs.is_not(None).label("late"), dags.c.max_pre,
+                    dags.c.max_post)
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
@@ -190,24 +197,33 @@ class DagScripts:
                 self.door.script_done(conn, run.dag_id, run.name, run.kind, run.token,
                                       run.code, now)
 
-    def inputs_done(self, run: ScriptExit, cluster_id: int, owner: str,
-                    files: Iterable[FileSource]) -> None:
-        """Store a node's late inputs as its jobs' (`files`, read as they come; the store's
-        limits on a job's inputs apply to them all) and give its PRE step's exit 0, in one
-        transaction: its jobs are released with their inputs, or not at all."""
-        now = time.time()
-        limit = None
-        total = 0
+    def late_inputs(self, dag_id: int, name: str) -> str | None:
+        """The node's inputs to read when it is submitted, as the door stored them (JSON)."""
         with self.db.transaction() as conn:
-            for source in files:
-                if limit is None:
-                    limit = self.files.input_limits(conn)[MAX_INPUT_MB] << 20
-                total += os.path.getsize(source.path)
-                if total > limit:
-                    raise InputTooLarge(f"the node's inputs are more than the {limit >> 20} MB "
-                                        "a job may store (JOBSTORE_MAX_INPUT_MB)")
-                self.files.store_files(conn, cluster_id=cluster_id, proc_id=None, owner=owner,
-                                       direction=IN, sources=[source])
+            return conn.execute(select(dag_nodes.c.late_inputs).where(
+                dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).scalar()
+
+    def input_limits(self) -> tuple[int, int]:
+        """The store's limits on an input file and on a job's inputs, in bytes."""
+        limits = self.files.input_limits()
+        return limits[MAX_INPUT_FILE_MB] << 20, limits[MAX_INPUT_MB] << 20
+
+    def inputs_done(self, run: ScriptExit, cluster_id: int, owner: str,
+                    files: Sequence[FileSource]) -> None:
+        """Store a node's late inputs as its jobs' (`files`: copies of this process's own;
+        the store's limits apply) and give its PRE step's exit 0, in one transaction: its
+        jobs are released with their inputs, or not at all. InputTooLarge for inputs over
+        the limits, InvalidInput for a name its jobs' sandbox has already (their
+        executable's)."""
+        now = time.time()
+        with self.db.transaction() as conn:
+            taken = set(conn.execute(select(job_files.c.name).where(
+                job_files.c.cluster_id == cluster_id, job_files.c.direction == IN)).scalars())
+            clash = sorted(taken & {f.name for f in files})
+            if clash:
+                raise InvalidInput(f"{clash[0]} would be in the sandbox twice")
+            self.files.store_files(conn, cluster_id=cluster_id, proc_id=None, owner=owner,
+                                   direction=IN, sources=files)
             self.door.script_done(conn, run.dag_id, run.name, PRE, run.token, 0, now)
 
     def node_jobs(self, cluster_id: int) -> list[NodeJob]:

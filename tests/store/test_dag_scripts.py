@@ -6,6 +6,7 @@ tests/system/test_node_scripts.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -325,48 +326,62 @@ def test_a_script_with_no_room_to_start_keeps_its_lease(store: JobStore, ap: con
     assert _states(store, dropped) == {"B": "futile"}
 
 
+def _late_dag(store: JobStore, ap: config.Settings, tmp: Path, inputs: dict[str, str],
+              made: Callable[[Path], None]) -> tuple[Path, int]:
+    """A DAG of node A (run at once) and children that read `inputs` (node -> its
+    transfer_input_files) when they are submitted, in a directory of the owner's where
+    `made(dir)` then makes A's outputs; the access point's service run until no child waits
+    to be submitted: (the directory, the DAG's id)."""
+    import dataclasses
+    import tempfile
+    import time
+
+    from jobstore.accesspoint import dagscripts
+    from jobstore.testing.support import ensure_account
+
+    work = Path(tempfile.mkdtemp(prefix="jobstore-late-"))  # the owner's, as a DAG's is
+    if os.geteuid() == 0:
+        user = ensure_account(OWNER)
+        os.chown(work, user.pw_uid, user.pw_gid)
+    (tmp / "results").mkdir(mode=0o700)
+    settings = dataclasses.replace(ap, dag_scripts=str(tmp / "results"))
+    for node, listed in inputs.items():
+        (work / f"{node}.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
+                                          "should_transfer_files = YES\n"
+                                          f"transfer_input_files = {listed}\nqueue\n")
+    dag_id = _queued(store, work, ap, "JOB A node.sub\n" + "".join(
+        f"JOB {n} {n}.sub\nPARENT A CHILD {n}\n" for n in inputs))
+    assert _run(store) == ["A"]
+    assert {k: v for k, v in _states(store, dag_id).items() if k != "A"} == dict.fromkeys(
+        inputs, "pre")
+    made(work)
+    duty = dagscripts.DagScripts(store, "ap", settings)
+    deadline = time.monotonic() + 30
+    while {_states(store, dag_id)[n] for n in inputs} & {"pre"}:
+        assert time.monotonic() < deadline, _states(store, dag_id)
+        duty.pass_once()
+        time.sleep(0.05)
+    assert not duty._runs
+    assert not [p for p in (tmp / "results").glob("*/*") if p.name != "id"]
+    return work, dag_id
+
+
 @BOTH_BACKENDS
 def test_a_childs_inputs_are_read_when_it_is_submitted(store: JobStore, ap: config.Settings,
                                                        tmp_path: Path) -> None:
     """A node with parents takes the transfer_input_files they make: read by the access
     point as the DAG's owner once its parents are done, stored with its jobs' release; one it
     cannot read fails its node (DAGMan's -1001) and nothing of it runs."""
-    import dataclasses
-    import pwd
     import shutil
-    import tempfile
-    import time
 
-    from jobstore.accesspoint import dagscripts
     from jobstore.db.sandbox import IN
-    from jobstore.testing.support import ensure_account
 
-    work = Path(tempfile.mkdtemp(prefix="jobstore-late-"))  # the owner's, as a DAG's is
-    if os.geteuid() == 0:
-        ensure_account(OWNER)
-        user = pwd.getpwnam(OWNER)
-        os.chown(work, user.pw_uid, user.pw_gid)
-    (tmp_path / "results").mkdir(mode=0o700)
-    settings = dataclasses.replace(ap, dag_scripts=str(tmp_path / "results"))
-    common = ("executable = /bin/true\ntransfer_executable = false\n"
-              "should_transfer_files = YES\n")
-    (work / "b.sub").write_text(common + "transfer_input_files = a.out, d\nqueue\n")
-    (work / "c.sub").write_text(common + "transfer_input_files = missing.txt\nqueue\n")
-    dag_id = _queued(store, work, ap, "JOB A node.sub\nJOB B b.sub\nJOB C c.sub\n"
-                     "PARENT A CHILD B C\n")
-    assert _run(store) == ["A"]
-    assert {k: v for k, v in _states(store, dag_id).items() if k != "A"} == {
-        "B": "pre", "C": "pre"}
-    (work / "a.out").write_text("made by A")
-    (work / "d").mkdir()
-    (work / "d" / "x.txt").write_text("x")
-    duty = dagscripts.DagScripts(store, "ap", settings)
-    deadline = time.monotonic() + 30
-    while {_states(store, dag_id)[n] for n in "BC"} & {"pre"}:
-        assert time.monotonic() < deadline, _states(store, dag_id)
-        duty.pass_once()
-        time.sleep(0.05)
-    assert not duty._runs
+    def made(work: Path) -> None:
+        (work / "a.out").write_text("made by A")
+        (work / "d").mkdir()
+        (work / "d" / "x.txt").write_text("x")
+
+    work, dag_id = _late_dag(store, ap, tmp_path, {"B": "a.out, d", "C": "missing.txt"}, made)
     nodes = {n.name: n for n in store.dags.dag_nodes_of(dag_id)}
     assert (nodes["B"].status, nodes["C"].status, nodes["C"].exit_code) == (
         "queued", "failed", -1001)
@@ -382,12 +397,48 @@ def test_a_childs_inputs_are_read_when_it_is_submitted(store: JobStore, ap: conf
 
 
 @BOTH_BACKENDS
+def test_a_childs_inputs_are_what_the_owner_reads_within_the_limits(
+        store: JobStore, ap: config.Settings, tmp_path: Path) -> None:
+    """The service never reads her files itself: what a file shows its reader (/proc) is
+    what she would read; a file is taken at the size it had when it was opened, and one
+    over the store's limits fails its node before its bytes are taken, as does a name that
+    is not UTF-8."""
+    import shutil
+
+    from jobstore.db.sandbox import IN
+
+    store.files.set_input_limits({"max_input_file_mb": 1})
+
+    def made(work: Path) -> None:
+        with open(work / "big.dat", "wb") as f:
+            f.truncate(2 << 20)  # sparse: no disk, 2 MB
+        (work / "d").mkdir()
+        (work / "d" / os.fsdecode(b"\xff")).write_text("x")
+
+    work, dag_id = _late_dag(store, ap, tmp_path, {"B": "/proc/kallsyms", "C": "big.dat",
+                                                   "D": "d"}, made)
+    nodes = {n.name: (n.status, n.exit_code) for n in store.dags.dag_nodes_of(dag_id)}
+    assert nodes == {"A": ("done", 0), "B": ("queued", None), "C": ("failed", -1001),
+                     "D": ("failed", -1001)}
+    b = claim(store)
+    assert b is not None
+    [stored] = store.files.job_files_of(b, IN)
+    content = b"".join(store.files.file_content(stored.owner, stored.sha256))
+    with open("/proc/kallsyms", "rb") as f:
+        roots = f.readline()
+    if os.geteuid() == 0 and not roots.startswith(b"0000"):
+        assert roots not in content  # root's view of the kernel's addresses
+    shutil.rmtree(work)
+
+
+@BOTH_BACKENDS
 def test_the_door_takes_late_inputs_with_absolute_paths_and_sandbox_names(
         store: JobStore) -> None:
     """What the access point would read as the owner is checked when the DAG is queued: an
-    absolute path, a name inside the sandbox, no control characters, at most 1000."""
+    absolute path, a name inside the sandbox, no control characters, at most 1000 in 1 MB."""
     bads: list[Any] = ["x", [], [["rel", "x"]], [["/a", "../x"]], [["/a", "/x"]],
-                       [["/a\n", "x"]], [["/a", "x", "y"]], [[1, "x"]], [["/a", "x"]] * 1001]
+                       [["/a\n", "x"]], [["/a", "x", "y"]], [[1, "x"]], [["/a", "x"]] * 1001,
+                       [["/" + "a" * 4000, "b" * 4000]] * 200]  # 1.6 MB
     for bad in bads:
         with pytest.raises(InvalidInput, match="late input"), store.db.transaction() as conn:
             dag_id = store.door.new_dag(conn, owner=OWNER, queue="default", path="/d/x.dag",

@@ -29,11 +29,12 @@ CHANGES = {
         ("    IF v_bad IS NOT NULL THEN\n        PERFORM jobstore_bad(format('DAG %s: %s',",
          "    IF v_bad IS NULL THEN\n"
          "        SELECT format('node %s: its late inputs are at most 1000 pairs of an absolute '\n"
-         "                      'path and a name in the sandbox', n.name) INTO v_bad\n"
+         "                      'path and a name in the sandbox, in 1 MB', n.name) INTO v_bad\n"
          "        FROM json_to_recordset(p_nodes) AS n(name text, late_inputs json)\n"
          "        WHERE n.late_inputs IS NOT NULL AND json_typeof(n.late_inputs) <> 'null'\n"
          "          AND (json_typeof(n.late_inputs) <> 'array'\n"
          "               OR json_array_length(n.late_inputs) NOT BETWEEN 1 AND 1000\n"
+         "               OR octet_length(n.late_inputs::text) > 1048576\n"
          "               OR EXISTS (\n"
          "                   SELECT 1 FROM json_array_elements(n.late_inputs) AS e(v)\n"
          "                   WHERE json_typeof(e.v) <> 'array' OR json_array_length(e.v) <> 2\n"
