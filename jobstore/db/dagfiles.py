@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, case, func, or_, select
 
 from jobstore.db.eventlogs import DAG_ENDED
 from jobstore.db.schema import clusters, dag_files, dags
 from jobstore.db.transactions import Transactions
 
 DEFAULT_EVERY = 60  # DAGMan's minimumUpdateTime
+LEAST_EVERY = 5  # seconds between two writes of one file, whatever the DAG asks
 
 
 class DagFile(NamedTuple):
@@ -34,10 +35,11 @@ class DagFiles:
             limit: int = 100) -> list[DagFile]:
         """The DAGs submitted on `home` (of `owner` alone, if given) with a node status file
         to write: those running whose file was written `status_every` seconds ago or more
-        (or never), and those ended whose file was not written since; least recently written
-        first."""
+        (LEAST_EVERY at least; or never), and those ended whose file was not written since;
+        least recently written first."""
         ended = dags.c.status.in_(DAG_ENDED)
-        every = func.coalesce(dags.c.status_every, DEFAULT_EVERY)
+        asked = func.coalesce(dags.c.status_every, DEFAULT_EVERY)
+        every = case((asked < LEAST_EVERY, LEAST_EVERY), else_=asked)
         q = (select(dags.c.id, dags.c.owner, dags.c.status, dags.c.status_file)
              .join(clusters, and_(clusters.c.id == dags.c.id, clusters.c.home == home))
              .outerjoin(dag_files, dag_files.c.dag_id == dags.c.id)
