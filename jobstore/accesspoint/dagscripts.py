@@ -59,7 +59,6 @@ MAX_COMMAND = 4096
 POST_ONLY = {"$JOBID", "$CLUSTERID", "$JOB_COUNT", "$SUCCESS", "$RETURN", "$EXIT_CODES",
              "$EXIT_CODE_COUNTS", "$EXIT_CODE_LIST", "$PRE_SCRIPT_RETURN", "$JOB_ABORT_COUNT"}
 REMOVED_RETURN = -1002  # $RETURN of a job removed from the queue, as DAGMan gives it
-OWNER_BUDGET = 5.0  # seconds of a pass one owner's late inputs may take (the rest wait)
 
 
 @dataclass
@@ -96,6 +95,7 @@ class DagScripts:
     _warned: set[int | str] = field(default_factory=set, init=False)
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
+    _served: dict[str, float] = field(default_factory=dict, init=False)  # late inputs, by owner
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -201,17 +201,24 @@ class DagScripts:
                     self._stop(token, run)
             self._check_at = self.clock() + CHECK
         self._give(ended)
+        self._read_inputs(inputs)
+        return len(ended) + len(inputs)
+
+    def _read_inputs(self, inputs: list[tuple[str, _Run]]) -> None:
+        """Read the late inputs of at most one node of each owner this pass, the owners
+        served least lately first, until PASS_BUDGET: one owner's many or slow files keep
+        another's node waiting one of her nodes at most."""
         until = time.monotonic() + PASS_BUDGET
-        spent: dict[str, float] = {}
+        first: dict[str, tuple[str, _Run]] = {}
         for token, run in inputs:
+            first.setdefault(run.owner, (token, run))
+        for owner in sorted(first, key=lambda o: self._served.get(o, 0.0)):
             if time.monotonic() >= until:
                 break  # the rest on the next pass
-            if spent.get(run.owner, 0.0) > OWNER_BUDGET:
-                continue  # hers wait for the next pass: her files hold nobody else's
-            start = time.monotonic()
-            self._store_inputs(token, run)
-            spent[run.owner] = spent.get(run.owner, 0.0) + time.monotonic() - start
-        return len(ended) + len(inputs)
+            self._store_inputs(*first[owner])
+            self._served[owner] = time.monotonic()
+            if len(self._served) > MAX_WARNED:
+                self._served.clear()
 
     def _store_inputs(self, token: str, run: _Run) -> None:
         """Read the node's late inputs as its owner and store them with its PRE step's exit
@@ -297,10 +304,10 @@ class DagScripts:
         path = self._directory / f"{token}.json"
         if run.waiting:
             return None
-        if run.pid is not None:
+        if run.pid is not None and run.pid > 0:  # -1: reaped (waitpid(-1) is any child's)
             if os.waitpid(run.pid, os.WNOHANG) == (0, 0):
                 return None
-            run.pid = -1  # reaped
+            run.pid = -1
         try:
             found = json.loads(path.read_text(encoding="utf-8"))
             why = " ".join(str(found.get("error") or "").split())[:300]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,8 @@ LOG = logging.getLogger("jobstore.schedd")
 BUDGET = 30.0  # seconds root's writer has for one status file
 RETRY = 300.0  # seconds before a status file that could not be written is tried again
 MAX_WARNED = 10_000  # DAGs whose status file could not be written, said once each
+PASS_BUDGET = 2.0  # seconds a pass may spend writing status files (the rest: the next pass)
+PER_OWNER = 10  # status files of one owner a pass writes at most
 
 
 @dataclass
@@ -39,10 +42,20 @@ class DagStatusFiles:
         self._owner = serving_account()
 
     def pass_once(self) -> int:
-        """Write the status files due now; returns how many were written."""
+        """Write the status files due now, least lately written first, within PASS_BUDGET
+        and PER_OWNER; returns how many were written."""
         now = self.clock()
-        return sum(self._write(dag, now)
-                   for dag in self.store.dag_files.due(self.name, now, owner=self._owner))
+        until = time.monotonic() + PASS_BUDGET
+        mine: Counter[str] = Counter()
+        done = 0
+        for dag in self.store.dag_files.due(self.name, now, owner=self._owner):
+            if time.monotonic() >= until:
+                break
+            if mine[dag.owner] >= PER_OWNER:
+                continue
+            mine[dag.owner] += 1
+            done += self._write(dag, now)
+        return done
 
     def _write(self, dag: DagFile, now: float) -> bool:
         """Write `dag`'s status file and record it: one that cannot be written is said once

@@ -20,11 +20,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from jobstore.api.ownerwrite import reap
 from jobstore.errors import NotRead
 
 IDLE = 5.0  # seconds the child may go without sending a byte
 BASE = 10.0  # seconds a read may take, and one more per RATE bytes it sends
-RATE = 20 * (1 << 20)
+RATE = 50 * (1 << 20)
 HEADER_LIMIT = 16 * 1024  # bytes of one file's header line
 MAX_FILES = 10_000  # files of one read (a directory's, at any depth)
 MAX_NAME = 4096
@@ -58,7 +59,7 @@ def read_as(owner: str | None, entries: Sequence[tuple[str, str]], into: Path,
         with os.fdopen(data_r, "rb", buffering=0) as source:
             return _received(_Reader(source.fileno()), into, max_file, max_total)
     finally:
-        _reap(pid)
+        reap(pid, 1.0)  # killed if it has not ended: the parent reads no further
 
 
 class _Reader:
@@ -219,18 +220,6 @@ def _send(out: object, fd: int, name: str, path: str) -> None:
             left -= len(data)
     finally:
         os.close(fd)
-
-
-def _reap(pid: int) -> None:
-    """Wait for the child, killed if it has not ended (the parent read no further)."""
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return
-        time.sleep(0.01)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
 
 
 __all__ = ["Copied", "read_as"]

@@ -119,14 +119,41 @@ def _reason(err_r: int, pid: int) -> str | None:
         got = (got + data)[:1000]
         ended = not data  # its end of the pipe closes as it exits
     os.close(err_r)
-    if not ended:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    status = reap(pid, 1.0 if ended else 0.0)
+    if not ended or status is None:
         return got.decode("utf-8", "replace") or f"it did not end within {IDLE:g} s"
-    _, status = os.waitpid(pid, 0)
     if status == 0:
         return None
     return got.decode("utf-8", "replace") or "failed"
+
+
+LEFT: set[int] = set()  # children killed that had not ended yet: reaped once they have
+
+
+def reap(pid: int, wait: float) -> int | None:
+    """`pid`'s wait status once it ended within `wait` seconds; else it is killed, waited
+    for a second more, and left to be reaped on a later call (None): a child stuck in the
+    kernel on a file system that never answers cannot be waited for, and must not hold the
+    caller."""
+    for old in list(LEFT):
+        try:
+            if os.waitpid(old, os.WNOHANG)[0]:
+                LEFT.discard(old)
+        except ChildProcessError:
+            LEFT.discard(old)
+    deadline = time.monotonic() + wait
+    killed = False
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return None if killed else status
+        if time.monotonic() >= deadline:
+            if killed:
+                LEFT.add(pid)
+                return None
+            os.kill(pid, signal.SIGKILL)
+            killed, deadline = True, time.monotonic() + 1.0
+        time.sleep(0.01)
 
 
 def _child(owner: str, user: pwd.struct_passwd, data_r: int, err_w: int) -> None:

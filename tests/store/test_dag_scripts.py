@@ -453,3 +453,49 @@ def test_the_door_takes_late_inputs_with_absolute_paths_and_sandbox_names(
         store.door.dag_nodes(conn, dag_id, [{"name": "N", "procs": 1,
                                              "late_inputs": [["/d/a b", "d/a b"], ["/d/", ""]]}],
                              [], {}, 0.0)
+
+
+def test_late_inputs_are_read_one_node_of_each_owner_a_pass(store: JobStore,
+                                                           ap: config.Settings,
+                                                           tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """One owner's many (or slow) late inputs keep another's node waiting one of hers at
+    most: each pass reads one node of each owner, the owners served least lately first."""
+    import dataclasses
+
+    from jobstore.accesspoint import dagscripts
+
+    (tmp_path / "results").mkdir(mode=0o700)
+    duty = dagscripts.DagScripts(store, "ap", dataclasses.replace(
+        ap, dag_scripts=str(tmp_path / "results")))
+    read: list[str] = []
+    monkeypatch.setattr(duty, "_store_inputs", lambda token, run: read.append(token))
+    runs = [(f"m{i}", dagscripts._Run(1, f"M{i}", "pre", "mallory", 0.0, late=True))
+            for i in range(3)] + [("b0", dagscripts._Run(2, "B", "pre", "bob", 0.0, late=True))]
+    duty._read_inputs(runs)
+    assert read == ["m0", "b0"]
+    duty._read_inputs(runs[1:3])  # hers that are left; bob's was read
+    duty._read_inputs([runs[2], ("b1", dagscripts._Run(2, "C", "pre", "bob", 0.0, late=True))])
+    assert read[2:] == ["m1", "b1", "m2"]  # bob was served less lately than she
+
+
+def test_a_child_that_does_not_end_is_killed_and_never_waited_for() -> None:
+    """The owner's reader or writer that does not end is killed, and the caller goes on."""
+    import time
+
+    from jobstore.api.ownerwrite import reap
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(3)
+    assert reap(pid, 5.0) == 3 << 8
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        time.sleep(60)
+        os._exit(0)
+    start = time.monotonic()
+    assert reap(pid, 0.1) is None
+    assert time.monotonic() - start < 1.5
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped once killed

@@ -128,3 +128,27 @@ def test_the_status_file_is_kept_current_as_the_owner(store: JobStore, ap: confi
     now[0] += 3600
     assert DagStatusFiles(store, "ap", ap, clock=lambda: now[0]).pass_once() == 0
     shutil.rmtree(work)
+
+
+@BOTH_BACKENDS
+def test_one_owners_many_status_files_wait_their_turn(store: JobStore, ap: config.Settings
+                                                      ) -> None:
+    """A pass writes at most PER_OWNER of one owner's status files (the least lately written
+    first), so that her many DAGs keep nobody's waiting long."""
+    from jobstore.accesspoint import dagstatus
+
+    work = Path(tempfile.mkdtemp(prefix="jobstore-status-"))
+    if os.geteuid() == 0:
+        from jobstore.testing.support import ensure_account
+
+        user = ensure_account(OWNER)
+        os.chown(work, user.pw_uid, user.pw_gid)
+    for i in range(dagstatus.PER_OWNER + 2):
+        (work / str(i)).mkdir()
+        if os.geteuid() == 0:
+            os.chown(work / str(i), user.pw_uid, user.pw_gid)
+        _queued(store, work / str(i), ap, "JOB A node.sub\nNODE_STATUS_FILE s.txt\n")
+    duty = DagStatusFiles(store, "ap", ap, clock=lambda: 1000.0)
+    assert duty.pass_once() == dagstatus.PER_OWNER
+    assert duty.pass_once() == 2
+    shutil.rmtree(work)
