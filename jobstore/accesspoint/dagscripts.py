@@ -76,6 +76,7 @@ class _Run:
     waiting: bool = False  # its runner is to be started (again)
     respawns: int = 0
     late: bool = False  # the node's inputs are read once its PRE step exited 0
+    has_pre: bool = True  # the node has a PRE script (else its PRE step runs no runner)
     cluster_id: int | None = None
 
 
@@ -146,7 +147,7 @@ class DagScripts:
             if row.token not in self._runs:
                 self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
                                              row.started_at or 0.0, late=row.late,
-                                             cluster_id=row.cluster_id)
+                                             cluster_id=row.cluster_id, has_pre=row.has_pre)
         now = time.time()
         for path in self._directory.iterdir():
             token, _, suffix = path.name.partition(".")
@@ -313,7 +314,8 @@ class DagScripts:
             why = " ".join(str(found.get("error") or "").split())[:300]
             return (None if found.get("retry") is True else int(found["code"])), why
         except FileNotFoundError:
-            pass
+            if run.kind == PRE and run.late and not run.has_pre:
+                return 0, ""  # no runner: its inputs are to be read
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return CANNOT_RUN, f"its exit could not be read: {exc}"
         if run.pid is not None:
@@ -390,12 +392,11 @@ class DagScripts:
         return started
 
     def _inputs_due(self, row: NodeScript, token: str) -> None:
-        """A node with no PRE script whose inputs are to be read: its PRE step "exited" 0,
-        and the next look at the runs reads them (a service started again does it too)."""
-        assert self._directory is not None
+        """A node with no PRE script whose inputs are to be read: a run with no runner,
+        whose PRE step "exited" 0, and the next look at the runs reads them (a service
+        started again does it too: _result)."""
         self._runs[token] = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
-                                 late=row.late, cluster_id=row.cluster_id)
-        (self._directory / f"{token}.json").write_text(json.dumps({"code": 0}))
+                                 late=row.late, cluster_id=row.cluster_id, has_pre=False)
 
     def _launch(self, row: NodeScript, token: str) -> bool:
         """Start the runner of `row`'s script, whose lease `token` holds: whether it can

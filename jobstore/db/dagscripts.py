@@ -217,13 +217,15 @@ class DagScripts:
         executable's)."""
         now = time.time()
         with self.db.transaction() as conn:
-            taken = set(conn.execute(select(job_files.c.name).where(
-                job_files.c.cluster_id == cluster_id, job_files.c.direction == IN)).scalars())
-            clash = sorted(taken & {f.name for f in files})
+            stored = conn.execute(select(job_files.c.proc_id, job_files.c.name).where(
+                job_files.c.cluster_id == cluster_id, job_files.c.direction == IN)).all()
+            clash = sorted({name for _, name in stored} & {f.name for f in files})
             if clash:
                 raise InvalidInput(f"{clash[0]} would be in the sandbox twice")
-            self.files.store_files(conn, cluster_id=cluster_id, proc_id=None, owner=owner,
-                                   direction=IN, sources=files)
+            # a proc with inputs of its own (its `input`) takes those, not the cluster's
+            for proc_id in [None, *sorted({p for p, _ in stored if p is not None})]:
+                self.files.store_files(conn, cluster_id=cluster_id, proc_id=proc_id,
+                                       owner=owner, direction=IN, sources=files)
             self.door.script_done(conn, run.dag_id, run.name, PRE, run.token, 0, now)
 
     def node_jobs(self, cluster_id: int) -> list[NodeJob]:

@@ -327,11 +327,13 @@ def test_a_script_with_no_room_to_start_keeps_its_lease(store: JobStore, ap: con
 
 
 def _late_dag(store: JobStore, ap: config.Settings, tmp: Path, inputs: dict[str, str],
-              made: Callable[[Path], None]) -> tuple[Path, int]:
+              made: Callable[[Path], None], queue: str = "queue",
+              dead_service: bool = False) -> tuple[Path, int]:
     """A DAG of node A (run at once) and children that read `inputs` (node -> its
     transfer_input_files) when they are submitted, in a directory of the owner's where
-    `made(dir)` then makes A's outputs; the access point's service run until no child waits
-    to be submitted: (the directory, the DAG's id)."""
+    `made(dir)` then makes A's outputs (each child's submit description ends with
+    `queue`); the access point's service run until no child waits to be submitted: (the
+    directory, the DAG's id). `dead_service`: one took the leases first, and died."""
     import dataclasses
     import tempfile
     import time
@@ -348,7 +350,7 @@ def _late_dag(store: JobStore, ap: config.Settings, tmp: Path, inputs: dict[str,
     for node, listed in inputs.items():
         (work / f"{node}.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
                                           "should_transfer_files = YES\n"
-                                          f"transfer_input_files = {listed}\nqueue\n")
+                                          f"transfer_input_files = {listed}\n{queue}\n")
     dag_id = _queued(store, work, ap, "JOB A node.sub\n" + "".join(
         f"JOB {n} {n}.sub\nPARENT A CHILD {n}\n" for n in inputs))
     assert _run(store) == ["A"]
@@ -356,6 +358,12 @@ def _late_dag(store: JobStore, ap: config.Settings, tmp: Path, inputs: dict[str,
         inputs, "pre")
     made(work)
     duty = dagscripts.DagScripts(store, "ap", settings)
+    if dead_service:  # one takes the leases and dies before it wrote or read anything
+        duty._start(store.dag_scripts.due("ap"))
+        assert duty._runs
+        for left in (tmp / "results").glob("*/*.json"):
+            left.unlink()
+        duty = dagscripts.DagScripts(store, "ap", settings)
     deadline = time.monotonic() + 30
     while {_states(store, dag_id)[n] for n in inputs} & {"pre"}:
         assert time.monotonic() < deadline, _states(store, dag_id)
@@ -370,8 +378,9 @@ def _late_dag(store: JobStore, ap: config.Settings, tmp: Path, inputs: dict[str,
 def test_a_childs_inputs_are_read_when_it_is_submitted(store: JobStore, ap: config.Settings,
                                                        tmp_path: Path) -> None:
     """A node with parents takes the transfer_input_files they make: read by the access
-    point as the DAG's owner once its parents are done, stored with its jobs' release; one it
-    cannot read fails its node (DAGMan's -1001) and nothing of it runs."""
+    point as the DAG's owner once its parents are done, stored with its jobs' release, by
+    the service started again when the one that leased them died; one it cannot read fails
+    its node (DAGMan's -1001) and nothing of it runs."""
     import shutil
 
     from jobstore.db.sandbox import IN
@@ -381,7 +390,8 @@ def test_a_childs_inputs_are_read_when_it_is_submitted(store: JobStore, ap: conf
         (work / "d").mkdir()
         (work / "d" / "x.txt").write_text("x")
 
-    work, dag_id = _late_dag(store, ap, tmp_path, {"B": "a.out, d", "C": "missing.txt"}, made)
+    work, dag_id = _late_dag(store, ap, tmp_path, {"B": "a.out, d", "C": "missing.txt"}, made,
+                             dead_service=True)
     nodes = {n.name: n for n in store.dags.dag_nodes_of(dag_id)}
     assert (nodes["B"].status, nodes["C"].status, nodes["C"].exit_code) == (
         "queued", "failed", -1001)
@@ -499,3 +509,25 @@ def test_a_child_that_does_not_end_is_killed_and_never_waited_for() -> None:
     assert time.monotonic() - start < 1.5
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped once killed
+
+
+@BOTH_BACKENDS
+def test_a_childs_inputs_go_to_each_of_its_jobs(store: JobStore, ap: config.Settings,
+                                                tmp_path: Path) -> None:
+    """Jobs of a node whose own inputs differ (each its `input`) take the node's late
+    inputs too."""
+    import shutil
+
+    from jobstore.db.sandbox import IN
+
+    def made(work: Path) -> None:
+        (work / "a.out").write_text("made by A")
+
+    work, _dag_id = _late_dag(store, ap, tmp_path, {"B": "a.out"}, made,
+                              queue="input = $(f)\nqueue f in (/etc/hostname, /etc/passwd)")
+    jobs = [claim(store), claim(store)]
+    assert all(j is not None for j in jobs)
+    names = [sorted(f.name for f in store.files.job_files_of(j, IN)) for j in jobs if j]
+    assert names == [["a.out", "hostname"], ["a.out", "passwd"]]
+    shutil.rmtree(work)
+
