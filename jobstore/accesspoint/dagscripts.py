@@ -33,7 +33,7 @@ from pathlib import Path
 
 from jobstore.accesspoint import scriptrunner
 from jobstore.accesspoint.ownerread import read_as
-from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.accesspoint.service import SaidOnce, refusal, serving_account
 from jobstore.db.dagengine import POST, PRE, QUEUED, SCRIPT_TOKEN, SUBMIT_FAILED
 from jobstore.db.dagscripts import NodeJob, NodeScript, ScriptExit
 from jobstore.db.sandbox import FileSource
@@ -50,7 +50,7 @@ RESCAN = 60.0  # seconds between looks for the runs of a former service of this 
 ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service may lease it)
 PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other duties' turn
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
-MAX_WARNED = 10_000  # DAGs (and owners) whose scripts' troubles were logged, once each
+MAX_OWNERS = 10_000  # owners whose late inputs were read lately, remembered for their turns
 RUN_FILES = (".json", ".pid", ".tmp", ".inputs")  # what a run leaves, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
@@ -93,7 +93,7 @@ class DagScripts:
     _directory: Path | None = field(default=None, init=False)
     _id: str = field(default="", init=False)
     _runs: dict[str, _Run] = field(default_factory=dict, init=False)
-    _warned: set[int | str] = field(default_factory=set, init=False)
+    _said: SaidOnce = field(default_factory=SaidOnce, init=False)
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
     _served: dict[str, float] = field(default_factory=dict, init=False)  # late inputs, by owner
@@ -218,7 +218,7 @@ class DagScripts:
                 break  # the rest on the next pass
             self._store_inputs(*first[owner])
             self._served[owner] = time.monotonic()
-            if len(self._served) > MAX_WARNED:
+            if len(self._served) > MAX_OWNERS:
                 self._served.clear()
 
     def _store_inputs(self, token: str, run: _Run) -> None:
@@ -420,9 +420,7 @@ class DagScripts:
     def _warn(self, about: int | str, message: str) -> None:
         """Log `message`, the first about that DAG (or owner): a DAG of many nodes says it
         once."""
-        if about not in self._warned and len(self._warned) < MAX_WARNED:
-            self._warned.add(about)
-            LOG.warning("%s", message)
+        self._said.warn(about, message)
 
     def _spawn(self, token: str, run: _Run) -> None:
         """Fork the run's runner; when this host has no room for a process now, the run

@@ -4,13 +4,12 @@ seconds while the DAG runs, and once more as it ends, as the DAG's owner."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jobstore.accesspoint.service import refusal, serving_account
+from jobstore.accesspoint.service import SaidOnce, refusal, serving_account
 from jobstore.api.dags import node_status_file
 from jobstore.api.ownerwrite import Wanted, write_as
 from jobstore.db.dagfiles import DagFile
@@ -18,10 +17,8 @@ from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError
 from jobstore.node import config
 
-LOG = logging.getLogger("jobstore.schedd")
 BUDGET = 30.0  # seconds root's writer has for one status file
 RETRY = 300.0  # seconds before a status file that could not be written is tried again
-MAX_WARNED = 10_000  # DAGs whose status file could not be written, said once each
 PASS_BUDGET = 2.0  # seconds a pass may spend writing status files (the rest: the next pass)
 PER_OWNER = 10  # status files of one owner a pass writes at most
 
@@ -36,7 +33,7 @@ class DagStatusFiles:
     settings: config.Settings
     clock: Callable[[], float] = time.time
     _owner: str | None = field(default=None, init=False)
-    _warned: set[int] = field(default_factory=set, init=False)
+    _said: SaidOnce = field(default_factory=SaidOnce, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -70,11 +67,9 @@ class DagStatusFiles:
                 raise
             except Exception as exc:  # noqa: BLE001 - whatever her directory holds, the next DAG
                 why = " ".join(str(exc).split())[:300] or type(exc).__name__
-        if why is not None and dag.dag_id not in self._warned and len(
-                self._warned) < MAX_WARNED:
-            self._warned.add(dag.dag_id)
-            LOG.warning("DAG %s: its node status file %s is not written: %s", dag.dag_id,
-                        dag.path, why)
+        if why is not None:
+            self._said.warn(dag.dag_id, f"DAG {dag.dag_id}: its node status file {dag.path} "
+                                        f"is not written: {why}")
         self.store.dag_files.written(dag, now if why is None else now + RETRY)
         return why is None
 

@@ -5,13 +5,12 @@ the user reads them on."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from jobstore.accesspoint.service import LogWriter, refusal, serving_account
+from jobstore.accesspoint.service import LogWriter, SaidOnce, refusal, serving_account
 from jobstore.api.feed import EventFollower
 from jobstore.core.jobs import FeedEvent, JobEvent
 from jobstore.core.states import FINAL
@@ -21,7 +20,6 @@ from jobstore.db.store import JobStore
 from jobstore.formats import userlog
 from jobstore.node import config
 
-LOG = logging.getLogger("jobstore.schedd")
 MAX_KNOWN = 100_000  # jobs whose log (or its absence) is remembered between passes
 
 
@@ -51,7 +49,7 @@ class EventLogs:
     _known: dict[int, HomeLog | None] = field(default_factory=dict, init=False)
     _sizes: dict[int, int] = field(default_factory=dict, init=False)
     _through: dict[int, int] = field(default_factory=dict, init=False)
-    _said: set[str] = field(default_factory=set, init=False)
+    _said: SaidOnce = field(default_factory=SaidOnce, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -128,13 +126,8 @@ class EventLogs:
             return []
 
     def _once(self, line: str) -> None:
-        """Log `line` the first time it comes (of the last MAX_KNOWN)."""
-        if line in self._said:
-            return
-        if len(self._said) >= MAX_KNOWN:
-            self._said.clear()
-        self._said.add(line)
-        LOG.warning("%s", line)
+        """Log `line` the first time it comes."""
+        self._said.warn(line, line)
 
     def _logs_of(self, job_ids: set[int]) -> dict[int, HomeLog | None]:
         """Each job's log: remembered, or read (None: not a job whose log this service

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from jobstore.api.ownerwrite import reap
-from jobstore.errors import NotRead
+from jobstore.errors import NotRead, SandboxError
+from jobstore.node.sandbox import check_name
 
 IDLE = 5.0  # seconds the child may go without sending a byte
 BASE = 10.0  # seconds a read may take, and one more per RATE bytes it sends
 RATE = 50 * (1 << 20)
 HEADER_LIMIT = 16 * 1024  # bytes of one file's header line
 MAX_FILES = 10_000  # files of one read (a directory's, at any depth)
-MAX_NAME = 4096
 CHUNK = 1 << 20
 
 
@@ -145,14 +145,14 @@ def _received(reader: _Reader, into: Path, max_file: int, max_total: int) -> lis
 
 
 def _check_name(name: str) -> None:
-    parts = name.split("/")
+    """NotRead for a name that is not UTF-8 or not inside the sandbox (sandbox.check_name)."""
     try:
         name.encode("utf-8")
+        check_name(name)
     except UnicodeEncodeError:
         raise NotRead(f"{name!r} is not a name in the sandbox (not UTF-8)") from None
-    if (not name or len(name) > MAX_NAME or name.startswith("/") or ".." in parts
-            or "" in parts or "." in parts or any(ord(c) < 32 or c == "\x7f" for c in name)):
-        raise NotRead(f"{name!r} is not a name in the sandbox")
+    except SandboxError as exc:
+        raise NotRead(str(exc)) from None
 
 
 def _child(owner: str | None, user: pwd.struct_passwd | None, data_w: int,

@@ -25,6 +25,7 @@ WAKE = 30.0  # seconds between looks where it can (a lost notification costs no 
 GAP = 0.1  # the least time between two looks (notifications anyone may send wake it)
 STOP_CHECK = 0.5  # seconds between looks at whether to stop
 OWNER_BUDGET = 5.0  # seconds of a pass one owner's failed logs may take (she may lock them)
+MAX_SAID = 10_000  # troubles remembered as said (a DAG, an owner, a log), the latest
 
 
 class Duty(Protocol):
@@ -50,6 +51,22 @@ def refusal(owner: str, mine: str | None, settings: config.Settings) -> str | No
     except KeyError:
         return f"account {owner} is not on this access point"
     return owner_refusal(owner, settings)
+
+
+class SaidOnce:
+    """Warnings said once each, by what they are about (a DAG of many nodes, an owner, a
+    log): of the last MAX_SAID, so that a new one is always said."""
+
+    def __init__(self) -> None:
+        self._said: set[object] = set()
+
+    def warn(self, about: object, message: str) -> None:
+        if about in self._said:
+            return
+        if len(self._said) >= MAX_SAID:
+            self._said.clear()
+        self._said.add(about)
+        LOG.warning("%s", message)
 
 
 class LogWriter:
