@@ -209,7 +209,8 @@ class Outbox:
 
 
 # What the sending adds to a JOB_EXIT's ad (and a hook's ad may not say for it)
-_SENDING = (b"Iwd", b"JobstoreOutputError", b"JobstoreCheckpointed", ATTR_HAND_OFF)
+_SENDING = (b"Iwd", b"JobstoreOutputError", b"JobstoreOutputErrorCode", b"JobstoreCheckpointed",
+            ATTR_HAND_OFF)
 
 
 def _int_attr(ad: bytes, name: bytes) -> int | None:

@@ -13,6 +13,8 @@ TRANSFER_OUTPUT_ERROR = 12  # the job's outputs could not be sent back (file tra
 TRANSFER_INPUT_ERROR = 13  # the job's inputs could not be put in its sandbox (file transfer)
 IWD_ERROR = 14  # the job's initial directory cannot be entered (subcode: errno)
 SUBMITTED_ON_HOLD = 15  # the submit command `hold = true`
+MAX_TRANSFER_INPUT_SIZE_EXCEEDED = 32  # its inputs are more than its MaxTransferInputMB
+MAX_TRANSFER_OUTPUT_SIZE_EXCEEDED = 33  # its outputs are more than its MaxTransferOutputMB
 STARTD_HELD_JOB = 21  # the startd or starter put the job on hold (JOB_EXIT hold)
 FAILED_TO_ACCESS_USER_ACCOUNT = 23  # the job's owner may not run jobs on the node
 JOB_DURATION_EXCEEDED = 46  # allowed_job_duration

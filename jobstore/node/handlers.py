@@ -67,6 +67,10 @@ def evict_claim(request: HookRequest) -> HookResponse:
     return report(request, reply.job, Event.CLAIM_EVICTED, slot=get_str(reply.slot, "Name"))
 
 
+# A launch error's codes that always hold the job: its inputs could not be put in its sandbox
+TRANSFER_HOLDS = (holds.TRANSFER_INPUT_ERROR, holds.MAX_TRANSFER_INPUT_SIZE_EXCEEDED)
+
+
 def prepare_job(request: HookRequest) -> HookResponse:
     job = _starter_ad(request)
     if job is None:
@@ -74,7 +78,7 @@ def prepare_job(request: HookRequest) -> HookResponse:
     slot = request.env.get("_CONDOR_SLOT")
     problem = get_str(job, "JobstoreLaunchError") if ours(job) else None
     code = get_int(job, "JobstoreLaunchErrorCode") or 0
-    if problem and (code == holds.TRANSFER_INPUT_ERROR or request.settings_for(
+    if problem and (code in TRANSFER_HOLDS or request.settings_for(
         config.starter_keyword(get_str(job, "HookKeyword"))
     ).check_launch):  # found as the job's user (launchcheck, the sandbox): hold, never run
         job["HoldReason"] = f"Error from {slot or 'the execute node'}: {problem}"
@@ -140,7 +144,10 @@ def job_exit(request: HookRequest) -> HookResponse:
     problem = get_str(job, "JobstoreOutputError") if ours(job) else None
     if problem and event == Event.EXIT:  # its outputs could not be sent back: hold, as HTCondor
         job["HoldReason"] = problem
-        job["HoldReasonCode"] = holds.TRANSFER_OUTPUT_ERROR
+        job["HoldReasonCode"] = (holds.MAX_TRANSFER_OUTPUT_SIZE_EXCEEDED
+                                 if get_int(job, "JobstoreOutputErrorCode")
+                                 == holds.MAX_TRANSFER_OUTPUT_SIZE_EXCEEDED
+                                 else holds.TRANSFER_OUTPUT_ERROR)
         job["HoldReasonSubCode"] = 0
         event = Event.HOOK_HOLD
     elif event == Event.EXIT and ours(job) and get_bool(job, "JobstoreCheckpointed") is True:

@@ -21,9 +21,13 @@ from jobstore.errors import HandOff, SandboxError
 from jobstore.node.launchcheck import ATTR_CODE, ATTR_ERROR, ATTR_SUBCODE, string_attrs
 
 ATTR_OUTPUT_ERROR = b"JobstoreOutputError"
+ATTR_OUTPUT_ERROR_CODE = b"JobstoreOutputErrorCode"  # its HoldReasonCode, when not 12
 ATTR_CHECKPOINTED = b"JobstoreCheckpointed"  # true: the job exited to checkpoint, go on later
 ATTR_HAND_OFF = b"JobstoreHandOff"  # true: outputs not all sent in JOB_EXIT's time, the agent
 TRANSFER_INPUT_ERROR = 13  # HTCondor's HoldReasonCode for an input that cannot be had
+MAX_INPUT_EXCEEDED = 32  # ... for inputs over the job's MaxTransferInputMB
+MAX_OUTPUT_EXCEEDED = 33  # ... for outputs over its MaxTransferOutputMB
+MIB = 1 << 20
 CHUNK = 1 << 20  # bytes per read or write through a transport
 # bytes of an output per call: four such calls, with their names, fit in what the agent takes
 # in flight from one account (JOBSTORE_AGENT_MAX_BYTES_PER_UID's default, 8 MiB)
@@ -157,6 +161,12 @@ def stage_in(ad: bytes, manifest: Callable[[], Manifest],
     iwd = found[3]
     try:
         files = manifest()
+        limit = transfer_limit(ad, b"maxtransferinputmb")
+        total = sum(size for _name, _sha, size, _mode in files)
+        if limit is not None and total > limit:
+            return _annotate(ad, ATTR_ERROR, "Failed to transfer the job's input files: they "
+                             f"are {total / MIB:.1f} MiB, more than its max_transfer_input_mb "
+                             f"of {limit // MIB} MiB", (MAX_INPUT_EXCEEDED, 0))
         room = _check_disk(ad, files)
         _make_sandbox(iwd)
         try:
@@ -185,6 +195,8 @@ def stage_out(ad: bytes, manifest: Callable[[], Manifest],
     if found is None:
         return ad
     iwd = found[3]
+    limit = transfer_limit(ad, b"maxtransferoutputmb") if listed == b"transferoutput" else None
+    total = 0
     try:
         inputs = {name: sha for name, sha, _size, _mode in manifest()}
         for name in outputs(ad, iwd, inputs, listed):
@@ -192,7 +204,14 @@ def stage_out(ad: bytes, manifest: Callable[[], Manifest],
                 continue
             fd = _open_in(iwd, name)
             try:
-                send(name, fd, stat.S_IMODE(os.fstat(fd).st_mode))
+                st = os.fstat(fd)
+                total += st.st_size
+                if limit is not None and total > limit:
+                    why = (f"Failed to transfer the job's output files: they are more than its "
+                           f"max_transfer_output_mb of {limit // MIB} MiB (at {name})")
+                    return _annotate(ad, ATTR_OUTPUT_ERROR, why) + (
+                        ATTR_OUTPUT_ERROR_CODE + b" = %d\n" % MAX_OUTPUT_EXCEEDED)
+                send(name, fd, stat.S_IMODE(st.st_mode))
             finally:
                 os.close(fd)
     except (SandboxError, OSError) as exc:
@@ -297,6 +316,15 @@ def _check_disk(ad: bytes, files: Manifest) -> int:
         raise SandboxError(f"its inputs take {need // 1024} KiB, more than its RequestDisk of "
                            f"{room // 1024} KiB", errno.ENOSPC)
     return room - need
+
+
+def transfer_limit(ad: bytes, name: bytes) -> int | None:
+    """The job's max_transfer_input_mb or max_transfer_output_mb (`name`) in bytes; None for
+    none (absent, -1 or not an integer)."""
+    value = _plain_attrs(ad, (name,)).get(name)
+    if value is None or not value.isdigit() or len(value) > 12:
+        return None
+    return int(value) * MIB
 
 
 def output_seconds(default: float = OUTPUT_SECONDS) -> float:

@@ -88,6 +88,8 @@ for _attr, _form, *_names in (
     ("DAGNodeName", "string", "dag_node_name"),
     ("DAGManJobId", "int", "dagman_job_id"),
     ("CoreSize", "int", "core_size"),
+    ("MaxTransferInputMB", "int", "max_transfer_input_mb"),  # read by the node's PREPARE_JOB
+    ("MaxTransferOutputMB", "int", "max_transfer_output_mb"),  # and JOB_EXIT
     ("KillSigTimeout", "int", "kill_sig_timeout"),
     ("WantGracefulRemoval", "expr", "want_graceful_removal"),
     ("MaxJobRetirementTime", "expr", "max_job_retirement_time"),
@@ -115,7 +117,7 @@ _FILES = ("is not supported: a fetched job's sandbox takes local files and file,
           "output_destination), nothing else yet")
 _refused(_FILES, "transfer_plugins",
          "transfer_container", "transfer_common_input", "public_input_files",
-         "max_transfer_input_mb", "max_transfer_output_mb", "output_directory",
+         "output_directory",
          "preserve_relative_paths", "checkpoint_destination",
          "encrypt_input_files", "encrypt_output_files", "dont_encrypt_input_files",
          "dont_encrypt_output_files", "manifest", "manifest_dir", "container_is_common",

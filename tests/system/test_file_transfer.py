@@ -21,6 +21,7 @@ from sqlalchemy import func, select, update
 from jobstore.api.query import Shown
 from jobstore.api.retrieve import retrieve
 from jobstore.core import holds
+from jobstore.db.sandbox import OUT
 from jobstore.db.schema import sandbox_chunks
 from jobstore.db.store import JobStore
 from jobstore.node.sandboxroot import CACHE, OUTBOX, UPLOADS
@@ -405,3 +406,36 @@ def test_a_flood_of_outputs_is_refused_at_its_request_disk(node_db) -> None:  # 
     assert (job.status, job.hold_code) == ("held", holds.TRANSFER_OUTPUT_ERROR), job.reason
     assert "1024 KiB" in (job.reason or "")
     assert stored() - before <= 1024 * 1024
+
+
+def test_max_transfer_input_and_output_mb_hold_the_job_as_htcondor_does(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """max_transfer_input_mb: inputs over it hold the job at PREPARE_JOB (HoldReasonCode 32,
+    it never runs); max_transfer_output_mb: outputs over it hold the job at JOB_EXIT (33), the
+    outputs before the one that went past it sent; a job within both completes."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = _files(tmp, owner)
+    (sub / "big.bin").write_bytes(b"\0" * (3 << 19))  # 1.5 MiB
+    _script(tmp, owner, "#!/bin/sh\nhead -c 1000 /dev/zero > a.out\n"
+                        "head -c 1572864 /dev/zero > b.out\n")
+    common = "executable = count.sh\nshould_transfer_files = YES\nrequest_disk = 10240\n"
+    (big_in,) = submit_text(store, tmp, common + "transfer_input_files = big.bin\n"
+                            "max_transfer_input_mb = 1\nqueue\n", owner)
+    (big_out,) = submit_text(store, tmp, common + "transfer_output_files = a.out, b.out\n"
+                             "max_transfer_output_mb = 1\nqueue\n", owner)
+    (fits,) = submit_text(store, tmp, common + "transfer_input_files = big.bin\n"
+                          "transfer_output_files = a.out, b.out\nmax_transfer_input_mb = 2\n"
+                          "max_transfer_output_mb = -1\nqueue\n", owner)
+    run_node(store, tmp, owner, "agent", {"held", "completed"})
+    job = store.reads.get_job(big_in)
+    assert (job.status, job.hold_code) == ("held", holds.MAX_TRANSFER_INPUT_SIZE_EXCEEDED), (
+        job.reason)
+    assert "1.5 MiB, more than its max_transfer_input_mb of 1 MiB" in (job.reason or "")
+    assert not [e for e in store.reads.events(big_in) if e.event == "start"]
+    job = store.reads.get_job(big_out)
+    assert (job.status, job.hold_code) == ("held", holds.MAX_TRANSFER_OUTPUT_SIZE_EXCEEDED), (
+        job.reason)
+    assert "more than its max_transfer_output_mb of 1 MiB (at b.out)" in (job.reason or "")
+    assert [f.name for f in store.files.job_files_of(job, OUT)] == ["a.out"]
+    assert store.reads.get_job(fits).status == "completed", store.reads.get_job(fits).reason
+    assert job.ad.get("MaxTransferOutputMB") == {"expr": "1"}
