@@ -9,7 +9,9 @@ query for all the node's attempts.
 
 A held or removed job's slot is vacated gracefully (the job gets its KillSig), and fast if the
 attempt has not ended min(JobMaxVacateTime, MACHINE_MAX_VACATE_TIME) seconds later, as condor_rm
-does. An attempt that was given to another slot, or whose lease ran out, is vacated fast.
+does; so is the slot of a job its owner asked to vacate (condor_vacate_job; -fast: at once), and
+the job goes back to idle as its JOB_EXIT evict reports. An attempt that was given to another
+slot, or whose lease ran out, is vacated fast.
 """
 
 from __future__ import annotations
@@ -54,16 +56,27 @@ def judge(a: Attempt, state: AttemptState | None, vacating_since: float | None, 
     if state.claims != a.attempt:
         return Verdict("fast", f"attempt {state.claims} is current")
     if state.status in HANDED_OUT:
-        return Verdict("keep")
+        if state.vacate == "fast":  # condor_vacate_job -fast
+            return Verdict("fast", "vacated fast by its owner")
+        if state.vacate is None:
+            return Verdict("keep")
+        return _graceful(a, "vacated by its owner", vacating_since, now, max_vacate_time,
+                         margin)
     if state.winding_down:  # held or removed while it runs: as condor_rm
-        if vacating_since is None:
-            return Verdict("graceful", state.status)
-        if now - vacating_since >= grace(a, max_vacate_time) + margin:
-            return Verdict("fast", f"{state.status}, still running after the grace period")
-        return Verdict("keep")
+        return _graceful(a, state.status, vacating_since, now, max_vacate_time, margin)
     if state.status in ENDED_VALUES:  # its end was reported (not through this agent)
         return Verdict("forget")
     return Verdict("fast", state.status)  # idle again: its lease ran out
+
+
+def _graceful(a: Attempt, why: str, vacating_since: float | None, now: float,
+              max_vacate_time: float, margin: float) -> Verdict:
+    """A graceful vacate, then a fast one if the attempt outlives its grace period."""
+    if vacating_since is None:
+        return Verdict("graceful", why)
+    if now - vacating_since >= grace(a, max_vacate_time) + margin:
+        return Verdict("fast", f"{why}, still running after the grace period")
+    return Verdict("keep")
 
 
 def grace(a: Attempt, max_vacate_time: float) -> float:

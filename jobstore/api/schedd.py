@@ -55,7 +55,8 @@ class JobAction(IntEnum):
 
 
 _EVENTS = {JobAction.Hold: Event.HOLD, JobAction.Release: Event.RELEASE,
-           JobAction.Remove: Event.REMOVE, JobAction.RemoveX: Event.REMOVE}
+           JobAction.Remove: Event.REMOVE, JobAction.RemoveX: Event.REMOVE,
+           JobAction.Vacate: Event.VACATE, JobAction.VacateFast: Event.VACATE_FAST}
 _DEFAULT_REASON = "Python-initiated action"
 TOTALS = ("TotalSuccess", "TotalNotFound", "TotalBadStatus", "TotalAlreadyDone",
           "TotalPermissionDenied", "TotalJobAds", "TotalError", "TotalChangedAds")
@@ -314,15 +315,16 @@ class Schedd:
     @htcondor_errors
     def act(self, action: Any, job_spec: Any,
             reason: str | tuple[str, int] | None = None) -> ClassAd:
-        """Hold, release or remove the jobs of `job_spec` ("C.P", "C", a list of them, a cluster
-        id, or a constraint), set-based a page at a time; `reason` is text, or (text, code)
+        """Hold, release, remove or vacate the jobs of `job_spec` ("C.P", "C", a list of them, a
+        cluster id, or a constraint), set-based a page at a time (a vacated job goes back to
+        idle once its node has stopped it); `reason` is text, or (text, code)
         for a hold (HoldReasonSubCode). Returns htcondor2's ClassAd of totals (TotalSuccess,
         TotalNotFound, TotalBadStatus, TotalAlreadyDone, TotalPermissionDenied, ...)."""
         kind = _action(action)
         event = _EVENTS.get(kind)
         if event is None:
             raise InvalidInput(f"JobAction.{kind.name} is not supported by the job store "
-                               "(Hold, Release, Remove)")
+                               "(Hold, Release, Remove, Vacate, VacateFast)")
         text, code = (reason if isinstance(reason, tuple) else (reason, 0))
         ids, constraint = _spec_parts(job_spec)
         totals, missing = query.act(

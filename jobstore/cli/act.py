@@ -1,4 +1,5 @@
-"""Acting on jobs: condor_hold, condor_release, condor_rm and condor_transfer_data."""
+"""Acting on jobs: condor_hold, condor_release, condor_rm, condor_vacate_job and
+condor_transfer_data."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from jobstore.core.states import Event
 from jobstore.errors import InvalidInput
 from jobstore.formats import views
 
-_DONE = {Event.HOLD: "held", Event.RELEASE: "released", Event.REMOVE: "removed"}
+_DONE = {Event.HOLD: "held", Event.RELEASE: "released", Event.REMOVE: "removed",
+         Event.VACATE: "vacated", Event.VACATE_FAST: "vacated"}
+_VACATES = (Event.VACATE, Event.VACATE_FAST)
 
 
 def _by(ctx: Context, done: str) -> str:
@@ -52,7 +55,8 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
     exit 1 if there was any."""
     from jobstore.errors import NotOwner
 
-    rest = _dag_actions(ctx, args, event)
+    verb = "vacate" if event in _VACATES else str(event)
+    rest = args if event in _VACATES else _dag_actions(ctx, args, event)
     if args and not rest and constraint is None and not everyone:
         return  # only DAGs were named
     args = rest
@@ -64,11 +68,14 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
         if outcome.changed:
             if totals.acted_on <= len(totals.outcomes):
                 click.echo(f"Job {outcome.name}: {outcome.before} -> {outcome.after}")
+        elif outcome.pending and event in _VACATES:
+            click.echo(f"Job {outcome.name}: {outcome.before}, vacating (idle once its node "
+                       "has stopped it)")
         elif outcome.pending:
             click.echo(f"Job {outcome.name}: {outcome.before} -> idle when its attempt has "
                        "ended (release pending)")
         else:
-            click.echo(f"jobstore: job {outcome.name} is {outcome.before}; cannot {event}",
+            click.echo(f"jobstore: job {outcome.name} is {outcome.before}; cannot {verb}",
                        err=True)
     if totals.acted_on and (totals.acted_on > len(totals.outcomes)
                             or users or constraint or everyone):
@@ -77,10 +84,10 @@ def _admin(ctx: Context, args: tuple[str, ...], event: Event, reason: str | None
                       if totals.acted_on > totals.success else ""))
     who = ctx.store.db.identity().account
     for name in totals.denied_names:
-        click.echo(f"jobstore: {NotOwner(name, who, str(event))}", err=True)  # type: ignore[arg-type]
+        click.echo(f"jobstore: {NotOwner(name, who, verb)}", err=True)  # type: ignore[arg-type]
     if totals.denied > len(totals.denied_names):
         click.echo(f"jobstore: and {totals.denied - len(totals.denied_names)} more jobs "
-                   f"{who} may not {event}", err=True)
+                   f"{who} may not {verb}", err=True)
     for text in missing:
         click.echo(f"jobstore: no unfinished job {text}", err=True)
     if not (ids or missing) and users and not totals.acted_on and not totals.denied:
@@ -146,6 +153,26 @@ def rm(ctx: Context, args: tuple[str, ...], constraint: str | None, everyone: bo
     """Remove jobs, like condor_rm (JOB or USER, as hold). A running job ends as with hold;
     a finished one is left in the history."""
     _admin(ctx, args, Event.REMOVE, _by(ctx, "removed"), constraint, everyone)
+
+
+@click.command()
+@_action_options
+@click.option("-fast", "--fast", "fast", is_flag=True,
+              help="Kill the job's processes at once (no KillSig, no grace period).")
+@pass_ctx
+@guard
+def vacate(ctx: Context, args: tuple[str, ...], constraint: str | None, everyone: bool,
+           fast: bool) -> None:
+    """Vacate running jobs, like condor_vacate_job (JOB or USER, as hold): each goes back to
+    idle and runs again where it is matched, from its last checkpoint if it has one.
+
+    The node's agent vacates the slot within JOBSTORE_AGENT_WATCH_INTERVAL (at once on
+    PostgreSQL): gracefully (the job gets its KillSig, and is killed if it has not ended
+    min(JobMaxVacateTime, MACHINE_MAX_VACATE_TIME) seconds later) or with -fast at once. The
+    eviction counts as one of the job's attempts, as any other does.
+    """
+    event = Event.VACATE_FAST if fast else Event.VACATE
+    _admin(ctx, args, event, _by(ctx, "vacated"), constraint, everyone)
 
 
 @click.command("transfer-data")

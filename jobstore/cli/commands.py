@@ -31,7 +31,7 @@ for command in (
     admin.init, admin.grant, admin.grant_user, admin.revoke_user, submit.submit,
     submit.submit_dag, dags.dag, queue.q,
     queue.history, queue.qedit, watch.events, watch.watch, act.hold, act.release, act.rm,
-    queue.stats, act.transfer_data, status.status, userprio.userprio,
+    act.vacate, queue.stats, act.transfer_data, status.status, userprio.userprio,
     admin.reap, admin.prune, admin.metrics, admin.replay, admin.install_hooks_cmd, admin.agent,
     schedd.schedd,
     demo, emulate,

@@ -42,6 +42,8 @@ class Event(StrEnum):
     NODE_READY = "node_ready"  # its DAG node's parents are done: queued
     NODE_FUTILE = "node_futile"  # its DAG node will never run (a parent failed, DAG ended)
     POST_SCRIPT = "post_script"  # its DAG node's POST script ended: a record, no transition
+    VACATE = "vacate"  # condor_vacate_job: its slot asked to vacate it (a record, no transition)
+    VACATE_FAST = "vacate_fast"  # condor_vacate_job -fast
 
 
 # The Status of a status text (or of a Status): a dict lookup, where Status(text) is Enum's

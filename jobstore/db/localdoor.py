@@ -15,7 +15,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 from jobstore.core import holds, policy
 from jobstore.core.jobs import Job, ProcTemplate
 from jobstore.core.states import STATUS_OF, Event, Status, decide
-from jobstore.db.backends import ACTED, Change, DagSettings, InputFile
+from jobstore.db.backends import ACTED, VACATES, Change, DagSettings, InputFile
 from jobstore.db.dagengine import DagEngine
 from jobstore.db.negotiator import Negotiator
 from jobstore.db.rows import event_row, note_event
@@ -27,6 +27,7 @@ from jobstore.db.schema import (
     sandbox_chunks,
     sandbox_files,
     submitters,
+    vacate_requests,
 )
 from jobstore.db.transactions import Transactions
 from jobstore.db.transitions import Outcome, Transitions, event_reason, transition_values
@@ -42,6 +43,7 @@ QUEUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63}")
 ACCESS_POINT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,254}")
 EDITABLE = (Status.IDLE.value, Status.HELD.value)
 _WAITING = (Status.IDLE, Status.HELD)
+VACATABLE = (Status.ACCEPTED.value, Status.RUNNING.value)  # a job with a starter
 
 
 def job_row(job: Job) -> dict[str, Any]:
@@ -141,6 +143,8 @@ class LocalDoor:
         changed in one UPDATE per kind of change, handed-out ones through the one-job
         transition, which stops their attempt."""
         page = self.db.backend.jobs_of(conn, ids)
+        if event in VACATES:
+            return self._vacate(conn, sorted(page, key=lambda j: j.id), event, reason, now)
         out = [_change(outcome, ACTED) for outcome in
                self._act_page(conn, sorted(page, key=lambda j: j.id), Event(event), reason,
                               hold, now)]
@@ -179,6 +183,34 @@ class LocalDoor:
                                          jobs.c.status == status).values(dict(columns)))
             if conn.execute(change).rowcount != len(group_ids):
                 raise RowChanged(f"{len(group_ids)} jobs changed under their {event}")
+        self.transitions.insert_events(conn, events)
+        return out
+
+    def _vacate(self, conn: Connection, page: list[Job], event: str, reason: str | None,
+                now: float) -> list[Change]:
+        """condor_vacate_job: a request for the current attempt of each accepted or running
+        job (not stopped), recorded as its event; the others left as they were."""
+        fast = event == VACATES[1]
+        out, events = [], []
+        every = self.db.listens_to_every_job()
+        for job in page:
+            if job.status not in VACATABLE or job.winding_down_until is not None:
+                out.append(Change(job.id, event, job.status, None, job.claims, None, None,
+                                  False, ACTED))
+                continue
+            old = conn.execute(select(vacate_requests.c.attempt, vacate_requests.c.fast)
+                               .where(vacate_requests.c.job_id == job.id)).first()
+            was_fast = old is not None and old.fast and old.attempt == job.claims
+            self.db.backend.upsert(conn, vacate_requests, [
+                {"job_id": job.id, "attempt": job.claims, "fast": fast or was_fast,
+                 "requested_at": now}], "job_id", ("attempt", "fast", "requested_at"))
+            row = event_row(job.id, event, job.status, None, now, attempt=job.claims,
+                            slot=job.slot, host=job.host, reason=reason)
+            events.append(row)
+            if job.user_log or every:
+                note_event(conn, row, job)
+            out.append(Change(job.id, event, job.status, None, job.claims, reason, None, True,
+                              ACTED))
         self.transitions.insert_events(conn, events)
         return out
 

@@ -22,7 +22,7 @@ from sqlalchemy import (
 from jobstore.core.jobs import FeedEvent, Job, JobEvent
 from jobstore.core.states import FINAL, HANDED_OUT, Status
 from jobstore.db.phases import status_in, status_not_in
-from jobstore.db.schema import job_events, jobs
+from jobstore.db.schema import job_events, jobs, vacate_requests
 from jobstore.db.transactions import Transactions
 from jobstore.errors import UnknownJob
 
@@ -77,6 +77,7 @@ class AttemptState(NamedTuple):
     status: str
     claims: int  # the current attempt
     winding_down: bool  # the current attempt was stopped and has not reported its end
+    vacate: str | None = None  # its owner asked to vacate it: "graceful" or "fast"
 
 
 class NodeAttempt(NamedTuple):
@@ -111,10 +112,15 @@ class JobReads:
         """The attempt state of each of `job_ids` that exists: one indexed query."""
         if not job_ids:
             return {}
-        q = select(jobs.c.id, jobs.c.status, jobs.c.claims, jobs.c.winding_down_until).where(
-            jobs.c.id.in_(list(job_ids)))
+        v = vacate_requests
+        q = (select(jobs.c.id, jobs.c.status, jobs.c.claims, jobs.c.winding_down_until,
+                    v.c.fast)
+             .outerjoin(v, and_(v.c.job_id == jobs.c.id, v.c.attempt == jobs.c.claims))
+             .where(jobs.c.id.in_(list(job_ids))))
         with self.db.transaction() as conn:
-            return {r.id: AttemptState(r.status, r.claims, r.winding_down_until is not None)
+            return {r.id: AttemptState(r.status, r.claims, r.winding_down_until is not None,
+                                       None if r.fast is None else
+                                       "fast" if r.fast else "graceful")
                     for r in conn.execute(q)}
 
     def attempts_on(self, hosts: Sequence[str]) -> list[NodeAttempt]:

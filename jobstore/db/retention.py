@@ -31,6 +31,7 @@ from jobstore.db.schema import (
     logged_events,
     sandbox_chunks,
     sandbox_files,
+    vacate_requests,
 )
 from jobstore.db.transactions import Transactions
 
@@ -104,6 +105,7 @@ class Retention:
             conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
             conn.execute(delete(deliveries).where(deliveries.c.job_id.in_(ids)))
             conn.execute(delete(logged_events).where(logged_events.c.job_id.in_(ids)))
+            conn.execute(delete(vacate_requests).where(vacate_requests.c.job_id.in_(ids)))
             emptied = list(conn.execute(
                 delete(clusters).where(
                     clusters.c.id.in_(cluster_ids),

@@ -76,6 +76,18 @@ deliveries = Table(
     Column("failures", Integer, nullable=False, server_default=text("0")),
 )
 
+# condor_vacate_job (migration 0029): the attempt of a job its owner asked to vacate, which
+# the node's agent vacates (gracefully, or fast); the job goes back to idle as its JOB_EXIT
+# evict reports. Written through the door only; the pruner deletes it with its job.
+vacate_requests = Table(
+    "vacate_requests",
+    metadata,
+    Column("job_id", BigId, primary_key=True, autoincrement=False),
+    Column("attempt", Integer, nullable=False),
+    Column("fast", Boolean, nullable=False),
+    Column("requested_at", Epoch(), nullable=False),
+)
+
 # Where a follower of job_events that must not lose or repeat an event stands (migration
 # 0023): every id up to `high` was handled but for `gaps`, JSON [[id, horizon], ...] of ids not
 # seen yet that a transaction still running may commit (jobstore.api.feed). One row per follower
@@ -99,10 +111,7 @@ logged_events = Table(
     Column("event_id", BigInteger, nullable=False),
 )
 
-# What an access point's `jobstore schedd` wrote of a DAG's own job event log (DAGMan's job's
-# log, `<dag file>.dagman.log`; migration 0023): 1 its submit and execute, 2 its end too. The
-# pruner deletes it with its DAG.
-# When the access point wrote each DAG's NODE_STATUS_FILE.
+# When the access point wrote each DAG's NODE_STATUS_FILE (migration 0028).
 dag_files = Table(
     "dag_files",
     metadata,
@@ -111,6 +120,9 @@ dag_files = Table(
     Column("final", Boolean, nullable=False),  # written after the DAG ended
 )
 
+# What an access point's `jobstore schedd` wrote of a DAG's own job event log (DAGMan's job's
+# log, `<dag file>.dagman.log`; migration 0023): 1 its submit and execute, 2 its end too. The
+# pruner deletes it with its DAG.
 dagman_logs = Table(
     "dagman_logs",
     metadata,

@@ -1,5 +1,6 @@
-"""condor_rm, condor_hold, condor_vacate and a job's periodic_* policy acting on jobs that run
-on the real startd: the job's processes end, its slot goes back to work, the store says why."""
+"""condor_rm, condor_hold, condor_vacate, condor_vacate_job and a job's periodic_* policy acting
+on jobs that run on the real startd: the job's processes end, its slot goes back to work, the
+store says why."""
 
 from __future__ import annotations
 
@@ -51,6 +52,30 @@ def test_condor_vacate_sends_the_job_back_and_it_runs_again(live: Live) -> None:
                      lambda: (lambda j: j if j["NumJobStarts"] >= 2 else None)(live.job(job)),
                      90)
     assert again["status"] in ("running", "accepted", "fetched")
+    assert live.jobstore("rm", job).returncode == 0
+    _gone(live, marker)
+
+
+def test_condor_vacate_job_sends_the_job_back_and_it_runs_again(live: Live) -> None:
+    """`jobstore vacate` (condor_vacate_job) and `-fast`: the agent vacates the slot, the
+    starter's JOB_EXIT evict sends the job back to idle, and it starts again."""
+    job, marker = _sleeper(live, "kill_sig = SIGTERM\n")
+    for attempt, args in ((1, ("vacate", job)), (2, ("vacate", "-fast", job))):
+        done = live.jobstore(*args)
+        assert done.returncode == 0, done.stderr
+        assert "vacating" in done.stdout
+
+        def started_again(n: int = attempt) -> dict | None:
+            ad = live.job(job)
+            return ad if ad["NumJobStarts"] > n else None
+
+        again = wait_for(f"the vacated job starts a {attempt + 1}. time", started_again, 90)
+        assert again["status"] in ("running", "accepted", "fetched")
+        live.wait_process(marker)
+        live.wait_status(job, "running")
+    events = live.jobstore("events", job)
+    assert events.returncode == 0, events.stderr
+    assert events.stdout.count("evict") >= 2, events.stdout
     assert live.jobstore("rm", job).returncode == 0
     _gone(live, marker)
 

@@ -342,8 +342,9 @@ def test_grant_user_from_the_cli(pool: Pool, owner: JobStore) -> None:  # noqa: 
 
 @pytest.mark.empty_database
 def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -> None:
-    """Migrations 0012, 0014, 0015, 0022 and 0023 give the roles that held the agent's grants
-    their policies, the slots table, the sandbox files, the deliveries and the event cursors."""
+    """Migrations 0012, 0014, 0015, 0022, 0023 and 0029 give the roles that held the agent's
+    grants their policies, the slots table, the sandbox files, the deliveries, the event
+    cursors and the vacate requests."""
     upgrade(db_url, "0011")
     role = f"js_old_agent_{uuid.uuid4().hex[:8]}"
     admin = libpq_url(make_url(db_url).set(database="postgres").render_as_string(False))
@@ -353,7 +354,7 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         owner = JobStore.from_url(db_url)
         new = ("ON slots", "sandbox_", "job_files", "{files_sequence}", "None", "store_limits",
                " dags", "ON dag_", "jobstore_dag_", "job_attr_rules", "notify_keys", "deliveries",
-               "event_cursors")
+               "event_cursors", "vacate_requests")
         old = [s.replace(", slots", "") for s in owner.db.backend.roles().hook_statements(role)
                if "POLICY" not in s and not any(n in s for n in new)]  # as granted before 0012
         with owner.db.engine.begin() as conn:
@@ -367,6 +368,8 @@ def test_an_agent_role_granted_before_the_migration_keeps_working(db_url: str) -
         job = claim(agent, REQ)
         assert job is not None and job.id == job_id
         assert report(agent, job, Event.ACCEPT, lease=120).after == "accepted"
+        owner.actions.act_where(jobs.c.id == job_id, Event.VACATE, "vacated")
+        assert agent.reads.attempt_states([job_id])[job_id].vacate == "graceful"
         with agent.db.engine.begin() as conn, pytest.raises(Exception, match="permission denied"):
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(owner="x"))
         agent.slots.publish_slots([SlotRow("slot1@n", "n", 'Name = "slot1@n"', 1.0, 2.0)])

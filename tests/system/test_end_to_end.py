@@ -30,6 +30,7 @@ from emulatornode import (  # noqa: F401 - node_db: the fixture
 
 from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
+from jobstore.db.schema import jobs
 from jobstore.db.store import JobStore
 from jobstore.emulator import Emulator, EmulatorConfig
 
@@ -258,6 +259,54 @@ def test_hold_then_release_of_a_running_job_waits_for_its_end(node_db) -> None: 
         "exit", "accepted", "completed", 2) in seen
     evict = store.reads.events(job_id)[ended]
     assert evict.attrs.get("ExitSignal") == signal.SIGKILL  # SIGTERM was ignored
+
+
+ONCE_LONG = """\
+#!/bin/sh
+# The first attempt sleeps; a later one succeeds at once.
+if [ -e first.ran ]; then exit 0; fi
+touch first.ran
+exec sleep 600
+"""
+
+
+@pytest.mark.slow  # (make test's time: runs with make test-slow)
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_vacated_job_goes_back_to_idle_and_runs_again(node_db, fast: bool) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """condor_vacate_job [-fast] of a running job: the agent vacates its slot (gracefully: the
+    job gets its KillSig; -fast: killed), the attempt's JOB_EXIT evict sends the job back to
+    idle, and it runs again (attempt 2, which completes)."""
+    store, tmp = node_db
+    owner = job_owner()
+    script = tmp / "submit" / "once_long.sh"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(ONCE_LONG)
+    script.chmod(0o755)
+    (job_id,) = submit_text(store, tmp, f"executable = {script}\ninitialdir = {script.parent}\n"
+                        "queue\n", owner)
+    cfg, condor_config = _vacating_node(store, tmp, update_interval=600.0)
+    event = Event.VACATE_FAST if fast else Event.VACATE
+    acted: list[Any] = []
+
+    def until() -> bool:
+        if not acted and store.reads.get_job(job_id).status == "running":
+            acted.append(store.actions.act_where(jobs.c.id == job_id, event, "vacated"))
+        return store.reads.get_job(job_id).status == "completed"
+
+    with ExitStack() as stack:
+        cfg.env.update(stack.enter_context(running_agent(tmp, condor_config, cfg.condor_user)))
+        Emulator(cfg).run(until=until, timeout=120, wait_for_jobs=False)
+    assert acted and acted[0].success == 1
+    seen = [(e.event, e.from_status, e.to_status, e.attempt) for e in store.reads.events(job_id)]
+    asked = seen.index((event.value, "running", None, 1))
+    evicted = seen.index(("evict", "running", "idle", 1))
+    assert asked < evicted < seen.index(("fetch", "idle", "fetched", 2))
+    assert store.reads.get_job(job_id).status == "completed"
+    evict = store.reads.events(job_id)[evicted]
+    assert evict.attrs.get("ExitSignal") == (signal.SIGKILL if fast else signal.SIGTERM)
+    how = "fast" if fast else "graceful"
+    said = f"is vacated{' fast' if fast else ''} by its owner: slot slot1@node01.example.org"
+    assert f"{said} vacated ({how})" in (tmp / "agent.log").read_text()
 
 
 @pytest.mark.slow  # (make test's time: runs with make test-slow)

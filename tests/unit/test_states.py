@@ -49,6 +49,8 @@ EXPECTED: dict[Event, dict[Status, Status | str]] = {
     E.NODE_READY: {S.WAITING: S.IDLE},
     E.NODE_FUTILE: {S.WAITING: S.REMOVED},
     E.POST_SCRIPT: {},
+    E.VACATE: {},  # requests, recorded: the eviction that follows is the transition
+    E.VACATE_FAST: {},
 }
 ENDS_ATTEMPT = {S.WAITING, S.IDLE, S.HELD, S.COMPLETED, S.REMOVED, S.FAILED}
 

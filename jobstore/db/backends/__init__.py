@@ -21,6 +21,7 @@ from jobstore.db.backends.base import (
     READ_JOB,
     READ_JOBS,
     SKIPPED,
+    VACATES,
     Backend,
     Change,
     Claim,
@@ -95,6 +96,6 @@ def preload_drivers() -> None:
 
 
 __all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "READ_JOBS", "SKIPPED",
-           "Backend", "Change", "Claim", "DagSettings", "Door", "HandOut", "Identity",
+           "VACATES", "Backend", "Change", "Claim", "DagSettings", "Door", "HandOut", "Identity",
            "InputFile", "MenuRow", "Opened", "Params", "Roles", "Row", "UserRights", "Value",
            "backend_for", "database", "preload_drivers", "server_warnings"]

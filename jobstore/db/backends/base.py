@@ -65,6 +65,8 @@ HandOut = Callable[[Connection, Job, Params], None]
 # apply to its status), one the session may not act on, one another transaction holds, one the
 # DAGs moved, a DAG that changed, a NOOP node a DAG's release did at once
 ACTED, DENIED, SKIPPED, MOVED, DAG, NOOP = "acted", "denied", "skipped", "moved", "dag", "noop"
+# The events of condor_vacate_job and condor_vacate_job -fast: a request, not a transition
+VACATES = ("vacate", "vacate_fast")
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,6 +407,6 @@ def upsert(conn: Connection, insert: Insert, rows: Sequence[Row], key: str,
         index_elements=[insert.table.c[key]], set_={c: stmt.excluded[c] for c in columns}))
 
 
-__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "Backend",
-           "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "MenuRow", "Opened",
-           "Params", "Roles", "Row", "UserRights", "Value", "insert_missing", "upsert"]
+__all__ = ["ACTED", "DAG", "DENIED", "MENU", "MOVED", "NOOP", "READ_JOB", "SKIPPED", "VACATES",
+           "Backend", "Change", "Claim", "Door", "HandOut", "Identity", "InputFile", "MenuRow",
+           "Opened", "Params", "Roles", "Row", "UserRights", "Value", "insert_missing", "upsert"]

@@ -14,7 +14,7 @@ from sqlalchemy import Connection
 from jobstore.core import policy
 from jobstore.core.autoclusters import signature
 from jobstore.core.jobs import Job, ProcTemplate
-from jobstore.db.backends.base import Change, DagSettings, InputFile
+from jobstore.db.backends.base import VACATES, Change, DagSettings, InputFile
 from jobstore.db.backends.postgresql import driver
 from jobstore.db.backends.postgresql.queries import QUERIES
 from jobstore.db.jsontext import json_text
@@ -31,6 +31,7 @@ STORE_CHUNK = QUERIES["door_store_chunk"].sql
 ADD_INPUTS = QUERIES["door_add_inputs"].sql
 ACT = QUERIES["door_act"].sql
 EDIT = QUERIES["door_edit"].sql
+VACATE = QUERIES["door_vacate"].sql
 SET_FACTOR = QUERIES["door_set_factor"].sql
 RESET_USAGE = QUERIES["door_reset_usage"].sql
 NEW_DAG = QUERIES["door_new_dag"].sql
@@ -124,6 +125,10 @@ class PgDoor:
 
     def act(self, conn: Connection, ids: Sequence[int], event: str, reason: str | None,
             hold: tuple[int, int], *, skip_locked: bool, now: float) -> list[Change]:
+        if event in VACATES:
+            return self._changes(conn, VACATE, {
+                "ids": list(ids), "fast": event == VACATES[1], "reason": reason,
+                "skip_locked": skip_locked, "now": now})
         return self._changes(conn, ACT, {
             "ids": list(ids), "event": event, "reason": reason, "code": hold[0],
             "subcode": hold[1], "skip_locked": skip_locked, "now": now})

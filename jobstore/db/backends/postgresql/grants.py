@@ -59,7 +59,8 @@ HOOK_UPDATE_COLUMNS = (
 # The statements of queries.sql that make the grants, in order.
 GRANTS = ("grant_revoke", "grant_schema", "grant_read", "grant_update", "grant_limit_locks",
           "grant_accountant", "grant_passes", "grant_slots", "grant_events", "grant_sequence",
-          "grant_deliveries", "grant_event_logs", "grant_files", "grant_files_sequence",
+          "grant_deliveries", "grant_vacate_requests", "grant_event_logs", "grant_files",
+          "grant_files_sequence",
           "grant_store_limits", "grant_dag_engine", "grant_notify_key",
           "grant_agent_drop_update_policy", "grant_agent_update_policy",
           "grant_agent_drop_event_policy", "grant_agent_event_policy",
@@ -82,6 +83,7 @@ DOOR_FUNCTIONS = (
     "jobstore_store_chunk(text, text, integer, bytea)",
     "jobstore_add_inputs(bigint, integer, json)",
     "jobstore_act(bigint[], text, text, integer, integer, boolean, double precision)",
+    "jobstore_vacate(bigint[], boolean, text, boolean, double precision)",
     "jobstore_edit(bigint[], text, text, text[], boolean, double precision)",
     "jobstore_set_factor(text, double precision)",
     "jobstore_reset_usage(text, double precision)",

@@ -225,7 +225,8 @@ SELECT pg_get_serial_sequence('job_events', 'id') AS sequence, current_schema() 
 REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, concurrency_limits,
     submitters, passes, slots, sandbox_files, sandbox_chunks, job_files, store_limits, dags,
     dag_nodes, dag_edges, dag_categories, job_attr_rules, accounting_groups, notify_keys,
-    deliveries, event_cursors, logged_events, dagman_logs, dag_files FROM {role};
+    deliveries, event_cursors, logged_events, dagman_logs, dag_files, vacate_requests
+    FROM {role};
 
 -- name: grant_schema
 -- Let the role see the schema the tables live in.
@@ -268,6 +269,11 @@ GRANT USAGE ON SEQUENCE {sequence} TO {role};
 -- name: grant_deliveries
 -- Write a job's outputs home (jobstore schedd) and prune the record with the job.
 GRANT SELECT, INSERT, UPDATE, DELETE ON deliveries TO {role};
+
+-- name: grant_vacate_requests
+-- See the attempts their owners asked to vacate (condor_vacate_job), and prune the requests
+-- with their jobs.
+GRANT SELECT, DELETE ON vacate_requests TO {role};
 
 -- name: grant_event_logs
 -- Keep where the access point's event logs stand (jobstore schedd), and prune a DAG's record
@@ -388,7 +394,7 @@ REVOKE ALL ON clusters, jobs, job_events, autoclusters, autocluster_limits, conc
     submitters, passes, queue_roles, slots, sandbox_files, sandbox_chunks, job_files,
     store_limits, dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
     accounting_groups, notify_keys, deliveries, event_cursors, logged_events, dagman_logs,
-    dag_files FROM {role};
+    dag_files, vacate_requests FROM {role};
 
 -- name: user_revoke_sequences
 -- ... and on their sequences (a submitter takes no id herself: the door's functions do).
@@ -484,6 +490,11 @@ SELECT jobstore_add_inputs(%(cluster)s::bigint, %(proc)s::integer, %(files)s::js
 -- Hold, release or remove jobs: what it did to each (jobstore_change rows).
 SELECT * FROM jobstore_act(%(ids)s::bigint[], %(event)s::text, %(reason)s::text,
     %(code)s::integer, %(subcode)s::integer, %(skip_locked)s::boolean, %(now)s::float8);
+
+-- name: door_vacate
+-- condor_vacate_job [-fast] of jobs: what it did to each (jobstore_change rows).
+SELECT * FROM jobstore_vacate(%(ids)s::bigint[], %(fast)s::boolean, %(reason)s::text,
+    %(skip_locked)s::boolean, %(now)s::float8);
 
 -- name: door_edit
 -- condor_qedit of jobs: what it did to each (jobstore_change rows).
