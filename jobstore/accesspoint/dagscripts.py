@@ -51,6 +51,7 @@ ORPHAN_AGE = 60.0  # seconds a run no node holds is left alone (another service 
 PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other duties' turn
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
 MAX_OWNERS = 10_000  # owners whose late inputs were read lately, remembered for their turns
+LEAST_DEFER = 1.0  # seconds a deferred script waits at least (DAGMan's may be 0)
 RUN_FILES = (".json", ".pid", ".tmp", ".inputs")  # what a run leaves, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
@@ -78,6 +79,8 @@ class _Run:
     late: bool = False  # the node's inputs are read once its PRE step exited 0
     has_pre: bool = True  # the node has a PRE script (else its PRE step runs no runner)
     cluster_id: int | None = None
+    defer: tuple[int, int] | None = None  # SCRIPT DEFER: this exit runs it again so much later
+    debug: scriptrunner.Debug | None = None  # SCRIPT DEBUG
 
 
 @dataclass
@@ -147,7 +150,8 @@ class DagScripts:
             if row.token not in self._runs:
                 self._runs[row.token] = _Run(row.dag_id, row.name, row.kind, row.owner,
                                              row.started_at or 0.0, late=row.late,
-                                             cluster_id=row.cluster_id, has_pre=row.has_pre)
+                                             cluster_id=row.cluster_id, has_pre=row.has_pre,
+                                             defer=row.defer)
         now = time.time()
         for path in self._directory.iterdir():
             token, _, suffix = path.name.partition(".")
@@ -171,6 +175,7 @@ class DagScripts:
 
     def _collect(self) -> int:
         ended: list[ScriptExit] = []
+        deferred: list[tuple[ScriptExit, float]] = []
         inputs: list[tuple[str, _Run]] = []
         running: list[tuple[str, _Run]] = []
         for token, run in list(self._runs.items()):
@@ -189,6 +194,10 @@ class DagScripts:
             if run.kind == PRE and code == 0 and run.late:
                 inputs.append((token, run))
                 continue
+            if run.defer is not None and code == run.defer[0] and not why:
+                deferred.append((ScriptExit(run.dag_id, run.name, run.kind, token, code),
+                                 self.clock() + max(float(run.defer[1]), LEAST_DEFER)))
+                continue
             ended.append(ScriptExit(run.dag_id, run.name, run.kind, token, code))
         if running and self.clock() >= self._check_at:
             holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for _, r in running])
@@ -202,8 +211,20 @@ class DagScripts:
                     self._stop(token, run)
             self._check_at = self.clock() + CHECK
         self._give(ended)
+        self._defer(deferred)
         self._read_inputs(inputs)
-        return len(ended) + len(inputs)
+        return len(ended) + len(deferred) + len(inputs)
+
+    def _defer(self, deferred: list[tuple[ScriptExit, float]]) -> None:
+        """The runs that exited with their DEFER status: each script due again later (as
+        DAGMan's, it has not ended), then forgotten."""
+        if not deferred:
+            return
+        self.store.dag_scripts.defer(deferred)
+        for run, until in deferred:
+            LOG.info("DAG %s node %s: its %s script exited with %s: deferred for %.0f s",
+                     run.dag_id, run.name, run.kind.upper(), run.code, until - self.clock())
+            self._forget(run.token)
 
     def _read_inputs(self, inputs: list[tuple[str, _Run]]) -> None:
         """Read the late inputs of at most one node of each owner this pass, the owners
@@ -402,7 +423,11 @@ class DagScripts:
         """Start the runner of `row`'s script, whose lease `token` holds: whether it can
         start (now, or once this host can start a process again)."""
         self._runs[token] = run = _Run(row.dag_id, row.name, row.kind, row.owner, self.clock(),
-                                       late=row.late, cluster_id=row.cluster_id)
+                                       late=row.late, cluster_id=row.cluster_id,
+                                       defer=row.defer)
+        if row.debug is not None:
+            run.debug = scriptrunner.Debug(row.debug[0], row.debug[1], row.name,
+                                           row.kind.upper())
         try:
             argv, directory = self._command(row)
             uid = gid = -1
@@ -428,7 +453,8 @@ class DagScripts:
         assert self._directory is not None and run.command is not None
         uid, gid, directory, argv = run.command
         try:
-            run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv)
+            run.pid = scriptrunner.start(self._directory, token, uid, gid, directory, argv,
+                                         run.debug)
         except OSError as exc:
             self._warn(run.dag_id, f"DAG {run.dag_id} node {run.name}: its {run.kind.upper()} "
                        f"script waits to start: {exc.strerror or exc}")

@@ -10,6 +10,10 @@ it starts and DIRECTORY/TOKEN.json (the exit, a negative number for a signal, an
 script could not be started) as the script ends; when this host had no room for the script's
 process, the json says `retry` instead, and the script never ran. SIGTERM kills the script's
 process group (until the runner has reaped the script).
+
+With SCRIPT DEBUG, the owner's process that runs the script keeps its standard output and
+error (MAX_DEBUG bytes of each) and appends them to her debug file as the script ends, after
+DAGMan's line `*** Node=... Type=... ExitCode=... Completion=... Cmd='...'`.
 """
 
 from __future__ import annotations
@@ -17,21 +21,38 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import select
 import signal
+import stat
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 CANNOT_RUN = 127  # the exit of a script that could not be started, as a shell says it
+MAX_DEBUG = 1 << 20  # bytes of a script's output and of its error kept for SCRIPT DEBUG
 
 
-def start(directory: Path, token: str, uid: int, gid: int, cwd: str, argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Debug:
+    """SCRIPT DEBUG: the file (in the node's directory) the script's output is appended to,
+    which of it (STDOUT, STDERR or ALL), and what DAGMan's line says of the run."""
+
+    file: str
+    streams: str
+    node: str
+    kind: str  # PRE or POST
+
+
+def start(directory: Path, token: str, uid: int, gid: int, cwd: str, argv: list[str],
+          debug: Debug | None = None) -> int:
     """Fork the runner of `argv` (run as `uid`:`gid` in `cwd`; -1: as this process): its
     pid, which the caller reaps."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            _runner(directory, token, uid, gid, cwd, argv)
+            _runner(directory, token, uid, gid, cwd, argv, debug)
             code = 0
         finally:
             os._exit(code)
@@ -65,7 +86,7 @@ def _start_time(pid: int) -> str:
 
 
 def _runner(directory: Path, token: str, uid: int, gid: int, cwd: str,
-            argv: list[str]) -> None:
+            argv: list[str], debug: Debug | None) -> None:
     os.setsid()
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     null = os.open(os.devnull, os.O_RDWR)
@@ -89,7 +110,7 @@ def _runner(directory: Path, token: str, uid: int, gid: int, cwd: str,
            "LOGNAME": account.pw_name, "LANG": "C.UTF-8"}
     if child == 0:
         os.close(read_end)
-        _exec(uid, gid, account.pw_name, cwd, argv, env, write_end)
+        _exec(uid, gid, account.pw_name, cwd, argv, env, write_end, debug)
     os.close(write_end)
     signal.signal(signal.SIGTERM, lambda _sig, _frame: _kill(child))
     error = b""
@@ -110,7 +131,7 @@ def _end(directory: Path, token: str, result: dict[str, object]) -> None:
 
 
 def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[str, str],
-          errors: int) -> None:
+          errors: int, debug: Debug | None) -> None:
     """In the script's process: become the owner, enter her directory, run her script
     (never returns)."""
     step = "becoming the owner"
@@ -131,11 +152,76 @@ def _exec(uid: int, gid: int, name: str, cwd: str, argv: list[str], env: dict[st
         step = f"entering {cwd}"
         os.chdir(cwd)
         step = f"running {argv[0]}"
+        if debug is not None:
+            _debugged(argv, env, errors, debug)
         os.execve(argv[0], argv, env)
     except OSError as exc:
         os.write(errors, f"{step}: {exc.strerror or exc}".encode())
     finally:
         os._exit(CANNOT_RUN)
+
+
+def _debugged(argv: list[str], env: dict[str, str], errors: int, debug: Debug) -> None:
+    """As the owner, in the node's directory: run the script with its output kept, append
+    it to the debug file, and end as the script ended (never returns; OSError when the
+    script could not be started)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    script = os.fork()
+    if script == 0:
+        try:
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.execve(argv[0], argv, env)
+        except OSError as exc:
+            os.write(errors, f"running {argv[0]}: {exc.strerror or exc}".encode())
+        finally:
+            os._exit(CANNOT_RUN)
+    os.close(out_w)
+    os.close(err_w)
+    os.close(errors)
+    kept = {out_r: bytearray(), err_r: bytearray()}
+    open_fds = [out_r, err_r]
+    while open_fds:
+        for fd in select.select(open_fds, [], [])[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                os.close(fd)
+            elif len(kept[fd]) < MAX_DEBUG:
+                kept[fd] += chunk[:MAX_DEBUG - len(kept[fd])]
+    _pid, status = os.waitpid(script, 0)
+    signalled = os.WIFSIGNALED(status)
+    line = (f"*** Node={debug.node} Type={debug.kind} "
+            f"{'Signal' if signalled else 'ExitCode'}="
+            f"{status if signalled else os.WEXITSTATUS(status)} "
+            f"Completion={int(time.time())} Cmd='{' '.join(argv)}'\n").encode()
+    text = line + (bytes(kept[out_r]) if debug.streams in ("STDOUT", "ALL") else b"") + (
+        bytes(kept[err_r]) if debug.streams in ("STDERR", "ALL") else b"")
+    try:
+        _append(debug.file, text)
+    except OSError:
+        pass  # as DAGMan: the script's end is what counts
+    if signalled:
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if not signalled else 128 + os.WTERMSIG(status))
+
+
+def _append(path: str, data: bytes) -> None:
+    """Append `data` to the regular file `path` (made if missing; never through a link, never
+    a FIFO's reader awaited)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 def _kill(child: int) -> None:

@@ -22,6 +22,7 @@ class Attempt:
     max_vacate_time: int | None = None  # the job's JobMaxVacateTime, when it has one
     name: str = ""  # CLUSTER.PROC, as condor_q numbers the job
     token: str | None = field(default=None, repr=False, compare=False)  # the attempt's secret
+    seq: int = field(default=0, compare=False)  # its FETCH_WORK's order here (0: restored)
 
 
 class Attempts:
@@ -32,6 +33,7 @@ class Attempts:
         self._lock = threading.Lock()
         self._by_job: dict[int, Attempt] = {}
         self._vacating: dict[int, float] = {}  # job id -> when a graceful vacate was asked
+        self._seq = 0
 
     def fetched(self, slot_ad: bytes, job_ad: bytes) -> Attempt | None:
         """Remember the attempt a FETCH_WORK answer (`job_ad`) gave the slot of `slot_ad`."""
@@ -43,10 +45,11 @@ class Attempts:
         job_id, attempt = classads.get_int(job, ATTR_JOB_ID), classads.get_int(job, ATTR_ATTEMPT)
         if not slot or job_id is None or attempt is None:
             return None
-        seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
-                       classads.get_int(job, "JobMaxVacateTime"), ad_job_id(job),
-                       classads.get_str(job, ATTR_TOKEN))
         with self._lock:
+            self._seq += 1
+            seen = Attempt(slot, job_id, attempt, classads.get_str(job, "HookKeyword"),
+                           classads.get_int(job, "JobMaxVacateTime"), ad_job_id(job),
+                           classads.get_str(job, ATTR_TOKEN), self._seq)
             self._by_job[job_id] = seen
             self._vacating.pop(job_id, None)
         return seen
@@ -114,6 +117,13 @@ class Attempts:
     def vacating_any(self) -> bool:
         with self._lock:
             return bool(self._vacating)
+
+    def superseded(self, a: Attempt) -> Attempt | None:
+        """A later attempt this agent handed the slot of `a` (another job's, or a later one of
+        the same job): the slot no longer runs only `a`, and is not vacated for it."""
+        with self._lock:
+            return next((b for b in self._by_job.values()
+                         if b.slot == a.slot and b.seq > a.seq and b.job_id != a.job_id), None)
 
     def snapshot(self) -> list[Attempt]:
         with self._lock:

@@ -35,6 +35,8 @@ LISTEN_POLL = 30.0  # seconds between two polls while notifications arrive
 NOTIFIED = 0.25  # seconds between two checks a notification asks for, at least (anyone may
 # NOTIFY: what arrives meanwhile is one check)
 RELISTEN = 60.0  # seconds before trying LISTEN again after it failed
+FAST_TRIES = 3  # fast vacates of one attempt's slot tried, one per check, before it is forgotten
+MAX_FAILURES = 10_000  # attempts whose failed vacates are counted
 
 # vacate(attempt, fast, why) -> whether the startd took the request
 Vacate = Callable[[Attempt, bool, str], bool]
@@ -110,6 +112,7 @@ class AttemptWatch:
         self._listen_url: str | None = None
         self._relisten_at = 0.0
         self._restored: set[str] = set()
+        self._failures: dict[int, int] = {}  # fast vacates the startd did not take, by job
 
     def run(self, stopped: Callable[[], bool]) -> None:
         last = float("-inf")
@@ -249,13 +252,28 @@ class AttemptWatch:
                           s.watch_interval)
                 if v.action == "keep":
                     continue
+                if v.action != "forget" and (later := self.attempts.superseded(a)) is not None:
+                    # its JOB_EXIT never came (or was refused): the slot runs another job now
+                    log.warning("job %s attempt %d is %s, but slot %s was given job %s since: "
+                                "not vacated", a.name, a.attempt, v.why, a.slot, later.name)
+                    self.attempts.drop(a.job_id)
+                    continue
                 if v.action == "graceful":
                     if self.vacate(a, False, v.why):
                         self.attempts.vacating(a.job_id, now)
                     continue
-                self.attempts.drop(a.job_id)
-                if v.action == "fast":
-                    self.vacate(a, True, v.why)
+                if v.action == "forget" or self.vacate(a, True, v.why) or self._gave_up(a):
+                    self.attempts.drop(a.job_id)
+                    self._failures.pop(a.job_id, None)
+
+
+    def _gave_up(self, a: Attempt) -> bool:
+        """A fast vacate of `a`'s slot failed: whether it is the last one tried
+        (FAST_TRIES), the attempt then forgotten."""
+        tries = self._failures[a.job_id] = self._failures.get(a.job_id, 0) + 1
+        if len(self._failures) > MAX_FAILURES:
+            self._failures.clear()
+        return tries >= FAST_TRIES
 
 
 def one_line(exc: BaseException) -> str:

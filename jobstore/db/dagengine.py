@@ -50,6 +50,8 @@ SUBMIT_FAILED = -1001
 MAX_LATE_INPUTS = 1000  # entries of a node's transfer_input_files read when it is submitted
 MAX_LATE_BYTES = 1 << 20  # of their JSON text
 MAX_PATH = 4096
+MAX_DEFER = 2_592_000  # seconds a SCRIPT DEFER may put its script off
+DEBUG_STREAMS = ("STDOUT", "STDERR", "ALL")
 
 
 def late_inputs_text(entries: Any) -> str | None:
@@ -469,6 +471,41 @@ class DagEngine:
             dag_nodes.c.status == kind, dag_nodes.c.script_token.is_(None))
             .values(script_token=token, script_started_at=now)).rowcount == 1
 
+    @staticmethod
+    def script_defer(conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     until: float) -> bool:
+        """The run `token` of node `name`'s `kind` script exited with its DEFER status: due
+        again from `until` on. Whether the node still waited for that run."""
+        return conn.execute(update(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
+            dag_nodes.c.status == kind, dag_nodes.c.script_token == token)
+            .values(script_token=None, script_after=until)).rowcount == 1
+
+    @staticmethod
+    def script_options(conn: Connection, dag_id: int, options: Mapping[str, Any]) -> None:
+        """The DEFER and DEBUG options of the scripts of DAG `dag_id`'s nodes, each checked
+        (InvalidInput)."""
+        path = conn.execute(select(dags.c.path).where(dags.c.id == dag_id)).scalar_one()
+        if not isinstance(options, Mapping):
+            raise InvalidInput(f"DAG {path}: its scripts' options are an object of nodes")
+        for name, value in options.items():
+            node = conn.execute(select(dag_nodes.c.pre_script, dag_nodes.c.post_script).where(
+                dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
+            if node is None:
+                raise InvalidInput(f"DAG {path}: no node {name}")
+            if not isinstance(value, Mapping):
+                raise InvalidInput(f"DAG {path}: node {name}: its scripts' options are not an "
+                                   "object")
+            for kind, given in value.items():
+                why = option_problem(kind, given, node.pre_script if kind == PRE
+                                     else node.post_script if kind == POST else None)
+                if why is not None:
+                    raise InvalidInput(f"DAG {path}: node {name}: SCRIPT {str(kind).upper()}: "
+                                       f"{why}")
+            conn.execute(update(dag_nodes).where(
+                dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)
+                .values(script_options=json.dumps(dict(value), sort_keys=True)))
+
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> bool:
         """Node `name`'s `kind` script of the run `token` exited with `code`: a PRE script's
@@ -538,3 +575,31 @@ class DagEngine:
         self._abort(conn, dag_id, now, why, DAG_REMOVED, 1)
         self.advance(conn, dag_id, now)
         return [Change(dag_id, "removed", dag.status, None, 0, None, None, False, DAG)]
+
+
+def option_problem(kind: Any, value: Any, script: str | None) -> str | None:
+    """Why `value` is not the options of a node's `kind` script (`script`: its command line,
+    None when it has none); None when it is."""
+    if kind not in (PRE, POST):
+        return f"{kind!r} is not PRE or POST"
+    if script is None:
+        return f"the node has no {kind.upper()} script"
+    if not isinstance(value, Mapping):
+        return "its options are not an object"
+    if set(value) - {"defer", "debug"}:
+        return "DEFER and DEBUG are its only options"
+    defer, debug = value.get("defer"), value.get("debug")
+    if "defer" in value and not (
+            isinstance(defer, list) and len(defer) == 2
+            and all(type(x) is int for x in defer)
+            and 1 <= defer[0] <= 255 and 0 <= defer[1] <= MAX_DEFER):
+        return f"DEFER is an exit status of 1 to 255 and at most {MAX_DEFER} seconds"
+    if "debug" in value and not (
+            isinstance(debug, list) and len(debug) == 2
+            and all(isinstance(x, str) for x in debug)
+            and 0 < len(debug[0]) <= MAX_PATH
+            and not any(ord(c) < 32 or c == "\x7f" for c in debug[0])
+            and debug[1] in DEBUG_STREAMS):
+        return "DEBUG is a file's name and STDOUT, STDERR or ALL"
+    return None
+

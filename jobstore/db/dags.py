@@ -134,6 +134,10 @@ class DagStore:
             edges = [(parent, node.name) for node in dag.nodes.values()
                      for parent in node.parents]
             clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)
+            options = {node.name: node.script_options for node in dag.nodes.values()
+                       if node.script_options}
+            if options:
+                self.door.dag_script_options(conn, dag_id, options)
             self.nodes.submit_nodes(conn, groups, clusters_of, owner=owner, queue=queue,
                                     max_attempts=max_attempts, now=now, check=check,
                                     home=home)

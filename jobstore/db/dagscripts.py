@@ -9,6 +9,7 @@ the service checks it before it acts, and runs nothing here but as her."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -17,7 +18,7 @@ from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, sel
 
 from jobstore.core.states import Status
 from jobstore.db.backends import Door
-from jobstore.db.dagengine import POST, PRE
+from jobstore.db.dagengine import POST, PRE, option_problem
 from jobstore.db.phases import status_in
 from jobstore.db.sandbox import (
     IN,
@@ -30,6 +31,8 @@ from jobstore.db.sandbox import (
 from jobstore.db.schema import clusters, dag_edges, dag_nodes, dags, deliveries, job_files, jobs
 from jobstore.db.transactions import Transactions
 from jobstore.errors import InvalidInput
+
+MAX_OPTIONS = 20_000  # characters of a node's stored script options read
 
 
 class NodeScript(NamedTuple):
@@ -50,6 +53,8 @@ class NodeScript(NamedTuple):
     late: bool = False  # it has inputs to read when it is submitted (late_inputs)
     has_pre: bool = False  # it has a PRE script (else $PRE_SCRIPT_RETURN is -1)
     cap: int = 20  # the DAG's scripts of this kind that may run at once (-MaxPre, -MaxPost)
+    defer: tuple[int, int] | None = None  # SCRIPT DEFER: (exit status, seconds)
+    debug: tuple[str, str] | None = None  # SCRIPT DEBUG: (file, STDOUT | STDERR | ALL)
 
 
 class ScriptExit(NamedTuple):
@@ -64,11 +69,29 @@ class ScriptExit(NamedTuple):
 
 def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
     cap = r.max_pre if r.status == PRE else r.max_post
-    return NodeScript(r.dag_id, r.name, r.status, r.owner,
-                      (r.pre if r.status == PRE else r.post) or None, r.directory,
+    command = (r.pre if r.status == PRE else r.post) or None
+    options = _options(r.script_options, r.status, command)
+    defer, debug = options.get("defer"), options.get("debug")
+    return NodeScript(r.dag_id, r.name, r.status, r.owner, command, r.directory,
                       r.cluster_id, r.job_code, r.pre_code, r.script_token,
                       r.script_started_at, r.dag_status, bool(r.late), bool(r.pre),
-                      per_dag if cap is None else per_owner if cap == 0 else cap)
+                      per_dag if cap is None else per_owner if cap == 0 else cap,
+                      (defer[0], defer[1]) if defer else None,
+                      (debug[0], debug[1]) if debug else None)
+
+
+def _options(text: str | None, kind: str, command: str | None) -> dict[str, Any]:
+    """A node's `kind` script's DEFER and DEBUG options as stored (none: an empty dict, also
+    for a text the door would not have taken)."""
+    if not text or len(text) > MAX_OPTIONS:
+        return {}
+    try:
+        value = json.loads(text).get(kind)
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    if value is None or option_problem(kind, value, command) is not None:
+        return {}
+    return dict(value)
 
 
 class NodeJob(NamedTuple):
@@ -126,6 +149,8 @@ class DagScripts:
                       case((cap.is_(None), per_dag), (cap == 0, per_owner),
                            else_=cap).label("cap"))
                   .where(dag_nodes.c.script_token.is_(None),
+                         or_(dag_nodes.c.script_after.is_(None),
+                             dag_nodes.c.script_after <= time.time()),
                          or_(and_(dag_nodes.c.status == POST,
                                   ~_outputs_away(dag_nodes.c.cluster_id)),
                              and_(dag_nodes.c.status == PRE, dags.c.status == "running",
@@ -162,7 +187,7 @@ class DagScripts:
                     dag_nodes.c.pre_code, dag_nodes.c.script_token,
                     dag_nodes.c.script_started_at, dags.c.status.label("dag_status"),
                     dag_nodes.c.late_inputs.is_not(None).label("late"), dags.c.max_pre,
-                    dags.c.max_post)
+                    dags.c.max_post, dag_nodes.c.script_options)
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
@@ -188,6 +213,13 @@ class DagScripts:
         with self.db.transaction() as conn:
             return [self.door.script_start(conn, script.dag_id, script.name, script.kind,
                                            token, now) for script, token in runs]
+
+    def defer(self, deferred: Sequence[tuple[ScriptExit, float]]) -> None:
+        """The runs that exited with their script's DEFER status, each due again from its
+        time on, in one transaction."""
+        with self.db.transaction() as conn:
+            for run, until in deferred:
+                self.door.script_defer(conn, run.dag_id, run.name, run.kind, run.token, until)
 
     def done(self, ended: Sequence[ScriptExit]) -> None:
         """The runs that ended, each with its exit, in one transaction."""

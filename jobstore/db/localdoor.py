@@ -200,10 +200,13 @@ class LocalDoor:
                 continue
             old = conn.execute(select(vacate_requests.c.attempt, vacate_requests.c.fast)
                                .where(vacate_requests.c.job_id == job.id)).first()
-            was_fast = old is not None and old.fast and old.attempt == job.claims
+            if old is not None and old.attempt == job.claims and (old.fast or not fast):
+                out.append(Change(job.id, event, job.status, None, job.claims, None, None,
+                                  True, ACTED))  # asked already: nothing new to record
+                continue
             self.db.backend.upsert(conn, vacate_requests, [
-                {"job_id": job.id, "attempt": job.claims, "fast": fast or was_fast,
-                 "requested_at": now}], "job_id", ("attempt", "fast", "requested_at"))
+                {"job_id": job.id, "attempt": job.claims, "fast": fast, "requested_at": now}],
+                "job_id", ("attempt", "fast", "requested_at"))
             row = event_row(job.id, event, job.status, None, now, attempt=job.claims,
                             slot=job.slot, host=job.host, reason=reason)
             events.append(row)
@@ -308,6 +311,14 @@ class LocalDoor:
     def script_start(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                      now: float) -> bool:
         return self.dags.script_start(conn, dag_id, name, kind, token, now)
+
+    def script_defer(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     until: float) -> bool:
+        return self.dags.script_defer(conn, dag_id, name, kind, token, until)
+
+    def dag_script_options(self, conn: Connection, dag_id: int,
+                           options: Mapping[str, Any]) -> None:
+        self.dags.script_options(conn, dag_id, options)
 
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> None:

@@ -301,6 +301,10 @@ dag_nodes = Table(
     Column("script_started_at", Epoch()),
     # its transfer_input_files read when it is submitted: JSON [[path, name], ...]
     Column("late_inputs", Text),
+    # SCRIPT DEFER and DEBUG, JSON by kind: {"pre": {"defer": [status, seconds], "debug":
+    # [file, "STDOUT" | "STDERR" | "ALL"]}, "post": {...}}
+    Column("script_options", Text),
+    Column("script_after", Epoch()),  # a deferred script is due again from then on
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
     Index("ix_dag_nodes_status", "status", "dag_id"),
 )

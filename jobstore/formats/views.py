@@ -500,7 +500,13 @@ def watch_line(r: Mapping[str, Any]) -> str:
     else:
         change = f"{r['from_status'] or '-'} -> {r['to_status'] or '(unchanged)'}"
         parts = [when, r["job"], r["event"], change, r["slot"] or "", r["reason"] or ""]
-    return "  ".join(p for p in parts if p)
+    return shown("  ".join(p for p in parts if p))
+
+
+def shown(text: str) -> str:
+    """`text` as a terminal may show it: what is not printable (control characters, escape
+    sequences, line and bidirectional marks anyone could have stored) as `?`."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -508,7 +514,10 @@ def _short(text: str, limit: int = 40) -> str:
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Plain aligned columns, like condor_q: easy to read and to grep."""
+    """Plain aligned columns, like condor_q: easy to read and to grep (what is not printable
+    shown as `?`)."""
+    header = [shown(h) for h in header]
+    rows = [[shown(c) for c in r] for r in rows]
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
     ]

@@ -35,6 +35,8 @@ REFUSED = {
 CONFIG_KNOBS = ("DAGMAN_MAX_JOBS_IDLE", "DAGMAN_MAX_JOBS_SUBMITTED", "DAGMAN_DEFAULT_APPEND_VARS",
                 "DAGMAN_MAX_PRE_SCRIPTS", "DAGMAN_MAX_POST_SCRIPTS")
 MAX_SCRIPT = 4096  # characters of a SCRIPT's command line
+MAX_DEFER = 86400 * 30  # seconds a SCRIPT DEFER may put its script off
+DEBUG_STREAMS = ("STDOUT", "STDERR", "ALL")  # what SCRIPT DEBUG keeps of a script's output
 STATUS_EVERY = 60  # DAGMan's least seconds between two writes of the node status file
 _NAME = re.compile(r"[^\s+{}]+")
 _MACRO = re.compile(r"[A-Za-z0-9_.+]+")
@@ -86,6 +88,9 @@ class Node:
     post_script: str | None = None  # SCRIPT POST
     pre_skip: int | None = None  # PRE_SKIP: this exit of the PRE script skips the node
     script_where: str | None = None  # FILE:LINE of its first SCRIPT
+    # SCRIPT DEFER and DEBUG, by kind: {"pre": {"defer": [status, seconds], "debug": [file,
+    # "STDOUT" | "STDERR" | "ALL"]}, "post": {...}}
+    script_options: dict[str, dict[str, list[int | str]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -446,29 +451,49 @@ class _Reader:
             node.retry, node.unless_exit = count, unless
 
     def _script(self, text: str, words: list[str], where: str) -> None:
-        """SCRIPT PRE|POST <node> executable [arguments]: run on the access point, as the
-        node's owner, in its directory (DEFER, DEBUG and HOLD are refused)."""
-        usage = f"{where}: SCRIPT needs PRE or POST, a node and an executable [arguments]"
-        if len(words) > 1 and words[1].upper() in ("DEFER", "DEBUG"):
-            raise DagError(f"{where}: SCRIPT {words[1].upper()} is not supported (the script "
-                           "runs once; its output is not kept)")
-        if len(words) > 1 and words[1].upper() == "HOLD":
+        """SCRIPT [DEFER status time] [DEBUG file STDOUT|STDERR|ALL] PRE|POST <node>
+        executable [arguments]: run on the access point, as the node's owner, in its
+        directory (HOLD is refused)."""
+        usage = (f"{where}: SCRIPT needs [DEFER status time] [DEBUG file STDOUT|STDERR|ALL] "
+                 "PRE or POST, a node and an executable [arguments]")
+        at, options = 1, dict[str, list[int | str]]()
+        if len(words) > at and words[at].upper() == "DEFER":
+            status = _int(words, at + 1, where, "SCRIPT DEFER status time", least=1)
+            seconds = _int(words, at + 2, where, "SCRIPT DEFER status time", least=0)
+            if status > 255 or seconds > MAX_DEFER:
+                raise DagError(f"{where}: SCRIPT DEFER: a status of 1 to 255 and at most "
+                               f"{MAX_DEFER} seconds")
+            options["defer"] = [status, seconds]
+            at += 3
+        if len(words) > at and words[at].upper() == "DEBUG":
+            if len(words) <= at + 2 or words[at + 2].upper() not in DEBUG_STREAMS:
+                raise DagError(f"{where}: SCRIPT DEBUG needs a file and STDOUT, STDERR or ALL")
+            file = words[at + 1]
+            if len(file) > MAX_SCRIPT or any(ord(c) < 32 or c == "\x7f" for c in file):
+                raise DagError(f"{where}: SCRIPT DEBUG: {file!r} is not a file's name")
+            options["debug"] = [file, words[at + 2].upper()]
+            at += 3
+        if len(words) > at and words[at].upper() == "HOLD":
             raise DagError(f"{where}: SCRIPT HOLD (a script run when a node's job is held) "
                            "is not supported")
-        if len(words) < 4 or words[1].upper() not in ("PRE", "POST"):
+        if len(words) < at + 3 or words[at].upper() not in ("PRE", "POST"):
             raise DagError(usage)
         rest = text.strip()
-        for word in words[:3]:
+        for word in words[:at + 2]:
             rest = rest[len(word):].lstrip()
         command = " ".join(rest.split())
         if len(command) > MAX_SCRIPT or "\0" in command:
             raise DagError(f"{where}: SCRIPT: a command line of at most {MAX_SCRIPT} "
                            "characters")
-        for node in self._targets(words[2], where):
-            if words[1].upper() == "PRE":
+        kind = words[at].lower()
+        for node in self._targets(words[at + 1], where):
+            if kind == "pre":
                 node.pre_script = command
             else:
                 node.post_script = command
+            node.script_options.pop(kind, None)
+            if options:
+                node.script_options[kind] = options
             node.script_where = node.script_where or where
 
     def _abort(self, words: list[str], where: str) -> None:

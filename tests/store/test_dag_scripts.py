@@ -6,6 +6,7 @@ tests/system/test_node_scripts.py)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,15 @@ def _script(store: JobStore, dag_id: int, name: str, code: int, n: int = 0) -> N
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("SCRIPT PRE A\n", "SCRIPT needs PRE or POST, a node and an executable"),
+    ("SCRIPT PRE A\n", "SCRIPT needs .* PRE or POST, a node and an executable"),
     ("SCRIPT HOLD A x.sh\n", "SCRIPT HOLD .* is not supported"),
-    ("SCRIPT DEFER 1 10 PRE A x.sh\n", "SCRIPT DEFER is not supported"),
-    ("SCRIPT DEBUG f ALL PRE A x.sh\n", "SCRIPT DEBUG is not supported"),
+    ("SCRIPT DEFER 0 10 PRE A x.sh\n", "0 is less than 1"),
+    ("SCRIPT DEFER 256 10 PRE A x.sh\n", "a status of 1 to 255"),
+    ("SCRIPT DEFER 1 -1 PRE A x.sh\n", "-1 is less than 0"),
+    ("SCRIPT DEFER 1 PRE A x.sh\n", "'PRE' is not an integer"),
+    ("SCRIPT DEBUG f BOTH PRE A x.sh\n", "SCRIPT DEBUG needs a file and STDOUT"),
+    ("SCRIPT DEFER 1 10 DEBUG f ALL HOLD A x.sh\n", "SCRIPT HOLD .* is not supported"),
+    ("SCRIPT DEBUG f ALL DEFER 1 10 PRE A x.sh\n", "SCRIPT needs"),  # DAGMan's order only
     ("SCRIPT PRE Z x.sh\n", "unknown node 'Z'"),
     ("PRE_SKIP A 0\n", "PRE_SKIP's exit code is not 0"),
     ("PRE_SKIP A x\n", "'x' is not an integer"),
@@ -71,6 +77,65 @@ def test_scripts_are_read_with_their_arguments(tmp_path: Path) -> None:
                                                          None)
     assert (b.pre_script, b.post_script, b.pre_skip) == (None, "post.sh $RETURN", 7)
     assert b.directory == str(tmp_path / "sub")
+
+
+def test_defer_and_debug_are_read_for_the_script_they_precede(tmp_path: Path) -> None:
+    dag = read_dag(str(_dag(tmp_path, "JOB A node.sub\nJOB B node.sub\n"
+                            "SCRIPT DEFER 4 30 DEBUG a.log ALL PRE A pre.sh $JOB\n"
+                            "SCRIPT debug b.log stderr POST ALL_NODES post.sh\n"
+                            "SCRIPT POST B plain.sh\n")))
+    a, b = dag.nodes["A"], dag.nodes["B"]
+    assert a.pre_script == "pre.sh $JOB" and b.post_script == "plain.sh"
+    assert a.script_options == {"pre": {"defer": [4, 30], "debug": ["a.log", "ALL"]},
+                                "post": {"debug": ["b.log", "STDERR"]}}
+    assert b.script_options == {}  # its own later SCRIPT POST has none
+
+
+@BOTH_BACKENDS
+def test_a_deferred_script_is_due_again_after_its_time(store: JobStore, ap: config.Settings,
+                                                      tmp_path: Path) -> None:
+    """SCRIPT DEFER: the run that exits with the status gives its lease back and the node
+    waits in `pre`; the script is due again once its time has passed, and its next exit
+    carries the DAG as any other."""
+    dag_id = _queued(store, tmp_path, ap, DIAMOND + "SCRIPT DEFER 3 1 DEBUG a.log STDOUT "
+                     "PRE A pre.sh\n")
+    [row] = store.dag_scripts.due("ap", owner=OWNER)
+    assert (row.defer, row.debug) == ((3, 1), ("a.log", "STDOUT"))
+    assert store.dag_scripts.start([(row, TOKEN)]) == [True]
+    store.dag_scripts.defer([(ScriptExit(dag_id, "A", "pre", TOKEN, 3), time.time() + 0.5)])
+    assert _states(store, dag_id)["A"] == "pre"
+    assert store.dag_scripts.due("ap") == []  # not before its time
+    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): None}
+    time.sleep(0.6)
+    [again] = store.dag_scripts.due("ap")
+    assert again.name == "A" and again.token is None
+    _script(store, dag_id, "A", 0, n=7)
+    assert _states(store, dag_id)["A"] == "queued"
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize(("options", "message"), [
+    ({"Z": {"pre": {"defer": [1, 1]}}}, "no node Z"),
+    ({"A": {"post": {"defer": [1, 1]}}}, "the node has no POST script"),
+    ({"A": {"pre": {"defer": [0, 1]}}}, "DEFER is an exit status of 1 to 255"),
+    ({"A": {"pre": {"defer": [1, 10**9]}}}, "DEFER is an exit status"),
+    ({"A": {"pre": {"defer": ["1", 1]}}}, "DEFER is an exit status"),
+    ({"A": {"pre": {"debug": ["a\nb", "ALL"]}}}, "DEBUG is a file's name"),
+    ({"A": {"pre": {"debug": ["a", "BOTH"]}}}, "DEBUG is a file's name"),
+    ({"A": {"pre": {"run_as": "root"}}}, "DEFER and DEBUG are its only options"),
+    ({"A": {"hold": {"defer": [1, 1]}}}, "is not PRE or POST"),
+    ({"A": ["pre"]}, "not an object"),
+])
+def test_the_door_checks_every_script_option(store: JobStore, ap: config.Settings,
+                                             tmp_path: Path, options: dict[str, Any],
+                                             message: str) -> None:
+    """What a client that skips the DAG file's reading may send is checked where it cannot
+    lie (on PostgreSQL, the door's own function): one line, nothing stored."""
+    dag_id = _queued(store, tmp_path, ap, DIAMOND + "SCRIPT PRE A pre.sh\n")
+    with pytest.raises(InvalidInput, match=message), store.db.transaction() as conn:
+        store.dags.door.dag_script_options(conn, dag_id, options)
+    [row] = store.dag_scripts.due("ap")
+    assert (row.defer, row.debug) == (None, None)
 
 
 @BOTH_BACKENDS

@@ -18,6 +18,7 @@ from jobstore.core.states import Event
 from jobstore.db.engine import upgrade
 from jobstore.db.reads import AttemptState
 from jobstore.db.store import JobStore
+from jobstore.errors import InvalidInput
 from jobstore.formats import views
 from jobstore.testing.factories import claim, claim_request, report, running, submit
 from jobstore.testing.support import libpq_url
@@ -146,6 +147,8 @@ def test_only_the_owner_or_a_super_user_vacates_and_only_through_the_door(
                     with pytest.raises(psycopg.errors.InsufficientPrivilege):
                         conn.execute(sql)
         assert agent.reads.attempt_states([bob_job])[bob_job].vacate is None
+        with pytest.raises(InvalidInput, match="printable"):  # nothing for a terminal to obey
+            bob.actions.act_where(store_ids(bob_job), Event.VACATE, "\x1b]0;pwned\x07")
         assert bob.actions.act_where(store_ids(bob_job), Event.VACATE, "mine").success == 1
         assert agent.reads.attempt_states([bob_job])[bob_job].vacate == "graceful"
         assert sup.actions.act_where(store_ids(bob_job), Event.VACATE_FAST, "the admin's"
@@ -155,3 +158,75 @@ def test_only_the_owner_or_a_super_user_vacates_and_only_through_the_door(
     finally:
         for s in (agent, alice, bob, sup):
             s.db.engine.dispose()
+
+
+def _ad(job: Any) -> bytes:
+    return (f'JobstoreJobId = {job.id}\nJobstoreAttempt = {job.claims}\nClusterId = '
+            f'{job.cluster_id}\nProcId = {job.proc_id}\nHookKeyword = "JOBSTORE"\n'
+            f'JobstoreToken = "{job.token}"\n').encode()
+
+
+def test_a_slot_given_to_another_job_is_not_vacated_for_an_older_attempt(
+        store: JobStore) -> None:
+    """A hostile review's attack: her job's JOB_EXIT is refused (she edited its token), so
+    its attempt stays in the agent's watch while the startd gives the slot to another's job;
+    her `vacate -fast` of her own stale job must not make the agent kill the other job. The
+    slot is vacated only for the attempt it was given last; a fast vacate the startd did not
+    take is tried again."""
+    from types import SimpleNamespace
+
+    from jobstore.agent.attempts import Attempts
+    from jobstore.agent.watch import FAST_TRIES, AttemptWatch
+    from jobstore.node import config
+
+    hers, theirs = submit(store, 2)
+    attempts = Attempts()
+    first = running(store, REQ, lease=600)
+    attempts.fetched(b'Name = "slot1@node1"\n', _ad(first))
+    second = running(store, REQ, lease=600)  # the same slot, her JOB_EXIT never taken
+    assert (first.id, second.id) == (hers, theirs)
+    attempts.fetched(b'Name = "slot1@node1"\n', _ad(second))
+    took = [False]
+    vacated: list[tuple[int, bool]] = []
+
+    def vacate(a: Attempt, fast: bool, _why: str) -> bool:
+        vacated.append((a.job_id, fast))
+        return took[0]
+
+    settings = config.load_settings(None, store.db.engine.url.render_as_string(False))
+    agent = SimpleNamespace(max_vacate_time=600.0, watch_interval=2.0)
+    watch = AttemptWatch(attempts, vacate, lambda: agent,  # type: ignore[arg-type,return-value]
+                         SimpleNamespace(store_for=lambda _s: store))  # type: ignore[arg-type]
+    _vacate(store, hers, fast=True)
+    watch.check({settings.keyword: settings})
+    assert vacated == []
+    assert [a.job_id for a in attempts.snapshot()] == [theirs]
+    _vacate(store, theirs, fast=True)
+    for _ in range(FAST_TRIES):  # the startd did not take it: tried at each check
+        watch.check({settings.keyword: settings})
+    assert vacated == [(theirs, True)] * FAST_TRIES
+    assert attempts.snapshot() == []  # then given up
+
+
+def test_asking_again_records_nothing_new(store: JobStore) -> None:
+    """A second request for the same attempt (or a graceful one after a fast one) is no new
+    event: a hostile review flooded the events and the agents' notifications with them."""
+    (job_id,) = submit(store)
+    running(store, REQ, lease=600)
+    for fast in (False, False, True, True, False):
+        assert _vacate(store, job_id, fast=fast).success == 1
+    asked = [e.event for e in store.reads.events(job_id) if e.event.startswith("vacate")]
+    assert asked == ["vacate", "vacate_fast"]
+
+
+def test_what_a_terminal_would_obey_is_shown_as_question_marks(store: JobStore) -> None:
+    """A reason stored where the door does not look (her own SQLite file, an older row) is
+    printed by `jobstore events` and `jobstore watch` without its escape sequences."""
+    from jobstore.formats import views
+
+    table = views.format_table(["REASON"], [["\x1b]0;pwned\x07 \x1b[2J\u202eok\u2028"]])
+    assert table.splitlines()[1] == "?]0;pwned? ?[2J?ok?"
+    line = views.watch_line({"time": None, "event": "vacate", "job": "1.0",
+                             "from_status": "running", "to_status": None, "slot": None,
+                             "reason": "a\x1b[31mb"})
+    assert line == "1.0  vacate  running -> (unchanged)  a?[31mb"

@@ -225,6 +225,35 @@ def test_a_child_takes_what_its_parent_made(node_db) -> None:  # type: ignore[no
     assert (dag.status, dag.exit_code) == ("failed", 1)  # type: ignore[attr-defined]
 
 
+@BACKENDS
+def test_a_deferred_script_runs_again_and_debug_keeps_its_output(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """SCRIPT DEFER 3 1: a PRE script that exits 3 runs again a second later (the node
+    waits, nothing fails), and its exit 0 then releases the node; SCRIPT DEBUG appends each
+    run's output, after DAGMan's line, to the owner's debug file in the node's directory."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    (sub / "a.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
+                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+    _script(sub, "pre.sh", 'echo "run $(cat runs 2>/dev/null)"; echo err >&2\n'
+                           "if [ -e runs ]; then exit 0; fi\necho 1 > runs; exit 3", owner)
+    (sub / "d.dag").write_text("JOB A a.sub\nSCRIPT DEFER 3 1 DEBUG pre.log ALL PRE A pre.sh "
+                               "$JOB\n")
+    with _dag_run(store, tmp, sub, "d.dag", owner) as (dag_id, dag):
+        pass
+    assert (dag.status, dag.exit_code) == ("completed", 0)  # type: ignore[attr-defined]
+    assert store.dags.dag_nodes_of(dag_id)[0].pre_code == 0
+    assert len((sub / "scripts.txt").read_text().splitlines()) == 2  # deferred once
+    log = (sub / "pre.log").read_text().splitlines()
+    assert [line.split(" Completion=")[0] for line in log if line.startswith("***")] == [
+        "*** Node=A Type=PRE ExitCode=3", "*** Node=A Type=PRE ExitCode=0"]
+    assert f"Cmd='{sub / 'pre.sh'} A'" in log[0] or "Cmd='pre.sh A'" in log[0], log[0]
+    assert [line for line in log if not line.startswith("***")] == [
+        "run ", "err", "run 1", "err"]
+    assert (sub / "pre.log").stat().st_uid == (pwd.getpwnam(owner).pw_uid if owner
+                                               else os.getuid())
+
+
 def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path,
                                                               store: JobStore) -> None:
     """Below a directory others may write (not sticky), a link, or a relative path, the

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from sqlalchemy import URL, ColumnElement, Connection, Table
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
@@ -199,6 +199,17 @@ class Door(Protocol):
                      now: float) -> bool:
         """Take the lease on a DAG node's due `kind` script ("pre", "post") for the run
         `token` (the access point's service): whether it was free."""
+
+    def script_defer(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     until: float) -> bool:
+        """The run `token` of a node's `kind` script exited with its DEFER status: the script
+        is due again from `until` on (whether the node still waited for that run)."""
+
+    def dag_script_options(self, conn: Connection, dag_id: int,
+                           options: Mapping[str, Any]) -> None:
+        """A new DAG's scripts' DEFER and DEBUG options, {node: {"pre": {...}, "post":
+        {...}}}, given by its owner (InvalidInput for a node or a value a DAG file cannot
+        give)."""
 
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> None:

@@ -43,6 +43,8 @@ REMOVE_DAG = QUERIES["door_remove_dag"].sql
 DAG_JOBS_ENDED = QUERIES["dag_jobs_ended"].sql
 DAG_NODE_STARTED = QUERIES["dag_node_started"].sql
 DAG_SCRIPT_START = QUERIES["dag_script_start"].sql
+DAG_SCRIPT_DEFER = QUERIES["dag_script_defer"].sql
+DAG_SCRIPT_OPTIONS = QUERIES["door_dag_script_options"].sql
 DAG_SCRIPT_DONE = QUERIES["dag_script_done"].sql
 NOTED_JOBS = QUERIES["noted_jobs"].sql.format(
     columns=", ".join(c.name for c in jobs.c if c.name not in ("token", "phase")))
@@ -196,6 +198,16 @@ class PgDoor:
         row = driver.execute(conn, DAG_SCRIPT_START, {
             "dag": dag_id, "name": name, "kind": kind, "token": token, "now": now}).fetchone()
         return bool(row and row[0])
+
+    def script_defer(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
+                     until: float) -> bool:
+        row = driver.execute(conn, DAG_SCRIPT_DEFER, {
+            "dag": dag_id, "name": name, "kind": kind, "token": token, "until": until}).fetchone()
+        return bool(row and row[0])
+
+    def dag_script_options(self, conn: Connection, dag_id: int,
+                           options: Mapping[str, Any]) -> None:
+        driver.execute(conn, DAG_SCRIPT_OPTIONS, {"dag": dag_id, "options": json_text(options)})
 
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> None:

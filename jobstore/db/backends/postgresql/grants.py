@@ -90,6 +90,7 @@ DOOR_FUNCTIONS = (
     "jobstore_new_dag(text, text, text, text, integer, integer, json, double precision, text)",
     "jobstore_dag_nodes(bigint, json, json, json, double precision)",
     "jobstore_dag_settings(bigint, text, integer, integer, integer)",
+    "jobstore_dag_script_options(bigint, json)",
     "jobstore_start_dag(bigint, double precision)",
     "jobstore_pause_dag(bigint, boolean, double precision)",
     "jobstore_remove_dag(bigint, text, double precision)",

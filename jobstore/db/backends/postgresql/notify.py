@@ -27,7 +27,6 @@ from jobstore.db.urls import database_message
 from jobstore.errors import DatabaseError
 
 _LISTEN = {CHANNEL: LISTEN_EVENTS, STOPS: LISTEN_STOPS, WORK: LISTEN_WORK}
-SEEN = 100_000  # signed notifications remembered before the stale ones are forgotten
 
 
 def notify(conn: Connection, payload: str, channel: str = CHANNEL) -> None:
@@ -50,7 +49,8 @@ class PgListener:
         self.channel = channel
         self.conn: Any = None
         self._key: str | None = None  # a signed channel's
-        self._seen: dict[str, float] = {}  # the signed notifications taken, against replays
+        # the signed notifications taken, against replays, in the order taken
+        self._seen: dict[str, float] = {}
         self.forged = 0  # notifications of a signed channel that were not signed, or replayed
 
     def open(self) -> None:
@@ -93,8 +93,12 @@ class PgListener:
     def _believed(self, payloads: list[str], key: str) -> list[str]:
         """The signed payloads not seen before (and the probes, which nobody acts on)."""
         now = time.time()
-        if len(self._seen) > SEEN:
-            self._seen = {k: t for k, t in self._seen.items() if t > now - 3 * FRESH_MS / 1000}
+        stale = now - 3 * FRESH_MS / 1000  # a replay of an older one is refused as stale
+        while self._seen:  # the oldest first: the work is the forgotten ones'
+            oldest = next(iter(self._seen))
+            if self._seen[oldest] > stale:
+                break
+            del self._seen[oldest]
         out = []
         for text in payloads:
             if text.startswith("probe:"):

@@ -328,7 +328,8 @@ GRANT SELECT ON dags, dag_nodes, dag_edges, dag_categories, job_attr_rules,
 GRANT EXECUTE ON FUNCTION jobstore_dag_jobs_ended(bigint[], double precision),
     jobstore_dag_node_started(bigint, double precision), jobstore_sign(text),
     jobstore_dag_script_start(bigint, text, text, text, double precision),
-    jobstore_dag_script_done(bigint, text, text, text, integer, double precision) TO {role};
+    jobstore_dag_script_done(bigint, text, text, text, integer, double precision),
+    jobstore_dag_script_defer(bigint, text, text, text, double precision) TO {role};
 
 -- name: grant_notify_key
 -- Read the key that signs the notifications the agents act on (jobstore.db.channels).
@@ -525,6 +526,10 @@ SELECT name, cluster_id FROM jobstore_dag_nodes(%(dag)s::bigint, %(nodes)s::json
 SELECT jobstore_dag_settings(%(dag)s::bigint, %(status_file)s::text, %(every)s::integer,
     %(max_pre)s::integer, %(max_post)s::integer);
 
+-- name: door_dag_script_options
+-- A new DAG's scripts' DEFER and DEBUG options, by node.
+SELECT jobstore_dag_script_options(%(dag)s::bigint, %(options)s::json);
+
 -- name: door_start_dag
 -- Release the nodes of a queued DAG that wait for no parent.
 SELECT * FROM jobstore_start_dag(%(dag)s::bigint, %(now)s::float8);
@@ -550,6 +555,11 @@ SELECT jobstore_dag_script_start(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
 -- A DAG node's script ended: carry its DAG forward.
 SELECT * FROM jobstore_dag_script_done(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
     %(code)s::integer, %(now)s::float8);
+
+-- name: dag_script_defer
+-- A DAG node's script exited with its DEFER status: due again from `until` on.
+SELECT jobstore_dag_script_defer(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
+    %(until)s::float8);
 
 -- name: dag_node_started
 -- A DAG node's job started: a DAG with -maxidle may release more nodes.

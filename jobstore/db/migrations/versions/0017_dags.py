@@ -17,6 +17,8 @@ import hashlib
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES, USER_ROLES
+
 revision = "0017"
 down_revision = "0016"
 branch_labels = None
@@ -26,14 +28,6 @@ TABLES = ("dags", "dag_nodes", "dag_edges", "dag_categories")
 OWN = "owner = (SELECT jobstore_account())"
 ACTS = f"{OWN} OR (SELECT jobstore_super_user())"
 SUBMITS = f"{OWN} OR jobstore_may_submit_as(owner)"
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
-USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
 SUBMIT_JOBS = f"""({SUBMITS}) AND status IN ({{statuses}}) AND claims = 0 AND token IS NULL
  AND slot IS NULL AND host IS NULL AND keyword IS NULL AND lease_expires_at IS NULL
  AND winding_down_until IS NULL"""

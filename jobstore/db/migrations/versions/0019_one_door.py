@@ -22,6 +22,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES, USER_ROLES
+
 revision = "0019"
 down_revision = "0018"
 branch_labels = None
@@ -92,14 +94,6 @@ PRIVATE = ("notify_keys",)
 DAG_TABLES = ("dags", "dag_nodes", "dag_edges", "dag_categories")
 # What a submitter's role reads of jobs: every column but the attempt's token.
 SECRET_COLUMNS = ("token",)
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
-USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
 
 
 def upgrade() -> None:

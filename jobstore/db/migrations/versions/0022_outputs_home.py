@@ -15,6 +15,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES, USER_ROLES
+
 revision = "0022"
 down_revision = "0021"
 branch_labels = None
@@ -22,14 +24,6 @@ depends_on = None
 
 OLD = "jobstore_new_cluster(text, text, text, integer, text, double precision)"
 NEW = "jobstore_new_cluster(text, text, text, integer, text, double precision, text)"
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
-USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
 
 
 def upgrade() -> None:

@@ -11,18 +11,13 @@ Revises: 0022
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES
+
 revision = "0023"
 down_revision = "0022"
 branch_labels = None
 depends_on = None
 
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
 
 
 def upgrade() -> None:

@@ -16,19 +16,14 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES
+
 revision = "0025"
 down_revision = "0024"
 branch_labels = None
 depends_on = None
 
 HERE = Path(__file__).parent
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
 NEW_FUNCTIONS = (
     "jobstore_dag_script_start(bigint, text, text, text, double precision)",
     "jobstore_dag_script_done(bigint, text, text, text, integer, double precision)",

@@ -13,20 +13,14 @@ Revises: 0027
 import sqlalchemy as sa
 from alembic import op
 
+from jobstore.db.migrations.shared import AGENT_ROLES, USER_ROLES
+
 revision = "0028"
 down_revision = "0027"
 branch_labels = None
 depends_on = None
 
 FUNCTION = "jobstore_dag_settings(bigint, text, integer, integer, integer)"
-USER_ROLES = "SELECT q.role FROM queue_roles q JOIN pg_roles r ON r.rolname = q.role"
-AGENT_ROLES = """
-SELECT DISTINCT grantee FROM information_schema.column_privileges
-WHERE table_schema = current_schema() AND table_name = 'jobs' AND column_name = 'slot'
-  AND privilege_type = 'UPDATE' AND grantee <> 'PUBLIC'
-  AND grantee <> (SELECT tableowner FROM pg_tables
-                  WHERE schemaname = current_schema() AND tablename = 'jobs')
-"""
 SQL = r"""
 -- A DAG's NODE_STATUS_FILE (written at most every p_status_every seconds) and the most PRE and
 -- POST scripts of it that run at once (0: as many as the access point lets one owner run),
