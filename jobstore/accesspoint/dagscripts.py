@@ -1,7 +1,9 @@
 """DAG node scripts on the access point: SCRIPT PRE before a node's jobs are released, SCRIPT
-POST after they end, each run as DAGMan runs it (in the node's directory, its arguments split
-on white space, DAGMan's macros such as $JOB, $RETURN and $PRE_SCRIPT_RETURN given), as the
-DAG's owner, by a runner of its own (scriptrunner) that outlives this service.
+POST after they end, SCRIPT HOLD when one of them was held (best effort: its exit changes
+nothing; one run for the holds since the last), each run as DAGMan runs it (in the node's
+directory, its arguments split on white space, DAGMan's macros such as $JOB, $RETURN and
+$PRE_SCRIPT_RETURN given), as the DAG's owner, by a runner of its own (scriptrunner) that
+outlives this service.
 
 A script starts only after its lease is taken in the store (one run of it, named by a token
 whose first half is this service's own id), and its exit is given to the store when its
@@ -52,6 +54,7 @@ PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other 
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
 MAX_OWNERS = 10_000  # owners whose late inputs were read lately, remembered for their turns
 LEAST_DEFER = 1.0  # seconds a deferred script waits at least (DAGMan's may be 0)
+DEFERRED_PER_MINUTE = 60  # deferred scripts of one owner started again in a minute, at most
 RUN_FILES = (".json", ".pid", ".tmp", ".inputs")  # what a run leaves, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
@@ -100,6 +103,8 @@ class DagScripts:
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
     _served: dict[str, float] = field(default_factory=dict, init=False)  # late inputs, by owner
+    # when each owner's deferred scripts were started again lately (DEFERRED_PER_MINUTE)
+    _again: dict[str, list[float]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._owner = serving_account()
@@ -135,6 +140,9 @@ class DagScripts:
                 self.store.dag_scripts.due(self.name, owner=self._owner, per_dag=MAX_PER_DAG,
                                            per_owner=MAX_PER_OWNER))):
             done += started
+        if len(self._runs) < MAX_RUNS and time.monotonic() < until:
+            done += self._start(self.store.dag_scripts.due_holds(
+                self.name, owner=self._owner, per_dag=MAX_PER_DAG))
         return done
 
     def _take_up(self) -> None:
@@ -200,9 +208,10 @@ class DagScripts:
                 continue
             ended.append(ScriptExit(run.dag_id, run.name, run.kind, token, code))
         if running and self.clock() >= self._check_at:
-            holding = self.store.dag_scripts.holding([(r.dag_id, r.name) for _, r in running])
+            holding = self.store.dag_scripts.holding(
+                [(r.dag_id, r.name, r.kind) for _, r in running])
             for token, run in running:
-                if holding.get((run.dag_id, run.name)) == token:
+                if holding.get((run.dag_id, run.name, run.kind)) == token:
                     continue
                 if run.waiting:  # the node no longer waits for it (removed): never start it
                     run.waiting, run.command = False, None
@@ -220,10 +229,9 @@ class DagScripts:
         DAGMan's, it has not ended), then forgotten."""
         if not deferred:
             return
-        self.store.dag_scripts.defer(deferred)
-        for run, until in deferred:
-            LOG.info("DAG %s node %s: its %s script exited with %s: deferred for %.0f s",
-                     run.dag_id, run.name, run.kind.upper(), run.code, until - self.clock())
+        for run in self.store.dag_scripts.defer(deferred):
+            LOG.debug("DAG %s node %s: its %s script exited with %s: deferred", run.dag_id,
+                      run.name, run.kind.upper(), run.code)
             self._forget(run.token)
 
     def _read_inputs(self, inputs: list[tuple[str, _Run]]) -> None:
@@ -260,9 +268,10 @@ class DagScripts:
             max_file, max_total = self.store.dag_scripts.input_limits()
             files = read_as(run.owner if self._owner is None else None, entries, copies,
                             max_file, max_total)
-            self.store.dag_scripts.inputs_done(
-                exit_, run.cluster_id, run.owner,
-                [FileSource(f.name, f.path, f.mode) for f in files])
+            if not self.store.dag_scripts.inputs_done(
+                    exit_, run.cluster_id, run.owner,
+                    [FileSource(f.name, f.path, f.mode) for f in files]):
+                return  # its node is another transaction's now: the next pass reads again
         except DatabaseError:
             raise
         except (NotRead, InputTooLarge, FileChanged, OSError, ValueError, KeyError) as exc:
@@ -280,13 +289,14 @@ class DagScripts:
         if not ended:
             return
         try:
-            self.store.dag_scripts.done(ended)
+            taken = self.store.dag_scripts.done(ended)
         except DatabaseError:
             raise
         except Exception:  # noqa: BLE001 - one node's exit must not hold back the others
             for run in ended:
                 try:
-                    self.store.dag_scripts.done([run])
+                    if not self.store.dag_scripts.done([run]):
+                        continue  # its node is another transaction's: the next pass
                 except DatabaseError:
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -296,7 +306,7 @@ class DagScripts:
                     continue
                 self._forget(run.token)
             return
-        for run in ended:
+        for run in taken:  # the others' nodes are another transaction's: the next pass
             self._forget(run.token)
 
     def _respawn(self, token: str, run: _Run, why: str) -> None:
@@ -391,6 +401,8 @@ class DagScripts:
                 if self._owner is None:
                     self._warn(row.owner, f"DAG {row.dag_id}: its scripts are not run: {why}")
                 continue
+            if row.deferred and not self._may_run_again(row.owner):
+                continue  # her deferred scripts wait their turn: a later pass
             chosen.append((row, self._id + secrets.token_hex(8)))
             running[(row.dag_id, row.kind)] += 1
             owners[row.owner] += 1
@@ -411,6 +423,20 @@ class DagScripts:
                 failed.append(ScriptExit(row.dag_id, row.name, row.kind, token, CANNOT_RUN))
         self._give(failed)
         return started
+
+    def _may_run_again(self, owner: str) -> bool:
+        """May one more of `owner`'s deferred scripts start again now (at most
+        DEFERRED_PER_MINUTE a minute: a DEFER that always asks again costs the service a
+        process per run)?"""
+        now = time.monotonic()
+        recent = [t for t in self._again.get(owner, ()) if t > now - 60.0]
+        if len(recent) >= DEFERRED_PER_MINUTE:
+            self._again[owner] = recent
+            return False
+        if len(self._again) > MAX_OWNERS:
+            self._again.clear()
+        self._again[owner] = [*recent, now]
+        return True
 
     def _inputs_due(self, row: NodeScript, token: str) -> None:
         """A node with no PRE script whose inputs are to be read: a run with no runner,

@@ -18,9 +18,11 @@ DAGMan's line `*** Node=... Type=... ExitCode=... Completion=... Cmd='...'`.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pwd
+import resource
 import select
 import signal
 import stat
@@ -31,6 +33,7 @@ from pathlib import Path
 PATH = "/usr/local/bin:/usr/bin:/bin"
 CANNOT_RUN = 127  # the exit of a script that could not be started, as a shell says it
 MAX_DEBUG = 1 << 20  # bytes of a script's output and of its error kept for SCRIPT DEBUG
+PR_SET_DUMPABLE = 4  # prctl(2)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ def _debugged(argv: list[str], env: dict[str, str], errors: int, debug: Debug) -
     """As the owner, in the node's directory: run the script with its output kept, append
     it to the debug file, and end as the script ended (never returns; OSError when the
     script could not be started)."""
+    _undumpable()  # this process is a copy of the service's (its memory): never hers to read
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     script = os.fork()
@@ -182,15 +186,30 @@ def _debugged(argv: list[str], env: dict[str, str], errors: int, debug: Debug) -
     os.close(errors)
     kept = {out_r: bytearray(), err_r: bytearray()}
     open_fds = [out_r, err_r]
-    while open_fds:
-        for fd in select.select(open_fds, [], [])[0]:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                open_fds.remove(fd)
-                os.close(fd)
-            elif len(kept[fd]) < MAX_DEBUG:
-                kept[fd] += chunk[:MAX_DEBUG - len(kept[fd])]
-    _pid, status = os.waitpid(script, 0)
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+    status = None
+    while open_fds and status is None:  # until the script ends (not its pipes: a child it
+        # left in the background may hold them), then what it wrote before
+        ready = select.select(open_fds, [], [], 0.2)[0]
+        pid, ended = os.waitpid(script, os.WNOHANG)
+        if pid:
+            status, ready = ended, list(open_fds)
+        for fd in ready:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    open_fds.remove(fd)
+                    break
+                if len(kept[fd]) < MAX_DEBUG:
+                    kept[fd] += chunk[:MAX_DEBUG - len(kept[fd])]
+                if status is None or len(kept[fd]) >= MAX_DEBUG:
+                    break
+    if status is None:
+        status = os.waitpid(script, 0)[1]
     signalled = os.WIFSIGNALED(status)
     line = (f"*** Node={debug.node} Type={debug.kind} "
             f"{'Signal' if signalled else 'ExitCode'}="
@@ -200,12 +219,21 @@ def _debugged(argv: list[str], env: dict[str, str], errors: int, debug: Debug) -
         bytes(kept[err_r]) if debug.streams in ("STDERR", "ALL") else b"")
     try:
         _append(debug.file, text)
-    except OSError:
-        pass  # as DAGMan: the script's end is what counts
-    if signalled:
+    except (OSError, ValueError):
+        pass  # as DAGMan: the script's end is what counts (a name the system cannot take)
+    if signalled:  # ended by the same signal, with no core of this process's memory
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if not signalled else 128 + os.WTERMSIG(status))
+
+
+def _undumpable() -> None:
+    """No core of this process, and nobody but root may trace it or read its memory."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
 def _append(path: str, data: bytes) -> None:

@@ -14,7 +14,7 @@ from typing import Protocol
 from jobstore.db.channels import CHANNEL
 from jobstore.db.store import JobStore
 from jobstore.errors import DatabaseError
-from jobstore.formats import userlog
+from jobstore.formats import userlog, views
 from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 
@@ -66,7 +66,7 @@ class SaidOnce:
         if len(self._said) >= MAX_SAID:
             self._said.clear()
         self._said.add(about)
-        LOG.warning("%s", message)
+        LOG.warning("%s", views.shown(message))  # names an owner chose: nothing to obey
 
 
 class LogWriter:

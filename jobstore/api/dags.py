@@ -330,7 +330,12 @@ def _read(texts: dict[str, str], node: Node) -> str:
 
 def _as_node(spec: JobSpec, name: str, parents: str, dag_id: int, attrs: dict[str, str],
              node: Node) -> JobSpec:
-    """A node's job: DAGMan's attributes, and its RETRY as the job's own retries."""
+    """A node's job: DAGMan's attributes, and its RETRY as the job's own retries (DagError
+    for `hold = true`, which would hold it before its parents are done)."""
+    if spec.hold:
+        raise DagError(f"{node.where}: node {node.name}: hold = true is not supported in a "
+                       "node's submit description (DAGMan holds such a job when its parents "
+                       "are done; here it would be held, and could be released, before)")
     custom = {**spec.custom, **attrs, "DAGManJobId": str(dag_id),
               "DAGNodeName": string_literal(name), "DAGParentNodeNames": string_literal(parents)}
     changes: dict[str, Any] = {"custom": custom}

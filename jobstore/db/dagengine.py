@@ -38,6 +38,7 @@ WAITING, READY, PRE, QUEUED, POST, DONE, FAILED, FUTILE = (
     "waiting", "ready", "pre", "queued", "post", "done", "failed", "futile")
 UNFINISHED_NODES = (WAITING, READY, PRE, QUEUED, POST)
 NOT_STARTED = (WAITING, READY, PRE)  # nodes whose jobs have not been released
+HOLD = "hold"  # a HOLD script's kind (it has a lease of its own: hold_token)
 # DAGMan's DAG_Status
 DAG_OK, DAG_NODE_FAILED, DAG_ABORTED, DAG_REMOVED = 0, 2, 3, 4
 # a DAG that has not ended
@@ -482,6 +483,34 @@ class DagEngine:
             .values(script_token=None, script_after=until)).rowcount == 1
 
     @staticmethod
+    def hold_start(conn: Connection, dag_id: int, name: str, token: str, now: float) -> bool:
+        """Take the lease on node `name`'s HOLD script for the run `token`, for the holds of
+        its jobs so far: whether it has holds no HOLD script was started for (its jobs
+        queued, or its POST script due) and none runs."""
+        if not SCRIPT_TOKEN.fullmatch(token):
+            raise InvalidInput("not a script's run")
+        node = conn.execute(select(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
+        if (node is None or node.hold_script is None or node.hold_token is not None
+                or node.status not in (QUEUED, POST) or node.cluster_id is None):
+            return False
+        holds = int(conn.execute(select(func.coalesce(func.sum(jobs.c.num_holds), 0)).where(
+            jobs.c.cluster_id == node.cluster_id)).scalar_one())
+        if holds <= (node.holds_seen or 0):
+            return False
+        return conn.execute(update(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
+            dag_nodes.c.hold_token.is_(None))
+            .values(hold_token=token, hold_started_at=now, holds_seen=holds)).rowcount == 1
+
+    @staticmethod
+    def hold_done(conn: Connection, dag_id: int, name: str, token: str) -> bool:
+        """The run `token` of node `name`'s HOLD script ended (its exit changes nothing)."""
+        return conn.execute(update(dag_nodes).where(
+            dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
+            dag_nodes.c.hold_token == token).values(hold_token=None)).rowcount == 1
+
+    @staticmethod
     def script_options(conn: Connection, dag_id: int, options: Mapping[str, Any]) -> None:
         """The DEFER and DEBUG options of the scripts of DAG `dag_id`'s nodes, each checked
         (InvalidInput)."""
@@ -489,7 +518,8 @@ class DagEngine:
         if not isinstance(options, Mapping):
             raise InvalidInput(f"DAG {path}: its scripts' options are an object of nodes")
         for name, value in options.items():
-            node = conn.execute(select(dag_nodes.c.pre_script, dag_nodes.c.post_script).where(
+            node = conn.execute(select(dag_nodes.c.pre_script, dag_nodes.c.post_script,
+                                       dag_nodes.c.directory).where(
                 dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)).first()
             if node is None:
                 raise InvalidInput(f"DAG {path}: no node {name}")
@@ -502,9 +532,15 @@ class DagEngine:
                 if why is not None:
                     raise InvalidInput(f"DAG {path}: node {name}: SCRIPT {str(kind).upper()}: "
                                        f"{why}")
+            hold = value.get(HOLD)
+            if hold is not None and not (node.directory or "").startswith("/"):
+                raise InvalidInput(f"DAG {path}: node {name}: SCRIPT HOLD: its directory is no "
+                                   "absolute path")
             conn.execute(update(dag_nodes).where(
                 dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name)
-                .values(script_options=json.dumps(dict(value), sort_keys=True)))
+                .values(script_options=json.dumps(dict(value), sort_keys=True,
+                                                  ensure_ascii=False),
+                        hold_script=hold["command"] if hold is not None else None))
 
     def script_done(self, conn: Connection, dag_id: int, name: str, kind: str, token: str,
                     code: int, now: float) -> bool:
@@ -580,13 +616,20 @@ class DagEngine:
 def option_problem(kind: Any, value: Any, script: str | None) -> str | None:
     """Why `value` is not the options of a node's `kind` script (`script`: its command line,
     None when it has none); None when it is."""
-    if kind not in (PRE, POST):
-        return f"{kind!r} is not PRE or POST"
-    if script is None:
-        return f"the node has no {kind.upper()} script"
+    if kind not in (PRE, POST, HOLD):
+        return f"{kind!r} is not PRE, POST or HOLD"
     if not isinstance(value, Mapping):
         return "its options are not an object"
-    if set(value) - {"defer", "debug"}:
+    if kind == HOLD:
+        if set(value) - {"command", "debug"}:
+            return "its command line and DEBUG are its only options"
+        command = value.get("command")
+        if not (isinstance(command, str) and command.strip() and len(command) <= MAX_PATH
+                and not any(ord(c) < 32 or c == "\x7f" for c in command)):
+            return f"its command line is one line of at most {MAX_PATH} characters"
+    elif script is None:
+        return f"the node has no {kind.upper()} script"
+    elif set(value) - {"defer", "debug"}:
         return "DEFER and DEBUG are its only options"
     defer, debug = value.get("defer"), value.get("debug")
     if "defer" in value and not (

@@ -27,7 +27,7 @@ from jobstore.db.transactions import Transactions
 from jobstore.errors import DagError
 
 if TYPE_CHECKING:  # a hook's store never reads a DAG file: no submit package to import
-    from jobstore.submit.dag import Dag
+    from jobstore.submit.dag import Dag, Node
 
 # the jobs of the nodes to queue (those not DONE, not NOOP), for the DAG's id
 NodeSpecs = Callable[[int], Sequence[NodeJobs]]
@@ -128,14 +128,15 @@ class DagStore:
                       "abort_exit": node.abort_exit, "abort_return": node.abort_return,
                       "final": node.final, "pre_script": node.pre_script,
                       "post_script": node.post_script, "pre_skip": node.pre_skip,
-                      "directory": node.directory if node.pre_script or node.post_script
-                      else None, "late_inputs": late.get(node.name)}
+                      "directory": node.directory
+                      if node.pre_script or node.post_script or node.hold_script else None,
+                      "late_inputs": late.get(node.name)}
                      for node in dag.nodes.values()]
             edges = [(parent, node.name) for node in dag.nodes.values()
                      for parent in node.parents]
             clusters_of = self.door.dag_nodes(conn, dag_id, nodes, edges, dag.maxjobs, now)
-            options = {node.name: node.script_options for node in dag.nodes.values()
-                       if node.script_options}
+            options = {node.name: _script_options(node) for node in dag.nodes.values()
+                       if node.script_options or node.hold_script}
             if options:
                 self.door.dag_script_options(conn, dag_id, options)
             self.nodes.submit_nodes(conn, groups, clusters_of, owner=owner, queue=queue,
@@ -234,6 +235,15 @@ def _attrs(text: str | None) -> dict[str, str]:
     """A DAG's SET_JOB_ATTR attributes as stored (name -> expression text)."""
     value = json_value(text) if text else {}
     return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
+
+
+def _script_options(node: Node) -> dict[str, dict[str, Any]]:
+    """A node's scripts' options for the door: DEFER and DEBUG by kind, and its HOLD
+    script's command line."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in node.script_options.items()}
+    if node.hold_script:
+        out["hold"] = {"command": node.hold_script, **out.get("hold", {})}
+    return out
 
 
 def _config_int(text: str | None, least: int = 1) -> int | None:

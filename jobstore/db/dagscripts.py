@@ -14,11 +14,22 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Select, and_, case, exists, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    and_,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 
 from jobstore.core.states import Status
 from jobstore.db.backends import Door
-from jobstore.db.dagengine import POST, PRE, option_problem
+from jobstore.db.dagengine import HOLD, POST, PRE, QUEUED, option_problem
 from jobstore.db.phases import status_in
 from jobstore.db.sandbox import (
     IN,
@@ -55,6 +66,7 @@ class NodeScript(NamedTuple):
     cap: int = 20  # the DAG's scripts of this kind that may run at once (-MaxPre, -MaxPost)
     defer: tuple[int, int] | None = None  # SCRIPT DEFER: (exit status, seconds)
     debug: tuple[str, str] | None = None  # SCRIPT DEBUG: (file, STDOUT | STDERR | ALL)
+    deferred: bool = False  # it was deferred before (SCRIPT DEFER)
 
 
 class ScriptExit(NamedTuple):
@@ -77,6 +89,29 @@ def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
                       r.script_started_at, r.dag_status, bool(r.late), bool(r.pre),
                       per_dag if cap is None else per_owner if cap == 0 else cap,
                       (defer[0], defer[1]) if defer else None,
+                      (debug[0], debug[1]) if debug else None, r.script_after is not None)
+
+
+def _unlocked(conn: Connection, keys: Sequence[tuple[int, str]], *,
+              dags_too: bool = False) -> set[tuple[int, str]]:
+    """Of the nodes `keys` (DAG, name), those this transaction now holds (and their DAGs'
+    rows, with `dags_too`), skipping those another transaction holds: an owner's open
+    transaction on her own rows never keeps another's scripts waiting."""
+    if not keys:
+        return set()
+    q = select(dag_nodes.c.dag_id, dag_nodes.c.name).where(
+        tuple_(dag_nodes.c.dag_id, dag_nodes.c.name).in_(list(set(keys))))
+    if dags_too:
+        q = q.join(dags, dags.c.id == dag_nodes.c.dag_id)
+    return {(r.dag_id, r.name) for r in conn.execute(q.with_for_update(skip_locked=True))}
+
+
+def _hold(r: Any, per_dag: int) -> NodeScript:
+    """A node's HOLD script, due or running."""
+    debug = _options(r.script_options, HOLD, r.hold_script).get("debug")
+    return NodeScript(r.dag_id, r.name, HOLD, r.owner, r.hold_script, r.directory,
+                      r.cluster_id, r.job_code, r.pre_code, r.hold_token, r.hold_started_at,
+                      r.dag_status, False, bool(r.pre_script), per_dag, None,
                       (debug[0], debug[1]) if debug else None)
 
 
@@ -168,14 +203,46 @@ class DagScripts:
         with self.db.transaction() as conn:
             return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
 
+    def due_holds(self, home: str, *, owner: str | None = None, per_dag: int = 20,
+                  limit: int = 1000) -> list[NodeScript]:
+        """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose HOLD script
+        may start now: a job of theirs was held since it last started (or ever), and none
+        runs."""
+        holds = (select(func.coalesce(func.sum(jobs.c.num_holds), 0))
+                 .where(jobs.c.cluster_id == dag_nodes.c.cluster_id).scalar_subquery())
+        q = (self._holds(home, owner)
+             .where(dag_nodes.c.hold_token.is_(None),
+                    holds > func.coalesce(dag_nodes.c.holds_seen, 0))
+             .order_by(dag_nodes.c.updated_at, dag_nodes.c.dag_id, dag_nodes.c.name)
+             .limit(limit))
+        with self.db.transaction() as conn:
+            return [_hold(r, per_dag) for r in conn.execute(q)]
+
     def held_by(self, home: str, prefix: str, *, owner: str | None = None,
                 per_dag: int = 20, per_owner: int = 100) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` whose script a run whose token begins with
-        `prefix` holds."""
+        `prefix` holds (their HOLD scripts' runs too)."""
         q = self._rows(home, owner).where(
             dag_nodes.c.script_token.startswith(prefix, autoescape=True))
+        holds = self._holds(home, owner).where(
+            dag_nodes.c.hold_token.startswith(prefix, autoescape=True))
         with self.db.transaction() as conn:
-            return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
+            return [_script(r, per_dag, per_owner) for r in conn.execute(q)] + [
+                _hold(r, per_dag) for r in conn.execute(holds)]
+
+    @staticmethod
+    def _holds(home: str, owner: str | None) -> Select[Any]:
+        q = (select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.owner,
+                    dag_nodes.c.hold_script, dag_nodes.c.directory, dag_nodes.c.cluster_id,
+                    dag_nodes.c.job_code, dag_nodes.c.pre_code, dag_nodes.c.pre_script,
+                    dag_nodes.c.hold_token, dag_nodes.c.hold_started_at,
+                    dags.c.status.label("dag_status"), dag_nodes.c.script_options)
+             .join(dags, dags.c.id == dag_nodes.c.dag_id)
+             .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
+                                  clusters.c.home == home))
+             .where(dag_nodes.c.hold_script.is_not(None),
+                    dag_nodes.c.status.in_((QUEUED, POST))))
+        return q if owner is None else q.where(dag_nodes.c.owner == owner)
 
     @staticmethod
     def _rows(home: str, owner: str | None) -> Select[Any]:
@@ -187,47 +254,69 @@ class DagScripts:
                     dag_nodes.c.pre_code, dag_nodes.c.script_token,
                     dag_nodes.c.script_started_at, dags.c.status.label("dag_status"),
                     dag_nodes.c.late_inputs.is_not(None).label("late"), dags.c.max_pre,
-                    dags.c.max_post, dag_nodes.c.script_options)
+                    dags.c.max_post, dag_nodes.c.script_options, dag_nodes.c.script_after)
              .join(dags, dags.c.id == dag_nodes.c.dag_id)
              .join(clusters, and_(clusters.c.id == dag_nodes.c.dag_id,
                                   clusters.c.home == home))
              .where(dag_nodes.c.status.in_((PRE, POST))))
         return q if owner is None else q.where(dag_nodes.c.owner == owner)
 
-    def holding(self, keys: Sequence[tuple[int, str]]) -> dict[tuple[int, str], str | None]:
-        """The run that holds each node's script now (None: none), by (DAG, node)."""
-        out: dict[tuple[int, str], str | None] = {}
+    def holding(self, keys: Sequence[tuple[int, str, str]]
+                ) -> dict[tuple[int, str, str], str | None]:
+        """The run that holds each node's `kind` script now (None: none), by (DAG, node,
+        kind)."""
+        out: dict[tuple[int, str, str], str | None] = {}
         with self.db.transaction() as conn:
-            for dag_id in {d for d, _ in keys}:
-                names = [n for d, n in keys if d == dag_id]
-                for name, status, token in conn.execute(
-                        select(dag_nodes.c.name, dag_nodes.c.status, dag_nodes.c.script_token)
+            for dag_id in {d for d, _, _ in keys}:
+                names = list({n for d, n, _ in keys if d == dag_id})
+                for name, status, token, hold in conn.execute(
+                        select(dag_nodes.c.name, dag_nodes.c.status, dag_nodes.c.script_token,
+                               dag_nodes.c.hold_token)
                         .where(dag_nodes.c.dag_id == dag_id, dag_nodes.c.name.in_(names))):
-                    out[(dag_id, name)] = token if status in (PRE, POST) else None
+                    for kind in (PRE, POST):
+                        out[(dag_id, name, kind)] = token if status == kind else None
+                    out[(dag_id, name, HOLD)] = hold if status in (QUEUED, POST) else None
         return out
 
     def start(self, runs: Sequence[tuple[NodeScript, str]]) -> list[bool]:
         """Take the lease on each script for its run's token, in one transaction: whether
-        each was free."""
+        each was free (a node another transaction holds is not: its owner's may)."""
         now = time.time()
         with self.db.transaction() as conn:
-            return [self.door.script_start(conn, script.dag_id, script.name, script.kind,
-                                           token, now) for script, token in runs]
+            free = _unlocked(conn, [(s.dag_id, s.name) for s, _ in runs])
+            return [(script.dag_id, script.name) in free and (
+                self.door.hold_start(conn, script.dag_id, script.name, token, now)
+                if script.kind == HOLD else
+                self.door.script_start(conn, script.dag_id, script.name, script.kind, token,
+                                       now)) for script, token in runs]
 
-    def defer(self, deferred: Sequence[tuple[ScriptExit, float]]) -> None:
+    def defer(self, deferred: Sequence[tuple[ScriptExit, float]]) -> list[ScriptExit]:
         """The runs that exited with their script's DEFER status, each due again from its
-        time on, in one transaction."""
+        time on, in one transaction: those given (not those whose node or DAG another
+        transaction holds, to be given on a later pass)."""
         with self.db.transaction() as conn:
+            free = _unlocked(conn, [(r.dag_id, r.name) for r, _ in deferred], dags_too=True)
             for run, until in deferred:
-                self.door.script_defer(conn, run.dag_id, run.name, run.kind, run.token, until)
+                if (run.dag_id, run.name) in free:
+                    self.door.script_defer(conn, run.dag_id, run.name, run.kind, run.token,
+                                           until)
+        return [run for run, _ in deferred if (run.dag_id, run.name) in free]
 
-    def done(self, ended: Sequence[ScriptExit]) -> None:
-        """The runs that ended, each with its exit, in one transaction."""
+    def done(self, ended: Sequence[ScriptExit]) -> list[ScriptExit]:
+        """The runs that ended, each with its exit, in one transaction: those given (not
+        those whose node or DAG another transaction holds, to be given on a later pass)."""
         now = time.time()
         with self.db.transaction() as conn:
+            free = _unlocked(conn, [(r.dag_id, r.name) for r in ended], dags_too=True)
             for run in ended:
-                self.door.script_done(conn, run.dag_id, run.name, run.kind, run.token,
-                                      run.code, now)
+                if (run.dag_id, run.name) not in free:
+                    continue
+                if run.kind == HOLD:
+                    self.door.hold_done(conn, run.dag_id, run.name, run.token)
+                else:
+                    self.door.script_done(conn, run.dag_id, run.name, run.kind, run.token,
+                                          run.code, now)
+        return [run for run in ended if (run.dag_id, run.name) in free]
 
     def late_inputs(self, dag_id: int, name: str) -> str | None:
         """The node's inputs to read when it is submitted, as the door stored them (JSON)."""
@@ -241,14 +330,17 @@ class DagScripts:
         return limits[MAX_INPUT_FILE_MB] << 20, limits[MAX_INPUT_MB] << 20
 
     def inputs_done(self, run: ScriptExit, cluster_id: int, owner: str,
-                    files: Sequence[FileSource]) -> None:
+                    files: Sequence[FileSource]) -> bool:
         """Store a node's late inputs as its jobs' (`files`: copies of this process's own;
         the store's limits apply) and give its PRE step's exit 0, in one transaction: its
         jobs are released with their inputs, or not at all. InputTooLarge for inputs over
         the limits, InvalidInput for a name its jobs' sandbox has already (their
-        executable's)."""
+        executable's). False when another transaction holds the node or its DAG (nothing
+        stored: the next pass tries again)."""
         now = time.time()
         with self.db.transaction() as conn:
+            if not _unlocked(conn, [(run.dag_id, run.name)], dags_too=True):
+                return False
             stored = conn.execute(select(job_files.c.proc_id, job_files.c.name).where(
                 job_files.c.cluster_id == cluster_id, job_files.c.direction == IN)).all()
             clash = sorted({name for _, name in stored} & {f.name for f in files})
@@ -259,6 +351,7 @@ class DagScripts:
                 self.files.store_files(conn, cluster_id=cluster_id, proc_id=proc_id,
                                        owner=owner, direction=IN, sources=files)
             self.door.script_done(conn, run.dag_id, run.name, PRE, run.token, 0, now)
+        return True
 
     def node_jobs(self, cluster_id: int) -> list[NodeJob]:
         """The jobs of a node's cluster, by ProcId."""

@@ -316,6 +316,13 @@ class LocalDoor:
                      until: float) -> bool:
         return self.dags.script_defer(conn, dag_id, name, kind, token, until)
 
+    def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
+                   now: float) -> bool:
+        return self.dags.hold_start(conn, dag_id, name, token, now)
+
+    def hold_done(self, conn: Connection, dag_id: int, name: str, token: str) -> bool:
+        return self.dags.hold_done(conn, dag_id, name, token)
+
     def dag_script_options(self, conn: Connection, dag_id: int,
                            options: Mapping[str, Any]) -> None:
         self.dags.script_options(conn, dag_id, options)

@@ -305,6 +305,12 @@ dag_nodes = Table(
     # [file, "STDOUT" | "STDERR" | "ALL"]}, "post": {...}}
     Column("script_options", Text),
     Column("script_after", Epoch()),  # a deferred script is due again from then on
+    # SCRIPT HOLD: its command line, the run that holds it (a lease of its own) and the holds
+    # of the node's jobs it was last started for
+    Column("hold_script", Text),
+    Column("hold_token", String(64)),
+    Column("hold_started_at", Epoch()),
+    Column("holds_seen", Integer),
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
     Index("ix_dag_nodes_status", "status", "dag_id"),
 )

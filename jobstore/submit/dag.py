@@ -86,6 +86,7 @@ class Node:
     parents: list[str] = field(default_factory=list)
     pre_script: str | None = None  # SCRIPT PRE: its command line, as the DAG file gives it
     post_script: str | None = None  # SCRIPT POST
+    hold_script: str | None = None  # SCRIPT HOLD: run each time a job of the node is held
     pre_skip: int | None = None  # PRE_SKIP: this exit of the PRE script skips the node
     script_where: str | None = None  # FILE:LINE of its first SCRIPT
     # SCRIPT DEFER and DEBUG, by kind: {"pre": {"defer": [status, seconds], "debug": [file,
@@ -451,11 +452,11 @@ class _Reader:
             node.retry, node.unless_exit = count, unless
 
     def _script(self, text: str, words: list[str], where: str) -> None:
-        """SCRIPT [DEFER status time] [DEBUG file STDOUT|STDERR|ALL] PRE|POST <node>
+        """SCRIPT [DEFER status time] [DEBUG file STDOUT|STDERR|ALL] PRE|POST|HOLD <node>
         executable [arguments]: run on the access point, as the node's owner, in its
-        directory (HOLD is refused)."""
+        directory (a HOLD script each time a job of the node is held)."""
         usage = (f"{where}: SCRIPT needs [DEFER status time] [DEBUG file STDOUT|STDERR|ALL] "
-                 "PRE or POST, a node and an executable [arguments]")
+                 "PRE, POST or HOLD, a node and an executable [arguments]")
         at, options = 1, dict[str, list[int | str]]()
         if len(words) > at and words[at].upper() == "DEFER":
             status = _int(words, at + 1, where, "SCRIPT DEFER status time", least=1)
@@ -473,10 +474,9 @@ class _Reader:
                 raise DagError(f"{where}: SCRIPT DEBUG: {file!r} is not a file's name")
             options["debug"] = [file, words[at + 2].upper()]
             at += 3
-        if len(words) > at and words[at].upper() == "HOLD":
-            raise DagError(f"{where}: SCRIPT HOLD (a script run when a node's job is held) "
-                           "is not supported")
-        if len(words) < at + 3 or words[at].upper() not in ("PRE", "POST"):
+        if len(words) > at and words[at].upper() == "HOLD" and "defer" in options:
+            raise DagError(f"{where}: SCRIPT DEFER of a HOLD script is not supported")
+        if len(words) < at + 3 or words[at].upper() not in ("PRE", "POST", "HOLD"):
             raise DagError(usage)
         rest = text.strip()
         for word in words[:at + 2]:
@@ -489,8 +489,10 @@ class _Reader:
         for node in self._targets(words[at + 1], where):
             if kind == "pre":
                 node.pre_script = command
-            else:
+            elif kind == "post":
                 node.post_script = command
+            else:
+                node.hold_script = command
             node.script_options.pop(kind, None)
             if options:
                 node.script_options[kind] = options

@@ -87,8 +87,10 @@ def test_condor_vacate_job_sends_the_job_back_and_it_runs_again(live: Live) -> N
         assert again["status"] in ("running", "accepted", "fetched")
         live.wait_process(marker)
         live.wait_status(job, "running")
-        evicted = wait_for("the attempt's JOB_EXIT evict",
-                           lambda n=attempt: _events(live, job, "evict", n), 30)
+        def evicted_now(n: int = attempt) -> list[dict]:
+            return _events(live, job, "evict", n)
+
+        evicted = wait_for("the attempt's JOB_EXIT evict", evicted_now, 30)
         took.append(evicted[0]["time"] - started)
         now = live.running(f"sleep {marker}")
         assert before and now and not set(before) & set(now), (before, now)  # never two

@@ -16,6 +16,7 @@ from backends import BOTH_BACKENDS
 from test_dags import DIAMOND, OWNER, _dag, _exit, _queued, _run, _states
 
 from jobstore.api.dags import submit_dag
+from jobstore.core.states import Event
 from jobstore.db.dagscripts import ScriptExit
 from jobstore.db.store import JobStore
 from jobstore.errors import DagError, InvalidInput
@@ -47,14 +48,13 @@ def _script(store: JobStore, dag_id: int, name: str, code: int, n: int = 0) -> N
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("SCRIPT PRE A\n", "SCRIPT needs .* PRE or POST, a node and an executable"),
-    ("SCRIPT HOLD A x.sh\n", "SCRIPT HOLD .* is not supported"),
+    ("SCRIPT PRE A\n", "SCRIPT needs .* PRE, POST or HOLD, a node and an executable"),
     ("SCRIPT DEFER 0 10 PRE A x.sh\n", "0 is less than 1"),
     ("SCRIPT DEFER 256 10 PRE A x.sh\n", "a status of 1 to 255"),
     ("SCRIPT DEFER 1 -1 PRE A x.sh\n", "-1 is less than 0"),
     ("SCRIPT DEFER 1 PRE A x.sh\n", "'PRE' is not an integer"),
     ("SCRIPT DEBUG f BOTH PRE A x.sh\n", "SCRIPT DEBUG needs a file and STDOUT"),
-    ("SCRIPT DEFER 1 10 DEBUG f ALL HOLD A x.sh\n", "SCRIPT HOLD .* is not supported"),
+    ("SCRIPT DEFER 1 10 DEBUG f ALL HOLD A x.sh\n", "SCRIPT DEFER of a HOLD script"),
     ("SCRIPT DEBUG f ALL DEFER 1 10 PRE A x.sh\n", "SCRIPT needs"),  # DAGMan's order only
     ("SCRIPT PRE Z x.sh\n", "unknown node 'Z'"),
     ("PRE_SKIP A 0\n", "PRE_SKIP's exit code is not 0"),
@@ -105,12 +105,44 @@ def test_a_deferred_script_is_due_again_after_its_time(store: JobStore, ap: conf
     store.dag_scripts.defer([(ScriptExit(dag_id, "A", "pre", TOKEN, 3), time.time() + 0.5)])
     assert _states(store, dag_id)["A"] == "pre"
     assert store.dag_scripts.due("ap") == []  # not before its time
-    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): None}
+    assert store.dag_scripts.holding([(dag_id, "A", "pre")])[(dag_id, "A", "pre")] is None
     time.sleep(0.6)
     [again] = store.dag_scripts.due("ap")
     assert again.name == "A" and again.token is None
     _script(store, dag_id, "A", 0, n=7)
     assert _states(store, dag_id)["A"] == "queued"
+
+
+@BOTH_BACKENDS
+def test_a_hold_script_is_due_once_for_the_holds_since_its_last_run(
+        store: JobStore, ap: config.Settings, tmp_path: Path) -> None:
+    """SCRIPT HOLD: due when a job of its node was held since it last started (its own lease,
+    beside the node's POST script's), and again for the holds that came while it ran; its
+    exit changes nothing."""
+    dag_id = _queued(store, tmp_path, ap, DIAMOND + "SCRIPT DEBUG h.log ALL HOLD A hold.sh "
+                     "$JOB\nSCRIPT POST A post.sh\n")
+    assert store.dag_scripts.due_holds("ap") == []
+    job = store.reads.list_jobs()[0]
+    store.actions.admin(job.id, Event.HOLD, "held by hand")
+    [row] = store.dag_scripts.due_holds("ap", owner=OWNER)
+    assert (row.name, row.kind, row.command, row.debug, row.token) == (
+        "A", "hold", "hold.sh $JOB", ("h.log", "ALL"), None)
+    assert store.dag_scripts.due_holds("elsewhere") == []
+    assert store.dag_scripts.start([(row, TOKEN), (row, f"{1:032x}")]) == [True, False]
+    assert store.dag_scripts.held_by("ap", TOKEN[:16])[0].kind == "hold"
+    store.actions.admin(job.id, Event.RELEASE, "released")
+    store.actions.admin(job.id, Event.HOLD, "held again while the script runs")
+    assert store.dag_scripts.due_holds("ap") == []  # one runs
+    assert store.dag_scripts.holding([(dag_id, "A", "hold")])[(dag_id, "A", "hold")] == TOKEN
+    store.dag_scripts.done([ScriptExit(dag_id, "A", "hold", TOKEN, 9)])
+    [again] = store.dag_scripts.due_holds("ap")  # the second hold
+    store.dag_scripts.start([(again, f"{2:032x}")])
+    store.dag_scripts.done([ScriptExit(dag_id, "A", "hold", f"{2:032x}", 0)])
+    assert store.dag_scripts.due_holds("ap") == []
+    assert _states(store, dag_id)["A"] == "queued"  # the exits changed nothing
+    store.actions.admin(job.id, Event.RELEASE, "released")
+    assert "A" in _run(store)
+    assert _states(store, dag_id)["A"] == "post"
 
 
 @BOTH_BACKENDS
@@ -123,7 +155,10 @@ def test_a_deferred_script_is_due_again_after_its_time(store: JobStore, ap: conf
     ({"A": {"pre": {"debug": ["a\nb", "ALL"]}}}, "DEBUG is a file's name"),
     ({"A": {"pre": {"debug": ["a", "BOTH"]}}}, "DEBUG is a file's name"),
     ({"A": {"pre": {"run_as": "root"}}}, "DEFER and DEBUG are its only options"),
-    ({"A": {"hold": {"defer": [1, 1]}}}, "is not PRE or POST"),
+    ({"A": {"hold": {"defer": [1, 1]}}}, "its command line and DEBUG are its only options"),
+    ({"A": {"hold": {"command": " "}}}, "its command line is one line"),
+    ({"A": {"hold": {"command": "x.sh\nrm -rf /"}}}, "its command line is one line"),
+    ({"A": {"other": {}}}, "is not PRE, POST or HOLD"),
     ({"A": ["pre"]}, "not an object"),
 ])
 def test_the_door_checks_every_script_option(store: JobStore, ap: config.Settings,
@@ -208,10 +243,10 @@ def test_a_noop_node_runs_its_scripts_and_a_removed_dag_drops_a_due_one(
     assert _states(store, dag_id) == {"N": "done", "A": "pre"}
     [row] = store.dag_scripts.due("ap")
     assert store.dag_scripts.start([(row, TOKEN)]) == [True]
-    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): TOKEN}
+    assert store.dag_scripts.holding([(dag_id, "A", "pre")])[(dag_id, "A", "pre")] == TOKEN
     assert store.dags.remove_dag(dag_id)
     assert _states(store, dag_id)["A"] == "futile"
-    assert store.dag_scripts.holding([(dag_id, "A")]) == {(dag_id, "A"): None}
+    assert store.dag_scripts.holding([(dag_id, "A", "pre")])[(dag_id, "A", "pre")] is None
     store.dag_scripts.done([ScriptExit(dag_id, "A", "pre", TOKEN, 0)])  # too late: nothing
     assert _states(store, dag_id)["A"] == "futile" and claim(store) is None
     dag = store.dags.dag_of(dag_id)
@@ -596,3 +631,57 @@ def test_a_childs_inputs_go_to_each_of_its_jobs(store: JobStore, ap: config.Sett
     assert names == [["a.out", "hostname"], ["a.out", "passwd"]]
     shutil.rmtree(work)
 
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_an_owners_open_transaction_keeps_nobody_elses_scripts_waiting(
+        store: JobStore, ap: config.Settings, tmp_path: Path) -> None:
+    """A hostile review's stall: her session locks her own DAG's rows (a door call in a
+    transaction she never ends); the service's leases and exits skip her nodes, and the
+    other DAGs' scripts go on at once (hers when she lets go)."""
+    import psycopg
+
+    from jobstore.testing.support import libpq_url
+
+    (tmp_path / "hers").mkdir()
+    (tmp_path / "theirs").mkdir()
+    hers = _queued(store, tmp_path / "hers", ap, "JOB A node.sub\nSCRIPT PRE A pre.sh\n")
+    theirs = _queued(store, tmp_path / "theirs", ap, "JOB A node.sub\nSCRIPT PRE A pre.sh\n")
+    rows = {r.dag_id: r for r in store.dag_scripts.due("ap")}
+    # the service's own session, which would wait for her (and fail) were her rows waited for
+    store = JobStore.from_url(store.db.engine.url.render_as_string(False),
+                              statement_timeout_ms=10_000)
+    with psycopg.connect(libpq_url(store.db.engine.url.render_as_string(False))) as her:
+        her.execute("SELECT 1 FROM dag_nodes n JOIN dags d ON d.id = n.dag_id "
+                    "WHERE n.dag_id = %s FOR UPDATE", (hers,))
+        started = time.monotonic()
+        assert store.dag_scripts.start([(rows[hers], TOKEN), (rows[theirs], f"{1:032x}")]) == [
+            False, True]
+        exits = [ScriptExit(theirs, "A", "pre", f"{1:032x}", 0)]
+        assert store.dag_scripts.done(exits) == exits
+        assert time.monotonic() - started < 5
+        assert _states(store, theirs)["A"] == "queued" and _states(store, hers)["A"] == "pre"
+        her.rollback()
+    assert store.dag_scripts.start([(rows[hers], TOKEN)]) == [True]
+    mine = [ScriptExit(hers, "A", "pre", TOKEN, 0)]
+    with psycopg.connect(libpq_url(store.db.engine.url.render_as_string(False))) as her:
+        her.execute("SELECT 1 FROM dags WHERE id = %s FOR UPDATE", (hers,))
+        assert store.dag_scripts.done(mine) == []  # given on a later pass
+        her.rollback()
+    assert store.dag_scripts.done(mine) == mine
+    assert _states(store, hers)["A"] == "queued"
+    store.db.engine.dispose()
+
+
+def test_an_owners_deferred_scripts_start_again_a_minute_at_most(
+        ap: config.Settings, store: JobStore, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DEFER that always asks again costs the service a process per run: one owner's
+    deferred scripts start again DEFERRED_PER_MINUTE times a minute at most."""
+    from jobstore.accesspoint.dagscripts import DEFERRED_PER_MINUTE, DagScripts
+
+    monkeypatch.setenv("JOBSTORE_DAG_SCRIPTS", str(tmp_path / "runs"))
+    service = DagScripts(store, "ap", config.load_settings(None))
+    assert all(service._may_run_again("mallory") for _ in range(DEFERRED_PER_MINUTE))
+    assert not service._may_run_again("mallory")
+    assert service._may_run_again("alice")

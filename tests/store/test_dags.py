@@ -46,7 +46,8 @@ def _dag(tmp: Path, text: str, sub: str = SUB) -> Path:
     ("JOB A node.sub\nJOB B node.sub\nPARENT A CHILD B\nPARENT B CHILD A\n",
      "the DAG has a cycle: A -> B -> A"),
     ("JOB A missing.sub\n", "test.dag:1: node A: no such submit file"),
-    ("JOB A node.sub\nSCRIPT HOLD A hold.sh\n", "test.dag:2: SCRIPT HOLD"),
+    ("JOB A node.sub\nSCRIPT DEFER 3 1 HOLD A hold.sh\n",
+     "test.dag:2: SCRIPT DEFER of a HOLD script"),
     ("JOB A node.sub\nSPLICE S other.dag\n", "other.dag: cannot read the DAG file"),
     ("JOB A node.sub\nSUBDAG EXTERNAL S other.dag\n", "other.dag: cannot read the DAG file"),
     ("JOB A node.sub\nSUBDAG S test.dag\n", "test.dag:2: SUBDAG needs EXTERNAL"),
@@ -389,6 +390,18 @@ def test_a_node_with_a_final_only_macro_is_refused(store: JobStore, settings: co
 
 
 @BOTH_BACKENDS
+@pytest.mark.parametrize("count", [1, 3])  # one job (a template of nodes), or a cluster
+def test_a_node_submitted_on_hold_is_refused(store: JobStore, settings: config.Settings,
+                                             tmp_path: Path, count: int) -> None:
+    """`hold = true` in a node's submit description: DAGMan holds the job when the node is
+    submitted (its parents done); here it would be held, and could be released, before."""
+    (tmp_path / "held.sub").write_text(f"executable = /bin/true\nhold = true\nqueue {count}\n")
+    with pytest.raises(DagError, match="node A: hold = true is not supported"):
+        _queued(store, tmp_path, settings, "JOB A held.sub\nJOB B held.sub\n")
+    assert store.reads.list_jobs(include_final=True) == []
+
+
+@BOTH_BACKENDS
 def test_the_dags_own_ad_node_status_file_and_jobstate_log(
         store: JobStore, settings: config.Settings, tmp_path: Path) -> None:
     """What DAGMan shows of a DAG, made from the store: its own job ad with DAGMan's counters
@@ -611,10 +624,10 @@ def test_submit_dag_q_batch_and_dag_from_the_cli(db_url: str, condor_config: Pat
     again = cli(db_url, "rm", "1")
     assert again.returncode == 1
     assert again.stderr.strip() == "jobstore: DAG 1 is removed; cannot remove"
-    (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT HOLD A hold.sh\n")
+    (tmp_path / "bad.dag").write_text("JOB A node.sub\nSCRIPT DEFER 3 1 HOLD A hold.sh\n")
     bad = cli(db_url, "submit-dag", str(tmp_path / "bad.dag"), *owner)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
-    assert f"{tmp_path / 'bad.dag'}:2: SCRIPT HOLD (a script run when" in bad.stderr
+    assert f"{tmp_path / 'bad.dag'}:2: SCRIPT DEFER of a HOLD script" in bad.stderr
     appended = cli(db_url, "submit-dag", str(path), "-append", "x = 1", *owner)
     assert appended.returncode == 1 and "-append and -insert_sub_file are not supported" in \
         appended.stderr

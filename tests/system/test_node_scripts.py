@@ -23,6 +23,7 @@ import pytest
 from apnode import hers, schedd_cmd, submit_dir, wait_for_events
 from emulatornode import job_owner, node_db, run_node  # noqa: F401
 
+from jobstore.core.states import Event
 from jobstore.db.store import JobStore
 from jobstore.node import config
 
@@ -252,6 +253,37 @@ def test_a_deferred_script_runs_again_and_debug_keeps_its_output(node_db) -> Non
         "run ", "err", "run 1", "err"]
     assert (sub / "pre.log").stat().st_uid == (pwd.getpwnam(owner).pw_uid if owner
                                                else os.getuid())
+
+
+@BACKENDS
+def test_a_hold_script_runs_when_a_nodes_job_is_held(node_db) -> None:  # type: ignore[no-untyped-def] # noqa: F811
+    """SCRIPT HOLD: the node's job is held; the service runs the HOLD script once, as the
+    owner, in the node's directory, with its macros; the node goes on when the job is
+    released."""
+    store, tmp = node_db
+    owner = job_owner()
+    sub = submit_dir(tmp, "dag", owner)
+    (sub / "a.sub").write_text("executable = /bin/true\ntransfer_executable = false\n"
+                               "should_transfer_files = YES\nrequest_memory = 32\nqueue\n")
+    _script(sub, "hold.sh", "exit 4", owner)  # its exit changes nothing
+    (sub / "h.dag").write_text("JOB A a.sub\nSCRIPT HOLD A hold.sh $JOB $DAGID\n")
+    dag_id = _submit(store, sub, "h.dag", owner)
+    (job,) = store.reads.list_jobs()
+    store.actions.admin(job.id, Event.HOLD, "held by hand")
+    hers(store, owner)
+    scripts = _scripts_dir(store, owner)
+    with _service(store, tmp, scripts):
+        deadline = time.monotonic() + 30
+        while not (sub / "scripts.txt").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        store.actions.admin(job.id, Event.RELEASE, "released")
+        run_node(store, tmp, owner, "agent", ENDED, slots=1)
+        dag = _dag_end(store, dag_id)
+    shutil.rmtree(scripts)
+    assert (dag.status, dag.exit_code) == ("completed", 0)  # type: ignore[attr-defined]
+    uid = pwd.getpwnam(owner).pw_uid if owner else os.getuid()
+    assert (sub / "scripts.txt").read_text() == f"hold.sh A {dag_id} {uid} {sub}\n"
 
 
 def test_the_services_directory_is_one_nobody_else_may_change(tmp_path: Path,

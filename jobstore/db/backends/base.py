@@ -205,6 +205,14 @@ class Door(Protocol):
         """The run `token` of a node's `kind` script exited with its DEFER status: the script
         is due again from `until` on (whether the node still waited for that run)."""
 
+    def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
+                   now: float) -> bool:
+        """Take the lease on node `name`'s HOLD script for the run `token`, for the holds of
+        its jobs so far: whether there were holds it was not started for."""
+
+    def hold_done(self, conn: Connection, dag_id: int, name: str, token: str) -> bool:
+        """The run `token` of node `name`'s HOLD script ended."""
+
     def dag_script_options(self, conn: Connection, dag_id: int,
                            options: Mapping[str, Any]) -> None:
         """A new DAG's scripts' DEFER and DEBUG options, {node: {"pre": {...}, "post":

@@ -44,6 +44,8 @@ DAG_JOBS_ENDED = QUERIES["dag_jobs_ended"].sql
 DAG_NODE_STARTED = QUERIES["dag_node_started"].sql
 DAG_SCRIPT_START = QUERIES["dag_script_start"].sql
 DAG_SCRIPT_DEFER = QUERIES["dag_script_defer"].sql
+DAG_HOLD_START = QUERIES["dag_hold_start"].sql
+DAG_HOLD_DONE = QUERIES["dag_hold_done"].sql
 DAG_SCRIPT_OPTIONS = QUERIES["door_dag_script_options"].sql
 DAG_SCRIPT_DONE = QUERIES["dag_script_done"].sql
 NOTED_JOBS = QUERIES["noted_jobs"].sql.format(
@@ -203,6 +205,17 @@ class PgDoor:
                      until: float) -> bool:
         row = driver.execute(conn, DAG_SCRIPT_DEFER, {
             "dag": dag_id, "name": name, "kind": kind, "token": token, "until": until}).fetchone()
+        return bool(row and row[0])
+
+    def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
+                   now: float) -> bool:
+        row = driver.execute(conn, DAG_HOLD_START, {
+            "dag": dag_id, "name": name, "token": token, "now": now}).fetchone()
+        return bool(row and row[0])
+
+    def hold_done(self, conn: Connection, dag_id: int, name: str, token: str) -> bool:
+        row = driver.execute(conn, DAG_HOLD_DONE, {
+            "dag": dag_id, "name": name, "token": token}).fetchone()
         return bool(row and row[0])
 
     def dag_script_options(self, conn: Connection, dag_id: int,

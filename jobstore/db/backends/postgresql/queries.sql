@@ -329,7 +329,9 @@ GRANT EXECUTE ON FUNCTION jobstore_dag_jobs_ended(bigint[], double precision),
     jobstore_dag_node_started(bigint, double precision), jobstore_sign(text),
     jobstore_dag_script_start(bigint, text, text, text, double precision),
     jobstore_dag_script_done(bigint, text, text, text, integer, double precision),
-    jobstore_dag_script_defer(bigint, text, text, text, double precision) TO {role};
+    jobstore_dag_script_defer(bigint, text, text, text, double precision),
+    jobstore_dag_hold_start(bigint, text, text, double precision),
+    jobstore_dag_hold_done(bigint, text, text) TO {role};
 
 -- name: grant_notify_key
 -- Read the key that signs the notifications the agents act on (jobstore.db.channels).
@@ -560,6 +562,14 @@ SELECT * FROM jobstore_dag_script_done(%(dag)s::bigint, %(name)s, %(kind)s, %(to
 -- A DAG node's script exited with its DEFER status: due again from `until` on.
 SELECT jobstore_dag_script_defer(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
     %(until)s::float8);
+
+-- name: dag_hold_start
+-- Take the lease on a DAG node's HOLD script for the holds of its jobs so far.
+SELECT jobstore_dag_hold_start(%(dag)s::bigint, %(name)s, %(token)s, %(now)s::float8);
+
+-- name: dag_hold_done
+-- A DAG node's HOLD script ended.
+SELECT jobstore_dag_hold_done(%(dag)s::bigint, %(name)s, %(token)s);
 
 -- name: dag_node_started
 -- A DAG node's job started: a DAG with -maxidle may release more nodes.

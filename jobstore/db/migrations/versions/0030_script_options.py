@@ -1,9 +1,12 @@
-"""SCRIPT DEFER and SCRIPT DEBUG of a DAG's nodes: `dag_nodes.script_options` (JSON, by kind:
-{"pre": {"defer": [status, seconds], "debug": [file, "STDOUT" | "STDERR" | "ALL"]}, ...}),
-given by the DAG's owner through the door (`jobstore_dag_script_options`, which checks every
-value), and `dag_nodes.script_after`, before which a deferred script is not due again, which
-the access point's service sets through `jobstore_dag_script_defer` (the agents' roles') when
-a script exits with its DEFER status.
+"""SCRIPT DEFER, SCRIPT DEBUG and SCRIPT HOLD of a DAG's nodes: `dag_nodes.script_options`
+(JSON, by kind: {"pre": {"defer": [status, seconds], "debug": [file, "STDOUT" | "STDERR" |
+"ALL"]}, "hold": {"command": ..., "debug": ...}, ...}) and `hold_script`, given by the DAG's
+owner through the door (`jobstore_dag_script_options`, which checks every value);
+`dag_nodes.script_after`, before which a deferred script is not due again, which the access
+point's service sets through `jobstore_dag_script_defer` (the agents' roles') when a script
+exits with its DEFER status; and a HOLD script's own lease (`hold_token`, `hold_started_at`,
+`holds_seen`: the holds of the node's jobs it was started for), taken and given back through
+`jobstore_dag_hold_start` and `jobstore_dag_hold_done` (the agents' roles').
 
 Revision ID: 0030
 Revises: 0029
@@ -22,6 +25,8 @@ depends_on = None
 OPTIONS = "jobstore_dag_script_options(bigint, json)"
 DEFER = "jobstore_dag_script_defer(bigint, text, text, text, double precision)"
 PROBLEM = "jobstore_script_option_problem(text, json, text)"
+HOLD_START = "jobstore_dag_hold_start(bigint, text, text, double precision)"
+HOLD_DONE = "jobstore_dag_hold_done(bigint, text, text)"
 SQL = r"""
 -- Why `p_value` is not the options of a node's `p_kind` script `p_script` (NULL: it is).
 CREATE FUNCTION jobstore_script_option_problem(p_kind text, p_value json, p_script text)
@@ -31,17 +36,26 @@ DECLARE
     v_defer json;
     v_debug json;
 BEGIN
-    IF p_kind NOT IN ('pre', 'post') THEN
-        RETURN format('%L is not PRE or POST', p_kind);
-    END IF;
-    IF p_script IS NULL THEN
-        RETURN format('the node has no %s script', upper(p_kind));
+    IF p_kind NOT IN ('pre', 'post', 'hold') THEN
+        RETURN format('%L is not PRE, POST or HOLD', p_kind);
     END IF;
     IF json_typeof(p_value) IS DISTINCT FROM 'object' THEN
         RETURN 'its options are not an object';
     END IF;
-    IF EXISTS (SELECT 1 FROM json_object_keys(p_value) AS k(key)
-               WHERE k.key NOT IN ('defer', 'debug')) THEN
+    IF p_kind = 'hold' THEN
+        IF EXISTS (SELECT 1 FROM json_object_keys(p_value) AS k(key)
+                   WHERE k.key NOT IN ('command', 'debug')) THEN
+            RETURN 'its command line and DEBUG are its only options';
+        END IF;
+        IF json_typeof(p_value -> 'command') IS DISTINCT FROM 'string'
+           OR length(p_value ->> 'command') > 4096 OR btrim(p_value ->> 'command') = ''
+           OR (p_value ->> 'command') ~ '[-]' THEN
+            RETURN 'its command line is one line of at most 4096 characters';
+        END IF;
+    ELSIF p_script IS NULL THEN
+        RETURN format('the node has no %s script', upper(p_kind));
+    ELSIF EXISTS (SELECT 1 FROM json_object_keys(p_value) AS k(key)
+                  WHERE k.key NOT IN ('defer', 'debug')) THEN
         RETURN 'DEFER and DEBUG are its only options';
     END IF;
     v_defer := p_value -> 'defer';
@@ -111,9 +125,48 @@ BEGIN
                                             upper(v_kind), v_bad));
             END IF;
         END LOOP;
-        UPDATE dag_nodes SET script_options = (v_value::jsonb)::text
+        IF v_value -> 'hold' IS NOT NULL AND coalesce(n.directory, '') !~ '^/' THEN
+            PERFORM jobstore_bad(format('DAG %s: node %s: SCRIPT HOLD: its directory is no '
+                                        'absolute path', d.path, v_name));
+        END IF;
+        UPDATE dag_nodes SET script_options = (v_value::jsonb)::text,
+            hold_script = v_value -> 'hold' ->> 'command'
         WHERE dag_id = p_dag AND name = v_name;
     END LOOP;
+END $$;
+
+-- Take the lease on node `p_name`'s HOLD script for the run `p_token`, for the holds of its
+-- jobs so far: whether the node (its jobs queued, or its POST script due) has holds no HOLD
+-- script was started for, and no HOLD script runs.
+CREATE FUNCTION jobstore_dag_hold_start(p_dag bigint, p_name text, p_token text,
+    p_now double precision)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_token IS NULL OR p_token !~ '^[0-9a-f]{32}$' THEN
+        PERFORM jobstore_bad('not a script''s run');
+    END IF;
+    UPDATE dag_nodes n SET hold_token = p_token, hold_started_at = jobstore_clock(p_now),
+        holds_seen = h.holds
+    FROM (SELECT coalesce(sum(j.num_holds), 0)::integer AS holds FROM jobs j
+          JOIN dag_nodes m ON m.cluster_id = j.cluster_id
+          WHERE m.dag_id = p_dag AND m.name = p_name) h
+    WHERE n.dag_id = p_dag AND n.name = p_name AND n.hold_script IS NOT NULL
+      AND n.hold_token IS NULL AND n.status IN ('queued', 'post')
+      AND h.holds > coalesce(n.holds_seen, 0);
+    RETURN FOUND;
+END $$;
+
+-- The run `p_token` of node `p_name`'s HOLD script ended (its exit changes nothing).
+CREATE FUNCTION jobstore_dag_hold_done(p_dag bigint, p_name text, p_token text)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE dag_nodes SET hold_token = NULL
+    WHERE dag_id = p_dag AND name = p_name AND hold_token = p_token;
+    RETURN FOUND;
 END $$;
 
 -- The run `p_token` of node `p_name`'s `p_kind` script exited with its DEFER status: the
@@ -134,19 +187,26 @@ END $$;
 def upgrade() -> None:
     op.add_column("dag_nodes", sa.Column("script_options", sa.Text()))
     op.add_column("dag_nodes", sa.Column("script_after", sa.Float(precision=53)))
+    op.add_column("dag_nodes", sa.Column("hold_script", sa.Text()))
+    op.add_column("dag_nodes", sa.Column("hold_token", sa.String(64)))
+    op.add_column("dag_nodes", sa.Column("hold_started_at", sa.Float(precision=53)))
+    op.add_column("dag_nodes", sa.Column("holds_seen", sa.Integer()))
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
     run_sql(bind, SQL)
-    for function in (OPTIONS, DEFER, PROBLEM):
+    for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE):
         op.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
     grant(bind, USER_ROLES, f"GRANT EXECUTE ON FUNCTION {OPTIONS} TO {{role}}")
-    grant(bind, AGENT_ROLES, f"GRANT EXECUTE ON FUNCTION {DEFER} TO {{role}}")
+    for function in (DEFER, HOLD_START, HOLD_DONE):
+        grant(bind, AGENT_ROLES, f"GRANT EXECUTE ON FUNCTION {function} TO {{role}}")
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        for function in (OPTIONS, DEFER, PROBLEM):
+        for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE):
             op.execute(f"DROP FUNCTION {function}")
+    for column in ("holds_seen", "hold_started_at", "hold_token", "hold_script"):
+        op.drop_column("dag_nodes", column)
     op.drop_column("dag_nodes", "script_after")
     op.drop_column("dag_nodes", "script_options")
