@@ -54,7 +54,7 @@ PASS_BUDGET = 2.0  # seconds a pass may spend starting scripts before the other 
 RESPAWNS = 3  # runners of one run that may end without starting its script, before it fails
 MAX_OWNERS = 10_000  # owners whose late inputs were read lately, remembered for their turns
 LEAST_DEFER = 1.0  # seconds a deferred script waits at least (DAGMan's may be 0)
-DEFERRED_PER_MINUTE = 60  # deferred scripts of one owner started again in a minute, at most
+AGAIN_PER_MINUTE = 60  # deferred and HOLD scripts of one owner started in a minute, at most
 RUN_FILES = (".json", ".pid", ".tmp", ".inputs")  # what a run leaves, after its token
 CHECK = 2.0  # seconds between looks at whether the nodes still wait for the running scripts
 CANNOT_RUN = scriptrunner.CANNOT_RUN
@@ -142,7 +142,7 @@ class DagScripts:
             done += started
         if len(self._runs) < MAX_RUNS and time.monotonic() < until:
             done += self._start(self.store.dag_scripts.due_holds(
-                self.name, owner=self._owner, per_dag=MAX_PER_DAG))
+                self.name, owner=self._owner, per_dag=MAX_PER_DAG, per_owner=MAX_PER_OWNER))
         return done
 
     def _take_up(self) -> None:
@@ -401,8 +401,8 @@ class DagScripts:
                 if self._owner is None:
                     self._warn(row.owner, f"DAG {row.dag_id}: its scripts are not run: {why}")
                 continue
-            if row.deferred and not self._may_run_again(row.owner):
-                continue  # her deferred scripts wait their turn: a later pass
+            if row.again and not self._may_run_again(row.owner):
+                continue  # her deferred and HOLD scripts wait their turn: a later pass
             chosen.append((row, self._id + secrets.token_hex(8)))
             running[(row.dag_id, row.kind)] += 1
             owners[row.owner] += 1
@@ -425,12 +425,12 @@ class DagScripts:
         return started
 
     def _may_run_again(self, owner: str) -> bool:
-        """May one more of `owner`'s deferred scripts start again now (at most
-        DEFERRED_PER_MINUTE a minute: a DEFER that always asks again costs the service a
-        process per run)?"""
+        """May one more of `owner`'s deferred or HOLD scripts start now (at most
+        AGAIN_PER_MINUTE a minute: a DEFER that always asks again, or a job held and
+        released over and over, costs the service a process per run)?"""
         now = time.monotonic()
         recent = [t for t in self._again.get(owner, ()) if t > now - 60.0]
-        if len(recent) >= DEFERRED_PER_MINUTE:
+        if len(recent) >= AGAIN_PER_MINUTE:
             self._again[owner] = recent
             return False
         if len(self._again) > MAX_OWNERS:
@@ -460,7 +460,7 @@ class DagScripts:
             if self._owner is None:
                 account = pwd.getpwnam(row.owner)
                 uid, gid = account.pw_uid, account.pw_gid
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             self._warn(row.dag_id, f"DAG {row.dag_id} node {row.name}: its {row.kind.upper()} "
                        f"script cannot run: {' '.join(str(exc).split())[:300]}")
             return False

@@ -19,6 +19,21 @@ from jobstore.node import config
 from jobstore.node.accounts import owner_refusal
 
 LOG = logging.getLogger("jobstore.schedd")
+
+
+class _Shown(logging.Filter):
+    """What the service logs, with what is not printable as `?`: owners choose node names,
+    commands and paths, and the log is read on root's terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        shown = views.shown(text)
+        if shown != text:
+            record.msg, record.args = shown, None
+        return True
+
+
+LOG.addFilter(_Shown())
 AWAY = 5.0  # seconds before the store is tried again when it cannot be reached
 POLL = 0.5  # seconds between looks where the store cannot announce its changes (SQLite)
 WAKE = 30.0  # seconds between looks where it can (a lost notification costs no more)
@@ -66,7 +81,7 @@ class SaidOnce:
         if len(self._said) >= MAX_SAID:
             self._said.clear()
         self._said.add(about)
-        LOG.warning("%s", views.shown(message))  # names an owner chose: nothing to obey
+        LOG.warning("%s", message)
 
 
 class LogWriter:

@@ -494,9 +494,12 @@ class DagEngine:
         if (node is None or node.hold_script is None or node.hold_token is not None
                 or node.status not in (QUEUED, POST) or node.cluster_id is None):
             return False
-        holds = int(conn.execute(select(func.coalesce(func.sum(jobs.c.num_holds), 0)).where(
-            jobs.c.cluster_id == node.cluster_id)).scalar_one())
-        if holds <= (node.holds_seen or 0):
+        try:  # her own file may hold anything in these columns
+            holds = int(conn.execute(select(func.coalesce(func.sum(jobs.c.num_holds), 0))
+                                     .where(jobs.c.cluster_id == node.cluster_id)).scalar_one())
+            if holds <= int(node.holds_seen or 0):
+                return False
+        except (OverflowError, TypeError, ValueError):
             return False
         return conn.execute(update(dag_nodes).where(
             dag_nodes.c.dag_id == dag_id, dag_nodes.c.name == name,
@@ -625,7 +628,7 @@ def option_problem(kind: Any, value: Any, script: str | None) -> str | None:
             return "its command line and DEBUG are its only options"
         command = value.get("command")
         if not (isinstance(command, str) and command.strip() and len(command) <= MAX_PATH
-                and not any(ord(c) < 32 or c == "\x7f" for c in command)):
+                and command.isprintable()):
             return f"its command line is one line of at most {MAX_PATH} characters"
     elif script is None:
         return f"the node has no {kind.upper()} script"

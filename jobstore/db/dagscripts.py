@@ -16,7 +16,6 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     Select,
     and_,
     case,
@@ -24,7 +23,6 @@ from sqlalchemy import (
     func,
     or_,
     select,
-    tuple_,
 )
 
 from jobstore.core.states import Status
@@ -66,7 +64,8 @@ class NodeScript(NamedTuple):
     cap: int = 20  # the DAG's scripts of this kind that may run at once (-MaxPre, -MaxPost)
     defer: tuple[int, int] | None = None  # SCRIPT DEFER: (exit status, seconds)
     debug: tuple[str, str] | None = None  # SCRIPT DEBUG: (file, STDOUT | STDERR | ALL)
-    deferred: bool = False  # it was deferred before (SCRIPT DEFER)
+    again: bool = False  # it runs again (deferred before) or for holds (SCRIPT HOLD): an
+    # owner's many of those cost the service a process each, as often as she asks
 
 
 class ScriptExit(NamedTuple):
@@ -92,27 +91,13 @@ def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
                       (debug[0], debug[1]) if debug else None, r.script_after is not None)
 
 
-def _unlocked(conn: Connection, keys: Sequence[tuple[int, str]], *,
-              dags_too: bool = False) -> set[tuple[int, str]]:
-    """Of the nodes `keys` (DAG, name), those this transaction now holds (and their DAGs'
-    rows, with `dags_too`), skipping those another transaction holds: an owner's open
-    transaction on her own rows never keeps another's scripts waiting."""
-    if not keys:
-        return set()
-    q = select(dag_nodes.c.dag_id, dag_nodes.c.name).where(
-        tuple_(dag_nodes.c.dag_id, dag_nodes.c.name).in_(list(set(keys))))
-    if dags_too:
-        q = q.join(dags, dags.c.id == dag_nodes.c.dag_id)
-    return {(r.dag_id, r.name) for r in conn.execute(q.with_for_update(skip_locked=True))}
-
-
 def _hold(r: Any, per_dag: int) -> NodeScript:
     """A node's HOLD script, due or running."""
     debug = _options(r.script_options, HOLD, r.hold_script).get("debug")
     return NodeScript(r.dag_id, r.name, HOLD, r.owner, r.hold_script, r.directory,
                       r.cluster_id, r.job_code, r.pre_code, r.hold_token, r.hold_started_at,
                       r.dag_status, False, bool(r.pre_script), per_dag, None,
-                      (debug[0], debug[1]) if debug else None)
+                      (debug[0], debug[1]) if debug else None, True)
 
 
 def _options(text: str | None, kind: str, command: str | None) -> dict[str, Any]:
@@ -204,16 +189,28 @@ class DagScripts:
             return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
 
     def due_holds(self, home: str, *, owner: str | None = None, per_dag: int = 20,
-                  limit: int = 1000) -> list[NodeScript]:
+                  per_owner: int = 100, limit: int = 1000) -> list[NodeScript]:
         """The nodes of DAGs submitted on `home` (only `owner`'s, if given) whose HOLD script
-        may start now: a job of theirs was held since it last started (or ever), and none
-        runs."""
+        may start now (a job of theirs was held since it last started, or ever, and none
+        runs): at most `per_dag` of each DAG's and `per_owner` of each owner's, the owners
+        in turn, as `due`."""
         holds = (select(func.coalesce(func.sum(jobs.c.num_holds), 0))
                  .where(jobs.c.cluster_id == dag_nodes.c.cluster_id).scalar_subquery())
-        q = (self._holds(home, owner)
-             .where(dag_nodes.c.hold_token.is_(None),
-                    holds > func.coalesce(dag_nodes.c.holds_seen, 0))
-             .order_by(dag_nodes.c.updated_at, dag_nodes.c.dag_id, dag_nodes.c.name)
+        in_dag = (self._holds(home, owner)
+                  .add_columns(func.row_number().over(
+                      partition_by=dag_nodes.c.dag_id,
+                      order_by=(dag_nodes.c.updated_at, dag_nodes.c.name)).label("in_dag"))
+                  .where(dag_nodes.c.hold_token.is_(None),
+                         holds > func.coalesce(dag_nodes.c.holds_seen, 0))
+                  .subquery())
+        in_owner = (select(in_dag, func.row_number().over(
+                        partition_by=in_dag.c.owner,
+                        order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
+                        .label("in_owner"))
+                    .where(in_dag.c.in_dag <= per_dag).subquery())
+        q = (select(in_owner).where(in_owner.c.in_owner <= per_owner)
+             .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
+                       in_owner.c.name)
              .limit(limit))
         with self.db.transaction() as conn:
             return [_hold(r, per_dag) for r in conn.execute(q)]
@@ -233,7 +230,8 @@ class DagScripts:
     @staticmethod
     def _holds(home: str, owner: str | None) -> Select[Any]:
         q = (select(dag_nodes.c.dag_id, dag_nodes.c.name, dag_nodes.c.owner,
-                    dag_nodes.c.hold_script, dag_nodes.c.directory, dag_nodes.c.cluster_id,
+                    dag_nodes.c.updated_at, dag_nodes.c.hold_script, dag_nodes.c.directory,
+                    dag_nodes.c.cluster_id,
                     dag_nodes.c.job_code, dag_nodes.c.pre_code, dag_nodes.c.pre_script,
                     dag_nodes.c.hold_token, dag_nodes.c.hold_started_at,
                     dags.c.status.label("dag_status"), dag_nodes.c.script_options)
@@ -283,7 +281,7 @@ class DagScripts:
         each was free (a node another transaction holds is not: its owner's may)."""
         now = time.time()
         with self.db.transaction() as conn:
-            free = _unlocked(conn, [(s.dag_id, s.name) for s, _ in runs])
+            free = self.door.free_nodes(conn, [(s.dag_id, s.name) for s, _ in runs])
             return [(script.dag_id, script.name) in free and (
                 self.door.hold_start(conn, script.dag_id, script.name, token, now)
                 if script.kind == HOLD else
@@ -295,7 +293,8 @@ class DagScripts:
         time on, in one transaction: those given (not those whose node or DAG another
         transaction holds, to be given on a later pass)."""
         with self.db.transaction() as conn:
-            free = _unlocked(conn, [(r.dag_id, r.name) for r, _ in deferred], dags_too=True)
+            free = self.door.free_nodes(conn, [(r.dag_id, r.name) for r, _ in deferred],
+                                        dags_too=True)
             for run, until in deferred:
                 if (run.dag_id, run.name) in free:
                     self.door.script_defer(conn, run.dag_id, run.name, run.kind, run.token,
@@ -307,7 +306,7 @@ class DagScripts:
         those whose node or DAG another transaction holds, to be given on a later pass)."""
         now = time.time()
         with self.db.transaction() as conn:
-            free = _unlocked(conn, [(r.dag_id, r.name) for r in ended], dags_too=True)
+            free = self.door.free_nodes(conn, [(r.dag_id, r.name) for r in ended], dags_too=True)
             for run in ended:
                 if (run.dag_id, run.name) not in free:
                     continue
@@ -339,7 +338,7 @@ class DagScripts:
         stored: the next pass tries again)."""
         now = time.time()
         with self.db.transaction() as conn:
-            if not _unlocked(conn, [(run.dag_id, run.name)], dags_too=True):
+            if not self.door.free_nodes(conn, [(run.dag_id, run.name)], dags_too=True):
                 return False
             stored = conn.execute(select(job_files.c.proc_id, job_files.c.name).where(
                 job_files.c.cluster_id == cluster_id, job_files.c.direction == IN)).all()

@@ -316,6 +316,11 @@ class LocalDoor:
                      until: float) -> bool:
         return self.dags.script_defer(conn, dag_id, name, kind, token, until)
 
+    @staticmethod
+    def free_nodes(conn: Connection, keys: Sequence[tuple[int, str]], *,
+                   dags_too: bool = False) -> set[tuple[int, str]]:
+        return set(keys)  # one writer at a time: nobody else holds a row
+
     def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
                    now: float) -> bool:
         return self.dags.hold_start(conn, dag_id, name, token, now)

@@ -310,7 +310,7 @@ dag_nodes = Table(
     Column("hold_script", Text),
     Column("hold_token", String(64)),
     Column("hold_started_at", Epoch()),
-    Column("holds_seen", Integer),
+    Column("holds_seen", BigInteger),
     Index("ix_dag_nodes_cluster_id", "cluster_id"),
     Index("ix_dag_nodes_status", "status", "dag_id"),
 )

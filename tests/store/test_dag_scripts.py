@@ -120,7 +120,7 @@ def test_a_hold_script_is_due_once_for_the_holds_since_its_last_run(
     beside the node's POST script's), and again for the holds that came while it ran; its
     exit changes nothing."""
     dag_id = _queued(store, tmp_path, ap, DIAMOND + "SCRIPT DEBUG h.log ALL HOLD A hold.sh "
-                     "$JOB\nSCRIPT POST A post.sh\n")
+                     "$JOB\nSCRIPT POST A post.sh\nSCRIPT HOLD B hold.sh\n")
     assert store.dag_scripts.due_holds("ap") == []
     job = store.reads.list_jobs()[0]
     store.actions.admin(job.id, Event.HOLD, "held by hand")
@@ -128,6 +128,8 @@ def test_a_hold_script_is_due_once_for_the_holds_since_its_last_run(
     assert (row.name, row.kind, row.command, row.debug, row.token) == (
         "A", "hold", "hold.sh $JOB", ("h.log", "ALL"), None)
     assert store.dag_scripts.due_holds("elsewhere") == []
+    assert store.dag_scripts.due_holds("ap", per_dag=0) == []  # its DAG's throttle
+    assert store.dag_scripts.due_holds("ap", per_owner=0) == []  # and its owner's
     assert store.dag_scripts.start([(row, TOKEN), (row, f"{1:032x}")]) == [True, False]
     assert store.dag_scripts.held_by("ap", TOKEN[:16])[0].kind == "hold"
     store.actions.admin(job.id, Event.RELEASE, "released")
@@ -640,6 +642,7 @@ def test_an_owners_open_transaction_keeps_nobody_elses_scripts_waiting(
     transaction she never ends); the service's leases and exits skip her nodes, and the
     other DAGs' scripts go on at once (hers when she lets go)."""
     import psycopg
+    from sqlalchemy.engine import make_url
 
     from jobstore.testing.support import libpq_url
 
@@ -648,10 +651,16 @@ def test_an_owners_open_transaction_keeps_nobody_elses_scripts_waiting(
     hers = _queued(store, tmp_path / "hers", ap, "JOB A node.sub\nSCRIPT PRE A pre.sh\n")
     theirs = _queued(store, tmp_path / "theirs", ap, "JOB A node.sub\nSCRIPT PRE A pre.sh\n")
     rows = {r.dag_id: r for r in store.dag_scripts.due("ap")}
-    # the service's own session, which would wait for her (and fail) were her rows waited for
-    store = JobStore.from_url(store.db.engine.url.render_as_string(False),
+    # the service's own session, as the agents' role it connects as, which would wait for her
+    # (and fail) were her rows waited for
+    role = f"js_ap_{os.urandom(4).hex()}"
+    owner_url = store.db.engine.url.render_as_string(False)
+    with psycopg.connect(libpq_url(owner_url), autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    store.db.backend.roles().grant_hook(role)
+    store = JobStore.from_url(make_url(owner_url).set(username=role).render_as_string(False),
                               statement_timeout_ms=10_000)
-    with psycopg.connect(libpq_url(store.db.engine.url.render_as_string(False))) as her:
+    with psycopg.connect(libpq_url(owner_url)) as her:
         her.execute("SELECT 1 FROM dag_nodes n JOIN dags d ON d.id = n.dag_id "
                     "WHERE n.dag_id = %s FOR UPDATE", (hers,))
         started = time.monotonic()
@@ -664,24 +673,38 @@ def test_an_owners_open_transaction_keeps_nobody_elses_scripts_waiting(
         her.rollback()
     assert store.dag_scripts.start([(rows[hers], TOKEN)]) == [True]
     mine = [ScriptExit(hers, "A", "pre", TOKEN, 0)]
-    with psycopg.connect(libpq_url(store.db.engine.url.render_as_string(False))) as her:
+    with psycopg.connect(libpq_url(owner_url)) as her:
         her.execute("SELECT 1 FROM dags WHERE id = %s FOR UPDATE", (hers,))
         assert store.dag_scripts.done(mine) == []  # given on a later pass
         her.rollback()
     assert store.dag_scripts.done(mine) == mine
     assert _states(store, hers)["A"] == "queued"
     store.db.engine.dispose()
+    with psycopg.connect(libpq_url(owner_url), autocommit=True) as admin:
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
 
 
 def test_an_owners_deferred_scripts_start_again_a_minute_at_most(
         ap: config.Settings, store: JobStore, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A DEFER that always asks again costs the service a process per run: one owner's
-    deferred scripts start again DEFERRED_PER_MINUTE times a minute at most."""
-    from jobstore.accesspoint.dagscripts import DEFERRED_PER_MINUTE, DagScripts
+    deferred scripts start again AGAIN_PER_MINUTE times a minute at most."""
+    from jobstore.accesspoint.dagscripts import AGAIN_PER_MINUTE, DagScripts
 
     monkeypatch.setenv("JOBSTORE_DAG_SCRIPTS", str(tmp_path / "runs"))
     service = DagScripts(store, "ap", config.load_settings(None))
-    assert all(service._may_run_again("mallory") for _ in range(DEFERRED_PER_MINUTE))
+    assert all(service._may_run_again("mallory") for _ in range(AGAIN_PER_MINUTE))
     assert not service._may_run_again("mallory")
     assert service._may_run_again("alice")
+
+
+def test_the_service_logs_what_is_not_printable_as_question_marks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Node names, commands and paths are the owners': root's log shows them, not obeys them
+    (a hostile review put a C1 CSI and a right-to-left override in a HOLD command)."""
+    from jobstore.accesspoint.service import LOG
+
+    with caplog.at_level("WARNING", logger=LOG.name):
+        LOG.warning("DAG %s node %s: its HOLD script: %s", 1, "A", "fake\x9b2J\u202eFAKE")
+    assert caplog.records[-1].getMessage() == "DAG 1 node A: its HOLD script: fake?2J?FAKE"

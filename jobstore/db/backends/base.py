@@ -205,6 +205,11 @@ class Door(Protocol):
         """The run `token` of a node's `kind` script exited with its DEFER status: the script
         is due again from `until` on (whether the node still waited for that run)."""
 
+    def free_nodes(self, conn: Connection, keys: Sequence[tuple[int, str]], *,
+                   dags_too: bool = False) -> set[tuple[int, str]]:
+        """Of the DAG nodes `keys` (DAG, name), those this transaction now holds (and their
+        DAGs' rows, with `dags_too`), skipping those another transaction holds."""
+
     def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
                    now: float) -> bool:
         """Take the lease on node `name`'s HOLD script for the run `token`, for the holds of

@@ -45,6 +45,7 @@ DAG_NODE_STARTED = QUERIES["dag_node_started"].sql
 DAG_SCRIPT_START = QUERIES["dag_script_start"].sql
 DAG_SCRIPT_DEFER = QUERIES["dag_script_defer"].sql
 DAG_HOLD_START = QUERIES["dag_hold_start"].sql
+DAG_NODES_FREE = QUERIES["dag_nodes_free"].sql
 DAG_HOLD_DONE = QUERIES["dag_hold_done"].sql
 DAG_SCRIPT_OPTIONS = QUERIES["door_dag_script_options"].sql
 DAG_SCRIPT_DONE = QUERIES["dag_script_done"].sql
@@ -206,6 +207,13 @@ class PgDoor:
         row = driver.execute(conn, DAG_SCRIPT_DEFER, {
             "dag": dag_id, "name": name, "kind": kind, "token": token, "until": until}).fetchone()
         return bool(row and row[0])
+
+    def free_nodes(self, conn: Connection, keys: Sequence[tuple[int, str]], *,
+                   dags_too: bool = False) -> set[tuple[int, str]]:
+        rows = driver.execute(conn, DAG_NODES_FREE, {
+            "dags": [d for d, _ in keys], "names": [n for _, n in keys],
+            "dags_too": dags_too}).fetchall()
+        return {(int(r[0]), str(r[1])) for r in rows}
 
     def hold_start(self, conn: Connection, dag_id: int, name: str, token: str,
                    now: float) -> bool:

@@ -331,7 +331,8 @@ GRANT EXECUTE ON FUNCTION jobstore_dag_jobs_ended(bigint[], double precision),
     jobstore_dag_script_done(bigint, text, text, text, integer, double precision),
     jobstore_dag_script_defer(bigint, text, text, text, double precision),
     jobstore_dag_hold_start(bigint, text, text, double precision),
-    jobstore_dag_hold_done(bigint, text, text) TO {role};
+    jobstore_dag_hold_done(bigint, text, text),
+    jobstore_dag_nodes_free(bigint[], text[], boolean) TO {role};
 
 -- name: grant_notify_key
 -- Read the key that signs the notifications the agents act on (jobstore.db.channels).
@@ -562,6 +563,11 @@ SELECT * FROM jobstore_dag_script_done(%(dag)s::bigint, %(name)s, %(kind)s, %(to
 -- A DAG node's script exited with its DEFER status: due again from `until` on.
 SELECT jobstore_dag_script_defer(%(dag)s::bigint, %(name)s, %(kind)s, %(token)s,
     %(until)s::float8);
+
+-- name: dag_nodes_free
+-- Of these DAG nodes, those this transaction now holds (skipping another's).
+SELECT * FROM jobstore_dag_nodes_free(%(dags)s::bigint[], %(names)s::text[],
+    %(dags_too)s::boolean);
 
 -- name: dag_hold_start
 -- Take the lease on a DAG node's HOLD script for the holds of its jobs so far.

@@ -27,6 +27,7 @@ DEFER = "jobstore_dag_script_defer(bigint, text, text, text, double precision)"
 PROBLEM = "jobstore_script_option_problem(text, json, text)"
 HOLD_START = "jobstore_dag_hold_start(bigint, text, text, double precision)"
 HOLD_DONE = "jobstore_dag_hold_done(bigint, text, text)"
+FREE = "jobstore_dag_nodes_free(bigint[], text[], boolean)"
 SQL = r"""
 -- Why `p_value` is not the options of a node's `p_kind` script `p_script` (NULL: it is).
 CREATE FUNCTION jobstore_script_option_problem(p_kind text, p_value json, p_script text)
@@ -49,7 +50,8 @@ BEGIN
         END IF;
         IF json_typeof(p_value -> 'command') IS DISTINCT FROM 'string'
            OR length(p_value ->> 'command') > 4096 OR btrim(p_value ->> 'command') = ''
-           OR (p_value ->> 'command') ~ '[-]' THEN
+           OR (p_value ->> 'command')
+              ~ '[[:cntrl:]\u0080-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]' THEN
             RETURN 'its command line is one line of at most 4096 characters';
         END IF;
     ELSIF p_script IS NULL THEN
@@ -149,13 +151,34 @@ BEGIN
     END IF;
     UPDATE dag_nodes n SET hold_token = p_token, hold_started_at = jobstore_clock(p_now),
         holds_seen = h.holds
-    FROM (SELECT coalesce(sum(j.num_holds), 0)::integer AS holds FROM jobs j
+    FROM (SELECT coalesce(sum(j.num_holds), 0)::bigint AS holds FROM jobs j
           JOIN dag_nodes m ON m.cluster_id = j.cluster_id
           WHERE m.dag_id = p_dag AND m.name = p_name) h
     WHERE n.dag_id = p_dag AND n.name = p_name AND n.hold_script IS NOT NULL
       AND n.hold_token IS NULL AND n.status IN ('queued', 'post')
       AND h.holds > coalesce(n.holds_seen, 0);
     RETURN FOUND;
+END $$;
+
+-- Of the nodes (`p_dags`[i], `p_names`[i]), those this transaction now holds (and their
+-- DAGs' rows, with `p_dags_too`), skipping those another transaction holds: the service's
+-- leases and exits never wait for an owner's open transaction on her own rows.
+CREATE FUNCTION jobstore_dag_nodes_free(p_dags bigint[], p_names text[], p_dags_too boolean)
+RETURNS TABLE (dag_id bigint, name text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, @schema@, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_dags_too THEN
+        RETURN QUERY SELECT n.dag_id, n.name::text FROM dag_nodes n JOIN dags d ON d.id = n.dag_id
+        JOIN unnest(p_dags, p_names) AS k(dag_id, name)
+          ON k.dag_id = n.dag_id AND k.name = n.name
+        FOR UPDATE OF n, d SKIP LOCKED;
+    ELSE
+        RETURN QUERY SELECT n.dag_id, n.name::text FROM dag_nodes n
+        JOIN unnest(p_dags, p_names) AS k(dag_id, name)
+          ON k.dag_id = n.dag_id AND k.name = n.name
+        FOR UPDATE OF n SKIP LOCKED;
+    END IF;
 END $$;
 
 -- The run `p_token` of node `p_name`'s HOLD script ended (its exit changes nothing).
@@ -190,21 +213,21 @@ def upgrade() -> None:
     op.add_column("dag_nodes", sa.Column("hold_script", sa.Text()))
     op.add_column("dag_nodes", sa.Column("hold_token", sa.String(64)))
     op.add_column("dag_nodes", sa.Column("hold_started_at", sa.Float(precision=53)))
-    op.add_column("dag_nodes", sa.Column("holds_seen", sa.Integer()))
+    op.add_column("dag_nodes", sa.Column("holds_seen", sa.BigInteger()))
     bind = op.get_bind()
     if bind.dialect.name != "postgresql":
         return
     run_sql(bind, SQL)
-    for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE):
+    for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE, FREE):
         op.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
     grant(bind, USER_ROLES, f"GRANT EXECUTE ON FUNCTION {OPTIONS} TO {{role}}")
-    for function in (DEFER, HOLD_START, HOLD_DONE):
+    for function in (DEFER, HOLD_START, HOLD_DONE, FREE):
         grant(bind, AGENT_ROLES, f"GRANT EXECUTE ON FUNCTION {function} TO {{role}}")
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE):
+        for function in (OPTIONS, DEFER, PROBLEM, HOLD_START, HOLD_DONE, FREE):
             op.execute(f"DROP FUNCTION {function}")
     for column in ("holds_seen", "hold_started_at", "hold_token", "hold_script"):
         op.drop_column("dag_nodes", column)
