@@ -26,7 +26,7 @@ def ad(ctx: Context, dag_id: int) -> None:
     found = dag_ads(ctx.store, [dag_id])
     if not found:
         fail(f"no DAG {dag_id}")
-    click.echo(sprint_ad(found[0]))
+    click.echo(_shown(sprint_ad(found[0])), nl=False)
 
 
 @dag.command("node-status")
@@ -37,7 +37,7 @@ def node_status(ctx: Context, dag_id: int) -> None:
     """The DAG's node status file, as DAGMan writes it for NODE_STATUS_FILE."""
     from jobstore.api.dags import node_status_file
 
-    click.echo(node_status_file(ctx.store, dag_id), nl=False)
+    click.echo(_shown(node_status_file(ctx.store, dag_id)), nl=False)
 
 
 @dag.command("jobstate-log")
@@ -48,4 +48,12 @@ def jobstate_log(ctx: Context, dag_id: int) -> None:
     """The DAG's jobstate log, as DAGMan writes it for JOBSTATE_LOG."""
     from jobstore.api.dags import jobstate_log as log
 
-    click.echo(log(ctx.store, dag_id), nl=False)
+    click.echo(_shown(log(ctx.store, dag_id)), nl=False)
+
+
+def _shown(text: str) -> str:
+    """`text`, each line as a terminal may show it (node names and attributes are the
+    owners', whatever client stored them): what is not printable as `?`."""
+    from jobstore.formats.views import shown
+
+    return "".join(shown(line) + "\n" for line in text.splitlines())
