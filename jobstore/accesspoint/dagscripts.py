@@ -103,7 +103,7 @@ class DagScripts:
     _rescan_at: float = field(default=0.0, init=False)
     _check_at: float = field(default=0.0, init=False)
     _served: dict[str, float] = field(default_factory=dict, init=False)  # late inputs, by owner
-    # when each owner's deferred scripts were started again lately (DEFERRED_PER_MINUTE)
+    # when each owner's deferred and HOLD scripts were started lately (AGAIN_PER_MINUTE)
     _again: dict[str, list[float]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:

@@ -221,8 +221,7 @@ def _debugged(argv: list[str], env: dict[str, str], errors: int, debug: Debug) -
         _append(debug.file, text)
     except (OSError, ValueError):
         pass  # as DAGMan: the script's end is what counts (a name the system cannot take)
-    if signalled:  # ended by the same signal, with no core of this process's memory
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if signalled:  # ended by the same signal (no core: _undumpable)
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if not signalled else 128 + os.WTERMSIG(status))

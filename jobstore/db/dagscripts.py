@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import (
     ColumnElement,
     Select,
+    Subquery,
     and_,
     case,
     exists,
@@ -89,6 +90,22 @@ def _script(r: Any, per_dag: int, per_owner: int) -> NodeScript:
                       per_dag if cap is None else per_owner if cap == 0 else cap,
                       (defer[0], defer[1]) if defer else None,
                       (debug[0], debug[1]) if debug else None, r.script_after is not None)
+
+
+def _in_turns(in_dag: Subquery, cap: ColumnElement[Any] | int, per_owner: int,
+              limit: int) -> Select[Any]:
+    """Of the rows `in_dag` numbers within their DAG (`in_dag`), those within the DAG's
+    `cap` and the first `per_owner` of each owner's, each owner's oldest first and the
+    owners in turn."""
+    in_owner = (select(in_dag, func.row_number().over(
+                    partition_by=in_dag.c.owner,
+                    order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
+                    .label("in_owner"))
+                .where(in_dag.c.in_dag <= cap).subquery())
+    return (select(in_owner).where(in_owner.c.in_owner <= per_owner)
+            .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
+                      in_owner.c.name)
+            .limit(limit))
 
 
 def _hold(r: Any, per_dag: int) -> NodeScript:
@@ -176,15 +193,7 @@ class DagScripts:
                              and_(dag_nodes.c.status == PRE, dags.c.status == "running",
                                   ~_parents_outputs_away())))
                   .subquery())
-        in_owner = (select(in_dag, func.row_number().over(
-                        partition_by=in_dag.c.owner,
-                        order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
-                        .label("in_owner"))
-                    .where(in_dag.c.in_dag <= in_dag.c.cap).subquery())
-        q = (select(in_owner).where(in_owner.c.in_owner <= per_owner)
-             .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
-                       in_owner.c.name)
-             .limit(limit))
+        q = _in_turns(in_dag, in_dag.c.cap, per_owner, limit)
         with self.db.transaction() as conn:
             return [_script(r, per_dag, per_owner) for r in conn.execute(q)]
 
@@ -203,15 +212,7 @@ class DagScripts:
                   .where(dag_nodes.c.hold_token.is_(None),
                          holds > func.coalesce(dag_nodes.c.holds_seen, 0))
                   .subquery())
-        in_owner = (select(in_dag, func.row_number().over(
-                        partition_by=in_dag.c.owner,
-                        order_by=(in_dag.c.updated_at, in_dag.c.dag_id, in_dag.c.name))
-                        .label("in_owner"))
-                    .where(in_dag.c.in_dag <= per_dag).subquery())
-        q = (select(in_owner).where(in_owner.c.in_owner <= per_owner)
-             .order_by(in_owner.c.in_owner, in_owner.c.updated_at, in_owner.c.dag_id,
-                       in_owner.c.name)
-             .limit(limit))
+        q = _in_turns(in_dag, per_dag, per_owner, limit)
         with self.db.transaction() as conn:
             return [_hold(r, per_dag) for r in conn.execute(q)]
 
